@@ -1,0 +1,63 @@
+// The BPE model of tokenizer.json: vocab, ranked merges, byte fallback, unk handling and a word cache.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "core/json.h"
+
+namespace arbor {
+
+// Transparent hashing so string_view lookups need no std::string temporaries.
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+};
+using StringIdMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
+
+class Bpe {
+ public:
+  // j is tokenizer.json's "model" object with "type": "BPE".
+  explicit Bpe(const json& j);
+
+  // Appends the ids of one pre-token (already in the model's alphabet) to out.
+  void tokenize(std::string_view word, std::vector<int32_t>& out) const;
+  // The same without the cache: the reference for the cached path.
+  void tokenize_uncached(std::string_view word, std::vector<int32_t>& out) const;
+
+  std::optional<int32_t> token_to_id(std::string_view token) const;
+  const std::string* id_to_token(int32_t id) const;  // nullptr when the id is not in the vocab
+  size_t size() const { return vocab_.size(); }
+  int32_t max_id() const { return static_cast<int32_t>(id_to_token_.size()) - 1; }
+
+ private:
+  struct Merge {
+    uint32_t rank;
+    int32_t new_id;
+  };
+  static uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
+  void merge_word(std::string_view word, std::vector<int32_t>& out) const;
+
+  StringIdMap vocab_;
+  std::vector<std::string> id_to_token_;
+  std::vector<uint8_t> has_id_;
+  std::unordered_map<uint64_t, Merge> merges_;
+  std::optional<int32_t> unk_id_;
+  std::string continuing_subword_prefix_, end_of_word_suffix_;
+  bool fuse_unk_ = false, byte_fallback_ = false, ignore_merges_ = false;
+  std::array<int32_t, 256> byte_token_id_{};  // id of "<0xAB>" per byte, -1 when absent (byte_fallback)
+  std::array<int32_t, 128> ascii_id_{};       // id of each single ASCII character, -1 when absent
+
+  // Word cache: pre-token -> ids. Bounded; cleared when full (HF keeps 10k entries the same way).
+  static constexpr size_t kCacheCapacity = 1 << 16;
+  static constexpr size_t kMaxCachedWordBytes = 256;
+  mutable std::mutex cache_mu_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache_;
+};
+
+}  // namespace arbor

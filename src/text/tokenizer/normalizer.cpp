@@ -1,0 +1,166 @@
+// Normalizer implementations; Unicode normal forms come from utf8proc.
+#include "text/tokenizer/normalizer.h"
+
+#include <utf8proc.h>
+
+#include <cstdlib>
+#include <vector>
+
+#include "core/error.h"
+#include "text/tokenizer/regex.h"
+#include "text/tokenizer/unicode.h"
+
+namespace arbor {
+namespace {
+
+bool is_ascii(const std::string& s) {
+  for (char c : s)
+    if (static_cast<unsigned char>(c) >= 0x80) return false;
+  return true;
+}
+
+class UnicodeForm : public Normalizer {
+ public:
+  explicit UnicodeForm(int options) : options_(options) {}
+  void normalize(std::string& s) const override {
+    if (is_ascii(s)) return;  // every normal form of ASCII is itself
+    utf8proc_uint8_t* out = nullptr;
+    auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()),
+                          &out, static_cast<utf8proc_option_t>(options_ | UTF8PROC_STABLE));
+    if (n < 0) fail("tokenizer: normalizer: utf8proc: {}", utf8proc_errmsg(n));
+    s.assign(reinterpret_cast<char*>(out), static_cast<size_t>(n));
+    std::free(out);
+  }
+
+ private:
+  int options_;
+};
+
+class Lowercase : public Normalizer {
+ public:
+  void normalize(std::string& s) const override {
+    std::string out;
+    out.reserve(s.size());
+    for (size_t i = 0; i < s.size();) unicode::append_lowercase(out, unicode::next_cp(s, i));
+    s.swap(out);
+  }
+};
+
+class Prepend : public Normalizer {
+ public:
+  explicit Prepend(std::string p) : prepend_(std::move(p)) {}
+  void normalize(std::string& s) const override {
+    if (!s.empty()) s.insert(0, prepend_);
+  }
+
+ private:
+  std::string prepend_;
+};
+
+class Replace : public Normalizer {
+ public:
+  Replace(Regex re, std::string content) : re_(std::move(re)), content_(std::move(content)) {}
+  void normalize(std::string& s) const override {
+    std::vector<std::pair<size_t, size_t>> m;
+    re_.find_all(s, m);
+    if (m.empty()) return;
+    std::string out;
+    size_t prev = 0;
+    for (auto [a, b] : m) {
+      out.append(s, prev, a - prev);
+      out += content_;
+      prev = b;
+    }
+    out.append(s, prev, std::string::npos);
+    s.swap(out);
+  }
+
+ private:
+  Regex re_;
+  std::string content_;
+};
+
+class Strip : public Normalizer {
+ public:
+  Strip(bool left, bool right) : left_(left), right_(right) {}
+  void normalize(std::string& s) const override {
+    size_t a = 0, b = s.size();
+    if (left_) {
+      while (a < b) {
+        size_t j = a;
+        if (!unicode::is_whitespace(unicode::next_cp(s, j))) break;
+        a = j;
+      }
+    }
+    if (right_) {
+      while (b > a) {
+        size_t k = b - 1;
+        while (k > a && (static_cast<unsigned char>(s[k]) & 0xC0) == 0x80) --k;
+        size_t j = k;
+        if (!unicode::is_whitespace(unicode::next_cp(s, j))) break;
+        b = k;
+      }
+    }
+    s = s.substr(a, b - a);
+  }
+
+ private:
+  bool left_, right_;
+};
+
+// Removes nonspacing marks (category Mn), as HF's StripAccents does after NFD.
+class StripAccents : public Normalizer {
+ public:
+  void normalize(std::string& s) const override {
+    std::string out;
+    out.reserve(s.size());
+    for (size_t i = 0; i < s.size();) {
+      size_t j = i;
+      char32_t c = unicode::next_cp(s, j);
+      if (utf8proc_category(static_cast<utf8proc_int32_t>(c)) != UTF8PROC_CATEGORY_MN) out.append(s, i, j - i);
+      i = j;
+    }
+    s.swap(out);
+  }
+};
+
+class Sequence : public Normalizer {
+ public:
+  explicit Sequence(std::vector<std::unique_ptr<Normalizer>> items) : items_(std::move(items)) {}
+  void normalize(std::string& s) const override {
+    for (auto& n : items_) n->normalize(s);
+  }
+
+ private:
+  std::vector<std::unique_ptr<Normalizer>> items_;
+};
+
+}  // namespace
+
+std::unique_ptr<Normalizer> make_normalizer(const json& j) {
+  if (j.is_null()) return nullptr;
+  ARBOR_CHECK(j.is_object() && j.contains("type"), "tokenizer: normalizer: expected an object with a \"type\", got {}",
+              j.dump().substr(0, 200));
+  std::string type = j["type"].get<std::string>();
+  if (type == "NFC") return std::make_unique<UnicodeForm>(UTF8PROC_COMPOSE);
+  if (type == "NFD") return std::make_unique<UnicodeForm>(UTF8PROC_DECOMPOSE);
+  if (type == "NFKC") return std::make_unique<UnicodeForm>(UTF8PROC_COMPOSE | UTF8PROC_COMPAT);
+  if (type == "NFKD") return std::make_unique<UnicodeForm>(UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT);
+  if (type == "Lowercase") return std::make_unique<Lowercase>();
+  if (type == "StripAccents") return std::make_unique<StripAccents>();
+  if (type == "Prepend") return std::make_unique<Prepend>(j.at("prepend").get<std::string>());
+  if (type == "Replace")
+    return std::make_unique<Replace>(make_pattern_regex(j.at("pattern"), "normalizer Replace"),
+                                     j.at("content").get<std::string>());
+  if (type == "Strip") return std::make_unique<Strip>(j.value("strip_left", true), j.value("strip_right", true));
+  if (type == "Sequence") {
+    std::vector<std::unique_ptr<Normalizer>> items;
+    for (auto& n : j.at("normalizers")) items.push_back(make_normalizer(n));
+    return std::make_unique<Sequence>(std::move(items));
+  }
+  fail("tokenizer: normalizer: unknown type '{}' (supported: NFC, NFD, NFKC, NFKD, Lowercase, StripAccents, "
+       "Prepend, Replace, Strip, Sequence)",
+       type);
+}
+
+}  // namespace arbor

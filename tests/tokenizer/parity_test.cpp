@@ -1,0 +1,75 @@
+// Parity with npm `tokenizers`: ids (with and without special tokens) and decodes (with and without
+// skipping special tokens) for the generated corpus and random id sequences, for every tokenizer that
+// has a golden file (tools/tokenizer/make_goldens.js).
+#include <gtest/gtest.h>
+
+#include "tokenizer_fixture.h"
+
+namespace arbor::test {
+namespace {
+
+std::vector<std::string> golden_names() {
+  std::vector<std::string> names = real_tokenizer_names();
+  for (auto& e : std::filesystem::directory_iterator(fixture_dir() + "/synthetic"))
+    if (e.path().extension() == ".json") names.push_back("synthetic_" + e.path().stem().string());
+  return names;
+}
+
+std::string show(const std::vector<int32_t>& v) {
+  std::string s;
+  for (int32_t x : v) s += std::to_string(x) + " ";
+  return s;
+}
+
+class Parity : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Parity, EncodeMatchesReference) {
+  const Tokenizer* tok = load_tokenizer(GetParam());
+  ASSERT_NE(tok, nullptr);
+  auto corpus = load_corpus();
+  json g = load_golden(GetParam());
+  ASSERT_EQ(g["cases"].size(), corpus.size()) << "golden out of date: rerun node tools/tokenizer/make_goldens.js";
+  int failures = 0;
+  for (size_t i = 0; i < corpus.size() && failures < 5; ++i) {
+    const json& c = g["cases"][i];
+    auto want = c["ids"].get<std::vector<int32_t>>();
+    auto want_ns = c.contains("ids_ns") ? c["ids_ns"].get<std::vector<int32_t>>() : want;
+    auto got = tok->encode(corpus[i], true);
+    auto got_ns = tok->encode(corpus[i], false);
+    if (got != want) {
+      ++failures;
+      ADD_FAILURE() << "case " << i << " text '" << corpus[i] << "'\n want " << show(want) << "\n got  " << show(got);
+    }
+    if (got_ns != want_ns) {
+      ++failures;
+      ADD_FAILURE() << "case " << i << " (no special) text '" << corpus[i] << "'\n want " << show(want_ns) << "\n got  "
+                    << show(got_ns);
+    }
+  }
+}
+
+TEST_P(Parity, DecodeMatchesReference) {
+  const Tokenizer* tok = load_tokenizer(GetParam());
+  ASSERT_NE(tok, nullptr);
+  json g = load_golden(GetParam());
+  int failures = 0;
+  auto check = [&](const json& c, const char* what, size_t i) {
+    auto ids = c["ids"].get<std::vector<int32_t>>();
+    std::string want = c["dec"].get<std::string>();
+    std::string want_skip = c.contains("dec_skip") ? c["dec_skip"].get<std::string>() : want;
+    std::string got = tok->decode(ids, false), got_skip = tok->decode(ids, true);
+    if (got != want || got_skip != want_skip) {
+      ++failures;
+      ADD_FAILURE() << what << " " << i << " ids " << show(ids) << "\n want '" << want << "' / '" << want_skip << "'\n got  '"
+                    << got << "' / '" << got_skip << "'";
+    }
+  };
+  for (size_t i = 0; i < g["cases"].size() && failures < 5; ++i) check(g["cases"][i], "case", i);
+  for (size_t i = 0; i < g["random_decodes"].size() && failures < 5; ++i) check(g["random_decodes"][i], "random ids", i);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tokenizers, Parity, ::testing::ValuesIn(golden_names()),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace arbor::test
