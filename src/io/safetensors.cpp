@@ -39,7 +39,32 @@ std::string supported_dtypes() {
   return s;
 }
 
-std::string shape_str(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+// Bytes of a tensor of this shape and dtype, or nullopt when the product of its non-zero dimensions times the
+// element size passes 2^63 (judged without the zeros, so that a zero-size tensor cannot smuggle in dimensions
+// whose partial products, the strides, overflow int64 in the code that later indexes it). Dimensions are >= 0.
+std::optional<uint64_t> shape_bytes(const std::vector<int64_t>& shape, DType dt) {
+  uint64_t extent = dtype_size(dt);
+  bool empty = false;
+  for (int64_t d : shape) {
+    if (d == 0) empty = true;
+    else if (__builtin_mul_overflow(extent, uint64_t(d), &extent)) return std::nullopt;
+  }
+  if (extent > uint64_t(std::numeric_limits<int64_t>::max())) return std::nullopt;
+  return empty ? 0 : extent;
+}
+
+// At most ~kShown bytes of an untrusted string for an error message, cut on a UTF-8 character boundary (the
+// message may end up in a JSON error response, which must stay valid UTF-8).
+constexpr size_t kShown = 120;
+std::string brief(std::string_view s) {
+  if (s.size() <= kShown) return std::string(s);
+  size_t n = kShown;
+  while (n > 0 && (uint8_t(s[n]) & 0xc0) == 0x80) --n;
+  return fmt::format("{}... ({} bytes)", s.substr(0, n), s.size());
+}
+std::string brief_json(const json& v) { return brief(v.dump()); }
+
+std::string shape_str(const std::vector<int64_t>& shape) { return brief(fmt::format("[{}]", fmt::join(shape, ", "))); }
 
 // Parses the header JSON, refusing duplicate keys in any object (nlohmann would silently keep the last one,
 // so a duplicated tensor name would hide a tensor) and absurd nesting.
@@ -57,8 +82,8 @@ json parse_header(const char* begin, const char* end, const std::string& file) {
         const auto& k = parsed.get_ref<const std::string&>();
         if (keys.size() == 1) entry = k;
         if (!keys.back().insert(k).second) {
-          if (keys.size() == 1) fail("safetensors: {}: duplicate tensor name '{}' in the header", file, k);
-          fail("safetensors: {}: tensor '{}': duplicate key '{}' in its entry", file, entry, k);
+          if (keys.size() == 1) fail("safetensors: {}: duplicate tensor name '{}' in the header", file, brief(k));
+          fail("safetensors: {}: tensor '{}': duplicate key '{}' in its entry", file, brief(entry), brief(k));
         }
         break;
       }
@@ -94,50 +119,48 @@ const json& field(const json& entry, const char* key, const std::string& file, c
 
 TensorInfo parse_entry(const std::string& name, const json& e, const uint8_t* data_section, uint64_t data_size,
                        const std::string& file) {
-  if (!e.is_object()) fail("safetensors: {}: tensor '{}': entry is a JSON {}, not an object", file, name, e.type_name());
+  const std::string shown = brief(name);
+  if (!e.is_object()) fail("safetensors: {}: tensor '{}': entry is a JSON {}, not an object", file, shown, e.type_name());
   TensorInfo t;
   t.name = name;
   t.file = file;
 
-  const json& jd = field(e, "dtype", file, name);
-  if (!jd.is_string()) fail("safetensors: {}: tensor '{}': 'dtype' is a JSON {}, not a string", file, name, jd.type_name());
+  const json& jd = field(e, "dtype", file, shown);
+  if (!jd.is_string()) fail("safetensors: {}: tensor '{}': 'dtype' is a JSON {}, not a string", file, shown, jd.type_name());
   const auto& ds = jd.get_ref<const std::string&>();
   auto dt = dtype_from_name(ds);
-  if (!dt) fail("safetensors: {}: tensor '{}': unknown dtype '{}' (supported: {})", file, name, ds, supported_dtypes());
+  if (!dt) fail("safetensors: {}: tensor '{}': unknown dtype '{}' (supported: {})", file, shown, brief(ds), supported_dtypes());
   t.dtype = *dt;
 
-  const json& js = field(e, "shape", file, name);
-  if (!js.is_array()) fail("safetensors: {}: tensor '{}': 'shape' is a JSON {}, not an array", file, name, js.type_name());
-  uint64_t numel = 1;
-  bool overflow = false;
+  const json& js = field(e, "shape", file, shown);
+  if (!js.is_array()) fail("safetensors: {}: tensor '{}': 'shape' is a JSON {}, not an array", file, shown, js.type_name());
   for (size_t i = 0; i < js.size(); ++i) {
     const json& d = js[i];
     if (d.is_number_integer() && !d.is_number_unsigned())
-      fail("safetensors: {}: tensor '{}': shape dimension {} is negative ({})", file, name, i, d.get<int64_t>());
+      fail("safetensors: {}: tensor '{}': shape dimension {} is negative ({})", file, shown, i, d.get<int64_t>());
     auto v = as_index(d);
-    if (!v) fail("safetensors: {}: tensor '{}': shape dimension {} is {}, not an integer in [0, 2^63)", file, name, i, d.dump());
+    if (!v) fail("safetensors: {}: tensor '{}': shape dimension {} is {}, not an integer in [0, 2^63)", file, shown, i, brief_json(d));
     t.shape.push_back(int64_t(*v));
-    overflow |= __builtin_mul_overflow(numel, *v, &numel);
   }
-  uint64_t nbytes = 0;
-  overflow |= __builtin_mul_overflow(numel, uint64_t(dtype_size(t.dtype)), &nbytes);
-  if (overflow || nbytes > uint64_t(std::numeric_limits<int64_t>::max()))
-    fail("safetensors: {}: tensor '{}': shape {} of {} overflows (more than 2^63 bytes)", file, name, shape_str(t.shape),
-         ds);
+  const auto bytes = shape_bytes(t.shape, t.dtype);
+  if (!bytes)
+    fail("safetensors: {}: tensor '{}': shape {} of {} overflows (more than 2^63 bytes)", file, shown, shape_str(t.shape),
+         brief(ds));
+  const uint64_t nbytes = *bytes;
 
-  const json& jo = field(e, "data_offsets", file, name);
+  const json& jo = field(e, "data_offsets", file, shown);
   if (!jo.is_array() || jo.size() != 2)
-    fail("safetensors: {}: tensor '{}': 'data_offsets' is {}, not an array of two integers", file, name, jo.dump());
+    fail("safetensors: {}: tensor '{}': 'data_offsets' is {}, not an array of two integers", file, shown, brief_json(jo));
   auto b = as_index(jo[0]), en = as_index(jo[1]);
   if (!b || !en)
-    fail("safetensors: {}: tensor '{}': 'data_offsets' {} must hold two integers in [0, 2^63)", file, name, jo.dump());
-  if (*b > *en) fail("safetensors: {}: tensor '{}': data_offsets [{}, {}] begin after they end", file, name, *b, *en);
+    fail("safetensors: {}: tensor '{}': 'data_offsets' {} must hold two integers in [0, 2^63)", file, shown, brief_json(jo));
+  if (*b > *en) fail("safetensors: {}: tensor '{}': data_offsets [{}, {}] begin after they end", file, shown, *b, *en);
   if (*en > data_size)
     fail("safetensors: {}: tensor '{}': data_offsets [{}, {}] end at byte {} of the data section, which has {} bytes",
-         file, name, *b, *en, *en, data_size);
+         file, shown, *b, *en, *en, data_size);
   if (*en - *b != nbytes)
-    fail("safetensors: {}: tensor '{}': shape {} of {} needs {} bytes, data_offsets [{}, {}] hold {}", file, name,
-         shape_str(t.shape), ds, nbytes, *b, *en, *en - *b);
+    fail("safetensors: {}: tensor '{}': shape {} of {} needs {} bytes, data_offsets [{}, {}] hold {}", file, shown,
+         shape_str(t.shape), brief(ds), nbytes, *b, *en, *en - *b);
   t.offset = size_t(*b);
   t.nbytes = size_t(nbytes);
   t.data = data_section + *b;
@@ -171,7 +194,7 @@ std::vector<TensorInfo> parse_safetensors(const uint8_t* data, size_t size, cons
         fail("safetensors: {}: __metadata__ is a JSON {}, not an object of strings", filename, it->type_name());
       for (auto m = it->begin(); m != it->end(); ++m)
         if (!m->is_string())
-          fail("safetensors: {}: __metadata__ must map strings to strings; '{}' holds a JSON {}", filename, m.key(),
+          fail("safetensors: {}: __metadata__ must map strings to strings; '{}' holds a JSON {}", filename, brief(m.key()),
                m->type_name());
       metadata = std::move(*it);
       continue;
@@ -187,8 +210,8 @@ std::vector<TensorInfo> parse_safetensors(const uint8_t* data, size_t size, cons
   for (const auto& t : out) {
     if (t.nbytes == 0) continue;
     if (furthest && t.offset < furthest->offset + furthest->nbytes)
-      fail("safetensors: {}: tensors '{}' (bytes [{}, {})) and '{}' (bytes [{}, {})) overlap", filename, furthest->name,
-           furthest->offset, furthest->offset + furthest->nbytes, t.name, t.offset, t.offset + t.nbytes);
+      fail("safetensors: {}: tensors '{}' (bytes [{}, {})) and '{}' (bytes [{}, {})) overlap", filename,
+           brief(furthest->name), furthest->offset, furthest->offset + furthest->nbytes, brief(t.name), t.offset, t.offset + t.nbytes);
     if (!furthest || t.offset + t.nbytes > furthest->offset + furthest->nbytes) furthest = &t;
   }
   if (metadata_out) *metadata_out = std::move(metadata);
@@ -220,17 +243,12 @@ std::string serialize_safetensors(const std::vector<TensorToWrite>& tensors, con
   for (const auto& t : tensors) {
     if (t.name == "__metadata__" || h.contains(t.name))
       fail("safetensors: write: tensor name '{}' is reserved or used twice", t.name);
-    uint64_t numel = 1;
-    bool overflow = false;
-    for (int64_t d : t.shape) {
+    for (int64_t d : t.shape)
       if (d < 0) fail("safetensors: write: tensor '{}': negative dimension in shape {}", t.name, shape_str(t.shape));
-      overflow |= __builtin_mul_overflow(numel, uint64_t(d), &numel);
-    }
-    uint64_t need = 0;
-    overflow |= __builtin_mul_overflow(numel, uint64_t(dtype_size(t.dtype)), &need);
-    if (overflow || need != t.nbytes)
+    const auto need = shape_bytes(t.shape, t.dtype);
+    if (!need || *need != t.nbytes)
       fail("safetensors: write: tensor '{}': shape {} of {} needs {} bytes, got {}", t.name, shape_str(t.shape),
-           dtype_name(t.dtype), overflow ? std::string("more than 2^64") : std::to_string(need), t.nbytes);
+           dtype_name(t.dtype), need ? std::to_string(*need) : std::string("more than 2^63"), t.nbytes);
     if (t.nbytes && !t.data) fail("safetensors: write: tensor '{}': {} bytes but no data", t.name, t.nbytes);
     h[t.name] = {{"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.nbytes}}};
     offset += t.nbytes;

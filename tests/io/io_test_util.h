@@ -40,10 +40,10 @@ class TempDir {
 
 // The bytes of a safetensors file with `header` verbatim and `data_size` data bytes (values i & 0xff).
 inline std::vector<uint8_t> raw_safetensors(const std::string& header, size_t data_size) {
-  std::vector<uint8_t> out(8);
+  std::vector<uint8_t> out(8 + header.size() + data_size);
   for (int i = 0; i < 8; ++i) out[i] = uint8_t(uint64_t(header.size()) >> (8 * i));
-  out.insert(out.end(), header.begin(), header.end());
-  for (size_t i = 0; i < data_size; ++i) out.push_back(uint8_t(i));
+  for (size_t i = 0; i < header.size(); ++i) out[8 + i] = uint8_t(header[i]);
+  for (size_t i = 0; i < data_size; ++i) out[8 + header.size() + i] = uint8_t(i);
   return out;
 }
 
