@@ -1,0 +1,258 @@
+// AVX-512 (F/BW/VL/DQ) linear kernels: the decode GEMV (weights streamed once, all T <= 8 token rows
+// per weight load) and the prefill GEMM (packed 32-column weight panels, 12x32 register tile) for f32,
+// f16 and bf16 weights, f32 math. Compiled with per-function target attributes, chosen at run time.
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*() and trip -Wuninitialized when inlined
+// (GCC bug 105593); the pragma must precede the header, where the warning is located.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "backend/cpu/linear.h"
+#include "core/error.h"
+
+#define ARBOR_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+#define ARBOR_AVX512_INLINE ARBOR_AVX512 inline __attribute__((always_inline))
+
+namespace arbor::cpu::linear_detail {
+
+namespace {
+
+enum class WT { F32, F16, BF16 };
+
+// 16 consecutive weights starting at element i of W, as f32 (bf16 -> f32 is a 16-bit shift; f16 via F16C).
+template <WT wt>
+ARBOR_AVX512_INLINE __m512 wload(const void* W, int64_t i) {
+  if constexpr (wt == WT::F32) {
+    return _mm512_loadu_ps(static_cast<const float*>(W) + i);
+  } else {
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(W) + i));
+    if constexpr (wt == WT::F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+
+// The same with lanes outside `m` read as zero (and not touched in memory).
+template <WT wt>
+ARBOR_AVX512_INLINE __m512 wload_masked(const void* W, int64_t i, __mmask16 m) {
+  if constexpr (wt == WT::F32) {
+    return _mm512_maskz_loadu_ps(m, static_cast<const float*>(W) + i);
+  } else {
+    __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(W) + i);
+    if constexpr (wt == WT::F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+
+// Horizontal sum of the 16 lanes.
+ARBOR_AVX512_INLINE float hsum(__m512 v) {
+  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4e));  // + the other 256-bit half
+  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xb1));  // + the neighbouring 128-bit lane
+  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4e));        // + the other 64-bit half of the lane
+  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xb1));        // + the neighbouring element
+  return _mm512_cvtss_f32(v);
+}
+
+// ---- GEMV ------------------------------------------------------------------------------------------
+// One tile: NR weight rows n..n+NR against all TT token rows, TT*NR accumulators (<= 24 of the 32 zmm
+// registers), each weight vector loaded once and used TT times.
+template <WT wt, int TT, int NR>
+ARBOR_AVX512 void gemv_tile(const Args& a, int64_t n) {
+  const int64_t K = a.K;
+  __m512 acc[TT][NR];
+#pragma GCC unroll 32
+  for (int t = 0; t < TT; ++t)
+#pragma GCC unroll 32
+    for (int r = 0; r < NR; ++r) acc[t][r] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    __m512 w[NR];
+#pragma GCC unroll 32
+    for (int r = 0; r < NR; ++r) w[r] = wload<wt>(a.W, (n + r) * K + k);
+#pragma GCC unroll 32
+    for (int t = 0; t < TT; ++t) {
+      __m512 xv = _mm512_loadu_ps(a.x + t * K + k);
+#pragma GCC unroll 32
+      for (int r = 0; r < NR; ++r) acc[t][r] = _mm512_fmadd_ps(xv, w[r], acc[t][r]);
+    }
+  }
+  if (k < K) {
+    const __mmask16 m = __mmask16((1u << (K - k)) - 1);
+    __m512 w[NR];
+#pragma GCC unroll 32
+    for (int r = 0; r < NR; ++r) w[r] = wload_masked<wt>(a.W, (n + r) * K + k, m);
+#pragma GCC unroll 32
+    for (int t = 0; t < TT; ++t) {
+      __m512 xv = _mm512_maskz_loadu_ps(m, a.x + t * K + k);
+#pragma GCC unroll 32
+      for (int r = 0; r < NR; ++r) acc[t][r] = _mm512_fmadd_ps(xv, w[r], acc[t][r]);
+    }
+  }
+#pragma GCC unroll 32
+  for (int t = 0; t < TT; ++t)
+#pragma GCC unroll 32
+    for (int r = 0; r < NR; ++r) {
+      float s = hsum(acc[t][r]);
+      a.y[t * a.N + n + r] = a.bias ? s + a.bias[n + r] : s;
+    }
+}
+
+template <WT wt, int TT, int NR>
+ARBOR_AVX512 void gemv_rows(const Args& a, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + NR <= n1; n += NR) gemv_tile<wt, TT, NR>(a, n);
+  for (; n < n1; ++n) gemv_tile<wt, TT, 1>(a, n);
+}
+
+template <WT wt>
+ARBOR_AVX512 void gemv_typed(const Args& a, int64_t n0, int64_t n1) {
+  switch (a.T) {
+    case 1: return gemv_rows<wt, 1, 8>(a, n0, n1);
+    case 2: return gemv_rows<wt, 2, 6>(a, n0, n1);
+    case 3: return gemv_rows<wt, 3, 4>(a, n0, n1);
+    case 4: return gemv_rows<wt, 4, 4>(a, n0, n1);
+    case 5: return gemv_rows<wt, 5, 4>(a, n0, n1);
+    case 6: return gemv_rows<wt, 6, 3>(a, n0, n1);
+    case 7: return gemv_rows<wt, 7, 3>(a, n0, n1);
+    case 8: return gemv_rows<wt, 8, 3>(a, n0, n1);
+  }
+}
+
+// ---- GEMM ------------------------------------------------------------------------------------------
+constexpr int kMR = 12;   // token rows per register tile: 12 x 2 accumulators + 2 weight vectors
+constexpr int kKC = 128;  // k per packed panel: 128 x 32 f32 = 16 KiB, stays in L1 across all token tiles
+
+// In-register transpose of a 16x16 block of 32-bit elements: r[i] lane j <-> r[j] lane i.
+ARBOR_AVX512_INLINE void transpose16(__m512 r[16]) {
+  __m512 t[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  // After this stage r[4i+j], 128-bit lane L, holds column 4L+j of rows 4i..4i+3.
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    __m512d a0 = _mm512_castps_pd(t[4 * i]), a1 = _mm512_castps_pd(t[4 * i + 1]);
+    __m512d a2 = _mm512_castps_pd(t[4 * i + 2]), a3 = _mm512_castps_pd(t[4 * i + 3]);
+    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
+  }
+  // Gather lane L of r[j], r[4+j], r[8+j], r[12+j] into column 4L+j.
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+    __m512 e0 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88);   // lanes 0,2 of r[j] | lanes 0,2 of r[4+j]
+    __m512 o0 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xdd);   // lanes 1,3 ...
+    __m512 e1 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
+    __m512 o1 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xdd);
+    t[j] = _mm512_shuffle_f32x4(e0, e1, 0x88);       // column j
+    t[8 + j] = _mm512_shuffle_f32x4(e0, e1, 0xdd);   // column 8+j
+    t[4 + j] = _mm512_shuffle_f32x4(o0, o1, 0x88);   // column 4+j
+    t[12 + j] = _mm512_shuffle_f32x4(o0, o1, 0xdd);  // column 12+j
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) r[i] = t[i];
+}
+
+// P[kk][j] (kk < kc rounded up to 16, j < 32) = W[nb + j][kb + kk] as f32; zero past row nb+nw or past K.
+template <WT wt>
+ARBOR_AVX512 void pack_panel(const Args& a, int64_t nb, int64_t nw, int64_t kb, int64_t kc, float* P) {
+  for (int h = 0; h < 2; ++h) {
+    for (int64_t g = 0; g < kc; g += 16) {
+      const int64_t left = kc - g;
+      const __mmask16 m = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+      __m512 r[16];
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) {
+        const int64_t j = 16 * h + i;
+        r[i] = j < nw ? wload_masked<wt>(a.W, (nb + j) * a.K + kb + g, m) : _mm512_setzero_ps();
+      }
+      transpose16(r);
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) _mm512_store_ps(P + (g + i) * 32 + 16 * h, r[i]);
+    }
+  }
+}
+
+// y[0..MR, 0..32 masked] (+)= x[0..MR, 0..kc] · P; on the first k block y is overwritten (+ bias).
+template <int MR>
+ARBOR_AVX512 void gemm_tile(const float* x, int64_t ldx, const float* P, int64_t kc, float* y, int64_t ldy,
+                            __mmask16 m0, __mmask16 m1, const float* bias, bool first) {
+  __m512 acc[MR][2];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    const __m512 w0 = _mm512_load_ps(P + kk * 32), w1 = _mm512_load_ps(P + kk * 32 + 16);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xb = _mm512_set1_ps(x[i * ldx + kk]);
+      acc[i][0] = _mm512_fmadd_ps(xb, w0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(xb, w1, acc[i][1]);
+    }
+  }
+  __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
+  if (first && bias) b0 = _mm512_maskz_loadu_ps(m0, bias), b1 = _mm512_maskz_loadu_ps(m1, bias + 16);
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+    float* yr = y + i * ldy;
+    __m512 v0 = first ? b0 : _mm512_maskz_loadu_ps(m0, yr);
+    __m512 v1 = first ? b1 : _mm512_maskz_loadu_ps(m1, yr + 16);
+    _mm512_mask_storeu_ps(yr, m0, _mm512_add_ps(v0, acc[i][0]));
+    _mm512_mask_storeu_ps(yr + 16, m1, _mm512_add_ps(v1, acc[i][1]));
+  }
+}
+
+template <int MR>
+ARBOR_AVX512 void gemm_tile_any(int mr, const float* x, int64_t ldx, const float* P, int64_t kc, float* y,
+                                int64_t ldy, __mmask16 m0, __mmask16 m1, const float* bias, bool first) {
+  if constexpr (MR > 1) {
+    if (mr < MR) return gemm_tile_any<MR - 1>(mr, x, ldx, P, kc, y, ldy, m0, m1, bias, first);
+  }
+  gemm_tile<MR>(x, ldx, P, kc, y, ldy, m0, m1, bias, first);
+}
+
+template <WT wt>
+ARBOR_AVX512 void gemm_typed(const Args& a, int64_t n0, int64_t n1, float* P) {
+  for (int64_t nb = n0; nb < n1; nb += 32) {
+    const int64_t nw = std::min<int64_t>(32, n1 - nb);
+    const uint32_t cols = nw >= 32 ? 0xffffffffu : (1u << nw) - 1;
+    const __mmask16 m0 = __mmask16(cols), m1 = __mmask16(cols >> 16);
+    for (int64_t kb = 0; kb < a.K; kb += kKC) {
+      const int64_t kc = std::min<int64_t>(kKC, a.K - kb);
+      pack_panel<wt>(a, nb, nw, kb, kc, P);
+      for (int64_t t = 0; t < a.T; t += kMR) {
+        const int mr = int(std::min<int64_t>(kMR, a.T - t));
+        gemm_tile_any<kMR>(mr, a.x + t * a.K + kb, a.K, P, kc, a.y + t * a.N + nb, a.N, m0, m1,
+                           a.bias ? a.bias + nb : nullptr, kb == 0);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+ARBOR_AVX512 void gemv_avx512(const Args& a, int64_t n0, int64_t n1) {
+  ARBOR_CHECK(a.T >= 1 && a.T <= kLinearGemvMaxT, "linear: avx512 gemv called with T={} (1..{})", a.T,
+              kLinearGemvMaxT);
+  switch (a.wtype) {
+    case DType::F32: return gemv_typed<WT::F32>(a, n0, n1);
+    case DType::F16: return gemv_typed<WT::F16>(a, n0, n1);
+    case DType::BF16: return gemv_typed<WT::BF16>(a, n0, n1);
+    default: fail("linear: avx512 gemv: weight dtype {} not supported", dtype_name(a.wtype));
+  }
+}
+
+ARBOR_AVX512 void gemm_avx512(const Args& a, int64_t n0, int64_t n1, float* scratch) {
+  switch (a.wtype) {
+    case DType::F32: return gemm_typed<WT::F32>(a, n0, n1, scratch);
+    case DType::F16: return gemm_typed<WT::F16>(a, n0, n1, scratch);
+    case DType::BF16: return gemm_typed<WT::BF16>(a, n0, n1, scratch);
+    default: fail("linear: avx512 gemm: weight dtype {} not supported", dtype_name(a.wtype));
+  }
+}
+
+}  // namespace arbor::cpu::linear_detail
