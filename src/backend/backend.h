@@ -1,0 +1,102 @@
+// Backend: the op set the decoder needs, one virtual call per op. cpu/ and cuda/ implement it.
+// Tensors here live on the backend's device; activations are in act_dtype() (f32 on the CPU, bf16 on
+// CUDA); weights stay in their checkpoint dtype unless the backend converts them at upload.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace arbor {
+
+// A linear layer's weights: W [out, in] row-major (HF nn.Linear), optional bias [out].
+// `format` leaves room for quantized layouts (MLX affine, Trellis); only Dense exists today.
+enum class WeightFormat : uint8_t { Dense };
+struct Linear {
+  WeightFormat format = WeightFormat::Dense;
+  Tensor w;     // [out, in]
+  Tensor bias;  // [out] or empty
+  int64_t out_features() const { return w.shape[0]; }
+  int64_t in_features() const { return w.shape[1]; }
+};
+
+enum class NormOp : uint8_t { RMS, RMSPlusOne, LayerNorm };
+enum class ActOp : uint8_t { SiLU, GeLU, GeLUTanh };
+
+// The flattened batch of one forward call, host side. Token i belongs to sequence seq[i] and sits at
+// position pos[i]; each sequence has a block table into the paged KV pools and its context length
+// after this step (all tokens in the cache once this step's keys are written).
+struct BatchInfo {
+  std::vector<int32_t> tokens;        // [T]
+  std::vector<int32_t> pos;           // [T]
+  std::vector<int32_t> seq;           // [T] index into the per-sequence arrays
+  std::vector<int32_t> ctx_len;       // [S]
+  std::vector<int32_t> block_tables;  // [S, max_blocks] (row-major, unused entries -1)
+  int32_t max_blocks = 0;
+  std::vector<int32_t> logit_rows;    // token indices whose logits are wanted, in output order
+  int64_t n_tokens() const { return int64_t(tokens.size()); }
+  int64_t n_seqs() const { return int64_t(ctx_len.size()); }
+};
+
+struct AttentionParams {
+  int64_t n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  float scale = 1.0f;        // applied to q·k
+  float softcap = 0.0f;      // 0 = off; else cap * tanh(score / cap)
+  int64_t window = 0;        // 0 = full causal; else a token sees the last `window` positions, itself included
+};
+
+struct KVLayout {
+  int64_t n_layers = 0, n_blocks = 0, block_size = 16, n_kv_heads = 0, head_dim = 0;
+  int64_t bytes_per_token(DType t) const { return 2 * n_layers * n_kv_heads * head_dim * int64_t(dtype_size(t)); }
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual Device device() const = 0;
+  virtual DType act_dtype() const = 0;
+  virtual DType kv_dtype() const = 0;
+
+  // Memory. Returned tensors stay valid for the backend's lifetime.
+  virtual Tensor alloc(DType t, std::initializer_list<int64_t> shape) = 0;
+  // A weight as the backend will read it (CPU: a view of the host data, or a copy; CUDA: uploaded).
+  virtual Tensor load_weight(const Tensor& host) = 0;
+  virtual void alloc_kv(const KVLayout& layout) = 0;
+  virtual const KVLayout& kv_layout() const = 0;
+
+  // Sets the batch the following ops run on (uploads its metadata).
+  virtual void begin_batch(const BatchInfo& b) = 0;
+
+  // out[t] = table[token[t]] * scale                                       out [T, hidden]
+  virtual void embed(const Tensor& table, Tensor out, float scale) = 0;
+  // out = norm(x) * w (+ b); rows of x normalised independently           x, out [R, C]
+  virtual void norm(NormOp op, const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor out) = 0;
+  // Per-head norm: x viewed as [R * n_heads, head_dim], in place.
+  virtual void head_norm(NormOp op, Tensor x, int64_t head_dim, const Tensor& w, float eps) = 0;
+  // y = x · Wᵀ (+ bias)                                                    x [T, in], y [T, out]
+  virtual void linear(const Tensor& x, const Linear& l, Tensor y) = 0;
+  // Rotates the first rot_dim dims of each head of x [T, n_heads*head_dim] in place, at each token's
+  // position; cos/sin tables are [n_positions, rot_dim/2] on the device (from upload_table).
+  virtual void rope(Tensor x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const Tensor& cos, const Tensor& sin) = 0;
+  // Writes k, v [T, n_kv_heads*head_dim] into layer's KV blocks at each token's slot.
+  virtual void kv_write(int64_t layer, const Tensor& k, const Tensor& v) = 0;
+  // out [T, n_heads*head_dim] = softmax(q·Kᵀ·scale (+softcap, causal/window mask)) · V over the cache.
+  virtual void attention(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out) = 0;
+  // out = act(gate) * up (gated MLP), or act(up) when gate is empty.
+  virtual void activation(ActOp op, const Tensor& gate, const Tensor& up, Tensor out) = 0;
+  // y += x * scale
+  virtual void add_scaled(Tensor y, const Tensor& x, float scale) = 0;
+  // x = x * scale, then cap * tanh(x / cap) when cap > 0
+  virtual void scale_softcap(Tensor x, float scale, float cap) = 0;
+  // out[i] = x[batch.logit_rows[i]]                                        out [R, C]
+  virtual void gather_logit_rows(const Tensor& x, Tensor out) = 0;
+  // Host float32 data to the device (rope tables).
+  virtual Tensor upload_table(const std::vector<float>& host, std::initializer_list<int64_t> shape) = 0;
+  // Device logits [R, vocab] to host float32.
+  virtual void read_logits(const Tensor& logits, float* host) = 0;
+};
+
+}  // namespace arbor

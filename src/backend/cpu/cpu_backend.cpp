@@ -1,0 +1,308 @@
+// CPU implementations of the backend ops (the reference the CUDA backend is tested against).
+// Linear layers go to the ISA-specific kernels in linear_*.cpp; the rest are f32 loops here.
+#include "backend/cpu/cpu_backend.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "backend/cpu/linear.h"
+#include "core/error.h"
+
+namespace arbor {
+
+struct CpuBackend::Block {
+  void* p = nullptr;
+  size_t bytes = 0;
+  bool mapped = false;
+  ~Block() {
+    if (mapped) ::munmap(p, bytes);
+    else std::free(p);
+  }
+};
+
+CpuBackend::CpuBackend(int n_threads, WeightPlacement placement) : pool_(n_threads), placement_(placement) {}
+CpuBackend::~CpuBackend() = default;
+
+std::string CpuBackend::name() const {
+  return fmt::format("cpu ({} threads, weights {})", pool_.size(), placement_ == WeightPlacement::Copy ? "copied" : "mapped");
+}
+
+void* CpuBackend::own(size_t bytes, bool huge) {
+  auto b = std::make_unique<Block>();
+  b->bytes = std::max<size_t>(bytes, 64);
+  if (huge && bytes >= (size_t(2) << 20)) {
+    // Anonymous mapping, 2 MiB-aligned and advised for transparent huge pages: fewer TLB misses when
+    // decode streams every weight once per token.
+    size_t align = size_t(2) << 20;
+    size_t len = (b->bytes + align - 1) / align * align;
+    void* p = ::mmap(nullptr, len + align, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    uintptr_t a = (reinterpret_cast<uintptr_t>(p) + align - 1) / align * align;
+    size_t head = a - reinterpret_cast<uintptr_t>(p);
+    if (head) ::munmap(p, head);
+    ::munmap(reinterpret_cast<void*>(a + len), align - head);
+    ::madvise(reinterpret_cast<void*>(a), len, MADV_HUGEPAGE);
+    b->p = reinterpret_cast<void*>(a);
+    b->bytes = len;
+    b->mapped = true;
+  } else {
+    b->p = std::aligned_alloc(64, (b->bytes + 63) / 64 * 64);
+    if (!b->p) throw std::bad_alloc();
+  }
+  void* p = b->p;
+  owned_.push_back(std::move(b));
+  return p;
+}
+
+Tensor CpuBackend::alloc(DType t, std::initializer_list<int64_t> shape) {
+  Tensor x(nullptr, t, shape);
+  x.data = own(x.nbytes(), false);
+  return x;
+}
+
+Tensor CpuBackend::load_weight(const Tensor& host) {
+  // Vectors (norm weights, biases) become f32 so the ops never convert per element per token.
+  if (host.ndim <= 1 && host.dtype != DType::F32) {
+    Tensor out(nullptr, DType::F32, {host.numel()});
+    out.data = own(out.nbytes(), false);
+    float* o = out.as<float>();
+    for (int64_t i = 0; i < host.numel(); ++i)
+      o[i] = host.dtype == DType::BF16 ? bf16_to_f32(host.as<uint16_t>()[i])
+             : host.dtype == DType::F16 ? f16_to_f32(host.as<uint16_t>()[i])
+                                        : fail_value(host);
+    return out;
+  }
+  if (placement_ == WeightPlacement::Mapped) return host;
+  Tensor out = host;
+  out.data = own(host.nbytes(), true);
+  std::memcpy(out.data, host.data, host.nbytes());
+  return out;
+}
+
+void CpuBackend::alloc_kv(const KVLayout& layout) {
+  kv_ = layout;
+  size_t per_layer = size_t(layout.n_blocks * layout.block_size * layout.n_kv_heads * layout.head_dim);
+  k_pools_.clear(), v_pools_.clear();
+  for (int64_t l = 0; l < layout.n_layers; ++l) {
+    k_pools_.push_back(static_cast<float*>(own(per_layer * sizeof(float), true)));
+    v_pools_.push_back(static_cast<float*>(own(per_layer * sizeof(float), true)));
+  }
+}
+
+namespace {
+
+inline float load_elem(const Tensor& t, int64_t i) {
+  switch (t.dtype) {
+    case DType::F32: return t.as<float>()[i];
+    case DType::BF16: return bf16_to_f32(t.as<uint16_t>()[i]);
+    case DType::F16: return f16_to_f32(t.as<uint16_t>()[i]);
+    default: fail("cpu: tensor dtype {} is not a float type", dtype_name(t.dtype));
+  }
+}
+
+}  // namespace
+
+float CpuBackend::fail_value(const Tensor& t) { fail("cpu: cannot convert a {} vector to f32", dtype_name(t.dtype)); }
+
+void CpuBackend::embed(const Tensor& table, Tensor out, float scale) {
+  const auto& tok = batch_->tokens;
+  const int64_t C = table.shape[1], V = table.shape[0];
+  float* o = out.as<float>();
+  for (size_t t = 0; t < tok.size(); ++t) {
+    ARBOR_CHECK(tok[t] >= 0 && tok[t] < V, "embed: token id {} at batch row {} is outside the vocabulary ({})", tok[t], t, V);
+    for (int64_t c = 0; c < C; ++c) o[int64_t(t) * C + c] = load_elem(table, int64_t(tok[t]) * C + c) * scale;
+  }
+}
+
+namespace {
+
+void norm_row(NormOp op, const float* x, const float* w, const float* b, float eps, int64_t C, float* y) {
+  if (op == NormOp::LayerNorm) {
+    double mean = 0, var = 0;
+    for (int64_t c = 0; c < C; ++c) mean += x[c];
+    mean /= double(C);
+    for (int64_t c = 0; c < C; ++c) var += (x[c] - mean) * (x[c] - mean);
+    var /= double(C);
+    float inv = float(1.0 / std::sqrt(var + eps));
+    for (int64_t c = 0; c < C; ++c) y[c] = (x[c] - float(mean)) * inv * w[c] + (b ? b[c] : 0.0f);
+    return;
+  }
+  double ss = 0;
+  for (int64_t c = 0; c < C; ++c) ss += double(x[c]) * x[c];
+  float inv = float(1.0 / std::sqrt(ss / double(C) + eps));
+  if (op == NormOp::RMSPlusOne)
+    for (int64_t c = 0; c < C; ++c) y[c] = x[c] * inv * (1.0f + w[c]);
+  else
+    for (int64_t c = 0; c < C; ++c) y[c] = x[c] * inv * w[c];
+}
+
+}  // namespace
+
+void CpuBackend::norm(NormOp op, const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor out) {
+  const int64_t R = x.rows(), C = x.cols();
+  ARBOR_CHECK(w.numel() == C, "norm: weight has {} elements, rows have {}", w.numel(), C);
+  const float* bp = b.empty() ? nullptr : b.as<float>();
+  pool_.parallel_for(R, 1, [&](int, int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) norm_row(op, x.as<float>() + r * C, w.as<float>(), bp, eps, C, out.as<float>() + r * C);
+  });
+}
+
+void CpuBackend::head_norm(NormOp op, Tensor x, int64_t head_dim, const Tensor& w, float eps) {
+  const int64_t R = x.numel() / head_dim;
+  ARBOR_CHECK(w.numel() == head_dim, "head_norm: weight has {} elements, heads have {}", w.numel(), head_dim);
+  float* p = x.as<float>();
+  for (int64_t r = 0; r < R; ++r) norm_row(op, p + r * head_dim, w.as<float>(), nullptr, eps, head_dim, p + r * head_dim);
+}
+
+void CpuBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
+  ARBOR_CHECK(x.cols() == l.in_features(), "linear: input has {} columns, weight {} expects {}", x.cols(), l.w.shape_str(),
+              l.in_features());
+  cpu::linear(pool_, x.as<float>(), x.rows(), l.in_features(), l.w.data, l.w.dtype, l.out_features(),
+              l.bias.empty() ? nullptr : l.bias.as<float>(), y.as<float>());
+}
+
+void CpuBackend::rope(Tensor x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const Tensor& cos, const Tensor& sin) {
+  const int64_t half = rot_dim / 2, n_pos = cos.shape[0];
+  const auto& pos = batch_->pos;
+  for (size_t t = 0; t < pos.size(); ++t) {
+    ARBOR_CHECK(pos[t] >= 0 && pos[t] < n_pos, "rope: position {} outside the table ({} positions)", pos[t], n_pos);
+    const float* c = cos.as<float>() + int64_t(pos[t]) * half;
+    const float* s = sin.as<float>() + int64_t(pos[t]) * half;
+    float* row = x.as<float>() + int64_t(t) * n_heads * head_dim;
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float* v = row + h * head_dim;
+      for (int64_t i = 0; i < half; ++i) {
+        float a = v[i], b = v[i + half];
+        v[i] = a * c[i] - b * s[i];
+        v[i + half] = b * c[i] + a * s[i];
+      }
+    }
+  }
+}
+
+void CpuBackend::kv_write(int64_t layer, const Tensor& k, const Tensor& v) {
+  const int64_t row = kv_.n_kv_heads * kv_.head_dim, bs = kv_.block_size;
+  const auto& b = *batch_;
+  for (int64_t t = 0; t < b.n_tokens(); ++t) {
+    int32_t s = b.seq[size_t(t)], p = b.pos[size_t(t)];
+    int32_t block = b.block_tables[size_t(int64_t(s) * b.max_blocks + p / bs)];
+    ARBOR_CHECK(block >= 0 && block < kv_.n_blocks, "kv: sequence {} position {} has no valid block ({})", s, p, block);
+    int64_t slot = int64_t(block) * bs + p % bs;
+    std::memcpy(k_pools_[size_t(layer)] + slot * row, k.as<float>() + t * row, size_t(row) * sizeof(float));
+    std::memcpy(v_pools_[size_t(layer)] + slot * row, v.as<float>() + t * row, size_t(row) * sizeof(float));
+  }
+}
+
+void CpuBackend::attention(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out) {
+  const auto& b = *batch_;
+  const int64_t hd = p.head_dim, group = p.n_heads / p.n_kv_heads, bs = kv_.block_size;
+  const int64_t kv_row = p.n_kv_heads * hd;
+  const float* K = k_pools_[size_t(layer)];
+  const float* V = v_pools_[size_t(layer)];
+  // One work item per (token, kv head): the group's query heads share each key and value load.
+  pool_.parallel_for(b.n_tokens() * p.n_kv_heads, 1, [&](int, int64_t i0, int64_t i1) {
+    std::vector<float> scores;
+    std::vector<double> acc(static_cast<size_t>(hd));
+    for (int64_t item = i0; item < i1; ++item) {
+      int64_t t = item / p.n_kv_heads, g = item % p.n_kv_heads;
+      int32_t s = b.seq[size_t(t)];
+      int64_t pos = b.pos[size_t(t)];
+      int64_t lo = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
+      int64_t n = pos - lo + 1;
+      const int32_t* table = b.block_tables.data() + int64_t(s) * b.max_blocks;
+      scores.resize(size_t(n));
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        const float* qh = q.as<float>() + t * p.n_heads * hd + h * hd;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < n; ++j) {
+          int64_t kp = lo + j;
+          const float* kh = K + (int64_t(table[kp / bs]) * bs + kp % bs) * kv_row + g * hd;
+          float dot = 0;
+          for (int64_t d = 0; d < hd; ++d) dot += qh[d] * kh[d];
+          dot *= p.scale;
+          if (p.softcap > 0) dot = p.softcap * std::tanh(dot / p.softcap);
+          scores[size_t(j)] = dot;
+          mx = std::max(mx, dot);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < n; ++j) sum += (scores[size_t(j)] = std::exp(scores[size_t(j)] - mx));
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t j = 0; j < n; ++j) {
+          int64_t kp = lo + j;
+          const float* vh = V + (int64_t(table[kp / bs]) * bs + kp % bs) * kv_row + g * hd;
+          float w = scores[size_t(j)];
+          for (int64_t d = 0; d < hd; ++d) acc[size_t(d)] += double(w) * vh[d];
+        }
+        float* o = out.as<float>() + t * p.n_heads * hd + h * hd;
+        for (int64_t d = 0; d < hd; ++d) o[d] = float(acc[size_t(d)] / sum);
+      }
+    }
+  });
+}
+
+namespace {
+inline float act_fn(ActOp op, float x) {
+  switch (op) {
+    case ActOp::SiLU: return x / (1.0f + std::exp(-x));
+    case ActOp::GeLU: return 0.5f * x * (1.0f + std::erf(x * float(M_SQRT1_2)));
+    case ActOp::GeLUTanh: {
+      const float k = 0.7978845608028654f;  // sqrt(2/pi)
+      return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
+    }
+  }
+  return x;
+}
+}  // namespace
+
+void CpuBackend::activation(ActOp op, const Tensor& gate, const Tensor& up, Tensor out) {
+  const int64_t n = up.numel();
+  float* o = out.as<float>();
+  const float* u = up.as<float>();
+  if (gate.empty()) {
+    for (int64_t i = 0; i < n; ++i) o[i] = act_fn(op, u[i]);
+  } else {
+    const float* g = gate.as<float>();
+    for (int64_t i = 0; i < n; ++i) o[i] = act_fn(op, g[i]) * u[i];
+  }
+}
+
+void CpuBackend::add_scaled(Tensor y, const Tensor& x, float scale) {
+  float* a = y.as<float>();
+  const float* b = x.as<float>();
+  const int64_t n = y.numel();
+  if (scale == 1.0f)
+    for (int64_t i = 0; i < n; ++i) a[i] += b[i];
+  else
+    for (int64_t i = 0; i < n; ++i) a[i] += b[i] * scale;
+}
+
+void CpuBackend::scale_softcap(Tensor x, float scale, float cap) {
+  float* a = x.as<float>();
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    float v = a[i] * scale;
+    a[i] = cap > 0 ? cap * std::tanh(v / cap) : v;
+  }
+}
+
+void CpuBackend::gather_logit_rows(const Tensor& x, Tensor out) {
+  const int64_t C = x.cols();
+  const auto& rows = batch_->logit_rows;
+  for (size_t i = 0; i < rows.size(); ++i)
+    std::memcpy(out.as<float>() + int64_t(i) * C, x.as<float>() + int64_t(rows[i]) * C, size_t(C) * sizeof(float));
+}
+
+Tensor CpuBackend::upload_table(const std::vector<float>& host, std::initializer_list<int64_t> shape) {
+  Tensor t = alloc(DType::F32, shape);
+  ARBOR_CHECK(size_t(t.numel()) == host.size(), "cpu: table has {} values for shape {}", host.size(), t.shape_str());
+  std::memcpy(t.data, host.data(), host.size() * sizeof(float));
+  return t;
+}
+
+void CpuBackend::read_logits(const Tensor& logits, float* host) { std::memcpy(host, logits.data, logits.nbytes()); }
+
+}  // namespace arbor

@@ -1,0 +1,63 @@
+// CpuBackend: the op set on the host, f32 activations and KV, weights read where they are (a view of
+// the mmapped checkpoint) or from an anonymous huge-page copy (WeightPlacement), a private thread pool.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/thread_pool.h"
+
+namespace arbor {
+
+enum class WeightPlacement : uint8_t { Mapped, Copy };  // Copy: anonymous memory, MADV_HUGEPAGE
+
+class CpuBackend : public Backend {
+ public:
+  CpuBackend(int n_threads, WeightPlacement placement);
+  ~CpuBackend() override;
+
+  std::string name() const override;
+  Device device() const override { return Device::CPU; }
+  DType act_dtype() const override { return DType::F32; }
+  DType kv_dtype() const override { return DType::F32; }
+  ThreadPool& pool() { return pool_; }
+  WeightPlacement placement() const { return placement_; }
+
+  Tensor alloc(DType t, std::initializer_list<int64_t> shape) override;
+  Tensor load_weight(const Tensor& host) override;
+  void alloc_kv(const KVLayout& layout) override;
+  const KVLayout& kv_layout() const override { return kv_; }
+  void begin_batch(const BatchInfo& b) override { batch_ = &b; }
+
+  void embed(const Tensor& table, Tensor out, float scale) override;
+  void norm(NormOp op, const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor out) override;
+  void head_norm(NormOp op, Tensor x, int64_t head_dim, const Tensor& w, float eps) override;
+  void linear(const Tensor& x, const Linear& l, Tensor y) override;
+  void rope(Tensor x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const Tensor& cos, const Tensor& sin) override;
+  void kv_write(int64_t layer, const Tensor& k, const Tensor& v) override;
+  void attention(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out) override;
+  void activation(ActOp op, const Tensor& gate, const Tensor& up, Tensor out) override;
+  void add_scaled(Tensor y, const Tensor& x, float scale) override;
+  void scale_softcap(Tensor x, float scale, float cap) override;
+  void gather_logit_rows(const Tensor& x, Tensor out) override;
+  Tensor upload_table(const std::vector<float>& host, std::initializer_list<int64_t> shape) override;
+  void read_logits(const Tensor& logits, float* host) override;
+
+  // KV pools for tests: layer's K and V, [n_blocks, block_size, n_kv_heads, head_dim] f32.
+  float* k_pool(int64_t layer) const { return k_pools_[size_t(layer)]; }
+  float* v_pool(int64_t layer) const { return v_pools_[size_t(layer)]; }
+
+ private:
+  struct Block;  // one owned allocation
+  void* own(size_t bytes, bool huge);
+  [[noreturn]] static float fail_value(const Tensor& t);
+
+  ThreadPool pool_;
+  WeightPlacement placement_;
+  std::vector<std::unique_ptr<Block>> owned_;
+  KVLayout kv_;
+  std::vector<float*> k_pools_, v_pools_;
+  const BatchInfo* batch_ = nullptr;
+};
+
+}  // namespace arbor

@@ -1,0 +1,237 @@
+// Model loading (checkpoint or dummy weights) and the universal decoder forward.
+#include "model/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "io/checkpoint.h"
+
+namespace arbor {
+
+namespace {
+
+std::string join_path(const std::string& dir, const std::string& f) { return dir.empty() ? f : dir + "/" + f; }
+
+NormOp to_norm_op(NormKind k) {
+  switch (k) {
+    case NormKind::RMS: return NormOp::RMS;
+    case NormKind::RMSPlusOne: return NormOp::RMSPlusOne;
+    case NormKind::LayerNorm: return NormOp::LayerNorm;
+  }
+  return NormOp::RMS;
+}
+
+ActOp to_act_op(Activation a) {
+  switch (a) {
+    case Activation::SiLU: return ActOp::SiLU;
+    case Activation::GeLU: return ActOp::GeLU;
+    case Activation::GeLUTanh: return ActOp::GeLUTanh;
+  }
+  return ActOp::SiLU;
+}
+
+// Rows [0, n) of a [rows, cols] activation buffer.
+Tensor first_rows(const Tensor& t, int64_t n) { return t.row_slice(0, n); }
+
+}  // namespace
+
+Model::~Model() = default;
+
+Model::Model(const LoadOptions& opt, Backend& backend) : backend_(backend) {
+  std::string cfg_path = !opt.config_path.empty() ? opt.config_path : join_path(opt.model_dir, "config.json");
+  cfg_ = load_model_config(cfg_path);
+  arch_ = &find_arch(cfg_);
+  apply_arch_defaults(cfg_, *arch_);
+  const ModelConfig& c = cfg_;
+  const ArchDescriptor& a = *arch_;
+
+  // Weights: from the checkpoint (every tensor consumed, shapes checked) or generated.
+  std::map<std::string, uint64_t> dtype_bytes;
+  std::function<Tensor(const TensorSpec&)> get;
+  if (opt.dummy_weights) {
+    get = [&](const TensorSpec& s) {
+      int64_t n = 1;
+      for (auto d : s.shape) n *= d;
+      size_t bytes = size_t(n) * dtype_size(opt.dummy_dtype);
+      dummy_.emplace_back(new uint8_t[bytes]);
+      fill_dummy(s, a, opt.dummy_dtype, dummy_.back().get());
+      Tensor t(dummy_.back().get(), opt.dummy_dtype, {});
+      t.ndim = int(s.shape.size());
+      for (size_t i = 0; i < s.shape.size(); ++i) t.shape[i] = s.shape[i];
+      dtype_bytes[std::string(dtype_name(t.dtype))] += bytes;
+      param_count_ += uint64_t(n);
+      return t;
+    };
+  } else {
+    ckpt_ = std::make_unique<Checkpoint>(Checkpoint::open(opt.model_dir));
+    if (opt.show_progress && ckpt_->total_bytes() > (uint64_t(256) << 20)) {
+      Progress prog("loading weights", ckpt_->total_bytes());
+      ckpt_->prefault([&](uint64_t n) { prog.advance(n); });
+    }
+    get = [&](const TensorSpec& s) {
+      const TensorInfo& ti = ckpt_->take(s.name);
+      ARBOR_CHECK(ti.shape == s.shape, "model: {}: tensor '{}' has shape [{}], {} expects [{}]", ti.file, s.name,
+                  fmt::join(ti.shape, ", "), c.model_type, fmt::join(s.shape, ", "));
+      ARBOR_CHECK(ti.dtype == DType::F32 || ti.dtype == DType::F16 || ti.dtype == DType::BF16,
+                  "model: {}: tensor '{}' has dtype {}; supported: F32, F16, BF16", ti.file, s.name, dtype_name(ti.dtype));
+      Tensor t(const_cast<uint8_t*>(ti.data), ti.dtype, {});
+      t.ndim = int(s.shape.size());
+      for (size_t i = 0; i < s.shape.size(); ++i) t.shape[i] = s.shape[i];
+      dtype_bytes[std::string(dtype_name(t.dtype))] += ti.nbytes;
+      param_count_ += uint64_t(ti.numel());
+      return t;
+    };
+  }
+  w_ = bind_weights(c, a, get, backend_);
+  if (ckpt_) {
+    // Tied checkpoints sometimes also store lm_head.weight (a copy of the embedding); transformers
+    // ignores it when tie_word_embeddings is set, and so do we.
+    if (c.tie_word_embeddings) ckpt_->take_optional(a.names.lm_head);
+    ckpt_->check_all_consumed();
+  }
+  for (auto& [name, bytes] : dtype_bytes) {
+    weight_bytes_ += bytes;
+    weight_dtypes_ += (weight_dtypes_.empty() ? "" : ", ") + name;
+  }
+
+  norm_op_ = to_norm_op(a.norm);
+  act_op_ = to_act_op(parse_activation(c.hidden_act, a.default_act, cfg_path));
+  embed_scale_ = float(c.embedding_multiplier) * (a.scale_embeddings ? std::sqrt(float(c.hidden_size)) : 1.0f);
+
+  ctx_size_ = opt.ctx_size > 0 ? opt.ctx_size : std::min<int64_t>(c.max_position, 4096);
+  max_step_tokens_ = std::max<int64_t>(1, opt.max_step_tokens);
+
+  // Attention scale: Granite's attention_multiplier, Gemma's query_pre_attn_scalar, else 1/sqrt(d).
+  AttentionParams ap;
+  ap.n_heads = c.n_heads, ap.n_kv_heads = c.n_kv_heads, ap.head_dim = c.head_dim;
+  ap.scale = c.attention_multiplier > 0     ? float(c.attention_multiplier)
+             : c.query_pre_attn_scalar > 0 ? float(1.0 / std::sqrt(c.query_pre_attn_scalar))
+                                            : float(1.0 / std::sqrt(double(c.head_dim)));
+  ap.softcap = float(c.attn_logit_softcap);
+  attn_full_ = ap;
+  attn_sliding_ = ap;
+  attn_sliding_.window = c.sliding_window;
+
+  // Rope tables for every position up to ctx_size, computed once here and put on the device.
+  auto make_tables = [&](const RopeConfig& rc, RopeTable& table, Tensor& cos, Tensor& sin) {
+    table = RopeTable(rc, c.rotary_dim(), c.max_position);
+    table.ensure(ctx_size_);
+    const int64_t half = c.rotary_dim() / 2;
+    std::vector<float> hc(size_t(ctx_size_ * half)), hs(hc.size());
+    for (int64_t p = 0; p < ctx_size_; ++p) {
+      std::memcpy(hc.data() + p * half, table.cos(p), size_t(half) * sizeof(float));
+      std::memcpy(hs.data() + p * half, table.sin(p), size_t(half) * sizeof(float));
+    }
+    cos = backend_.upload_table(hc, {ctx_size_, half});
+    sin = backend_.upload_table(hs, {ctx_size_, half});
+  };
+  make_tables(c.rope, rope_full_, cos_full_, sin_full_);
+  make_tables(c.rope_local, rope_local_, cos_local_, sin_local_);
+
+  KVLayout kv;
+  kv.n_layers = c.n_layers, kv.block_size = opt.block_size, kv.n_kv_heads = c.n_kv_heads, kv.head_dim = c.head_dim;
+  kv.n_blocks = opt.kv_blocks > 0 ? opt.kv_blocks : (ctx_size_ + opt.block_size - 1) / opt.block_size + 1;
+  backend_.alloc_kv(kv);
+  plan_buffers();
+}
+
+void Model::plan_buffers() {
+  const ModelConfig& c = cfg_;
+  const DType t = backend_.act_dtype();
+  const int64_t T = max_step_tokens_;
+  x_ = backend_.alloc(t, {T, c.hidden_size});
+  h_ = backend_.alloc(t, {T, c.hidden_size});
+  o_ = backend_.alloc(t, {T, c.hidden_size});
+  q_ = backend_.alloc(t, {T, c.q_dim()});
+  attn_ = backend_.alloc(t, {T, c.q_dim()});
+  k_ = backend_.alloc(t, {T, c.kv_dim()});
+  v_ = backend_.alloc(t, {T, c.kv_dim()});
+  gate_ = backend_.alloc(t, {T, c.intermediate_size});
+  up_ = backend_.alloc(t, {T, c.intermediate_size});
+  act_ = backend_.alloc(t, {T, c.intermediate_size});
+  rows_ = backend_.alloc(t, {kLogitChunk, c.hidden_size});
+  rows_normed_ = backend_.alloc(t, {kLogitChunk, c.hidden_size});
+  logits_ = backend_.alloc(DType::F32, {kLogitChunk, c.vocab_size});
+}
+
+void Model::forward(const BatchInfo& b, float* logits_out) {
+  const ModelConfig& c = cfg_;
+  const ArchDescriptor& a = *arch_;
+  const int64_t T = b.n_tokens();
+  ARBOR_CHECK(T > 0 && T <= max_step_tokens_, "model: a step carries {} tokens, the plan allows 1..{}", T, max_step_tokens_);
+  for (int64_t i = 0; i < T; ++i)
+    ARBOR_CHECK(b.pos[size_t(i)] >= 0 && b.pos[size_t(i)] < ctx_size_, "model: position {} outside the context ({} tokens)",
+                b.pos[size_t(i)], ctx_size_);
+  Backend& be = backend_;
+  be.begin_batch(b);
+  Tensor x = first_rows(x_, T), h = first_rows(h_, T), o = first_rows(o_, T);
+  Tensor q = first_rows(q_, T), k = first_rows(k_, T), v = first_rows(v_, T), attn = first_rows(attn_, T);
+  Tensor gate = first_rows(gate_, T), up = first_rows(up_, T), act = first_rows(act_, T);
+  const float resid = float(c.residual_multiplier);
+
+  be.embed(w_.embed, x, embed_scale_);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& L = w_.layers[size_t(l)];
+    const bool sliding = c.layer_types[size_t(l)] == LayerAttention::Sliding;
+    // Attention half.
+    const Tensor& attn_in = a.block == BlockKind::PostNorm ? x : h;
+    if (a.block != BlockKind::PostNorm) be.norm(norm_op_, x, L.attn_norm, L.attn_norm_b, float(c.norm_eps), h);
+    be.linear(attn_in, L.q, q);
+    be.linear(attn_in, L.k, k);
+    be.linear(attn_in, L.v, v);
+    if (a.qk_norm == QKNormKind::PerHead) {
+      be.head_norm(norm_op_, q, c.head_dim, L.q_norm, float(c.norm_eps));
+      be.head_norm(norm_op_, k, c.head_dim, L.k_norm, float(c.norm_eps));
+    } else if (a.qk_norm == QKNormKind::Full) {
+      be.norm(norm_op_, q, L.q_norm, Tensor{}, float(c.norm_eps), q);
+      be.norm(norm_op_, k, L.k_norm, Tensor{}, float(c.norm_eps), k);
+    }
+    if (c.layer_uses_rope[size_t(l)]) {
+      const Tensor& cs = sliding ? cos_local_ : cos_full_;
+      const Tensor& sn = sliding ? sin_local_ : sin_full_;
+      be.rope(q, c.n_heads, c.head_dim, c.rotary_dim(), cs, sn);
+      be.rope(k, c.n_kv_heads, c.head_dim, c.rotary_dim(), cs, sn);
+    }
+    be.kv_write(l, k, v);
+    be.attention(l, q, sliding ? attn_sliding_ : attn_full_, attn);
+    be.linear(attn, L.o, o);
+    if (a.block != BlockKind::PreNorm) be.norm(norm_op_, o, L.post_attn_norm, Tensor{}, float(c.norm_eps), o);
+    be.add_scaled(x, o, resid);
+    // MLP half.
+    const Tensor& mlp_in = a.block == BlockKind::PostNorm ? x : h;
+    if (a.block != BlockKind::PostNorm) be.norm(norm_op_, x, L.mlp_norm, L.mlp_norm_b, float(c.norm_eps), h);
+    if (a.mlp == MlpKind::Gated) {
+      be.linear(mlp_in, L.gate, gate);
+      be.linear(mlp_in, L.up, up);
+      be.activation(act_op_, gate, up, act);
+    } else {
+      be.linear(mlp_in, L.up, up);
+      be.activation(act_op_, Tensor{}, up, act);
+    }
+    be.linear(act, L.down, o);
+    if (a.block != BlockKind::PreNorm) be.norm(norm_op_, o, L.post_mlp_norm, Tensor{}, float(c.norm_eps), o);
+    be.add_scaled(x, o, resid);
+  }
+
+  // Logits for the requested rows only, kLogitChunk rows per lm_head call.
+  const int64_t R = int64_t(b.logit_rows.size());
+  BatchInfo chunk_batch;
+  for (int64_t r0 = 0; r0 < R; r0 += kLogitChunk) {
+    const int64_t n = std::min(kLogitChunk, R - r0);
+    chunk_batch.logit_rows.assign(b.logit_rows.begin() + r0, b.logit_rows.begin() + r0 + n);
+    for (auto r : chunk_batch.logit_rows) ARBOR_CHECK(r >= 0 && r < T, "model: logit row {} outside the batch ({})", r, T);
+    be.begin_batch(chunk_batch);
+    Tensor rows = first_rows(rows_, n), normed = first_rows(rows_normed_, n), logits = first_rows(logits_, n);
+    be.gather_logit_rows(x, rows);
+    be.norm(norm_op_, rows, w_.final_norm, w_.final_norm_b, float(c.norm_eps), normed);
+    be.linear(normed, w_.lm_head, logits);
+    be.scale_softcap(logits, float(1.0 / c.logits_scaling), float(c.final_logit_softcap));
+    be.read_logits(logits, logits_out + r0 * c.vocab_size);
+  }
+}
+
+}  // namespace arbor

@@ -1,0 +1,74 @@
+// Model: config + descriptor + weights on a backend + the one decoder forward, written once.
+// forward() takes a flattened batch (prefill chunks and decode tokens of many sequences mixed) and
+// returns logits only for the rows the batch asks for.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/archs.h"
+#include "model/config.h"
+#include "model/rope.h"
+#include "model/weights.h"
+
+namespace arbor {
+
+class Checkpoint;
+
+struct LoadOptions {
+  std::string model_dir;     // holds config.json (+ safetensors unless dummy_weights)
+  std::string config_path;   // overrides model_dir/config.json
+  bool dummy_weights = false;
+  DType dummy_dtype = DType::BF16;
+  int64_t ctx_size = 0;      // positions the rope tables and KV plan cover; 0 = min(max_position, 4096)
+  int64_t max_step_tokens = 256;  // tokens one forward may carry (activation buffers are sized for it)
+  int64_t kv_blocks = 0;     // 0 = enough for one ctx_size sequence (+1 block)
+  int64_t block_size = 16;
+  bool show_progress = true;
+};
+
+class Model {
+ public:
+  Model(const LoadOptions& opt, Backend& backend);  // throws arbor::Error naming what failed
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelConfig& config() const { return cfg_; }
+  const ArchDescriptor& arch() const { return *arch_; }
+  Backend& backend() { return backend_; }
+  int64_t ctx_size() const { return ctx_size_; }
+  int64_t max_step_tokens() const { return max_step_tokens_; }
+  uint64_t weight_bytes() const { return weight_bytes_; }
+  uint64_t parameter_count() const { return param_count_; }
+  std::string weight_dtypes() const { return weight_dtypes_; }  // "BF16" or "BF16, F32"
+
+  // Runs the batch; writes logits [b.logit_rows.size(), vocab] (float32, row-major) to logits_out.
+  void forward(const BatchInfo& b, float* logits_out);
+
+ private:
+  void plan_buffers();
+
+  ModelConfig cfg_;
+  const ArchDescriptor* arch_ = nullptr;
+  Backend& backend_;
+  std::unique_ptr<Checkpoint> ckpt_;
+  std::vector<std::unique_ptr<uint8_t[]>> dummy_;  // host memory behind dummy weights
+  ModelWeights w_;
+  int64_t ctx_size_ = 0, max_step_tokens_ = 0;
+  uint64_t weight_bytes_ = 0, param_count_ = 0;
+  std::string weight_dtypes_;
+
+  NormOp norm_op_{};
+  ActOp act_op_{};
+  float embed_scale_ = 1.0f;
+  AttentionParams attn_full_, attn_sliding_;
+  RopeTable rope_full_, rope_local_;
+  Tensor cos_full_, sin_full_, cos_local_, sin_local_;  // [ctx, rot/2] on the device
+
+  static constexpr int64_t kLogitChunk = 16;  // logit rows computed per lm_head call
+  Tensor x_, h_, q_, k_, v_, attn_, o_, gate_, up_, act_, rows_, rows_normed_, logits_;
+};
+
+}  // namespace arbor
