@@ -1,0 +1,55 @@
+// `arbor inspect DIR`: architecture, parameters, dtypes, weight bytes and KV bytes per token.
+#include <cstdio>
+
+#include "cli/model_args.h"
+#include "cli/verb.h"
+#include "core/error.h"
+#include "io/checkpoint.h"
+#include "model/archs.h"
+#include "model/weights.h"
+
+namespace arbor::cli {
+namespace {
+
+int cmd_inspect(const std::vector<std::string>& args) {
+  Args a(args, {"config"}, {});
+  std::string dir = a.positional().empty() ? "" : a.positional()[0];
+  std::string cfg_path = a.get_or("config", dir.empty() ? "" : dir + "/config.json");
+  if (cfg_path.empty()) fail("arguments: usage: arbor inspect DIR");
+  ModelConfig c = load_model_config(cfg_path);
+  const ArchDescriptor& arch = find_arch(c);
+  apply_arch_defaults(c, arch);
+  uint64_t params = 0, bytes = 0;
+  std::map<std::string, uint64_t> by_dtype;
+  bool have_ckpt = !dir.empty() && (file_exists(dir + "/model.safetensors") || file_exists(dir + "/model.safetensors.index.json"));
+  if (have_ckpt) {
+    Checkpoint ck = Checkpoint::open(dir);
+    for (const TensorInfo* t : ck.tensors()) {
+      params += uint64_t(t->numel());
+      bytes += t->nbytes;
+      by_dtype[std::string(dtype_name(t->dtype))] += t->nbytes;
+    }
+  } else {
+    for (const auto& s : expected_tensors(c, arch)) {
+      uint64_t n = 1;
+      for (auto d : s.shape) n *= uint64_t(d);
+      params += n;
+    }
+    bytes = params * 2;
+    by_dtype["BF16 (no checkpoint; assumed)"] = bytes;
+  }
+  std::printf("architecture   %s (%s)\n", arch.model_type.c_str(), c.architecture.empty() ? "-" : c.architecture.c_str());
+  std::printf("config         %s\n", c.summary().c_str());
+  std::printf("parameters     %llu (%.3f B)\n", (unsigned long long)params, double(params) * 1e-9);
+  for (auto& [dt, b] : by_dtype) std::printf("dtype          %s: %.3f GB\n", dt.c_str(), double(b) * 1e-9);
+  std::printf("weight bytes   %llu (%.3f GB)\n", (unsigned long long)bytes, double(bytes) * 1e-9);
+  int64_t kv_f32 = 2 * c.n_layers * c.kv_dim() * 4, kv_bf16 = kv_f32 / 2;
+  std::printf("kv per token   %lld bytes f32 (CPU), %lld bytes bf16 (CUDA)\n", (long long)kv_f32, (long long)kv_bf16);
+  std::printf("context        %lld positions; sliding window %lld\n", (long long)c.max_position, (long long)c.sliding_window);
+  return 0;
+}
+
+ARBOR_VERB("inspect", "describe a checkpoint: architecture, parameters, dtypes, bytes, KV per token", cmd_inspect);
+
+}  // namespace
+}  // namespace arbor::cli

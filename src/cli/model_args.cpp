@@ -1,0 +1,70 @@
+// Model-loading flags.
+#include "cli/model_args.h"
+
+#include <charconv>
+#include <chrono>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+
+namespace arbor::cli {
+
+std::set<std::string> model_value_flags() {
+  return {"model", "config", "device", "threads", "weights", "ctx-size", "kv-blocks", "dtype"};
+}
+std::set<std::string> model_bool_flags() { return {"dummy-weights"}; }
+
+LoadedModel load_model_from_args(const Args& a, int64_t max_step_tokens) {
+  LoadOptions opt;
+  opt.model_dir = a.get_or("model", "");
+  opt.config_path = a.get_or("config", "");
+  opt.dummy_weights = a.has("dummy-weights");
+  if (opt.model_dir.empty() && opt.config_path.empty()) fail("arguments: --model DIR (or --config FILE with --dummy-weights) is required");
+  if (!opt.dummy_weights && opt.model_dir.empty()) fail("arguments: --config FILE needs --dummy-weights (no checkpoint to read)");
+  if (auto d = a.get("dtype")) {
+    auto t = dtype_from_name(*d == "bf16" ? "BF16" : *d == "f16" ? "F16" : *d == "f32" ? "F32" : *d);
+    if (!t || !dtype_is_float(*t) || *t == DType::F64) fail("arguments: --dtype must be bf16, f16 or f32, got '{}'", *d);
+    opt.dummy_dtype = *t;
+  }
+  opt.ctx_size = a.get_int("ctx-size", 0);
+  opt.kv_blocks = a.get_int("kv-blocks", 0);
+  opt.max_step_tokens = max_step_tokens;
+
+  std::string device = a.get_or("device", "cpu");
+  std::string weights = a.get_or("weights", "copy");
+  if (weights != "copy" && weights != "mmap") fail("arguments: --weights must be 'copy' or 'mmap', got '{}'", weights);
+  LoadedModel lm;
+  if (device == "cpu") {
+    int threads = int(a.get_int("threads", 0));
+    lm.backend = std::make_unique<CpuBackend>(threads, weights == "copy" ? WeightPlacement::Copy : WeightPlacement::Mapped);
+  } else if (device == "cuda") {
+    fail("arguments: --device cuda: this build has no CUDA backend");
+  } else {
+    fail("arguments: --device must be 'cpu' or 'cuda', got '{}'", device);
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  lm.model = std::make_unique<Model>(opt, *lm.backend);
+  lm.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return lm;
+}
+
+std::vector<int32_t> parse_id_list(const std::string& s, const char* flag) {
+  std::vector<int32_t> out;
+  size_t i = 0;
+  while (i <= s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    std::string item = s.substr(i, j - i);
+    while (!item.empty() && item.front() == ' ') item.erase(item.begin());
+    while (!item.empty() && item.back() == ' ') item.pop_back();
+    int32_t v = 0;
+    auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (item.empty() || ec != std::errc() || p != item.data() + item.size() || v < 0)
+      fail("arguments: --{}: entry {} ('{}') is not a token id", flag, out.size(), item);
+    out.push_back(v);
+    i = j + 1;
+  }
+  return out;
+}
+
+}  // namespace arbor::cli

@@ -1,0 +1,30 @@
+// Flags shared by the verbs that load a model (--model, --config, --dummy-weights, --device,
+// --threads, --weights, --ctx-size ...) and the code that turns them into a backend and a Model.
+#pragma once
+#include <memory>
+#include <set>
+#include <string>
+
+#include "backend/backend.h"
+#include "cli/args.h"
+#include "model/model.h"
+
+namespace arbor::cli {
+
+// Value flags and bool flags every model-loading verb accepts.
+std::set<std::string> model_value_flags();
+std::set<std::string> model_bool_flags();
+
+struct LoadedModel {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+  double load_seconds = 0;
+};
+
+// Builds the backend named by --device (cpu default) and loads the model named by --model/--config.
+LoadedModel load_model_from_args(const Args& a, int64_t max_step_tokens = 256);
+
+// Parses "1,2,3" into ids; throws naming the bad entry.
+std::vector<int32_t> parse_id_list(const std::string& s, const char* flag);
+
+}  // namespace arbor::cli

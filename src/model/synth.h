@@ -1,0 +1,22 @@
+// Synthetic checkpoints: a config.json plus deterministic random weights written as safetensors in
+// the Hugging Face layout (sharded with an index past shard_bytes), for load benchmarks and tests.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "core/dtype.h"
+#include "core/json.h"
+
+namespace arbor {
+
+struct SynthStats {
+  uint64_t tensors = 0, bytes = 0, shards = 0;
+};
+
+// Writes out_dir/config.json (config_json as given) and the weights. progress(bytes) as it goes.
+SynthStats write_synthetic_checkpoint(const json& config_json, const std::string& out_dir, DType dtype,
+                                      uint64_t shard_bytes = uint64_t(4) << 30,
+                                      const std::function<void(uint64_t)>& progress = nullptr);
+
+}  // namespace arbor
