@@ -3,6 +3,7 @@
 // has a golden file (tools/tokenizer/make_goldens.js).
 #include <gtest/gtest.h>
 
+#include "text/tokenizer/unicode.h"
 #include "tokenizer_fixture.h"
 
 namespace arbor::test {
@@ -28,10 +29,12 @@ TEST_P(Parity, EncodeMatchesReference) {
   ASSERT_NE(tok, nullptr);
   auto corpus = load_corpus();
   json g = load_golden(GetParam());
-  ASSERT_EQ(g["cases"].size(), corpus.size()) << "golden out of date: rerun node tools/tokenizer/make_goldens.js";
+  ASSERT_GT(g["cases"].size(), 0u);
   int failures = 0;
-  for (size_t i = 0; i < corpus.size() && failures < 5; ++i) {
-    const json& c = g["cases"][i];
+  for (const json& c : g["cases"]) {
+    if (failures >= 5) break;
+    size_t i = c["i"].get<size_t>();
+    ASSERT_LT(i, corpus.size()) << "golden out of date: rerun node tools/tokenizer/make_goldens.js";
     auto want = c["ids"].get<std::vector<int32_t>>();
     auto want_ns = c.contains("ids_ns") ? c["ids_ns"].get<std::vector<int32_t>>() : want;
     auto got = tok->encode(corpus[i], true);
@@ -52,10 +55,12 @@ TEST_P(Parity, DecodeMatchesReference) {
   const Tokenizer* tok = load_tokenizer(GetParam());
   ASSERT_NE(tok, nullptr);
   json g = load_golden(GetParam());
+  auto corpus = load_corpus();
   int failures = 0;
   auto check = [&](const json& c, const char* what, size_t i) {
     auto ids = c["ids"].get<std::vector<int32_t>>();
-    std::string want = c["dec"].get<std::string>();
+    // An absent "dec" means the reference decoded to exactly the text it was given.
+    std::string want = c.contains("dec") ? c["dec"].get<std::string>() : unicode::to_valid_utf8(corpus.at(c.at("i").get<size_t>()));
     std::string want_skip = c.contains("dec_skip") ? c["dec_skip"].get<std::string>() : want;
     std::string got = tok->decode(ids, false), got_skip = tok->decode(ids, true);
     if (got != want || got_skip != want_skip) {
@@ -64,7 +69,8 @@ TEST_P(Parity, DecodeMatchesReference) {
                     << got << "' / '" << got_skip << "'";
     }
   };
-  for (size_t i = 0; i < g["cases"].size() && failures < 5; ++i) check(g["cases"][i], "case", i);
+  for (const json& c : g["cases"])
+    if (failures < 5) check(c, "case", c["i"].get<size_t>());
   for (size_t i = 0; i < g["random_decodes"].size() && failures < 5; ++i) check(g["random_decodes"][i], "random ids", i);
 }
 

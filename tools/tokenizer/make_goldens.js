@@ -27,21 +27,24 @@ async function main() {
     const tok = Tokenizer.fromFile(file);
     const vocab = tok.getVocabSize(true);
     const cases = [];
-    for (const e of corpus) {
-      const text = entryText(e);
+    // Synthetic tokenizers take every fourth corpus line to keep the fixtures small.
+    const stride = name.startsWith('synthetic_') ? 4 : 1;
+    for (let i = 0; i < corpus.length; i += stride) {
+      const text = entryText(corpus[i]);
       const ids = (await tok.encode(text, null, { addSpecialTokens: true })).getIds();
       const idsNs = (await tok.encode(text, null, { addSpecialTokens: false })).getIds();
       const dec = await tok.decode(ids, false);
       const decSkip = await tok.decode(ids, true);
-      const c = { ids, dec };
+      const c = { i, ids };
+      if (dec !== text) c.dec = dec;  // absent means equal to the input text (after U+FFFD repair)
       if (JSON.stringify(idsNs) !== JSON.stringify(ids)) c.ids_ns = idsNs;  // absent means equal to ids
-      if (decSkip !== dec) c.dec_skip = decSkip;  // absent means equal to dec
+      if (decSkip !== dec) c.dec_skip = decSkip;  // absent means equal to the decode
       cases.push(c);
     }
     // Random id sequences: decode of arbitrary ids (partial byte runs, specials, out-of-range ids).
     const r = rng(99);
     const randomDecodes = [];
-    for (let i = 0; i < 40; i++) {
+    for (let k = 0; k < 40; k++) {
       const n = 1 + Math.floor(r() * 12);
       const ids = [];
       for (let j = 0; j < n; j++) {

@@ -10,29 +10,24 @@
 
 namespace arbor {
 
-Bpe::Bpe(const json& j) {
-  const json& vocab = j.at("vocab");
-  ARBOR_CHECK(vocab.is_object(), "tokenizer: model BPE: \"vocab\" must be an object");
+Bpe::Bpe(const json& j, std::vector<std::pair<std::string, int32_t>> vocab,
+         const std::vector<std::pair<std::string, std::string>>& merges) {
   int32_t max_id = -1;
-  vocab_.reserve(vocab.size());
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    int64_t id = it.value().get<int64_t>();
-    ARBOR_CHECK(id >= 0 && id < (int64_t(1) << 30), "tokenizer: model BPE: token '{}' has id {} out of range", it.key(), id);
-    vocab_.emplace(it.key(), static_cast<int32_t>(id));
-    max_id = std::max(max_id, static_cast<int32_t>(id));
-  }
+  for (auto& [tok, id] : vocab) max_id = std::max(max_id, id);
   id_to_token_.resize(static_cast<size_t>(max_id + 1));
   has_id_.assign(id_to_token_.size(), 0);
-  for (auto& [tok, id] : vocab_) {
-    id_to_token_[id] = tok;
+  for (auto& [tok, id] : vocab) {
+    n_tokens_ += !has_id_[id];
+    id_to_token_[id] = std::move(tok);
     has_id_[id] = 1;
   }
+  vocab_.build(id_to_token_, has_id_);
 
   if (j.contains("unk_token") && j["unk_token"].is_string()) {
     const std::string unk = j["unk_token"].get<std::string>();
-    auto it = vocab_.find(unk);
+    int32_t id = vocab_.find(unk);
     // HF fails only when an unknown character actually needs the unk token; keep the id if it exists.
-    if (it != vocab_.end()) unk_id_ = it->second;
+    if (id >= 0) unk_id_ = id;
   }
   auto str_or_empty = [&](const char* k) { return j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : std::string(); };
   continuing_subword_prefix_ = str_or_empty("continuing_subword_prefix");
@@ -42,48 +37,33 @@ Bpe::Bpe(const json& j) {
   ignore_merges_ = j.value("ignore_merges", false);
 
   for (int b = 0; b < 256; ++b) {
-    auto it = vocab_.find(fmt::format("<0x{:02X}>", b));
-    byte_token_id_[b] = it == vocab_.end() ? -1 : it->second;
+    byte_token_id_[b] = vocab_.find(fmt::format("<0x{:02X}>", b));
   }
   for (int c = 0; c < 128; ++c) {
-    auto it = vocab_.find(std::string(1, static_cast<char>(c)));
-    ascii_id_[c] = it == vocab_.end() ? -1 : it->second;
+    ascii_id_[c] = vocab_.find(std::string(1, static_cast<char>(c)));
   }
 
-  const json& merges = j.at("merges");
-  ARBOR_CHECK(merges.is_array(), "tokenizer: model BPE: \"merges\" must be an array");
   merges_.reserve(merges.size());
   const size_t prefix_len = continuing_subword_prefix_.size();
   for (size_t rank = 0; rank < merges.size(); ++rank) {
-    const json& m = merges[rank];
-    std::string a, b;
-    if (m.is_string()) {  // "a b"
-      const std::string& s = m.get_ref<const std::string&>();
-      size_t sp = s.find(' ');
-      ARBOR_CHECK(sp != std::string::npos, "tokenizer: model BPE: merge {} '{}' is not two tokens separated by a space", rank, s);
-      a = s.substr(0, sp);
-      b = s.substr(sp + 1);
-    } else {
-      ARBOR_CHECK(m.is_array() && m.size() == 2, "tokenizer: model BPE: merge {} must be \"a b\" or [a, b]", rank);
-      a = m[0].get<std::string>();
-      b = m[1].get<std::string>();
-    }
-    auto ia = vocab_.find(a), ib = vocab_.find(b);
-    ARBOR_CHECK(ia != vocab_.end() && ib != vocab_.end(), "tokenizer: model BPE: merge {} ('{}' '{}') uses a token not in the vocab",
+    const auto& [a, b] = merges[rank];
+    int32_t ia = vocab_.find(a), ib = vocab_.find(b);
+    ARBOR_CHECK(ia >= 0 && ib >= 0, "tokenizer: model BPE: merge {} ('{}' '{}') uses a token not in the vocab",
                 rank, a, b);
     ARBOR_CHECK(b.size() >= prefix_len, "tokenizer: model BPE: merge {}: '{}' is shorter than the subword prefix", rank, b);
-    std::string merged = a + b.substr(prefix_len);
-    auto im = vocab_.find(merged);
-    ARBOR_CHECK(im != vocab_.end(), "tokenizer: model BPE: merge {} produces '{}', which is not in the vocab", rank, merged);
+    std::string merged = a;
+    merged.append(b, prefix_len);
+    int32_t im = vocab_.find(merged);
+    ARBOR_CHECK(im >= 0, "tokenizer: model BPE: merge {} produces '{}', which is not in the vocab", rank, merged);
     // Later duplicates overwrite earlier ones, as in the reference's HashMap collect.
-    merges_[pair_key(ia->second, ib->second)] = Merge{static_cast<uint32_t>(rank), im->second};
+    merges_.set(pair_key(ia, ib), Merge{static_cast<uint32_t>(rank), im});
   }
 }
 
 std::optional<int32_t> Bpe::token_to_id(std::string_view token) const {
-  auto it = vocab_.find(token);
-  if (it == vocab_.end()) return std::nullopt;
-  return it->second;
+  int32_t id = vocab_.find(token);
+  if (id < 0) return std::nullopt;
+  return id;
 }
 
 const std::string* Bpe::id_to_token(int32_t id) const {
@@ -122,8 +102,7 @@ void Bpe::merge_word(std::string_view w, std::vector<int32_t>& out) const {
       if (!first) buf += continuing_subword_prefix_;
       buf += ch;
       if (last) buf += end_of_word_suffix_;
-      auto it = vocab_.find(std::string_view(buf));
-      if (it != vocab_.end()) id = it->second;
+      id = vocab_.find(buf);
     }
     if (id >= 0) {
       if (unk_id >= 0) {
@@ -166,8 +145,7 @@ void Bpe::merge_word(std::string_view w, std::vector<int32_t>& out) const {
   };
   std::priority_queue<Cand> q;
   auto lookup = [&](int32_t a, int32_t b) -> const Merge* {
-    auto it = merges_.find(pair_key(a, b));
-    return it == merges_.end() ? nullptr : &it->second;
+    return merges_.find(pair_key(a, b));
   };
   for (size_t k = 0; k + 1 < sym.size(); ++k)
     if (auto m = lookup(sym[k].c, sym[k + 1].c)) q.push({m->rank, static_cast<int32_t>(k), m->new_id});
@@ -198,9 +176,9 @@ void Bpe::merge_word(std::string_view w, std::vector<int32_t>& out) const {
 void Bpe::tokenize_uncached(std::string_view word, std::vector<int32_t>& out) const {
   if (word.empty()) return;
   if (ignore_merges_) {
-    auto it = vocab_.find(word);
-    if (it != vocab_.end()) {
-      out.push_back(it->second);
+    int32_t id = vocab_.find(word);
+    if (id >= 0) {
+      out.push_back(id);
       return;
     }
   }

@@ -7,23 +7,26 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/json.h"
+#include "text/tokenizer/flat_maps.h"
 
 namespace arbor {
 
 // Transparent hashing so string_view lookups need no std::string temporaries.
 struct StringHash {
   using is_transparent = void;
-  size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+  size_t operator()(std::string_view s) const noexcept { return hash_bytes(s); }
 };
-using StringIdMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
 
 class Bpe {
  public:
-  // j is tokenizer.json's "model" object with "type": "BPE".
-  explicit Bpe(const json& j);
+  // j is tokenizer.json's "model" object (type BPE) without its vocab and merges, which come separately
+  // (see json_scan.h).
+  Bpe(const json& j, std::vector<std::pair<std::string, int32_t>> vocab,
+      const std::vector<std::pair<std::string, std::string>>& merges);
 
   // Appends the ids of one pre-token (already in the model's alphabet) to out.
   void tokenize(std::string_view word, std::vector<int32_t>& out) const;
@@ -32,21 +35,19 @@ class Bpe {
 
   std::optional<int32_t> token_to_id(std::string_view token) const;
   const std::string* id_to_token(int32_t id) const;  // nullptr when the id is not in the vocab
-  size_t size() const { return vocab_.size(); }
+  size_t size() const { return n_tokens_; }
   int32_t max_id() const { return static_cast<int32_t>(id_to_token_.size()) - 1; }
 
  private:
-  struct Merge {
-    uint32_t rank;
-    int32_t new_id;
-  };
+  using Merge = PairMap::Value;
   static uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
   void merge_word(std::string_view word, std::vector<int32_t>& out) const;
 
-  StringIdMap vocab_;
   std::vector<std::string> id_to_token_;
   std::vector<uint8_t> has_id_;
-  std::unordered_map<uint64_t, Merge> merges_;
+  size_t n_tokens_ = 0;
+  TokenIndex vocab_;  // over id_to_token_
+  PairMap merges_;
   std::optional<int32_t> unk_id_;
   std::string continuing_subword_prefix_, end_of_word_suffix_;
   bool fuse_unk_ = false, byte_fallback_ = false, ignore_merges_ = false;

@@ -22,7 +22,7 @@ bool is_ascii(const std::string& s) {
 class UnicodeForm : public Normalizer {
  public:
   explicit UnicodeForm(int options) : options_(options) {}
-  void normalize(std::string& s) const override {
+  void normalize(std::string& s, bool& first_kept) const override {
     if (is_ascii(s)) return;  // every normal form of ASCII is itself
     utf8proc_uint8_t* out = nullptr;
     auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()),
@@ -38,7 +38,7 @@ class UnicodeForm : public Normalizer {
 
 class Lowercase : public Normalizer {
  public:
-  void normalize(std::string& s) const override {
+  void normalize(std::string& s, bool& first_kept) const override {
     std::string out;
     out.reserve(s.size());
     for (size_t i = 0; i < s.size();) unicode::append_lowercase(out, unicode::next_cp(s, i));
@@ -49,7 +49,7 @@ class Lowercase : public Normalizer {
 class Prepend : public Normalizer {
  public:
   explicit Prepend(std::string p) : prepend_(std::move(p)) {}
-  void normalize(std::string& s) const override {
+  void normalize(std::string& s, bool& first_kept) const override {
     if (!s.empty()) s.insert(0, prepend_);
   }
 
@@ -60,10 +60,11 @@ class Prepend : public Normalizer {
 class Replace : public Normalizer {
  public:
   Replace(Regex re, std::string content) : re_(std::move(re)), content_(std::move(content)) {}
-  void normalize(std::string& s) const override {
+  void normalize(std::string& s, bool& first_kept) const override {
     std::vector<std::pair<size_t, size_t>> m;
     re_.find_all(s, m);
     if (m.empty()) return;
+    if (m[0].first == 0 && content_.empty()) first_kept = false;
     std::string out;
     size_t prev = 0;
     for (auto [a, b] : m) {
@@ -83,7 +84,7 @@ class Replace : public Normalizer {
 class Strip : public Normalizer {
  public:
   Strip(bool left, bool right) : left_(left), right_(right) {}
-  void normalize(std::string& s) const override {
+  void normalize(std::string& s, bool& first_kept) const override {
     size_t a = 0, b = s.size();
     if (left_) {
       while (a < b) {
@@ -101,6 +102,7 @@ class Strip : public Normalizer {
         b = k;
       }
     }
+    if (a > 0) first_kept = false;
     s = s.substr(a, b - a);
   }
 
@@ -108,16 +110,17 @@ class Strip : public Normalizer {
   bool left_, right_;
 };
 
-// Removes nonspacing marks (category Mn), as HF's StripAccents does after NFD.
+// Removes combining marks (categories Mn, Mc, Me), as HF's StripAccents does after NFD.
 class StripAccents : public Normalizer {
  public:
-  void normalize(std::string& s) const override {
+  void normalize(std::string& s, bool& first_kept) const override {
     std::string out;
     out.reserve(s.size());
     for (size_t i = 0; i < s.size();) {
       size_t j = i;
       char32_t c = unicode::next_cp(s, j);
-      if (utf8proc_category(static_cast<utf8proc_int32_t>(c)) != UTF8PROC_CATEGORY_MN) out.append(s, i, j - i);
+      if (!unicode::is_mark(c)) out.append(s, i, j - i);
+      else if (out.empty()) first_kept = false;
       i = j;
     }
     s.swap(out);
@@ -127,8 +130,8 @@ class StripAccents : public Normalizer {
 class Sequence : public Normalizer {
  public:
   explicit Sequence(std::vector<std::unique_ptr<Normalizer>> items) : items_(std::move(items)) {}
-  void normalize(std::string& s) const override {
-    for (auto& n : items_) n->normalize(s);
+  void normalize(std::string& s, bool& first_kept) const override {
+    for (auto& n : items_) n->normalize(s, first_kept);
   }
 
  private:

@@ -11,7 +11,13 @@ class Normalizer {
  public:
   virtual ~Normalizer() = default;
   // Rewrites s (valid UTF-8) in place.
-  virtual void normalize(std::string& s) const = 0;
+  void normalize(std::string& s) const {
+    bool first_kept = true;
+    normalize(s, first_kept);
+  }
+  // The same; clears first_kept when the first character of s was removed, so that the result no longer
+  // starts at the original offset 0 (the reference's Metaspace prepend_scheme "first" looks at that).
+  virtual void normalize(std::string& s, bool& first_kept) const = 0;
 };
 
 // Builds the normalizer described by j (a tokenizer.json "normalizer" object); null json gives nullptr.

@@ -14,6 +14,10 @@ namespace arbor {
 // Oniguruma's Unicode \s is the White_Space property; PCRE2's UCP \s also takes U+180E, so spell it out.
 static constexpr const char* kSpaceSet = "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}";
 
+// Oniguruma's and Rust regex's Unicode \w (UTS#18 word: Alphabetic, marks, decimal digits, connector
+// punctuation, joiners); PCRE2 10.42's UCP \w lacks the marks and joiners.
+static constexpr const char* kWordSet = "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}";
+
 std::string Regex::translate(const std::string& p) {
   std::string out;
   out.reserve(p.size() + 16);
@@ -27,6 +31,10 @@ std::string Regex::translate(const std::string& p) {
         out += in_class ? std::string(kSpaceSet) : fmt::format("[{}]", kSpaceSet);
       } else if (n == 'S' && !in_class) {
         out += fmt::format("[^{}]", kSpaceSet);
+      } else if (n == 'w') {
+        out += in_class ? std::string(kWordSet) : fmt::format("[{}]", kWordSet);
+      } else if (n == 'W' && !in_class) {
+        out += fmt::format("[^{}]", kWordSet);
       } else if (n == 'h') {  // Oniguruma \h is a hex digit (PCRE2's is horizontal space)
         out += in_class ? "0-9a-fA-F" : "[0-9a-fA-F]";
       } else if (n == 'H' && !in_class) {

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "text/tokenizer/bpe.h"
 #include "text/tokenizer/decoder.h"
+#include "text/tokenizer/json_scan.h"
 #include "text/tokenizer/normalizer.h"
 #include "text/tokenizer/post_processor.h"
 #include "text/tokenizer/pre_tokenizer.h"
@@ -31,15 +32,20 @@ Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
-Tokenizer Tokenizer::from_json(const json& j, const std::string& source) {
-  auto impl = std::make_unique<Impl>();
+namespace {
+
+std::unique_ptr<Tokenizer::Impl> build(TokenizerJson parts, const std::string& source) {
+  auto impl = std::make_unique<Tokenizer::Impl>();
+  const json& j = parts.rest;
   try {
-    ARBOR_CHECK(j.is_object(), "tokenizer: {}: top level must be an object", source);
+    ARBOR_CHECK(j.contains("model"), "tokenizer: {}: no \"model\"", source);
     const json& model = j.at("model");
     std::string type = model.value("type", std::string("BPE"));
     if (type != "BPE") fail("tokenizer: {}: model type '{}' is not supported (supported: BPE)", source, type);
     // "dropout" is ignored: arbor only runs inference, where merges are deterministic.
-    impl->model = std::make_unique<Bpe>(model);
+    ARBOR_CHECK(parts.has_vocab, "tokenizer: {}: model has no \"vocab\" object", source);
+    ARBOR_CHECK(parts.has_merges, "tokenizer: {}: model has no \"merges\" array", source);
+    impl->model = std::make_unique<Bpe>(model, std::move(parts.vocab), parts.merges);
     impl->normalizer = make_normalizer(j.value("normalizer", json()));
     impl->pre_tokenizer = make_pre_tokenizer(j.value("pre_tokenizer", json()));
     impl->post_processor = make_post_processor(j.value("post_processor", json()));
@@ -51,7 +57,13 @@ Tokenizer Tokenizer::from_json(const json& j, const std::string& source) {
   } catch (const json::exception& e) {
     fail("tokenizer: {}: malformed field: {}", source, e.what());
   }
-  return Tokenizer(std::move(impl));
+  return impl;
+}
+
+}  // namespace
+
+Tokenizer Tokenizer::from_json(const json& j, const std::string& source) {
+  return Tokenizer(build(split_tokenizer_json(j, source), source));
 }
 
 Tokenizer Tokenizer::from_file(const std::string& path) {
@@ -59,7 +71,7 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   fs::path p(path);
   if (fs::is_directory(p)) p /= "tokenizer.json";
   ARBOR_CHECK(fs::exists(p), "tokenizer: {} not found", p.string());
-  Tokenizer t = from_json(read_json_file(p.string()), p.string());
+  Tokenizer t(build(scan_tokenizer_json(read_text_file(p.string()), p.string()), p.string()));
   fs::path config = p.parent_path() / "tokenizer_config.json";
   if (fs::exists(config)) {
     json c = read_json_file(config.string());
@@ -100,13 +112,14 @@ std::vector<int32_t> Tokenizer::encode(std::string_view input, bool add_special_
       continue;
     }
     std::string s(input.substr(seg.begin, seg.end - seg.begin));
-    if (m.normalizer) m.normalizer->normalize(s);
+    bool first_kept = true;
+    if (m.normalizer) m.normalizer->normalize(s, first_kept);
     if (s.empty()) continue;
     norm.clear();
     m.added.split(s, true, norm);
     for (const Segment& n : norm) {
       if (n.added_id >= 0) ids.push_back(n.added_id);
-      else m.encode_text(std::string_view(s).substr(n.begin, n.end - n.begin), seg.begin == 0 && n.begin == 0, ids);
+      else m.encode_text(std::string_view(s).substr(n.begin, n.end - n.begin), seg.begin == 0 && first_kept && n.begin == 0, ids);
     }
   }
   if (m.post_processor) m.post_processor->process(ids, add_special_tokens);
