@@ -91,20 +91,20 @@ TEST(CpuLinear, EveryVariantMatchesReference) {
       std::vector<float> ref(size_t(s.T * s.N)), ref_bias(ref.size());
       linear_reference(x.data(), s.T, s.K, w.data(), type, s.N, nullptr, ref.data());
       linear_reference(x.data(), s.T, s.K, w.data(), type, s.N, bias.data(), ref_bias.data());
-      for (LinearIsa isa : isas) {
-        // One single-threaded call without bias, one split over 2 or 3 threads (alternating) with bias:
-        // every variant sees both bias modes and both thread splits (by columns and by tokens) without
-        // the full product, which would make this test slow on a loaded 2-core machine.
-        ThreadPool& multi = (calls++ % 2) ? p3 : p2;
-        for (ThreadPool* pool : {&p1, &multi}) {
-          const bool with_bias = pool != &p1;
-          std::vector<float> y(ref.size(), NAN);
-          linear_with_isa(isa, *pool, x.data(), s.T, s.K, w.data(), type, s.N, with_bias ? bias.data() : nullptr,
-                          y.data());
-          const double e = rel_err(y, with_bias ? ref_bias : ref);
-          ASSERT_LE(e, kTol) << linear_kernel_name(isa, type, s.T) << " " << dtype_name(type) << " T=" << s.T
-                             << " K=" << s.K << " N=" << s.N << " bias=" << with_bias << " threads=" << pool->size();
-        }
+      // Every variant single-threaded without bias; then one variant (rotating) split over 2 or 3
+      // threads (alternating) with bias, so each variant sees both bias modes and both thread splits
+      // (by column panels and by tokens) without the full product, which is slow on a loaded machine.
+      const size_t multi_isa = size_t(calls++) % isas.size();
+      ThreadPool& multi = (calls % 2) ? p3 : p2;
+      for (size_t i = 0; i <= isas.size(); ++i) {
+        const bool split = i == isas.size();
+        const LinearIsa isa = isas[split ? multi_isa : i];
+        ThreadPool& pool = split ? multi : p1;
+        std::vector<float> y(ref.size(), NAN);
+        linear_with_isa(isa, pool, x.data(), s.T, s.K, w.data(), type, s.N, split ? bias.data() : nullptr, y.data());
+        const double e = rel_err(y, split ? ref_bias : ref);
+        ASSERT_LE(e, kTol) << linear_kernel_name(isa, type, s.T) << " " << dtype_name(type) << " T=" << s.T
+                           << " K=" << s.K << " N=" << s.N << " bias=" << split << " threads=" << pool.size();
       }
     }
   }

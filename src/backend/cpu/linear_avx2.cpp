@@ -47,63 +47,62 @@ ARBOR_AVX2_INLINE float hsum(__m256 v) {
 }
 
 // ---- GEMV ------------------------------------------------------------------------------------------
-// NR weight rows against all TT token rows; TT*NR accumulators within the 16 ymm registers.
-template <WT wt, int TT, int NR>
-ARBOR_AVX2 void gemv_tile(const Args& a, int64_t n) {
+// One weight row n against all TT token rows, read front to back in steps of U vectors (TT*U
+// accumulators within the 16 ymm registers). Rows are streamed one after another, not interleaved:
+// one sequential stream per thread reads DRAM fastest (see linear_avx512.cpp).
+template <WT wt, int TT, int U>
+ARBOR_AVX2 void gemv_row(const Args& a, int64_t n) {
   const int64_t K = a.K;
-  __m256 acc[TT][NR];
+  const int64_t row = n * K;
+  __m256 acc[TT][U];
 #pragma GCC unroll 16
   for (int t = 0; t < TT; ++t)
 #pragma GCC unroll 16
-    for (int r = 0; r < NR; ++r) acc[t][r] = _mm256_setzero_ps();
+    for (int u = 0; u < U; ++u) acc[t][u] = _mm256_setzero_ps();
   int64_t k = 0;
-  for (; k + 8 <= K; k += 8) {
-    __m256 w[NR];
+  for (; k + 8 * U <= K; k += 8 * U) {
 #pragma GCC unroll 16
-    for (int r = 0; r < NR; ++r) w[r] = wload<wt>(a.W, (n + r) * K + k);
+    for (int u = 0; u < U; ++u) {
+      const __m256 w = wload<wt>(a.W, row + k + 8 * u);
 #pragma GCC unroll 16
-    for (int t = 0; t < TT; ++t) {
-      __m256 xv = _mm256_loadu_ps(a.x + t * K + k);
-#pragma GCC unroll 16
-      for (int r = 0; r < NR; ++r) acc[t][r] = _mm256_fmadd_ps(xv, w[r], acc[t][r]);
+      for (int t = 0; t < TT; ++t) acc[t][u] = _mm256_fmadd_ps(_mm256_loadu_ps(a.x + t * K + k + 8 * u), w, acc[t][u]);
     }
   }
-  if (k < K) {
-    __m256 w[NR];
+  for (; k + 8 <= K; k += 8) {
+    const __m256 w = wload<wt>(a.W, row + k);
 #pragma GCC unroll 16
-    for (int r = 0; r < NR; ++r) w[r] = wload_partial<wt>(a.W, (n + r) * K + k, K - k);
+    for (int t = 0; t < TT; ++t) acc[t][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a.x + t * K + k), w, acc[t][0]);
+  }
+  if (k < K) {
+    const __m256 w = wload_partial<wt>(a.W, row + k, K - k);
 #pragma GCC unroll 16
     for (int t = 0; t < TT; ++t) {
       alignas(32) float xb[8] = {};
       std::memcpy(xb, a.x + t * K + k, size_t(K - k) * 4);
-      __m256 xv = _mm256_load_ps(xb);
-#pragma GCC unroll 16
-      for (int r = 0; r < NR; ++r) acc[t][r] = _mm256_fmadd_ps(xv, w[r], acc[t][r]);
+      acc[t][0] = _mm256_fmadd_ps(_mm256_load_ps(xb), w, acc[t][0]);
     }
   }
 #pragma GCC unroll 16
-  for (int t = 0; t < TT; ++t)
+  for (int t = 0; t < TT; ++t) {
 #pragma GCC unroll 16
-    for (int r = 0; r < NR; ++r) {
-      float s = hsum(acc[t][r]);
-      a.y[t * a.N + n + r] = a.bias ? s + a.bias[n + r] : s;
-    }
+    for (int u = 1; u < U; ++u) acc[t][0] = _mm256_add_ps(acc[t][0], acc[t][u]);
+    const float s = hsum(acc[t][0]);
+    a.y[t * a.N + n] = a.bias ? s + a.bias[n] : s;
+  }
 }
 
-template <WT wt, int TT, int NR>
+template <WT wt, int TT, int U>
 ARBOR_AVX2 void gemv_rows(const Args& a, int64_t n0, int64_t n1) {
-  int64_t n = n0;
-  for (; n + NR <= n1; n += NR) gemv_tile<wt, TT, NR>(a, n);
-  for (; n < n1; ++n) gemv_tile<wt, TT, 1>(a, n);
+  for (int64_t n = n0; n < n1; ++n) gemv_row<wt, TT, U>(a, n);
 }
 
 template <WT wt>
 ARBOR_AVX2 void gemv_typed(const Args& a, int64_t n0, int64_t n1) {
   switch (a.T) {
-    case 1: return gemv_rows<wt, 1, 6>(a, n0, n1);
+    case 1: return gemv_rows<wt, 1, 8>(a, n0, n1);
     case 2: return gemv_rows<wt, 2, 4>(a, n0, n1);
-    case 3: return gemv_rows<wt, 3, 3>(a, n0, n1);
-    case 4: return gemv_rows<wt, 4, 2>(a, n0, n1);
+    case 3: return gemv_rows<wt, 3, 4>(a, n0, n1);
+    case 4: return gemv_rows<wt, 4, 3>(a, n0, n1);
     case 5: return gemv_rows<wt, 5, 2>(a, n0, n1);
     case 6: return gemv_rows<wt, 6, 2>(a, n0, n1);
     case 7: return gemv_rows<wt, 7, 1>(a, n0, n1);

@@ -1,0 +1,182 @@
+// `arbor bench-linear`: the CPU linear kernels at real model shapes. Decode (T=1) is quoted as GB/s of
+// weights streamed and as a fraction of the read bandwidth measured in the same run; prefill as GFLOP/s.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/bandwidth.h"
+#include "backend/cpu/cpu_features.h"
+#include "backend/cpu/linear.h"
+#include "cli/args.h"
+#include "cli/verb.h"
+#include "core/error.h"
+
+namespace {
+
+using arbor::DType;
+using arbor::ThreadPool;
+namespace cpu = arbor::cpu;
+
+struct LinearShape {
+  const char* model;
+  const char* name;
+  int64_t N, K;  // W [N, K]
+  int per_layer;  // how many times one decoder layer runs this shape (k and v, gate and up: 2)
+};
+
+// Qwen3-0.6B: hidden 1024, 16 q heads / 8 kv heads of 128, intermediate 3072, vocab 151936.
+// Llama-3.2-1B: hidden 2048, 32 q heads / 8 kv heads of 64, intermediate 8192, vocab 128256.
+const std::vector<LinearShape> kShapes = {
+    {"qwen3-0.6b", "q_proj", 2048, 1024, 1},    {"qwen3-0.6b", "k/v_proj", 1024, 1024, 2},
+    {"qwen3-0.6b", "o_proj", 1024, 2048, 1},    {"qwen3-0.6b", "gate/up", 3072, 1024, 2},
+    {"qwen3-0.6b", "down", 1024, 3072, 1},      {"qwen3-0.6b", "lm_head", 151936, 1024, 0},
+    {"llama-3.2-1b", "q_proj", 2048, 2048, 1},  {"llama-3.2-1b", "k/v_proj", 512, 2048, 2},
+    {"llama-3.2-1b", "o_proj", 2048, 2048, 1},  {"llama-3.2-1b", "gate/up", 8192, 2048, 2},
+    {"llama-3.2-1b", "down", 2048, 8192, 1},    {"llama-3.2-1b", "lm_head", 128256, 2048, 0},
+};
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// Deterministic, non-zero weights in a trained layer's range (no denormals, no NaN).
+void fill_weights(ThreadPool& pool, void* w, DType type, int64_t n, uint32_t seed) {
+  pool.parallel_for(n, 1 << 16, [&](int, int64_t b, int64_t e) {
+    uint32_t s = seed * 2654435761u + uint32_t(b);
+    for (int64_t i = b; i < e; ++i) {
+      s = s * 1664525u + 1013904223u;
+      const float v = (float(s >> 8) / float(1 << 24) - 0.5f) * 0.08f + 1e-3f;
+      if (type == DType::F32) static_cast<float*>(w)[i] = v;
+      else if (type == DType::F16) static_cast<uint16_t*>(w)[i] = arbor::f32_to_f16(v);
+      else static_cast<uint16_t*>(w)[i] = arbor::f32_to_bf16(v);
+    }
+  });
+}
+
+// A weight matrix in several copies whose total exceeds the caches, used round-robin so every decode
+// call reads its weights from DRAM, as in a real decode step.
+struct WeightCopies {
+  std::vector<cpu::HugePageBuffer> bufs;
+  WeightCopies(ThreadPool& pool, int64_t N, int64_t K, DType type, size_t min_total) {
+    const size_t bytes = size_t(N * K) * arbor::dtype_size(type);
+    const size_t copies = std::max<size_t>(2, (min_total + bytes - 1) / bytes);
+    for (size_t c = 0; c < copies; ++c) {
+      bufs.emplace_back(bytes);
+      fill_weights(pool, bufs.back().data(), type, N * K, uint32_t(c + 1));
+    }
+  }
+};
+
+int cmd_bench_linear(const std::vector<std::string>& argv) {
+  arbor::cli::Args args(argv, {"threads", "model", "dtype", "reps", "gemm-tokens", "bw-mib", "decode-tokens", "isa"}, {});
+  const int threads = int(args.get_int("threads", ThreadPool::default_threads()));
+  const std::string model = args.get_or("model", "all");
+  const int reps = int(args.get_int("reps", 5));
+  const int64_t gemm_T = args.get_int("gemm-tokens", 512);
+  const int64_t decode_T = args.get_int("decode-tokens", 1);
+  const size_t bw_bytes = size_t(args.get_int("bw-mib", 1024)) << 20;
+  const auto dtype = arbor::dtype_from_name(args.get_or("dtype", "BF16") == "bf16" ? "BF16"
+                                            : args.get_or("dtype", "BF16") == "f16" ? "F16"
+                                            : args.get_or("dtype", "BF16") == "f32" ? "F32"
+                                                                                     : args.get_or("dtype", "BF16"));
+  ARBOR_CHECK(dtype && (*dtype == DType::F32 || *dtype == DType::F16 || *dtype == DType::BF16),
+              "bench-linear: --dtype must be bf16, f16 or f32");
+  ARBOR_CHECK(threads >= 1 && reps >= 1 && gemm_T >= 0 && decode_T >= 1 && decode_T <= cpu::kLinearGemvMaxT,
+              "bench-linear: need --threads >= 1, --reps >= 1, --gemm-tokens >= 0, --decode-tokens 1..{}",
+              cpu::kLinearGemvMaxT);
+  std::vector<LinearShape> shapes;
+  for (const auto& s : kShapes)
+    if (model == "all" || model == s.model) shapes.push_back(s);
+  ARBOR_CHECK(!shapes.empty(), "bench-linear: unknown --model '{}' (qwen3-0.6b, llama-3.2-1b, all)", model);
+
+  // --isa forces one kernel level (default: the best this CPU supports, as linear() picks).
+  const std::vector<cpu::LinearIsa> isas = cpu::linear_isas_supported();
+  cpu::LinearIsa isa = isas.back();
+  if (auto name = args.get("isa")) {
+    std::string known;
+    bool found = false;
+    for (cpu::LinearIsa i : isas) {
+      known += ' ';
+      known += cpu::linear_isa_name(i);
+      if (cpu::linear_isa_name(i) == *name) isa = i, found = true;
+    }
+    ARBOR_CHECK(found, "bench-linear: --isa '{}' not supported here (supported:{})", *name, known);
+  }
+  ThreadPool pool(threads);
+  const auto& f = cpu::cpu_features();
+  std::printf("bench-linear: %s [%s], %d thread(s), %s weights\n", f.brand.c_str(), f.summary().c_str(), threads,
+              std::string(arbor::dtype_name(*dtype)).c_str());
+  double bw = cpu::measure_read_bandwidth(pool, bw_bytes, reps);
+  std::printf("read bandwidth: %.2f GB/s (best of %d passes over %zu MiB)\n\n", bw / 1e9, reps, bw_bytes >> 20);
+  std::printf("%-13s %-9s %-14s | T=%-2lld %-16s %7s %6s | T=%-4lld %-16s %8s\n", "model", "linear", "N x K",
+              (long long)decode_T, "kernel", "GB/s", "of bw", (long long)gemm_T, "kernel", "GFLOP/s");
+
+  struct Row {
+    const LinearShape* s;
+    double gbs, gflops;
+  };
+  std::vector<Row> rows;
+  const size_t esize = arbor::dtype_size(*dtype);
+  for (const auto& s : shapes) {
+    WeightCopies w(pool, s.N, s.K, *dtype, size_t(768) << 20);
+    const size_t wbytes = size_t(s.N * s.K) * esize;
+    std::vector<float> x(size_t(std::max(gemm_T, decode_T) * s.K));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 7919 % 2001) - 1000) * 1e-3f + 1e-4f;
+    std::vector<float> y(size_t(std::max(gemm_T, decode_T) * s.N));
+    // Decode: enough calls per pass to stream ~2 GiB; the best pass counts.
+    const int64_t calls = std::max<int64_t>(int64_t(w.bufs.size()), int64_t((size_t(2) << 30) / wbytes));
+    double best = 1e30;
+    for (int r = 0; r < reps; ++r) {
+      const double t0 = now_s();
+      for (int64_t c = 0; c < calls; ++c)
+        cpu::linear_with_isa(isa, pool, x.data(), decode_T, s.K, w.bufs[size_t(c) % w.bufs.size()].data(), *dtype, s.N, nullptr,
+                    y.data());
+      best = std::min(best, (now_s() - t0) / double(calls));
+    }
+    Row row{&s, double(wbytes) / best / 1e9, 0};
+    // Prefill: a few calls of gemm_T tokens (skipped for lm_head: logits are computed for one row).
+    if (gemm_T > 0 && s.per_layer > 0) {
+      double gbest = 1e30;
+      for (int r = 0; r < std::max(2, reps / 2); ++r) {
+        const double t0 = now_s();
+        cpu::linear_with_isa(isa, pool, x.data(), gemm_T, s.K, w.bufs[0].data(), *dtype, s.N, nullptr, y.data());
+        gbest = std::min(gbest, now_s() - t0);
+      }
+      row.gflops = 2.0 * double(gemm_T) * double(s.N) * double(s.K) / gbest / 1e9;
+    }
+    rows.push_back(row);
+    std::printf("%-13s %-9s %6lld x %-5lld | %-21s %7.2f %5.1f%% | %-21s %8s\n", s.model, s.name, (long long)s.N,
+                (long long)s.K, cpu::linear_kernel_name(isa, *dtype, decode_T).c_str(), row.gbs, 100.0 * row.gbs * 1e9 / bw,
+                row.gflops > 0 ? cpu::linear_kernel_name(isa, *dtype, gemm_T).c_str() : "-",
+                row.gflops > 0 ? fmt::format("{:.1f}", row.gflops).c_str() : "-");
+    std::fflush(stdout);
+  }
+  // Measured again at the end: the machine is shared, so the fraction uses the better of the two.
+  const double bw2 = cpu::measure_read_bandwidth(pool, bw_bytes, reps);
+  std::printf("\nread bandwidth again: %.2f GB/s", bw2 / 1e9);
+  if (bw2 > bw) {
+    bw = bw2;
+    std::printf(" (fractions below use this)");
+  }
+  std::printf("\n");
+  // A decoder layer's linears in sequence (weights of each read once per token): the figure that
+  // decides decode speed, time-weighted over the shapes above.
+  for (const char* m : {"qwen3-0.6b", "llama-3.2-1b"}) {
+    double bytes = 0, secs = 0;
+    for (const auto& r : rows) {
+      if (std::string(r.s->model) != m || r.s->per_layer == 0) continue;
+      const double b = double(r.s->N * r.s->K) * double(esize) * r.s->per_layer;
+      bytes += b;
+      secs += b / (r.gbs * 1e9);
+    }
+    if (secs > 0)
+      std::printf("%-13s one layer's linears at T=%lld: %.2f GB/s = %.1f%% of read bandwidth\n", m,
+                  (long long)decode_T, bytes / secs / 1e9, 100.0 * bytes / secs / bw);
+  }
+  return 0;
+}
+
+}  // namespace
+
+ARBOR_VERB("bench-linear", "benchmark the CPU linear kernels at model shapes (GB/s, % of bandwidth, GFLOP/s)",
+           cmd_bench_linear);
