@@ -64,6 +64,8 @@ class Backend {
   virtual Tensor alloc(DType t, std::initializer_list<int64_t> shape) = 0;
   // A weight as the backend will read it (CPU: a view of the host data, or a copy; CUDA: uploaded).
   virtual Tensor load_weight(const Tensor& host) = 0;
+  // True when load_weight may return a view of the host tensor (which must then outlive the backend).
+  virtual bool views_host_weights() const = 0;
   virtual void alloc_kv(const KVLayout& layout) = 0;
   virtual const KVLayout& kv_layout() const = 0;
 

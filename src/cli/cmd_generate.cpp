@@ -1,4 +1,6 @@
 // `arbor generate`: prompt ids in, generated ids out (and optionally every fed token's logits).
+#include <fmt/format.h>
+
 #include <cstdio>
 
 #include "cli/model_args.h"
@@ -34,9 +36,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   BlockPool pool(lm.backend->kv_layout().n_blocks, lm.backend->kv_layout().block_size);
   GenerateResult r = generate(m, pool, req);
 
-  std::string line;
-  for (size_t i = 0; i < r.tokens.size(); ++i) line += (i ? "," : "") + std::to_string(r.tokens[i]);
-  std::printf("%s\n", line.c_str());
+  std::printf("%s\n", fmt::format("{}", fmt::join(r.tokens, ",")).c_str());
   std::printf("prefill: %lld tokens, %.1f tok/s; decode: %lld tokens, %.1f tok/s\n", (long long)r.prefill_tokens,
               r.prefill_seconds > 0 ? double(r.prefill_tokens) / r.prefill_seconds : 0.0, (long long)r.decode_steps,
               r.decode_seconds > 0 ? double(r.decode_steps) / r.decode_seconds : 0.0);

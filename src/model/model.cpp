@@ -87,6 +87,7 @@ Model::Model(const LoadOptions& opt, Backend& backend) : backend_(backend) {
     };
   }
   w_ = bind_weights(c, a, get, backend_);
+  if (!backend_.views_host_weights()) dummy_.clear();  // the backend holds its own copies
   if (ckpt_) {
     // Tied checkpoints sometimes also store lm_head.weight (a copy of the embedding); transformers
     // ignores it when tie_word_embeddings is set, and so do we.

@@ -2,26 +2,23 @@
 // Linear layers go to the ISA-specific kernels in linear_*.cpp; the rest are f32 loops here.
 #include "backend/cpu/cpu_backend.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 
+#include "backend/cpu/bandwidth.h"
 #include "backend/cpu/linear.h"
 #include "core/error.h"
 
 namespace arbor {
 
 struct CpuBackend::Block {
-  void* p = nullptr;
-  size_t bytes = 0;
-  bool mapped = false;
+  void* p = nullptr;          // aligned_alloc'd, or huge.data()
+  cpu::HugePageBuffer huge;
   ~Block() {
-    if (mapped) ::munmap(p, bytes);
-    else std::free(p);
+    if (!huge.data()) std::free(p);
   }
 };
 
@@ -34,24 +31,13 @@ std::string CpuBackend::name() const {
 
 void* CpuBackend::own(size_t bytes, bool huge) {
   auto b = std::make_unique<Block>();
-  b->bytes = std::max<size_t>(bytes, 64);
+  bytes = std::max<size_t>(bytes, 64);
   if (huge && bytes >= (size_t(2) << 20)) {
-    // Anonymous mapping, 2 MiB-aligned and advised for transparent huge pages: fewer TLB misses when
-    // decode streams every weight once per token.
-    size_t align = size_t(2) << 20;
-    size_t len = (b->bytes + align - 1) / align * align;
-    void* p = ::mmap(nullptr, len + align, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw std::bad_alloc();
-    uintptr_t a = (reinterpret_cast<uintptr_t>(p) + align - 1) / align * align;
-    size_t head = a - reinterpret_cast<uintptr_t>(p);
-    if (head) ::munmap(p, head);
-    ::munmap(reinterpret_cast<void*>(a + len), align - head);
-    ::madvise(reinterpret_cast<void*>(a), len, MADV_HUGEPAGE);
-    b->p = reinterpret_cast<void*>(a);
-    b->bytes = len;
-    b->mapped = true;
+    // Huge pages: decode streams every weight once per token; 4 KiB pages would add TLB misses.
+    b->huge = cpu::HugePageBuffer(bytes);
+    b->p = b->huge.data();
   } else {
-    b->p = std::aligned_alloc(64, (b->bytes + 63) / 64 * 64);
+    b->p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
     if (!b->p) throw std::bad_alloc();
   }
   void* p = b->p;

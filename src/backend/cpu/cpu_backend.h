@@ -25,6 +25,7 @@ class CpuBackend : public Backend {
 
   Tensor alloc(DType t, std::initializer_list<int64_t> shape) override;
   Tensor load_weight(const Tensor& host) override;
+  bool views_host_weights() const override { return placement_ == WeightPlacement::Mapped; }
   void alloc_kv(const KVLayout& layout) override;
   const KVLayout& kv_layout() const override { return kv_; }
   void begin_batch(const BatchInfo& b) override { batch_ = &b; }
