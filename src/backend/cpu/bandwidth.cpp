@@ -21,6 +21,7 @@ namespace arbor::cpu {
 namespace {
 
 constexpr size_t kHugePage = size_t(2) << 20;
+constexpr size_t kBlock = size_t(1) << 16;  // 64 KiB: the unit of the thread split
 
 // Each sums [p, p + n) as 64-bit integers; n is a multiple of 256 bytes.
 uint64_t sum_scalar(const uint8_t* p, size_t n) {
@@ -106,32 +107,43 @@ HugePageBuffer& HugePageBuffer::operator=(HugePageBuffer&& o) noexcept {
   return *this;
 }
 
-double measure_read_bandwidth(ThreadPool& pool, size_t bytes, int reps) {
+static size_t checked_size(size_t bytes) {
   ARBOR_CHECK(bytes >= (size_t(1) << 20), "bandwidth: buffer of {} bytes is too small (need >= 1 MiB, >> L3)", bytes);
-  ARBOR_CHECK(reps >= 1, "bandwidth: reps must be >= 1, got {}", reps);
-  constexpr size_t kBlock = size_t(1) << 16;  // 64 KiB: the unit of the thread split
-  const int64_t blocks = int64_t(bytes / kBlock);
-  HugePageBuffer buf(size_t(blocks) * kBlock);
-  uint8_t* p = buf.as<uint8_t>();
+  return bytes / kBlock * kBlock;
+}
+
+ReadBandwidthProbe::ReadBandwidthProbe(ThreadPool& pool, size_t bytes) : pool_(pool), buf_(checked_size(bytes)) {
+  const int64_t blocks = int64_t(buf_.size() / kBlock);
+  uint8_t* p = buf_.as<uint8_t>();
   // Fill with non-zero bytes from the reading threads (first touch places pages near them).
   pool.parallel_for(blocks, 1, [&](int, int64_t b0, int64_t b1) {
     std::memset(p + size_t(b0) * kBlock, 0x5a, size_t(b1 - b0) * kBlock);
   });
-  const SumFn sum = pick_sum();
+}
+
+double ReadBandwidthProbe::pass() {
+  static const SumFn sum = pick_sum();
+  const uint8_t* p = buf_.as<uint8_t>();
+  const int64_t blocks = int64_t(buf_.size() / kBlock);
   std::atomic<uint64_t> sink{0};
-  double best = 0;
-  for (int r = 0; r < reps; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
-    pool.parallel_for(blocks, 1, [&](int, int64_t b0, int64_t b1) {
-      sink.fetch_add(sum(p + size_t(b0) * kBlock, size_t(b1 - b0) * kBlock), std::memory_order_relaxed);
-    });
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (s > 0) best = std::max(best, double(blocks) * kBlock / s);
-  }
-  // The sums are known (every byte 0x5a); checking them keeps the loads from being optimized away.
-  ARBOR_CHECK(sink.load() == uint64_t(reps) * uint64_t(blocks) * (kBlock / 8) * 0x5a5a5a5a5a5a5a5aull,
-              "bandwidth: checksum mismatch after {} passes over {} bytes", reps, bytes);
-  return best;
+  const auto t0 = std::chrono::steady_clock::now();
+  pool_.parallel_for(blocks, 1, [&](int, int64_t b0, int64_t b1) {
+    sink.fetch_add(sum(p + size_t(b0) * kBlock, size_t(b1 - b0) * kBlock), std::memory_order_relaxed);
+  });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // The sum is known (every byte 0x5a); checking it keeps the loads from being optimized away.
+  ARBOR_CHECK(sink.load() == uint64_t(blocks) * (kBlock / 8) * 0x5a5a5a5a5a5a5a5aull,
+              "bandwidth: checksum mismatch after a pass over {} bytes", buf_.size());
+  const double bw = s > 0 ? double(buf_.size()) / s : 0;
+  best_ = std::max(best_, bw);
+  return bw;
+}
+
+double measure_read_bandwidth(ThreadPool& pool, size_t bytes, int reps) {
+  ARBOR_CHECK(reps >= 1, "bandwidth: reps must be >= 1, got {}", reps);
+  ReadBandwidthProbe probe(pool, bytes);
+  for (int r = 0; r < reps; ++r) probe.pass();
+  return probe.best();
 }
 
 }  // namespace arbor::cpu

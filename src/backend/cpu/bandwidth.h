@@ -38,4 +38,18 @@ class HugePageBuffer {
   size_t map_size_ = 0;
 };
 
+// measure_read_bandwidth's measurement kept ready for repeated passes, so a benchmark on a shared
+// machine can interleave bandwidth passes with the kernel it rates (both then see the same load).
+class ReadBandwidthProbe {
+ public:
+  explicit ReadBandwidthProbe(ThreadPool& pool, size_t bytes = size_t(1) << 30);  // allocates and fills
+  double pass();  // one timed pass over the buffer; returns its bytes/s and updates best()
+  double best() const { return best_; }
+
+ private:
+  ThreadPool& pool_;
+  HugePageBuffer buf_;
+  double best_ = 0;
+};
+
 }  // namespace arbor::cpu
