@@ -5,6 +5,9 @@
 #include <chrono>
 
 #include "backend/cpu/cpu_backend.h"
+#ifdef ARBOR_HAS_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 #include "core/error.h"
 
 namespace arbor::cli {
@@ -38,7 +41,11 @@ LoadedModel load_model_from_args(const Args& a, int64_t max_step_tokens) {
     int threads = int(a.get_int("threads", 0));
     lm.backend = std::make_unique<CpuBackend>(threads, weights == "copy" ? WeightPlacement::Copy : WeightPlacement::Mapped);
   } else if (device == "cuda") {
-    fail("arguments: --device cuda: this build has no CUDA backend");
+#ifdef ARBOR_HAS_CUDA
+    lm.backend = make_cuda_backend(0);
+#else
+    fail("arguments: --device cuda: this build has no CUDA backend (configure with nvcc available)");
+#endif
   } else {
     fail("arguments: --device must be 'cpu' or 'cuda', got '{}'", device);
   }
