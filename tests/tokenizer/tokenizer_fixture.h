@@ -61,4 +61,8 @@ inline std::vector<std::string> load_corpus() {
 
 inline json load_golden(const std::string& name) { return read_json_file(fixture_dir() + "/golden_" + name + ".json"); }
 
+// stream_test.cpp: StreamDecoder output over the golden cases equals decode(); stop strings cut exactly.
+void check_stream_concatenation(const Tokenizer* tok, const json& golden);
+void check_stream_stop_strings(const Tokenizer* tok, const json& golden);
+
 }  // namespace arbor::test

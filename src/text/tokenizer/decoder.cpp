@@ -110,6 +110,7 @@ class FuseDecoder : public Decoder {
 class StripDecoder : public Decoder {
  public:
   StripDecoder(std::string content, size_t start, size_t stop) : content_(std::move(content)), start_(start), stop_(stop) {}
+  bool incremental() const override { return stop_ == 0; }
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (auto& t : tokens) {
       std::vector<size_t> cuts;  // character boundaries
@@ -136,7 +137,9 @@ class StripDecoder : public Decoder {
 
 class ReplaceDecoder : public Decoder {
  public:
-  ReplaceDecoder(Regex re, std::string content) : re_(std::move(re)), content_(std::move(content)) {}
+  ReplaceDecoder(Regex re, std::string content, bool single_char)
+      : re_(std::move(re)), content_(std::move(content)), single_char_(single_char) {}
+  bool incremental() const override { return single_char_; }
   void decode_chain(std::vector<std::string>& tokens) const override {
     std::vector<std::pair<size_t, size_t>> m;
     for (auto& t : tokens) {
@@ -158,6 +161,7 @@ class ReplaceDecoder : public Decoder {
  private:
   Regex re_;
   std::string content_;
+  bool single_char_;  // the pattern is one literal character
 };
 
 class SequenceDecoder : public Decoder {
@@ -165,6 +169,11 @@ class SequenceDecoder : public Decoder {
   explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> items) : items_(std::move(items)) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (auto& d : items_) d->decode_chain(tokens);
+  }
+  bool incremental() const override {
+    for (auto& d : items_)
+      if (!d->incremental()) return false;
+    return true;
   }
 
  private:
@@ -189,8 +198,15 @@ std::unique_ptr<Decoder> make_decoder(const json& j) {
   if (type == "Fuse") return std::make_unique<FuseDecoder>();
   if (type == "Strip")
     return std::make_unique<StripDecoder>(j.at("content").get<std::string>(), j.value("start", size_t{0}), j.value("stop", size_t{0}));
-  if (type == "Replace")
-    return std::make_unique<ReplaceDecoder>(make_pattern_regex(j.at("pattern"), "decoder Replace"), j.at("content").get<std::string>());
+  if (type == "Replace") {
+    const json& p = j.at("pattern");
+    bool single_char = false;
+    if (p.is_object() && p.contains("String")) {
+      std::string s = p["String"].get<std::string>();
+      single_char = !s.empty() && unicode::seq_len(static_cast<unsigned char>(s[0])) == s.size();
+    }
+    return std::make_unique<ReplaceDecoder>(make_pattern_regex(p, "decoder Replace"), j.at("content").get<std::string>(), single_char);
+  }
   if (type == "Sequence") {
     std::vector<std::unique_ptr<Decoder>> items;
     for (auto& d : j.at("decoders")) items.push_back(make_decoder(d));

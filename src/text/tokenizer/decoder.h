@@ -13,6 +13,10 @@ class Decoder {
  public:
   virtual ~Decoder() = default;
   virtual void decode_chain(std::vector<std::string>& tokens) const = 0;
+  // True when the text of a prefix of the ids never changes as more ids follow (beyond completing a
+  // character), so it can be streamed. Replace with a multi-character pattern and Strip of trailing
+  // characters rewrite text that came earlier, so they are not.
+  virtual bool incremental() const { return true; }
 };
 
 // Null json gives nullptr. Throws arbor::Error naming an unknown "type".

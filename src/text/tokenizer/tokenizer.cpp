@@ -70,7 +70,8 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   namespace fs = std::filesystem;
   fs::path p(path);
   if (fs::is_directory(p)) p /= "tokenizer.json";
-  ARBOR_CHECK(fs::exists(p), "tokenizer: {} not found", p.string());
+  ARBOR_CHECK(fs::exists(p), "tokenizer: {} not found (expected a tokenizer.json file or a directory holding one)",
+              p.string());
   Tokenizer t(build(scan_tokenizer_json(read_text_file(p.string()), p.string()), p.string()));
   fs::path config = p.parent_path() / "tokenizer_config.json";
   if (fs::exists(config)) {
@@ -179,6 +180,7 @@ bool Tokenizer::is_special(int32_t id) const {
 }
 
 const std::vector<AddedToken>& Tokenizer::added_tokens() const { return impl_->added.tokens(); }
+bool Tokenizer::incremental_decode() const { return !impl_->decoder || impl_->decoder->incremental(); }
 std::optional<int32_t> Tokenizer::bos_id() const { return impl_->bos; }
 std::optional<int32_t> Tokenizer::eos_id() const { return impl_->eos; }
 

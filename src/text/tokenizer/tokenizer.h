@@ -41,6 +41,9 @@ class Tokenizer {
   size_t vocab_size() const;
   bool is_special(int32_t id) const;
   const std::vector<AddedToken>& added_tokens() const;
+  // Whether decode() of a growing id sequence only ever appends text (see Decoder::incremental); true for
+  // every real tokenizer we know. StreamDecoder holds all text until flush() when it is false.
+  bool incremental_decode() const;
 
   std::optional<int32_t> bos_id() const;
   std::optional<int32_t> eos_id() const;

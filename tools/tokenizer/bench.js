@@ -1,0 +1,34 @@
+// npm tokenizers encode throughput over the lines of a text file, for bench/tokenizer/run.sh.
+// Usage: TOKENIZERS_PARALLELISM=false RAYON_NUM_THREADS=1 node tools/tokenizer/bench.js tokenizer.json text.txt [passes]
+'use strict';
+const fs = require('fs');
+const { Tokenizer } = require('tokenizers');
+
+async function main() {
+  const [file, textFile, passesArg] = process.argv.slice(2);
+  const passes = Number(passesArg || 3);
+  let t = process.hrtime.bigint();
+  const tok = Tokenizer.fromFile(file);
+  const loadS = Number(process.hrtime.bigint() - t) / 1e9;
+  const lines = fs.readFileSync(textFile, 'utf8').split('\n').filter((l) => l.length);
+  const bytes = lines.reduce((n, l) => n + Buffer.byteLength(l, 'utf8'), 0);
+  const report = (what, p, tokens, s) => console.log(
+    `npm    ${what} pass ${p} (${p === 1 ? 'cold cache' : 'warm cache'}): ${lines.length} lines, ${(bytes / 1e6).toFixed(2)} MB, ` +
+    `${tokens} tokens, ${s.toFixed(3)} s: ${(bytes / 1e6 / s).toFixed(2)} MB/s, ${(tokens / s).toFixed(0)} tokens/s`);
+  // encode() per line, awaited one at a time: one line in flight, as a server encodes a prompt.
+  for (let p = 1; p <= passes; p++) {
+    let tokens = 0;
+    t = process.hrtime.bigint();
+    for (const l of lines) tokens += (await tok.encode(l)).getIds().length;
+    report('encode     ', p, tokens, Number(process.hrtime.bigint() - t) / 1e9);
+  }
+  // encodeBatch() of all lines with parallelism off: the Rust core without per-call overhead.
+  for (let p = 1; p <= passes; p++) {
+    t = process.hrtime.bigint();
+    const encs = await tok.encodeBatch(lines);
+    const s = Number(process.hrtime.bigint() - t) / 1e9;
+    report('encodeBatch', p, encs.reduce((n, e) => n + e.getIds().length, 0), s);
+  }
+  console.log(`npm    load tokenizer.json: ${loadS.toFixed(3)} s`);
+}
+main().catch((e) => { console.error(e); process.exit(1); });
