@@ -3,8 +3,10 @@
 // f16 and bf16 weights, f32 math. Compiled with per-function target attributes, chosen at run time.
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_*() and trip -Wuninitialized when inlined
 // (GCC bug 105593); the pragma must precede the header, where the warning is located.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <algorithm>

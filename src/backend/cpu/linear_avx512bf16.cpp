@@ -3,8 +3,10 @@
 // weights are exact; x keeps enough precision to match an f32 reference to ~1e-5 relative.
 // GCC 12's AVX-512 intrinsics trip -Wuninitialized when inlined (GCC bug 105593); the pragmas must
 // precede the header, where the warning is located.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <algorithm>
