@@ -264,7 +264,8 @@ std::string serialize_safetensors(const std::vector<TensorToWrite>& tensors, con
   out.reserve(8 + header.size() + offset);
   for (int i = 0; i < 8; ++i) out.push_back(char(uint64_t(header.size()) >> (8 * i) & 0xff));
   out += header;
-  for (const auto& t : tensors) out.append(static_cast<const char*>(t.data), t.nbytes);
+  for (const auto& t : tensors)
+    if (t.nbytes) out.append(static_cast<const char*>(t.data), t.nbytes);
   return out;
 }
 
