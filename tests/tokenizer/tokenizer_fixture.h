@@ -61,6 +61,18 @@ inline std::vector<std::string> load_corpus() {
 
 inline json load_golden(const std::string& name) { return read_json_file(fixture_dir() + "/golden_" + name + ".json"); }
 
+// A golden case's reference ids: "ids" is without special tokens; with them they are "ids_sp" when
+// given, else the post-processor's observed "wrap" prefix + ids + suffix.
+inline std::vector<int32_t> golden_ids(const json& golden, const json& c, bool special) {
+  auto ids = c.at("ids").get<std::vector<int32_t>>();
+  if (!special) return ids;
+  if (c.contains("ids_sp")) return c["ids_sp"].get<std::vector<int32_t>>();
+  auto out = golden.at("wrap").at("prefix").get<std::vector<int32_t>>();
+  out.insert(out.end(), ids.begin(), ids.end());
+  for (int32_t x : golden["wrap"].at("suffix")) out.push_back(x);
+  return out;
+}
+
 // stream_test.cpp: StreamDecoder output over the golden cases equals decode(); stop strings cut exactly.
 void check_stream_concatenation(const Tokenizer* tok, const json& golden);
 void check_stream_stop_strings(const Tokenizer* tok, const json& golden);

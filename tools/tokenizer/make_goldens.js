@@ -26,6 +26,15 @@ async function main() {
   for (const [name, file] of tokenizerFiles()) {
     const tok = Tokenizer.fromFile(file);
     const vocab = tok.getVocabSize(true);
+    // What the post-processor adds around a sequence, as observed on one input; cases store their ids
+    // without special tokens and give the ids with them only when they differ from prefix + ids + suffix.
+    const withX = (await tok.encode('x', null, { addSpecialTokens: true })).getIds();
+    const bareX = (await tok.encode('x', null, { addSpecialTokens: false })).getIds();
+    let at = -1;
+    for (let k = 0; k + bareX.length <= withX.length && at < 0; k++)
+      if (bareX.every((v, j) => withX[k + j] === v)) at = k;
+    if (at < 0) throw new Error(`${name}: cannot find the sequence inside its post-processed ids`);
+    const wrap = { prefix: withX.slice(0, at), suffix: withX.slice(at + bareX.length) };
     const cases = [];
     // Synthetic tokenizers take every fourth corpus line to keep the fixtures small.
     const stride = name.startsWith('synthetic_') ? 4 : 1;
@@ -35,10 +44,11 @@ async function main() {
       const idsNs = (await tok.encode(text, null, { addSpecialTokens: false })).getIds();
       const dec = await tok.decode(ids, false);
       const decSkip = await tok.decode(ids, true);
-      const c = { i, ids };
-      if (dec !== text) c.dec = dec;  // absent means equal to the input text (after U+FFFD repair)
-      if (JSON.stringify(idsNs) !== JSON.stringify(ids)) c.ids_ns = idsNs;  // absent means equal to ids
-      if (decSkip !== dec) c.dec_skip = decSkip;  // absent means equal to the decode
+      const c = { i, ids: idsNs };
+      if (JSON.stringify(ids) !== JSON.stringify([...wrap.prefix, ...idsNs, ...wrap.suffix])) c.ids_sp = ids;
+      // Decodes of the ids with special tokens; absent means equal to the input text (after U+FFFD repair).
+      if (dec !== text) c.dec = dec;
+      if (decSkip !== text) c.dec_skip = decSkip;
       cases.push(c);
     }
     // Random id sequences: decode of arbitrary ids (partial byte runs, specials, out-of-range ids).
@@ -54,7 +64,8 @@ async function main() {
       }
       randomDecodes.push({ ids, dec: await tok.decode(ids, false), dec_skip: await tok.decode(ids, true) });
     }
-    const out = { tokenizer: name, reference: 'npm tokenizers ' + require('tokenizers/package.json').version, cases, random_decodes: randomDecodes };
+    const out = { tokenizer: name, reference: 'npm tokenizers ' + require('tokenizers/package.json').version, wrap, cases,
+      random_decodes: randomDecodes };
     const s = JSON.stringify(out).replace(/\},\{/g, '},\n{');
     fs.writeFileSync(path.join(FIX, `golden_${name}.json`), s + '\n');
     console.log(`${name}: ${cases.length} cases, ${(s.length / 1024).toFixed(0)} KiB`);
