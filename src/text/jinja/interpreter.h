@@ -13,7 +13,7 @@
 namespace arbor::jinja {
 
 struct RenderLimits {
-  int64_t max_steps = 20'000'000;         // statements + expressions evaluated
+  int64_t max_steps = 5'000'000;          // statements + expressions evaluated (about 1 s)
   size_t max_output = size_t(64) << 20;   // bytes of output, and of any one string built
   int max_call_depth = 64;                // nested macro/caller calls
 };

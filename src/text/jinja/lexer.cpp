@@ -111,7 +111,11 @@ class Lexer {
   }
   int col_of(size_t p) {
     line_of(p);
-    return int(py::length(std::string_view(src_).substr(line_start_, p - line_start_))) + 1;
+    // Columns count code points from the line start, incrementally (long one-line templates).
+    if (col_line_start_ != line_start_ || p < col_pos_) col_line_start_ = line_start_, col_pos_ = line_start_, col_ = 1;
+    col_ += int(py::length(std::string_view(src_).substr(col_pos_, p - col_pos_)));
+    col_pos_ = p;
+    return col_;
   }
 
   [[noreturn]] void error(size_t p, const std::string& msg) {
@@ -378,6 +382,8 @@ class Lexer {
   std::vector<Token> toks_;
   size_t line_pos_ = 0, line_start_ = 0;
   int line_ = 1;
+  size_t col_line_start_ = 0, col_pos_ = 0;
+  int col_ = 1;
 };
 
 }  // namespace

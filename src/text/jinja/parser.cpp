@@ -29,6 +29,18 @@ class Parser {
     }
     ~DepthGuard() { --p.depth_; }
   };
+  // Left-associative chains (a + b + c ..., x.a.b ..., x|f|g ...) deepen the AST without recursing in the
+  // parser: each link counts as a level so that evaluating and freeing the tree stays within the stack.
+  struct ChainGuard {
+    Parser& p;
+    int links = 0;
+    explicit ChainGuard(Parser& parser) : p(parser) {}
+    void link(const Token& at) {
+      if (++p.depth_ > p.max_depth_) p.fail_at(at, fmt::format("template nesting deeper than {} levels", p.max_depth_));
+      ++links;
+    }
+    ~ChainGuard() { p.depth_ -= links; }
+  };
 
   const Token& cur() const { return t_[pos_]; }
   const Token& look(size_t k = 1) const { return t_[std::min(pos_ + k, t_.size() - 1)]; }
@@ -347,7 +359,9 @@ class Parser {
   ExprPtr parse_condexpr() {
     const Token& at = cur();
     ExprPtr e = parse_or();
+    ChainGuard chain(*this);
     while (skip_name("if")) {
+      chain.link(at);
       auto c = make(ExprKind::CondExpr, at);
       c->b = parse_or();
       if (skip_name("else")) c->c = parse_condexpr();
@@ -365,16 +379,20 @@ class Parser {
 
   ExprPtr parse_or() {
     ExprPtr l = parse_and();
+    ChainGuard chain(*this);
     while (is_name("or")) {
       const Token& at = next();
+      chain.link(at);
       l = binary("or", std::move(l), parse_and(), at);
     }
     return l;
   }
   ExprPtr parse_and() {
     ExprPtr l = parse_not();
+    ChainGuard chain(*this);
     while (is_name("and")) {
       const Token& at = next();
+      chain.link(at);
       l = binary("and", std::move(l), parse_not(), at);
     }
     return l;
@@ -393,7 +411,9 @@ class Parser {
     const Token& at = cur();
     ExprPtr first = parse_math1();
     auto e = make(ExprKind::Compare, at);
+    ChainGuard chain(*this);
     while (true) {
+      chain.link(cur());
       if (cur().type == Tok::Op && (cur().text == "==" || cur().text == "!=" || cur().text == "<" || cur().text == "<=" ||
                                     cur().text == ">" || cur().text == ">=")) {
         e->ops.push_back(next().text);
@@ -414,32 +434,40 @@ class Parser {
   }
   ExprPtr parse_math1() {
     ExprPtr l = parse_concat();
+    ChainGuard chain(*this);
     while (is_op("+") || is_op("-")) {
       const Token& at = next();
+      chain.link(at);
       l = binary(at.text, std::move(l), parse_concat(), at);
     }
     return l;
   }
   ExprPtr parse_concat() {
     ExprPtr l = parse_math2();
+    ChainGuard chain(*this);
     while (is_op("~")) {
       const Token& at = next();
+      chain.link(at);
       l = binary("~", std::move(l), parse_math2(), at);
     }
     return l;
   }
   ExprPtr parse_math2() {
     ExprPtr l = parse_pow();
+    ChainGuard chain(*this);
     while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
       const Token& at = next();
+      chain.link(at);
       l = binary(at.text, std::move(l), parse_pow(), at);
     }
     return l;
   }
   ExprPtr parse_pow() {
     ExprPtr l = parse_unary(true);
+    ChainGuard chain(*this);
     while (is_op("**")) {
       const Token& at = next();
+      chain.link(at);
       l = binary("**", std::move(l), parse_unary(true), at);
     }
     return l;
@@ -520,7 +548,9 @@ class Parser {
   }
 
   ExprPtr parse_postfix(ExprPtr e) {
+    ChainGuard chain(*this);
     while (true) {
+      chain.link(cur());
       if (is_op(".") || is_op("[")) {
         e = parse_subscript(std::move(e));
       } else if (is_op("(")) {
@@ -532,7 +562,9 @@ class Parser {
   }
 
   ExprPtr parse_filter_expr(ExprPtr e) {
+    ChainGuard chain(*this);
     while (true) {
+      chain.link(cur());
       if (is_op("|")) {
         e = parse_filter(std::move(e), false);
       } else if (is_name("is")) {
@@ -643,13 +675,16 @@ class Parser {
 
   ExprPtr parse_call(ExprPtr callee) {
     auto e = make(ExprKind::Call, cur());
+    e->line = callee->line, e->col = callee->col;  // errors point at the callee, not at "("
     e->a = std::move(callee);
     parse_call_args(*e);
     return e;
   }
 
   ExprPtr parse_filter(ExprPtr operand, bool start_inline) {
+    ChainGuard chain(*this);
     while (is_op("|") || start_inline) {
+      chain.link(cur());
       if (!start_inline) next();
       start_inline = false;
       const Token& tk = expect_name();

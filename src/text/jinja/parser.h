@@ -10,7 +10,7 @@ namespace arbor::jinja {
 
 // Throws TemplateError("syntax", ...) with line and column. Nesting deeper than max_depth
 // (brackets, operators, blocks) is an error rather than a stack overflow.
-Body parse(const std::vector<Token>& tokens, const std::string& name, int max_depth = 128);
+Body parse(const std::vector<Token>& tokens, const std::string& name, int max_depth = 512);
 
 // Names known to the interpreter; the parser rejects unknown filters and tests as Jinja2 does when it
 // compiles a template.

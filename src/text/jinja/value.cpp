@@ -11,15 +11,31 @@
 
 namespace arbor::jinja {
 
+uint16_t Value::nested_depth(const ValueList& items) {
+  int d = 0;
+  for (const auto& x : items) d = std::max(d, int(x.depth_));
+  if (d + 1 > kMaxNesting) fail("lists and dicts nested deeper than {} levels", kMaxNesting);
+  return uint16_t(d + 1);
+}
+
+uint16_t Value::nested_depth(const Dict& dict) {
+  int d = 0;
+  for (const auto& e : dict.entries) d = std::max({d, int(e.first.depth_), int(e.second.depth_)});
+  if (d + 1 > kMaxNesting) fail("lists and dicts nested deeper than {} levels", kMaxNesting);
+  return uint16_t(d + 1);
+}
+
 Value Value::list(ValueList items, bool tuple) {
   Value v(Kind::List);
   v.tuple_ = tuple;
+  v.depth_ = nested_depth(items);
   v.list_ = std::make_shared<const ValueList>(std::move(items));
   return v;
 }
 
 Value Value::dict(std::shared_ptr<Dict> d) {
   Value v(Kind::Dict);
+  v.depth_ = nested_depth(*d);
   v.dict_ = std::move(d);
   return v;
 }
@@ -28,6 +44,7 @@ Value Value::dict() { return dict(std::make_shared<Dict>()); }
 
 Value Value::namespace_(std::shared_ptr<Dict> d) {
   Value v(Kind::Namespace);
+  v.depth_ = nested_depth(*d);
   v.dict_ = std::move(d);
   return v;
 }
@@ -68,7 +85,20 @@ std::string Value::type_name() const {
   return "?";
 }
 
+// Namespaces are mutable and can contain themselves: printing stops at a depth limit.
+struct ReprDepth {
+  static inline thread_local int depth = 0;
+  ReprDepth() {
+    if (++depth > kMaxNesting + 8) {
+      depth = 0;
+      fail("value nested too deeply to print (a namespace that contains itself?)");
+    }
+  }
+  ~ReprDepth() { depth = depth > 0 ? depth - 1 : 0; }
+};
+
 static std::string dict_repr(const Dict& d) {
+  ReprDepth guard;
   std::string out = "{";
   bool first = true;
   for (const auto& [k, v] : d.entries) {
@@ -84,6 +114,7 @@ std::string Value::repr() const {
     case Kind::String: return py::repr_string(str_);
     case Kind::Undefined: return "Undefined";
     case Kind::List: {
+      ReprDepth guard;
       std::string out = tuple_ ? "(" : "[";
       for (size_t i = 0; i < list_->size(); ++i) {
         if (i) out += ", ";
@@ -187,7 +218,8 @@ void Dict::set(const Value& key, Value v) {
 }
 
 template <typename J>
-static Value from_json_impl(const J& j) {
+static Value from_json_impl(const J& j, int depth = 0) {
+  if (depth > kMaxNesting) fail("jinja: JSON input nested deeper than {} levels", kMaxNesting);
   switch (j.type()) {
     case J::value_t::null: return Value::none();
     case J::value_t::boolean: return Value(j.template get<bool>());
@@ -202,13 +234,13 @@ static Value from_json_impl(const J& j) {
     case J::value_t::array: {
       ValueList items;
       items.reserve(j.size());
-      for (const auto& x : j) items.push_back(from_json_impl(x));
+      for (const auto& x : j) items.push_back(from_json_impl(x, depth + 1));
       return Value::list(std::move(items));
     }
     case J::value_t::object: {
       auto d = std::make_shared<Dict>();
       d->entries.reserve(j.size());
-      for (auto it = j.begin(); it != j.end(); ++it) d->entries.emplace_back(Value(it.key()), from_json_impl(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it) d->entries.emplace_back(Value(it.key()), from_json_impl(it.value(), depth + 1));
       return Value::dict(std::move(d));
     }
     default: fail("jinja: cannot convert a binary JSON value");

@@ -24,6 +24,9 @@ struct CallArgs {
   std::vector<std::pair<std::string, Value>> kw;
 };
 
+// Lists and dicts nest at most this deep (deeper is an error, not a stack overflow).
+constexpr int kMaxNesting = 512;
+
 class Value {
  public:
   enum class Kind : uint8_t { Undefined, None, Bool, Int, Float, String, List, Dict, Callable, Namespace };
@@ -79,8 +82,12 @@ class Value {
 
  private:
   explicit Value(Kind k) : kind_(k) {}
+  static uint16_t nested_depth(const ValueList& items);
+  static uint16_t nested_depth(const Dict& d);
+
   Kind kind_ = Kind::Undefined;
   bool tuple_ = false;
+  uint16_t depth_ = 0;  // container nesting, bounded by kMaxNesting so that nothing recurses without limit
   int64_t int_ = 0;
   double float_ = 0;
   std::string str_;
