@@ -55,6 +55,11 @@ const FRAGMENTS = {
     "<｜begin▁of▁sentence｜>ds<｜end▁of▁sentence｜>", "<think>reasoning</think> answer", "<|im_end", "< s >",
     "<s><s></s>", "a<|im_end|>b<|im_end|>c", "<tool_call>{\"name\": \"f\"}</tool_call>", "<|fim_prefix|>x<|fim_suffix|>",
   ],
+  // Strings that the synthetic tokenizers' added tokens (lstrip, rstrip, single_word, normalized) react to.
+  added: [
+    "a [MASK] b  [MASK]c\t[MASK]", "x <sep>   y<sep>\nz", "word words sword word_ (word) -word- WORD", "fix ﬁx prefix ﬁxes",
+    "<|im_end|>   text   <|im_end|>\n\n<|im_end|>", "the theme, the. bathe the_", "   [MASK]   <sep>   ",
+  ],
   whitespace: [" ", "  ", "\t", "\n", "\r\n", "\n\n", "   \n  ", " \t \t", "\u00a0", "\u3000", "\u2009", "\u200b", "\ufeff"],
 };
 
@@ -82,7 +87,7 @@ function randomCodepointString(r, n) {
 function makeCorpus() {
   const r = rng(20240601);
   const out = [];
-  for (const key of Object.keys(FRAGMENTS)) for (const f of FRAGMENTS[key]) out.push({ t: f });
+  for (const key of Object.keys(FRAGMENTS)) for (const f of FRAGMENTS[key]) out.push({ t: f, k: key });
   // Numbers of every length 1..24, plus separators.
   let digits = '';
   for (let n = 1; n <= 24; n++) { digits += String(n % 10); if (n % 3 === 0 || n > 18) out.push({ t: `${digits} ${digits}.${n} x${digits}` }); }
@@ -117,6 +122,15 @@ function makeCorpus() {
 function entryText(e) { return e.hex !== undefined ? Buffer.from(e.hex, 'hex').toString('utf8') : e.t; }
 function entryBytes(e) { return e.hex !== undefined ? Buffer.from(e.hex, 'hex') : Buffer.from(e.t, 'utf8'); }
 
+// A pronounceable-ish random word (Latin, Cyrillic or CJK letters), 2-12 characters.
+function randomWord(r) {
+  const sets = ['abcdefghijklmnopqrstuvwxyz', 'etaoinshrdlu', 'абвгдеклмнопрст', '的一是不了人我在有他这中大来上国'];
+  const set = sets[Math.floor(r() * sets.length)];
+  let w = r() < 0.2 ? set[Math.floor(r() * set.length)].toUpperCase() : '';
+  for (let k = 0, n = 2 + Math.floor(r() * 11); k < n; k++) w += set[Math.floor(r() * set.length)];
+  return w;
+}
+
 // A few MB of mixed text for the benchmark: corpus-like lines of every kind, seeded.
 function makeBenchLines(totalBytes) {
   const r = rng(7);
@@ -130,6 +144,8 @@ function makeBenchLines(totalBytes) {
       // Mostly English and code, as real prompts are; every script still appears.
       const key = r() < 0.6 ? pick(r, ['english', 'code', 'urls']) : pick(r, keys);
       s += pick(r, FRAGMENTS[key]) + (r() < 0.8 ? ' ' : pick(r, FRAGMENTS.whitespace));
+      // Fresh pseudo-words too, so the word caches see misses as on real text.
+      if (r() < 0.3) s += randomWord(r) + ' ';
       if (r() < 0.1) s += String(Math.floor(r() * 1e6));
     }
     lines.push(s);

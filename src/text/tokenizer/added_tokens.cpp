@@ -77,13 +77,13 @@ AddedVocabulary::AddedVocabulary(const json& tokens, const Normalizer* normalize
   for (auto& a : tokens_) max_id = std::max(max_id, a.id);
   by_id_.assign(static_cast<size_t>(max_id + 1), -1);
   for (size_t i = 0; i < tokens_.size(); ++i) {
-    const AddedToken& a = tokens_[i];
+    AddedToken& a = tokens_[i];
+    a.piece = a.content;
     by_id_[a.id] = static_cast<int32_t>(i);
     by_content_.emplace(a.content, static_cast<int32_t>(i));
     if (a.normalized) {
-      std::string c = a.content;
-      if (normalizer) normalizer->normalize(c);
-      normalized_trie_.insert(c, static_cast<uint32_t>(i));
+      if (normalizer) normalizer->normalize(a.piece);
+      normalized_trie_.insert(a.piece, static_cast<uint32_t>(i));
     } else {
       raw_trie_.insert(a.content, static_cast<uint32_t>(i));
     }

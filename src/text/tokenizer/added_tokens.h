@@ -17,6 +17,7 @@ class Normalizer;
 struct AddedToken {
   int32_t id = -1;
   std::string content;
+  std::string piece;  // what the id decodes to: content, normalized when `normalized` (as the reference does)
   bool special = false;
   bool lstrip = false, rstrip = false, single_word = false;
   bool normalized = false;

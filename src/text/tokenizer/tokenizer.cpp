@@ -134,7 +134,7 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
   for (int32_t id : ids) {
     if (const AddedToken* a = m.added.find_id(id)) {
       if (skip_special_tokens && a->special) continue;
-      tokens.push_back(a->content);
+      tokens.push_back(a->piece);
     } else if (const std::string* t = m.model->id_to_token(id)) {
       if (skip_special_tokens) {
         const AddedToken* same = m.added.find_content(*t);
@@ -158,7 +158,7 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
 }
 
 std::string Tokenizer::id_to_piece(int32_t id) const {
-  if (const AddedToken* a = impl_->added.find_id(id)) return a->content;
+  if (const AddedToken* a = impl_->added.find_id(id)) return a->piece;
   if (const std::string* t = impl_->model->id_to_token(id)) return *t;
   fail("tokenizer: id {} is not in the vocabulary (vocab_size {})", id, vocab_size());
 }
