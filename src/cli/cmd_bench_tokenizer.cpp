@@ -1,6 +1,7 @@
 // Verb `bench-tokenizer`: single-threaded encode throughput over the lines of a text file
 // (bench/tokenizer/run.sh runs it beside npm tokenizers on the same text).
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -41,11 +42,17 @@ int cmd_bench_tokenizer(const std::vector<std::string>& args) {
   // Pass 1 starts with an empty word cache ("cold"); later passes reuse it ("warm"), as a server does.
   for (int p = 0; p < passes; ++p) {
     size_t tokens = 0;
+    uint32_t checksum = 0;  // over all ids in order; tools/tokenizer/bench.js prints the same sum
     auto t = std::chrono::steady_clock::now();
-    for (auto& l : lines) tokens += tok.encode(l, special).size();
+    for (auto& l : lines) {
+      std::vector<int32_t> ids = tok.encode(l, special);
+      tokens += ids.size();
+      for (int32_t id : ids) checksum = checksum * 31u + static_cast<uint32_t>(id);
+    }
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-    std::printf("arbor  pass %d (%s): %zu lines, %.2f MB, %zu tokens, %.3f s: %.2f MB/s, %.0f tokens/s\n", p + 1,
-                p == 0 ? "cold cache" : "warm cache", lines.size(), bytes / 1e6, tokens, s, bytes / 1e6 / s, tokens / s);
+    std::printf("arbor  pass %d (%s): %zu lines, %.2f MB, %zu tokens (ids checksum %08x), %.3f s: %.2f MB/s, %.0f tokens/s\n",
+                p + 1, p == 0 ? "cold cache" : "warm cache", lines.size(), bytes / 1e6, tokens, checksum, s, bytes / 1e6 / s,
+                tokens / s);
   }
   std::printf("arbor  load tokenizer.json: %.3f s\n", load_s);
   return 0;
