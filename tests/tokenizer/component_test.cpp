@@ -2,6 +2,8 @@
 // word cache and the flat hash maps against simple references on random data.
 #include <gtest/gtest.h>
 
+#include <utf8proc.h>
+
 #include <random>
 #include <unordered_map>
 
@@ -9,6 +11,8 @@
 #include "text/tokenizer/bpe.h"
 #include "text/tokenizer/flat_maps.h"
 #include "text/tokenizer/json_scan.h"
+#include "text/tokenizer/normalizer.h"
+#include "text/tokenizer/pre_tokenizer.h"
 #include "text/tokenizer/regex.h"
 #include "text/tokenizer/unicode.h"
 #include "tokenizer_fixture.h"
@@ -204,6 +208,75 @@ TEST(FlatMaps, MatchStdUnorderedMapOnRandomKeys) {
           EXPECT_EQ(got->new_id, it->second.new_id);
         }
       }
+  }
+}
+
+}  // namespace
+}  // namespace arbor::test
+
+namespace arbor::test {
+namespace {
+
+// Random text that stresses splits and normal forms: ASCII letters/digits/punctuation/spaces/newlines,
+// combining marks after ASCII letters, Hangul syllables and jamo, kana with a combining voiced mark, CJK,
+// compatibility characters and emoji with modifiers.
+std::string random_mixed_text(std::mt19937& rng, size_t n) {
+  static const std::vector<std::string> parts = {
+      "a", "Z", "7", "42", " ", "  ", "\n", "\r\n", "\t", "'s", "'LL", ".", "!?", "-", "_", "e\xCC\x81", "o\xCC\x88\xCC\x84",
+      "\xCC\xA3", "\xEA\xB0\x80", "\xE1\x84\x80\xE1\x85\xA1\xE1\x86\xA8", "\xE3\x81\x8B\xE3\x82\x99", "\xE4\xB8\xAD\xE6\x96\x87",
+      "\xEF\xAC\x81", "\xE2\x91\xA0", "\xEF\xBC\xA1", "\xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD", "\xE2\x80\x8D", "\xC3\xA9", "\xE2\x96\x81",
+      "\xD9\x85\xD8\xB1", "\xE0\xA4\xA8\xE0\xA4\xAE\xE0\xA4\xB8\xE0\xA5\x8D", "\xC2\xA0", "\xE3\x80\x80", "\xC5\xBF"};
+  std::string s;
+  for (size_t i = 0; i < n; ++i) s += parts[rng() % parts.size()];
+  return s;
+}
+
+TEST(FastPreTokenizer, MatchesPreTokenizeOnRandomText) {
+  int checked = 0;
+  for (const char* name : {"qwen3", "llama3", "deepseek_v3"}) {
+    std::string path = tokenizer_path(name);
+    if (!std::filesystem::exists(path)) {
+      ADD_FAILURE() << path << " is missing: run scripts/install-deps";
+      continue;
+    }
+    TokenizerJson parts = scan_tokenizer_json(read_text_file(path), path);
+    auto pre = make_pre_tokenizer(parts.rest["pre_tokenizer"]);
+    auto fast = FastPreTokenizer::from(*pre);
+    ASSERT_NE(fast, nullptr) << name << " should take the fast path";
+    std::mt19937 rng(17);
+    for (int iter = 0; iter < 400; ++iter) {
+      std::string s = random_mixed_text(rng, rng() % 40);
+      std::vector<PreToken> ref = {{s, true}};
+      pre->pre_tokenize(ref);
+      std::vector<std::string> got;
+      fast->for_each_piece(s, [&](std::string_view p) { got.emplace_back(p); });
+      ASSERT_EQ(got.size(), ref.size()) << name << " '" << s << "'";
+      for (size_t k = 0; k < got.size(); ++k) ASSERT_EQ(got[k], ref[k].text) << name << " '" << s << "'";
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 1200);
+  // Shapes outside the fast path are refused, not approximated.
+  EXPECT_EQ(FastPreTokenizer::from(*make_pre_tokenizer(json::parse(R"({"type": "ByteLevel", "add_prefix_space": true})"))), nullptr);
+  EXPECT_EQ(FastPreTokenizer::from(*make_pre_tokenizer(json::parse(
+                R"({"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": false})"))),
+            nullptr);
+}
+
+TEST(Normalizer, PiecewiseNormalFormsMatchWholeString) {
+  std::mt19937 rng(23);
+  const std::vector<std::pair<const char*, int>> forms = {{"NFC", UTF8PROC_COMPOSE},
+                                                          {"NFD", UTF8PROC_DECOMPOSE},
+                                                          {"NFKC", UTF8PROC_COMPOSE | UTF8PROC_COMPAT},
+                                                          {"NFKD", UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT}};
+  for (auto [name, options] : forms) {
+    auto norm = make_normalizer(json{{"type", name}});
+    for (int iter = 0; iter < 500; ++iter) {
+      std::string s = random_mixed_text(rng, rng() % 30);
+      std::string got = s;
+      norm->normalize(got);
+      ASSERT_EQ(got, utf8proc_form(s, options)) << name << " '" << s << "'";
+    }
   }
 }
 

@@ -11,25 +11,63 @@
 #include "text/tokenizer/unicode.h"
 
 namespace arbor {
+
+std::string utf8proc_form(std::string_view s, int options) {
+  utf8proc_uint8_t* out = nullptr;
+  auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()), &out,
+                        static_cast<utf8proc_option_t>(options | UTF8PROC_STABLE));
+  if (n < 0) fail("tokenizer: normalizer: utf8proc: {}", utf8proc_errmsg(n));
+  std::string r(reinterpret_cast<char*>(out), static_cast<size_t>(n));
+  std::free(out);
+  return r;
+}
+
 namespace {
 
-bool is_ascii(const std::string& s) {
-  for (char c : s)
-    if (static_cast<unsigned char>(c) >= 0x80) return false;
-  return true;
-}
+
+// Characters that no normal form changes, that never compose with a neighbour and that are starters
+// (canonical combining class 0): ASCII and the CJK Unified Ideographs (plus Extension A). A string can be
+// normalized piecewise at the start of each such character, since decomposition, reordering and
+// composition never cross a starter that cannot be the second half of a composition.
+inline bool nf_inert(char32_t c) { return c < 0x80 || (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF); }
 
 class UnicodeForm : public Normalizer {
  public:
   explicit UnicodeForm(int options) : options_(options) {}
   void normalize(std::string& s, bool& first_kept) const override {
-    if (is_ascii(s)) return;  // every normal form of ASCII is itself
-    utf8proc_uint8_t* out = nullptr;
-    auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()),
-                          &out, static_cast<utf8proc_option_t>(options_ | UTF8PROC_STABLE));
-    if (n < 0) fail("tokenizer: normalizer: utf8proc: {}", utf8proc_errmsg(n));
-    s.assign(reinterpret_cast<char*>(out), static_cast<size_t>(n));
-    std::free(out);
+    // Copy runs of inert characters; hand each other run, with the inert character before it (it may
+    // compose with what follows: e + U+0301), to utf8proc.
+    std::string out;
+    size_t i = 0, n = s.size();
+    bool changed = false;
+    while (i < n) {
+      size_t j = i, last_inert = std::string::npos;
+      while (j < n) {
+        size_t k = j;
+        if (!nf_inert(unicode::next_cp(s, k))) break;
+        last_inert = j;
+        j = k;
+      }
+      if (j == n) {
+        if (changed) out.append(s, i, n - i);
+        break;
+      }
+      size_t chunk = last_inert != std::string::npos ? last_inert : j;
+      size_t e = j;
+      while (e < n) {
+        size_t k = e;
+        if (nf_inert(unicode::next_cp(s, k))) break;
+        e = k;
+      }
+      if (!changed) {
+        out.reserve(n + 16);
+        changed = true;
+      }
+      out.append(s, i, chunk - i);
+      out += utf8proc_form(std::string_view(s).substr(chunk, e - chunk), options_);
+      i = e;
+    }
+    if (changed) s.swap(out);
   }
 
  private:

@@ -164,6 +164,12 @@ class ByteLevel : public PreTokenizer {
   ByteLevel(bool add_prefix_space, bool use_regex) : add_prefix_space_(add_prefix_space) {
     if (use_regex) re_ = std::make_unique<Regex>(kGpt2Pattern, "pre_tokenizer ByteLevel");
   }
+  bool fast_stages(std::vector<const Regex*>& splits, bool& map_bytes) const override {
+    if (add_prefix_space_ || map_bytes) return false;
+    if (re_) splits.push_back(re_.get());
+    map_bytes = true;
+    return true;
+  }
   void pre_tokenize(std::vector<PreToken>& pieces) const override {
     if (add_prefix_space_)
       for (auto& p : pieces)
@@ -186,6 +192,11 @@ class ByteLevel : public PreTokenizer {
 class Split : public PreTokenizer {
  public:
   Split(Regex re, Behavior behavior, bool invert) : re_(std::move(re)), behavior_(behavior), invert_(invert) {}
+  bool fast_stages(std::vector<const Regex*>& splits, bool& map_bytes) const override {
+    if (behavior_ != Behavior::Isolated || invert_ || map_bytes) return false;
+    splits.push_back(&re_);
+    return true;
+  }
   void pre_tokenize(std::vector<PreToken>& pieces) const override {
     split_all(pieces, behavior_, invert_, [&](const std::string& s, auto& m) { re_.find_all(s, m); });
   }
@@ -246,6 +257,11 @@ class Sequence : public PreTokenizer {
   void pre_tokenize(std::vector<PreToken>& pieces) const override {
     for (auto& p : items_) p->pre_tokenize(pieces);
   }
+  bool fast_stages(std::vector<const Regex*>& splits, bool& map_bytes) const override {
+    for (auto& p : items_)
+      if (!p->fast_stages(splits, map_bytes)) return false;
+    return true;
+  }
 
  private:
   std::vector<std::unique_ptr<PreTokenizer>> items_;
@@ -255,6 +271,44 @@ class Sequence : public PreTokenizer {
 constexpr const char* kWhitespacePattern = R"(\w+|[^\w\s]+)";
 
 }  // namespace
+
+std::unique_ptr<FastPreTokenizer> FastPreTokenizer::from(const PreTokenizer& p) {
+  auto f = std::make_unique<FastPreTokenizer>();
+  if (!p.fast_stages(f->splits_, f->map_bytes_)) return nullptr;
+  return f;
+}
+
+void FastPreTokenizer::for_each_piece(std::string_view text, const std::function<void(std::string_view)>& emit) const {
+  if (text.empty()) return;
+  std::vector<std::vector<std::pair<size_t, size_t>>> matches(splits_.size());
+  std::string scratch;
+  run(0, text, matches, scratch, emit);
+}
+
+void FastPreTokenizer::run(size_t stage, std::string_view s, std::vector<std::vector<std::pair<size_t, size_t>>>& matches,
+                           std::string& scratch, const std::function<void(std::string_view)>& emit) const {
+  if (stage == splits_.size()) {
+    if (!map_bytes_) return emit(s);
+    const auto& a = alphabet();
+    scratch.clear();
+    for (unsigned char b : s) scratch += a.to_utf8[b];
+    return emit(scratch);
+  }
+  // Isolated split: every match and every gap between matches is a piece; empty ones are dropped.
+  auto& m = matches[stage];
+  m.clear();
+  splits_[stage]->find_all(s, m);
+  std::vector<std::pair<size_t, size_t>> spans;  // copied: deeper stages reuse matches[stage + 1...] only
+  spans.reserve(m.size() * 2 + 1);
+  size_t prev = 0;
+  for (auto [a, b] : m) {
+    if (a > prev) spans.emplace_back(prev, a);
+    if (b > a) spans.emplace_back(a, b);
+    prev = b;
+  }
+  if (prev < s.size()) spans.emplace_back(prev, s.size());
+  for (auto [a, b] : spans) run(stage + 1, s.substr(a, b - a), matches, scratch, emit);
+}
 
 std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& j) {
   if (j.is_null()) return nullptr;

@@ -18,6 +18,7 @@ namespace arbor {
 struct Tokenizer::Impl {
   std::unique_ptr<Normalizer> normalizer;
   std::unique_ptr<PreTokenizer> pre_tokenizer;
+  std::unique_ptr<FastPreTokenizer> fast_pre_tokenizer;  // set when pre_tokenizer has the common byte-level shape
   std::unique_ptr<Bpe> model;
   std::unique_ptr<PostProcessor> post_processor;
   std::unique_ptr<Decoder> decoder;
@@ -48,6 +49,7 @@ std::unique_ptr<Tokenizer::Impl> build(TokenizerJson parts, const std::string& s
     impl->model = std::make_unique<Bpe>(model, std::move(parts.vocab), parts.merges);
     impl->normalizer = make_normalizer(j.value("normalizer", json()));
     impl->pre_tokenizer = make_pre_tokenizer(j.value("pre_tokenizer", json()));
+    if (impl->pre_tokenizer) impl->fast_pre_tokenizer = FastPreTokenizer::from(*impl->pre_tokenizer);
     impl->post_processor = make_post_processor(j.value("post_processor", json()));
     impl->decoder = make_decoder(j.value("decoder", json()));
     impl->added = AddedVocabulary(j.value("added_tokens", json::array()), impl->normalizer.get());
@@ -90,6 +92,10 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
 }
 
 void Tokenizer::Impl::encode_text(std::string_view text, bool at_start, std::vector<int32_t>& ids) const {
+  if (fast_pre_tokenizer) {
+    fast_pre_tokenizer->for_each_piece(text, [&](std::string_view piece) { model->tokenize(piece, ids); });
+    return;
+  }
   std::vector<PreToken> pieces;
   pieces.push_back({std::string(text), at_start});
   if (pre_tokenizer) pre_tokenizer->pre_tokenize(pieces);
