@@ -188,19 +188,15 @@ void Bpe::tokenize_uncached(std::string_view word, std::vector<int32_t>& out) co
 void Bpe::tokenize(std::string_view word, std::vector<int32_t>& out) const {
   if (word.empty()) return;
   if (word.size() > kMaxCachedWordBytes) return tokenize_uncached(word, out);
+  const uint64_t h = WordCache::hash(word);
   {
     std::lock_guard<std::mutex> lock(cache_mu_);
-    auto it = cache_.find(word);
-    if (it != cache_.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
-      return;
-    }
+    if (cache_.get(word, h, out)) return;
   }
   size_t start = out.size();
   tokenize_uncached(word, out);
   std::lock_guard<std::mutex> lock(cache_mu_);
-  if (cache_.size() >= kCacheCapacity) cache_.clear();
-  cache_.emplace(std::string(word), std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(start), out.end()));
+  cache_.put(word, h, out.data() + start, out.size() - start);
 }
 
 }  // namespace arbor

@@ -6,7 +6,6 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -14,12 +13,6 @@
 #include "text/tokenizer/flat_maps.h"
 
 namespace arbor {
-
-// Transparent hashing so string_view lookups need no std::string temporaries.
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const noexcept { return hash_bytes(s); }
-};
 
 class Bpe {
  public:
@@ -54,11 +47,11 @@ class Bpe {
   std::array<int32_t, 256> byte_token_id_{};  // id of "<0xAB>" per byte, -1 when absent (byte_fallback)
   std::array<int32_t, 128> ascii_id_{};       // id of each single ASCII character, -1 when absent
 
-  // Word cache: pre-token -> ids. Bounded; cleared when full (HF keeps 10k entries the same way).
-  static constexpr size_t kCacheCapacity = 1 << 16;
+  // Word cache: pre-token -> ids, up to kCacheCapacity words, then cleared (HF bounds its cache too).
+  static constexpr size_t kCacheCapacity = 1 << 15;
   static constexpr size_t kMaxCachedWordBytes = 256;
   mutable std::mutex cache_mu_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache_;
+  mutable WordCache cache_{kCacheCapacity * 2};
 };
 
 }  // namespace arbor

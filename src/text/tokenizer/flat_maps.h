@@ -2,6 +2,7 @@
 // strings, and (left id, right id) -> merge. std::unordered_map's node per entry made loading a 262k
 // vocab with 514k merges cache-miss bound (seconds); these keep one probe array of 8-byte slots.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -136,6 +137,61 @@ class PairMap {
   }
   std::vector<Slot> slots_;
   size_t mask_ = 0, size_ = 0;
+};
+
+}  // namespace arbor
+
+namespace arbor {
+
+// Word -> ids cache for BPE: one probe array plus two arenas, cleared when half full (the reference
+// bounds its cache the same way). Not thread-safe; Bpe guards it with a mutex.
+class WordCache {
+ public:
+  explicit WordCache(size_t slots = 1 << 16) : slots_(slots) { mask_ = slots - 1; }
+
+  // Appends the cached ids of `word` to out and returns true, or returns false on a miss.
+  bool get(std::string_view word, uint64_t h, std::vector<int32_t>& out) const {
+    for (size_t i = h & mask_;; i = (i + 1) & mask_) {
+      const Slot& s = slots_[i];
+      if (s.hash == 0) return false;
+      if (s.hash == h && s.key_len == word.size() && keys_.compare(s.key_off, s.key_len, word) == 0) {
+        out.insert(out.end(), ids_.begin() + s.ids_off, ids_.begin() + s.ids_off + s.n_ids);
+        return true;
+      }
+    }
+  }
+  void put(std::string_view word, uint64_t h, const int32_t* ids, size_t n) {
+    if ((size_ + 1) * 2 > slots_.size()) clear();
+    for (size_t i = h & mask_;; i = (i + 1) & mask_) {
+      Slot& s = slots_[i];
+      if (s.hash == h && s.key_len == word.size() && keys_.compare(s.key_off, s.key_len, word) == 0) return;
+      if (s.hash != 0) continue;
+      s = Slot{h, static_cast<uint32_t>(keys_.size()), static_cast<uint32_t>(word.size()), static_cast<uint32_t>(ids_.size()),
+               static_cast<uint32_t>(n)};
+      keys_.append(word);
+      ids_.insert(ids_.end(), ids, ids + n);
+      ++size_;
+      return;
+    }
+  }
+  // A hash that is never 0 (0 marks an empty slot).
+  static uint64_t hash(std::string_view word) { return hash_bytes(word) | 1; }
+
+ private:
+  void clear() {
+    std::fill(slots_.begin(), slots_.end(), Slot{});
+    keys_.clear();
+    ids_.clear();
+    size_ = 0;
+  }
+  struct Slot {
+    uint64_t hash = 0;
+    uint32_t key_off = 0, key_len = 0, ids_off = 0, n_ids = 0;
+  };
+  std::vector<Slot> slots_;
+  size_t mask_, size_ = 0;
+  std::string keys_;
+  std::vector<int32_t> ids_;
 };
 
 }  // namespace arbor
