@@ -114,7 +114,9 @@ int cmd_bench_linear(const std::vector<std::string>& argv) {
 
   struct Row {
     const LinearShape* s;
-    double gbs = 0, gflops = 0;
+    double gbs = 0;     // best decode pass, GB/s of weights
+    double gflops = 0;  // best prefill call
+    double paired = 0;  // decode GB/s / bandwidth, each averaged over the same interleaved passes
   };
   std::vector<Row> rows;
   const size_t esize = arbor::dtype_size(*dtype);
@@ -126,16 +128,20 @@ int cmd_bench_linear(const std::vector<std::string>& argv) {
     std::vector<float> y(size_t(std::max(gemm_T, decode_T) * s.N));
     // Decode: enough calls per pass to stream ~2 GiB; the best pass counts.
     const int64_t calls = std::max<int64_t>(int64_t(w.bufs.size()), int64_t((size_t(2) << 30) / wbytes));
-    double best = 1e30;
+    double best = 1e30, gemv_time = 0, probe_time = 0;
     for (int r = 0; r < reps; ++r) {
-      probe.pass();
+      probe_time += double(bw_bytes) / probe.pass();
       const double t0 = now_s();
       for (int64_t c = 0; c < calls; ++c)
         cpu::linear_with_isa(isa, pool, x.data(), decode_T, s.K, w.bufs[size_t(c) % w.bufs.size()].data(), *dtype,
                              s.N, nullptr, y.data());
-      best = std::min(best, (now_s() - t0) / double(calls));
+      const double t = now_s() - t0;
+      gemv_time += t;
+      best = std::min(best, t / double(calls));
     }
-    Row row{&s, double(wbytes) / best / 1e9, 0};
+    Row row{&s, double(wbytes) / best / 1e9};
+    // Averages over the same interleaved time slices: on a loaded machine the steadier comparison.
+    row.paired = (double(wbytes) * double(calls) * reps / gemv_time) / (double(bw_bytes) * reps / probe_time);
     // Prefill: a few calls of gemm_T tokens (skipped for lm_head: logits are computed for one row).
     if (gemm_T > 0 && s.per_layer > 0) {
       double gbest = 1e30;
@@ -152,13 +158,15 @@ int cmd_bench_linear(const std::vector<std::string>& argv) {
   const double bw = probe.best();
   std::printf("read bandwidth: %.2f GB/s (best of %d passes over %zu MiB, interleaved with the runs below)\n\n",
               bw / 1e9, 2 + reps * int(shapes.size()), bw_bytes >> 20);
-  std::printf("%-13s %-9s %-14s | T=%-2lld %-16s %7s %6s | T=%-4lld %-16s %8s\n", "model", "linear", "N x K",
-              (long long)decode_T, "kernel", "GB/s", "of bw", (long long)gemm_T, "kernel", "GFLOP/s");
+  std::printf("decode: best pass in GB/s of weights streamed; 'of bw' = that / best bandwidth pass; 'paired' =\n"
+              "mean decode rate / mean bandwidth over the same interleaved passes (steadier when the machine is busy)\n\n");
+  std::printf("%-13s %-9s %-14s | T=%-2lld %-16s %7s %6s %6s | T=%-4lld %-16s %8s\n", "model", "linear", "N x K",
+              (long long)decode_T, "kernel", "GB/s", "of bw", "paired", (long long)gemm_T, "kernel", "GFLOP/s");
   for (const Row& row : rows) {
     const LinearShape& s = *row.s;
-    std::printf("%-13s %-9s %6lld x %-5lld | %-21s %7.2f %5.1f%% | %-21s %8s\n", s.model, s.name, (long long)s.N,
-                (long long)s.K, cpu::linear_kernel_name(isa, *dtype, decode_T).c_str(), row.gbs,
-                100.0 * row.gbs * 1e9 / bw, row.gflops > 0 ? cpu::linear_kernel_name(isa, *dtype, gemm_T).c_str() : "-",
+    std::printf("%-13s %-9s %6lld x %-5lld | %-21s %7.2f %5.1f%% %5.1f%% | %-21s %8s\n", s.model, s.name,
+                (long long)s.N, (long long)s.K, cpu::linear_kernel_name(isa, *dtype, decode_T).c_str(), row.gbs,
+                100.0 * row.gbs * 1e9 / bw, 100.0 * row.paired, row.gflops > 0 ? cpu::linear_kernel_name(isa, *dtype, gemm_T).c_str() : "-",
                 row.gflops > 0 ? fmt::format("{:.1f}", row.gflops).c_str() : "-");
   }
   // A decoder layer's linears in sequence (each weight read once per token): the figure that decides

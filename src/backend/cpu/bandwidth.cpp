@@ -32,9 +32,15 @@ uint64_t sum_scalar(const uint8_t* p, size_t n) {
 }
 
 #if defined(__x86_64__)
+// The same software prefetch distance as the GEMV kernels (linear_avx512.cpp), so the yardstick reads
+// memory the best way the kernels know; without it a single stream was up to ~30% slower here.
+constexpr size_t kPrefetchBytes = 4096;
+
 __attribute__((target("avx2"))) uint64_t sum_avx2(const uint8_t* p, size_t n) {
   __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
   for (size_t i = 0; i < n; i += 128) {
+    _mm_prefetch(reinterpret_cast<const char*>(p) + i + kPrefetchBytes, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(p) + i + kPrefetchBytes + 64, _MM_HINT_T0);
     s0 = _mm256_add_epi64(s0, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
     s1 = _mm256_add_epi64(s1, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
     s2 = _mm256_add_epi64(s2, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
@@ -48,6 +54,8 @@ __attribute__((target("avx2"))) uint64_t sum_avx2(const uint8_t* p, size_t n) {
 __attribute__((target("avx512f"))) uint64_t sum_avx512(const uint8_t* p, size_t n) {
   __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
   for (size_t i = 0; i < n; i += 256) {
+#pragma GCC unroll 4
+    for (size_t b = 0; b < 256; b += 64) _mm_prefetch(reinterpret_cast<const char*>(p) + i + kPrefetchBytes + b, _MM_HINT_T0);
     s0 = _mm512_add_epi64(s0, _mm512_load_si512(p + i));
     s1 = _mm512_add_epi64(s1, _mm512_load_si512(p + i + 64));
     s2 = _mm512_add_epi64(s2, _mm512_load_si512(p + i + 128));

@@ -62,6 +62,8 @@ ARBOR_AVX512_INLINE float hsum(__m512 v) {
 // (TT*U independent accumulators, <= 24 of the 32 zmm registers). Rows are streamed one after another:
 // measured on this VM, one sequential stream per thread reads DRAM faster than several interleaved
 // ones (8 streams reached half the bandwidth of 1), so the rows of a tile are not interleaved.
+constexpr int64_t kPrefetchBytes = 4096;
+
 template <WT wt, int TT, int U>
 ARBOR_AVX512 void gemv_row(const Args& a, int64_t n) {
   const int64_t K = a.K;
@@ -71,8 +73,16 @@ ARBOR_AVX512 void gemv_row(const Args& a, int64_t n) {
   for (int t = 0; t < TT; ++t)
 #pragma GCC unroll 32
     for (int u = 0; u < U; ++u) acc[t][u] = _mm512_setzero_ps();
+  constexpr int64_t esize = wt == WT::F32 ? 4 : 2;
+  const char* wbytes = static_cast<const char*>(a.W);
   int64_t k = 0;
   for (; k + 16 * U <= K; k += 16 * U) {
+    // Software prefetch kPrefetchBytes ahead (into the next rows near a row's end; a prefetch never
+    // faults, so running past the matrix is harmless): measured up to 1.4x faster than the hardware
+    // prefetcher alone at K = 8192 on this VM.
+#pragma GCC unroll 8
+    for (int64_t b = 0; b < 16 * U * esize; b += 64)
+      _mm_prefetch(wbytes + (row + k) * esize + kPrefetchBytes + b, _MM_HINT_T0);
     __m512 w[U];
 #pragma GCC unroll 32
     for (int u = 0; u < U; ++u) w[u] = wload<wt>(a.W, row + k + 16 * u);
