@@ -1,0 +1,192 @@
+// `arbor serve` (also a bare `arbor`): load a model and serve the OpenAI- and Anthropic-compatible HTTP API.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "cli/model_args.h"
+#include "cli/verb.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "model/config.h"
+#include "server/routes.h"
+#include "server/server.h"
+
+namespace arbor::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// KV blocks when --kv-blocks is not given: room for max_batch full-context sequences, within --kv-memory-gb.
+int64_t default_kv_blocks(const Args& a, int64_t max_batch, bool cuda) {
+  std::string cfg_path = a.get_or("config", "");
+  if (cfg_path.empty()) cfg_path = (fs::path(a.get_or("model", ".")) / "config.json").string();
+  ModelConfig c = load_model_config(cfg_path);
+  const int64_t block = 16;
+  int64_t ctx = a.get_int("ctx-size", 0);
+  if (ctx <= 0) ctx = std::min<int64_t>(c.max_position, 4096);
+  const int64_t per_seq = (ctx + block - 1) / block;
+  const int64_t bytes_per_block = 2 * c.n_layers * c.n_kv_heads * c.head_dim * (cuda ? 2 : 4) * block;
+  const double budget = a.get_double("kv-memory-gb", 4.0) * 1e9;
+  int64_t by_budget = int64_t(budget / double(std::max<int64_t>(bytes_per_block, 1)));
+  return std::max(per_seq + 1, std::min(max_batch * per_seq + 1, by_budget));
+}
+
+std::vector<int32_t> eos_ids(const ModelConfig& c, const Tokenizer& tok, const std::string& model_dir) {
+  std::vector<int32_t> ids;
+  for (int64_t e : c.eos_token_ids) ids.push_back(int32_t(e));
+  if (auto e = tok.eos_id()) ids.push_back(*e);
+  fs::path gc = fs::path(model_dir) / "generation_config.json";
+  if (!model_dir.empty() && fs::exists(gc)) {
+    json g = read_json_file(gc.string());
+    if (auto it = g.find("eos_token_id"); it != g.end()) {
+      if (it->is_number_integer()) ids.push_back(it->get<int32_t>());
+      if (it->is_array())
+        for (const auto& v : *it)
+          if (v.is_number_integer()) ids.push_back(v.get<int32_t>());
+    }
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+int cmd_serve(const std::vector<std::string>& args_in) {
+  // Signals go to one waiting thread (blocked everywhere else, inherited by every thread made below).
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto vf = model_value_flags();
+  vf.insert({"host", "port", "max-batch", "max-queue", "temperature", "top-p", "top-k", "min-p", "max-tokens", "thinking",
+             "chat-template", "api-key", "kv-memory-gb", "tokenizer", "served-model-name", "max-body-mb", "max-step-tokens"});
+  Args a(args_in, vf, model_bool_flags());
+  const int64_t max_batch = a.get_int("max-batch", 8);
+  const int64_t max_queue = a.get_int("max-queue", 64);
+  const int64_t port = a.get_int("port", 8080);
+  const int64_t step_tokens = a.get_int("max-step-tokens", 256);
+  if (max_batch < 1 || max_batch > 1024) fail("arguments: --max-batch must be in 1..1024, got {}", max_batch);
+  if (max_queue < 0) fail("arguments: --max-queue must be >= 0, got {}", max_queue);
+  if (port < 0 || port > 65535) fail("arguments: --port must be in 0..65535, got {}", port);
+  if (step_tokens < max_batch) fail("arguments: --max-step-tokens ({}) must be at least --max-batch ({})", step_tokens, max_batch);
+  std::string thinking = a.get_or("thinking", "");
+  if (thinking != "" && thinking != "on" && thinking != "off") fail("arguments: --thinking must be 'on' or 'off', got '{}'", thinking);
+
+  std::vector<std::string> args = args_in;
+  if (!a.has("kv-blocks")) {
+    args.push_back("--kv-blocks");
+    args.push_back(std::to_string(default_kv_blocks(a, max_batch, a.get_or("device", "cpu") == "cuda")));
+  }
+  Args la(args, vf, model_bool_flags());
+
+  const std::string model_dir = a.get_or("model", "");
+  const std::string tok_dir = a.get_or("tokenizer", model_dir);
+  if (tok_dir.empty()) fail("arguments: --tokenizer DIR is required when there is no --model directory");
+  Tokenizer tok = Tokenizer::from_file(tok_dir);
+
+  server::ServerContext ctx;
+  if (auto t = a.get("chat-template")) {
+    std::string bos, eos;
+    fs::path tc = fs::path(tok_dir) / "tokenizer_config.json";
+    if (fs::exists(tc)) {
+      json j = read_json_file(tc.string());
+      auto str = [&](const char* k) -> std::string {
+        auto it = j.find(k);
+        if (it == j.end()) return {};
+        if (it->is_string()) return it->get<std::string>();
+        if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) return (*it)["content"].get<std::string>();
+        return {};
+      };
+      bos = str("bos_token");
+      eos = str("eos_token");
+    }
+    ctx.chat_template = ChatTemplate::from_source(read_text_file(*t), bos, eos);
+  } else {
+    try {
+      ctx.chat_template = ChatTemplate::from_model_dir(tok_dir);
+    } catch (const std::exception& e) {
+      log_info("serve: no chat template ({}); /v1/chat/completions and /v1/messages will answer 400", e.what());
+    }
+  }
+  if (ctx.chat_template) ctx.chat_format = server::ChatFormat::detect(ctx.chat_template->source());
+
+  LoadedModel lm = load_model_from_args(la, step_tokens);
+  Model& m = *lm.model;
+  if (int64_t(tok.vocab_size()) > m.config().vocab_size)
+    fail("serve: the tokenizer has {} ids but the model's vocabulary is {}", tok.vocab_size(), m.config().vocab_size);
+  BlockPool pool(lm.backend->kv_layout().n_blocks, lm.backend->kv_layout().block_size);
+  Scheduler sched(m, pool, {max_batch, max_queue});
+
+  ctx.scheduler = &sched;
+  ctx.tok = &tok;
+  ctx.model_id = a.get_or("served-model-name", model_dir.empty() ? "arbor" : fs::path(model_dir).lexically_normal().filename().string());
+  if (ctx.model_id.empty()) ctx.model_id = fs::path(model_dir).lexically_normal().parent_path().filename().string();
+  ctx.ctx_size = m.ctx_size();
+  ctx.vocab_size = m.config().vocab_size;
+  ctx.eos_ids = eos_ids(m.config(), tok, model_dir);
+  ctx.thinking = thinking;
+  ctx.api_key = a.get_or("api-key", "");
+  ctx.created = server::unix_now();
+  // Defaults: built-in < generation_config.json < explicit flags.
+  fs::path gc = fs::path(model_dir) / "generation_config.json";
+  if (!model_dir.empty() && fs::exists(gc)) {
+    json g = read_json_file(gc.string());
+    auto num = [&](const char* k, auto& dst) {
+      if (auto it = g.find(k); it != g.end() && it->is_number()) dst = it->get<std::decay_t<decltype(dst)>>();
+    };
+    num("temperature", ctx.defaults.temperature);
+    num("top_p", ctx.defaults.top_p);
+    num("top_k", ctx.defaults.top_k);
+    num("min_p", ctx.defaults.min_p);
+    num("repetition_penalty", ctx.defaults.repetition_penalty);
+    if (g.value("do_sample", true) == false) ctx.defaults.temperature = 0.0f;
+  } else {
+    ctx.defaults.temperature = 1.0f;  // OpenAI's default
+  }
+  ctx.defaults.temperature = float(a.get_double("temperature", ctx.defaults.temperature));
+  ctx.defaults.top_p = float(a.get_double("top-p", ctx.defaults.top_p));
+  ctx.defaults.top_k = a.get_int("top-k", ctx.defaults.top_k);
+  ctx.defaults.min_p = float(a.get_double("min-p", ctx.defaults.min_p));
+  ctx.defaults.max_tokens = a.get_int("max-tokens", -1);
+
+  http::ServerOptions ho;
+  ho.host = a.get_or("host", "127.0.0.1");
+  ho.port = int(port);
+  ho.max_body_bytes = size_t(a.get_double("max-body-mb", 8.0) * 1024 * 1024);
+  ho.max_connections = int(max_batch + max_queue + 64);
+  server::ApiServer api(ctx, ho);
+  api.listen();
+  ctx.ready.store(true);
+  log_info("serve: {} ({}) on http://{}:{}/v1 — ctx {}, max batch {}, queue {}, {} KV blocks of {} tokens, tools {}, reasoning {}",
+           ctx.model_id, m.config().summary(), ho.host, api.port(), ctx.ctx_size, max_batch, max_queue, pool.n_blocks(),
+           pool.block_size(), ctx.chat_format.tool_format_name(), ctx.chat_format.reasoning ? "<think>" : "none");
+  std::fflush(stdout);
+
+  std::thread sig_thread([&] {
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    if (sig == 0) return;
+    log_info("serve: {} received; no new connections, cancelling what is in flight", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    api.stop();
+    sched.shutdown();  // in-flight requests end (finish reason cancelled) so their handlers return
+  });
+  api.run();
+  sched.shutdown();
+  // If run() ended without a signal (it does not today), wake the signal thread so it can be joined.
+  if (sig_thread.joinable()) {
+    pthread_kill(sig_thread.native_handle(), SIGTERM);
+    sig_thread.join();
+  }
+  log_info("serve: stopped");
+  return 0;
+}
+
+ARBOR_VERB("serve", "serve the OpenAI/Anthropic HTTP API (--model DIR [--host 127.0.0.1 --port 8080 --max-batch 8])", cmd_serve);
+
+}  // namespace
+}  // namespace arbor::cli

@@ -1,0 +1,243 @@
+// Continuous batching: admission by KV blocks, decode-first steps with chunked prefill, per-request sampling.
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace arbor {
+
+Scheduler::Scheduler(Model& model, BlockPool& pool, SchedulerOptions opt) : model_(model), pool_(pool), opt_(opt) {
+  ARBOR_CHECK(opt_.max_batch >= 1, "scheduler: max_batch must be >= 1, got {}", opt_.max_batch);
+  ARBOR_CHECK(opt_.max_queue >= 0, "scheduler: max_queue must be >= 0, got {}", opt_.max_queue);
+  ARBOR_CHECK(opt_.max_batch <= model_.max_step_tokens(), "scheduler: max_batch {} exceeds the model's step budget of {} tokens",
+              opt_.max_batch, model_.max_step_tokens());
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() { shutdown(); }
+
+AdmissionResult Scheduler::submit(const std::shared_ptr<Request>& r) {
+  AdmissionResult res;
+  const int64_t V = model_.config().vocab_size, ctx = model_.ctx_size();
+  const int64_t P = int64_t(r->prompt.size());
+  auto reject = [&](Admission a, std::string msg) {
+    rejected_ += 1;
+    res.status = a;
+    res.message = std::move(msg);
+    return res;
+  };
+  if (P == 0) return reject(Admission::BadRequest, "the prompt is empty (0 tokens)");
+  for (int64_t i = 0; i < P; ++i)
+    if (r->prompt[size_t(i)] < 0 || r->prompt[size_t(i)] >= V)
+      return reject(Admission::BadRequest, fmt::format("prompt token {} at index {} is outside the vocabulary (0..{})", r->prompt[size_t(i)], i, V - 1));
+  if (P >= ctx) {
+    res.context_exceeded = true;
+    return reject(Admission::NeverFits,
+                  fmt::format("the prompt has {} tokens; the context window is {} tokens, which leaves no room to generate", P, ctx));
+  }
+  r->max_tokens = std::clamp<int64_t>(r->max_tokens, 0, ctx - P);
+  if (r->max_tokens == 0) {  // nothing to generate: done without touching the model
+    r->submitted_at = std::chrono::steady_clock::now();
+    r->finish(FinishReason::Length);
+    return res;
+  }
+  const int64_t need = pool_.blocks_for(P + r->max_tokens);
+  if (need > pool_.n_blocks())
+    return reject(Admission::NeverFits,
+                  fmt::format("the request needs {} KV blocks ({} prompt + {} max tokens, {} tokens per block); the server has {} in all",
+                              need, P, r->max_tokens, pool_.block_size(), pool_.n_blocks()));
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stopping_) return reject(Admission::ShuttingDown, "the server is shutting down");
+    // A request waits only when every batch slot is taken or the KV pool is short; the queue bounds how many.
+    if (int64_t(waiting_.size()) >= opt_.max_queue && (n_running_.load() >= opt_.max_batch || !waiting_.empty()))
+      return reject(Admission::QueueFull,
+                    fmt::format("the server is full: {} requests running (max {}), {} waiting (max {})", n_running_.load(),
+                                opt_.max_batch, waiting_.size(), opt_.max_queue));
+    r->submitted_at = std::chrono::steady_clock::now();
+    waiting_.push_back(r);
+  }
+  cv_.notify_all();
+  return res;
+}
+
+void Scheduler::shutdown() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  std::lock_guard<std::mutex> lk(join_mu_);  // shutdown() may race from several threads; one joins
+  if (thread_.joinable()) thread_.join();
+}
+
+SchedulerStats Scheduler::stats() const {
+  SchedulerStats s;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    s.waiting = int64_t(waiting_.size());
+  }
+  s.running = n_running_.load();
+  s.kv_blocks_total = pool_.n_blocks();
+  s.kv_blocks_used = kv_used_.load();
+  s.requests_admitted = admitted_.load();
+  s.requests_finished = finished_.load();
+  s.requests_cancelled = cancelled_.load();
+  s.requests_rejected = rejected_.load();
+  s.prompt_tokens = prompt_tokens_.load();
+  s.generated_tokens = generated_tokens_.load();
+  s.steps = steps_.load();
+  s.busy_seconds = double(busy_us_.load()) * 1e-6;
+  return s;
+}
+
+// Moves waiting requests into the batch, oldest first, while a slot and their KV blocks are free.
+void Scheduler::admit_locked() {
+  while (!waiting_.empty() && int64_t(running_.size()) < opt_.max_batch) {
+    auto& r = waiting_.front();
+    if (r->cancelled()) {
+      r->finish(FinishReason::Cancelled);
+      cancelled_ += 1;
+      waiting_.pop_front();
+      continue;
+    }
+    const int64_t limit = int64_t(r->prompt.size()) + r->max_tokens;
+    auto a = std::make_unique<Active>(Active{r, SequenceKV{}, Sampler(r->sampling), limit, 0, {}, -1, false});
+    if (!a->kv.reserve(pool_, limit)) break;  // head of line waits for blocks (FIFO keeps it fair)
+    prompt_tokens_ += int64_t(r->prompt.size());
+    admitted_ += 1;
+    running_.push_back(std::move(a));
+    waiting_.pop_front();
+  }
+  n_running_.store(int64_t(running_.size()));
+  kv_used_.store(pool_.n_blocks() - pool_.free_blocks());
+}
+
+void Scheduler::retire(Active& a, FinishReason r, const std::string& error) {
+  a.kv.release(pool_);
+  a.done = true;
+  if (r == FinishReason::Cancelled) cancelled_ += 1;
+  finished_ += 1;
+  a.req->finish(r, error);
+}
+
+void Scheduler::loop() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stopping_ || !running_.empty() || !waiting_.empty(); });
+      if (stopping_) {
+        for (auto& a : running_) retire(*a, FinishReason::Cancelled);
+        running_.clear();
+        for (auto& r : waiting_) {
+          r->finish(FinishReason::Cancelled);
+          cancelled_ += 1;
+        }
+        waiting_.clear();
+        n_running_.store(0);
+        kv_used_.store(pool_.n_blocks() - pool_.free_blocks());
+        return;
+      }
+      // Cancelled requests leave before admission so their blocks go to whoever waits.
+      for (auto& a : running_)
+        if (a->req->cancelled()) retire(*a, FinishReason::Cancelled);
+      running_.erase(std::remove_if(running_.begin(), running_.end(), [](auto& a) { return a->done; }), running_.end());
+      admit_locked();
+      if (running_.empty()) continue;
+    }
+    step();
+  }
+}
+
+void Scheduler::step() {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  const int64_t V = model_.config().vocab_size;
+  // Decode tokens first (one per running request), then prefill chunks in admission order.
+  struct Part {
+    Active* a;
+    int64_t start, n;  // positions [start, start + n)
+    bool wants_logits;
+  };
+  std::vector<Part> parts;
+  int64_t budget = model_.max_step_tokens();
+  for (auto& a : running_)
+    if (a->next >= 0) {
+      parts.push_back({a.get(), a->kv.length, 1, true});
+      budget -= 1;
+    }
+  for (auto& a : running_) {
+    if (a->next >= 0 || budget <= 0) continue;
+    const int64_t n = std::min<int64_t>(budget, int64_t(a->req->prompt.size()) - a->prefilled);
+    parts.push_back({a.get(), a->prefilled, n, a->prefilled + n == int64_t(a->req->prompt.size())});
+    budget -= n;
+  }
+
+  BatchInfo b;
+  size_t max_blocks = 0;
+  for (auto& p : parts) max_blocks = std::max(max_blocks, p.a->kv.blocks.size());
+  b.max_blocks = int32_t(max_blocks);
+  b.block_tables.assign(parts.size() * max_blocks, -1);
+  for (size_t s = 0; s < parts.size(); ++s) {
+    const Part& p = parts[s];
+    std::copy(p.a->kv.blocks.begin(), p.a->kv.blocks.end(), b.block_tables.begin() + int64_t(s * max_blocks));
+    for (int64_t i = 0; i < p.n; ++i) {
+      const int64_t pos = p.start + i;
+      if (p.wants_logits && i + 1 == p.n) b.logit_rows.push_back(int32_t(b.tokens.size()));
+      b.tokens.push_back(p.a->next >= 0 ? p.a->next : p.a->req->prompt[size_t(pos)]);
+      b.pos.push_back(int32_t(pos));
+      b.seq.push_back(int32_t(s));
+    }
+    b.ctx_len.push_back(int32_t(p.start + p.n));
+  }
+  logits_.resize(b.logit_rows.size() * size_t(V));
+  try {
+    model_.forward(b, logits_.data());
+  } catch (const std::exception& e) {
+    log_info("scheduler: forward failed: {}", e.what());
+    for (auto& p : parts) retire(*p.a, FinishReason::Error, fmt::format("internal error in the forward pass: {}", e.what()));
+    return;
+  }
+  steps_ += 1;
+
+  size_t row = 0;
+  for (auto& p : parts) {
+    Active& a = *p.a;
+    if (a.next >= 0) {
+      a.kv.length += 1;
+    } else {
+      a.prefilled += p.n;
+      a.kv.length = a.prefilled;
+    }
+    if (!p.wants_logits) continue;
+    const float* lr = logits_.data() + row++ * size_t(V);
+    Request& r = *a.req;
+    TokenEvent ev;
+    const float* sample_row = lr;
+    if (r.processing.active()) {
+      scratch_.assign(lr, lr + V);
+      apply_logit_processing(r.processing, r.prompt, a.generated, scratch_.data(), V);
+      sample_row = scratch_.data();
+    }
+    ev.id = a.sampler.sample(sample_row, V);
+    if (r.logprobs) compute_logprobs(lr, V, ev.id, r.top_logprobs, ev.logprob, ev.top);
+    a.generated.push_back(ev.id);
+    a.next = ev.id;
+    generated_tokens_ += 1;
+    const bool stop = std::find(r.stop_ids.begin(), r.stop_ids.end(), ev.id) != r.stop_ids.end();
+    r.push(std::move(ev));
+    // As generate(): the token is reported, then the request ends at a stop id, at max_tokens, or when the
+    // cache holds all the tokens it may (the last sampled token is never fed).
+    if (stop) retire(a, FinishReason::Stop);
+    else if (int64_t(a.generated.size()) >= r.max_tokens || a.kv.length >= a.limit) retire(a, FinishReason::Length);
+  }
+  running_.erase(std::remove_if(running_.begin(), running_.end(), [](auto& a) { return a->done; }), running_.end());
+  n_running_.store(int64_t(running_.size()));
+  kv_used_.store(pool_.n_blocks() - pool_.free_blocks());
+  busy_us_ += std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - t0).count();
+}
+
+}  // namespace arbor

@@ -1,0 +1,105 @@
+// Scheduler: continuous batching over one Model. One engine thread owns the model; requests join and
+// leave between steps. Each step carries one decode token per running request, then fills the rest of
+// the step's token budget (Model::max_step_tokens) with prefill chunks of admitted requests, oldest first.
+// Admission reserves a request's KV blocks for its whole length (prompt + max_tokens, clamped to the
+// context) up front, so a running request never waits for memory and never needs preemption.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/request.h"
+#include "kv/block_pool.h"
+#include "model/model.h"
+
+namespace arbor {
+
+struct SchedulerOptions {
+  int64_t max_batch = 8;   // requests decoding together at most
+  int64_t max_queue = 64;  // requests waiting for a slot or KV blocks at most; beyond that submit says QueueFull
+};
+
+enum class Admission : uint8_t {
+  Accepted,
+  NeverFits,     // needs more KV blocks than the pool has, or the prompt alone fills the context (message says which)
+  BadRequest,    // empty prompt, token outside the vocabulary (message says which)
+  QueueFull,     // saturated: retry later
+  ShuttingDown,
+};
+
+struct AdmissionResult {
+  Admission status = Admission::Accepted;
+  std::string message;  // for everything but Accepted: what and the numbers
+  bool context_exceeded = false;
+};
+
+struct SchedulerStats {
+  int64_t running = 0, waiting = 0;
+  int64_t kv_blocks_total = 0, kv_blocks_used = 0;
+  int64_t requests_admitted = 0, requests_finished = 0, requests_cancelled = 0, requests_rejected = 0;
+  int64_t prompt_tokens = 0, generated_tokens = 0, steps = 0;
+  double busy_seconds = 0;  // time spent inside forward + sampling
+};
+
+class Scheduler {
+ public:
+  // `model` and `pool` must outlive the scheduler; the pool must match the model's KV layout.
+  Scheduler(Model& model, BlockPool& pool, SchedulerOptions opt);
+  ~Scheduler();  // shutdown()
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues the request (its max_tokens is clamped to the context). Thread-safe. On anything but Accepted
+  // the request is not queued and nothing will be pushed to it.
+  AdmissionResult submit(const std::shared_ptr<Request>& r);
+  // Cancels everything queued or running (finish reason Cancelled) and stops the engine thread.
+  void shutdown();
+
+  SchedulerStats stats() const;
+  int64_t ctx_size() const { return model_.ctx_size(); }
+  int64_t vocab_size() const { return model_.config().vocab_size; }
+  const SchedulerOptions& options() const { return opt_; }
+
+ private:
+  struct Active {
+    std::shared_ptr<Request> req;
+    SequenceKV kv;
+    Sampler sampler;
+    int64_t limit = 0;      // tokens the sequence may hold (prompt + max_tokens, clamped to the context)
+    int64_t prefilled = 0;  // prompt tokens already in the cache
+    std::vector<int32_t> generated;
+    int32_t next = -1;      // sampled, not yet fed (-1 while prefilling)
+    bool done = false;      // retired; removed from running_ at the end of the pass
+  };
+
+  void loop();
+  void admit_locked();
+  void step();
+  void retire(Active& a, FinishReason r, const std::string& error = {});
+
+  Model& model_;
+  BlockPool& pool_;
+  SchedulerOptions opt_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Request>> waiting_;  // guarded by mu_
+  bool stopping_ = false;                         // guarded by mu_
+  std::vector<std::unique_ptr<Active>> running_;  // engine thread only
+  std::atomic<int64_t> n_running_{0}, kv_used_{0};
+  std::atomic<int64_t> admitted_{0}, finished_{0}, cancelled_{0}, rejected_{0}, prompt_tokens_{0}, generated_tokens_{0}, steps_{0};
+  std::atomic<int64_t> busy_us_{0};
+
+  std::vector<float> logits_;   // [rows, vocab]
+  std::vector<float> scratch_;  // [vocab] one processed row
+  std::mutex join_mu_;
+  std::thread thread_;
+};
+
+}  // namespace arbor

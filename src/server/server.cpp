@@ -1,0 +1,165 @@
+// Routing, auth, /health, /v1/models, /metrics, and the response helpers.
+#include "server/server.h"
+
+#include <chrono>
+#include <random>
+
+#include "core/log.h"
+#include "server/api_error.h"
+#include "server/routes.h"
+
+namespace arbor::server {
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+void send_json(http::ResponseWriter& w, int status, const json& j) { w.send(status, "application/json", dump(j)); }
+
+std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
+
+std::string sse_event(const std::string& name, const json& j) { return "event: " + name + "\ndata: " + dump(j) + "\n\n"; }
+
+std::string token_text(const ServerContext& ctx, int32_t id) { return ctx.tok->decode(std::span<const int32_t>(&id, 1), false); }
+
+json token_logprob_json(const ServerContext& ctx, const TokenLogprob& t, bool with_top, const std::vector<TokenLogprob>& top) {
+  auto one = [&](const TokenLogprob& x) {
+    std::string s = token_text(ctx, x.id);
+    json bytes = json::array();
+    for (unsigned char c : s) bytes.push_back(int(c));
+    return json{{"token", s}, {"logprob", x.logprob}, {"bytes", bytes}};
+  };
+  json j = one(t);
+  if (with_top) {
+    json alts = json::array();
+    for (const auto& a : top) alts.push_back(one(a));
+    j["top_logprobs"] = alts;
+  }
+  return j;
+}
+
+std::string random_id(const std::string& prefix) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  static const char* kAlnum = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  std::string id = prefix;
+  for (int i = 0; i < 24; ++i) id += kAlnum[rng() % 62];
+  return id;
+}
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+void handle_models(ServerContext& ctx, const http::Request& req, http::ResponseWriter& w) {
+  json m = {{"id", ctx.model_id}, {"object", "model"}, {"created", ctx.created}, {"owned_by", "arbor"},
+            {"context_window", ctx.ctx_size}, {"max_model_len", ctx.ctx_size},
+            {"reasoning", ctx.chat_format.reasoning}, {"vision", false}};
+  const std::string prefix = "/v1/models/";
+  if (req.path.rfind(prefix, 0) == 0) {
+    std::string id = req.path.substr(prefix.size());
+    if (id != ctx.model_id) throw ApiError(404, fmt::format("model '{}' not found; this server serves '{}'", id.substr(0, 200), ctx.model_id),
+                                           "model", "model_not_found");
+    send_json(w, 200, m);
+    return;
+  }
+  send_json(w, 200, {{"object", "list"}, {"data", json::array({m})}});
+}
+
+void handle_metrics(ServerContext& ctx, const http::Request&, http::ResponseWriter& w) {
+  SchedulerStats s = ctx.scheduler->stats();
+  std::string out;
+  auto metric = [&](const char* name, const char* type, const char* help, double v) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, v);
+  };
+  out += "# HELP arbor_http_requests_total HTTP requests by route and status.\n# TYPE arbor_http_requests_total counter\n";
+  {
+    std::lock_guard<std::mutex> lk(ctx.metrics.mu);
+    for (const auto& [k, n] : ctx.metrics.requests)
+      out += fmt::format("arbor_http_requests_total{{route=\"{}\",status=\"{}\"}} {}\n", k.first, k.second, n);
+  }
+  metric("arbor_requests_running", "gauge", "Sequences in the running batch.", double(s.running));
+  metric("arbor_requests_waiting", "gauge", "Sequences waiting for a batch slot or KV blocks (queue depth).", double(s.waiting));
+  metric("arbor_kv_blocks_total", "gauge", "KV cache blocks in the pool.", double(s.kv_blocks_total));
+  metric("arbor_kv_blocks_used", "gauge", "KV cache blocks held by sequences.", double(s.kv_blocks_used));
+  metric("arbor_kv_usage_ratio", "gauge", "Fraction of KV blocks in use.",
+         s.kv_blocks_total ? double(s.kv_blocks_used) / double(s.kv_blocks_total) : 0.0);
+  metric("arbor_sequences_admitted_total", "counter", "Sequences admitted to the batch.", double(s.requests_admitted));
+  metric("arbor_sequences_finished_total", "counter", "Sequences finished (any reason).", double(s.requests_finished));
+  metric("arbor_sequences_cancelled_total", "counter", "Sequences cancelled (stop string, client gone, shutdown).", double(s.requests_cancelled));
+  metric("arbor_sequences_rejected_total", "counter", "Sequences refused at admission (too large, queue full).", double(s.requests_rejected));
+  metric("arbor_prompt_tokens_total", "counter", "Prompt tokens prefilled.", double(s.prompt_tokens));
+  metric("arbor_generation_tokens_total", "counter", "Tokens generated.", double(s.generated_tokens));
+  metric("arbor_engine_steps_total", "counter", "Forward steps run.", double(s.steps));
+  metric("arbor_engine_busy_seconds_total", "counter", "Seconds spent in forward and sampling.", s.busy_seconds);
+  metric("arbor_prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from the prefix cache.", double(ctx.metrics.cached_tokens.load()));
+  metric("arbor_client_disconnects_total", "counter", "Requests cancelled because the client went away.", double(ctx.metrics.cancelled_by_client.load()));
+  int64_t tc = ctx.metrics.ttft_count.load();
+  metric("arbor_time_to_first_token_seconds_sum", "counter", "Sum of time to first token.", double(ctx.metrics.ttft_us_sum.load()) * 1e-6);
+  metric("arbor_time_to_first_token_seconds_count", "counter", "Requests with a first token.", double(tc));
+  w.send(200, "text/plain; version=0.0.4; charset=utf-8", out);
+}
+
+ApiServer::ApiServer(ServerContext& ctx, http::ServerOptions opt)
+    : ctx_(ctx), http_(std::move(opt), [this](const http::Request& r, http::ResponseWriter& w) { handle(r, w); }) {}
+
+void ApiServer::handle(const http::Request& req, http::ResponseWriter& w) {
+  std::string route = req.path;
+  const bool is_post = req.method == "POST", is_get = req.method == "GET" || req.method == "HEAD";
+  enum class R { None, Chat, Completions, Messages, Models, Health, Metrics, Root } r = R::None;
+  if (req.path == "/v1/chat/completions" || req.path == "/chat/completions") r = R::Chat;
+  else if (req.path == "/v1/completions" || req.path == "/completions") r = R::Completions;
+  else if (req.path == "/v1/messages") r = R::Messages;
+  else if (req.path == "/v1/models" || req.path.rfind("/v1/models/", 0) == 0) r = R::Models;
+  else if (req.path == "/health" || req.path == "/v1/health") r = R::Health;
+  else if (req.path == "/metrics") r = R::Metrics;
+  else if (req.path == "/") r = R::Root;
+  if (r == R::Models) route = "/v1/models";
+  if (r == R::None) route = "other";
+  const bool anthropic = r == R::Messages;
+  auto error = [&](const ApiError& e) {
+    if (w.started()) return;
+    if (anthropic) {
+      // Anthropic's shape: {"type":"error","error":{"type","message"}}
+      const char* t = e.status == 429 ? "rate_limit_error" : e.status == 404 ? "not_found_error" : e.status == 401 ? "authentication_error"
+                      : e.status == 413 ? "request_too_large" : e.status >= 500 ? "api_error" : "invalid_request_error";
+      send_json(w, e.status, {{"type", "error"}, {"error", {{"type", t}, {"message", e.what()}}}});
+    } else {
+      w.send(e.status, "application/json", http::error_body(e.what(), e.type, e.param, e.code));
+    }
+  };
+  try {
+    if (r == R::None) throw ApiError(404, fmt::format("no route for {} {}", req.method.substr(0, 16), req.path.substr(0, 200)), "", "not_found");
+    const bool want_post = r == R::Chat || r == R::Completions || r == R::Messages;
+    if ((want_post && !is_post) || (!want_post && !is_get))
+      throw ApiError(405, fmt::format("{} does not accept {}; use {}", req.path, req.method.substr(0, 16), want_post ? "POST" : "GET"));
+    if (!ctx_.api_key.empty() && req.path.rfind("/v1/", 0) == 0) {
+      std::string auth = req.header("authorization"), xkey = req.header("x-api-key");
+      if (auth != "Bearer " + ctx_.api_key && xkey != ctx_.api_key)
+        throw ApiError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')", "", "invalid_api_key", "authentication_error");
+    }
+    if (!ctx_.ready.load() && r != R::Health && r != R::Metrics && r != R::Root)
+      throw ApiError(503, "the model is still loading", "", "model_loading", "server_error");
+    switch (r) {
+      case R::Chat: handle_chat_completions(ctx_, req, w); break;
+      case R::Completions: handle_completions(ctx_, req, w); break;
+      case R::Messages: handle_messages(ctx_, req, w); break;
+      case R::Models: handle_models(ctx_, req, w); break;
+      case R::Metrics: handle_metrics(ctx_, req, w); break;
+      case R::Health:
+        if (ctx_.ready.load()) send_json(w, 200, {{"status", "ok"}});
+        else send_json(w, 503, {{"status", "loading"}});
+        break;
+      case R::Root:
+        w.send(200, "text/plain; charset=utf-8", fmt::format("arbor is serving {} (OpenAI API at /v1, Anthropic at /v1/messages)\n", ctx_.model_id));
+        break;
+      case R::None: break;
+    }
+  } catch (const ApiError& e) {
+    if (e.status >= 500) log_info("server: {} {}: {} {}", req.method, req.path, e.status, e.what());
+    error(e);
+  } catch (const std::exception& e) {
+    log_info("server: {} {}: internal error: {}", req.method, req.path, e.what());
+    error(ApiError(500, fmt::format("internal error: {}", e.what()), "", "internal_error", "server_error"));
+  }
+  ctx_.metrics.count(route, w.started() ? w.status() : 0);
+}
+
+}  // namespace arbor::server
