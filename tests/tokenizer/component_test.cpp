@@ -302,3 +302,32 @@ TEST(TokenizerConfig, BosEosFromTokenizerConfig) {
 
 }  // namespace
 }  // namespace arbor::test
+
+namespace arbor::test {
+namespace {
+
+// Literal patterns (searched with string find) against the same text escaped and run through PCRE2.
+TEST(Regex, LiteralMatchesEscapedRegexOnRandomText) {
+  std::mt19937 rng(31);
+  auto pick = [&](size_t n) {
+    std::string s;
+    for (size_t i = 0; i < n; ++i) {
+      size_t k = rng() % 6;
+      s += k == 4 ? std::string("\xE2\x96\x81") : std::string(1, "ab.* "[k == 5 ? 4 : k]);
+    }
+    return s;
+  };
+  for (int iter = 0; iter < 500; ++iter) {
+    std::string lit = pick(1 + rng() % 3), text = pick(rng() % 30);
+    std::vector<std::pair<size_t, size_t>> a, b;
+    Regex::literal(lit).find_all(text, a);
+    Regex(regex_escape(lit), "test").find_all(text, b);
+    ASSERT_EQ(a, b) << "'" << lit << "' in '" << text << "'";
+  }
+  std::vector<std::pair<size_t, size_t>> none;
+  Regex::literal("").find_all("abc", none);
+  EXPECT_TRUE(none.empty());
+}
+
+}  // namespace
+}  // namespace arbor::test

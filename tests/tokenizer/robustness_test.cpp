@@ -1,7 +1,9 @@
 // Untrusted input never crashes the tokenizer: random bytes, huge runs, malformed tokenizer.json text.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <random>
+#include <thread>
 
 #include "core/error.h"
 #include "text/tokenizer/json_scan.h"
@@ -86,6 +88,32 @@ TEST(Robustness, MalformedTokenizerJson) {
     }
   }
   EXPECT_GT(errors, 20);
+}
+
+}  // namespace
+}  // namespace arbor::test
+
+namespace arbor::test {
+namespace {
+
+// encode() is const and shared by server threads: concurrent encodes (sharing the word cache and the
+// per-thread regex match data) give the single-threaded ids.
+TEST(Robustness, ConcurrentEncodeMatchesSerial) {
+  const Tokenizer* tok = load_tokenizer("qwen3");
+  ASSERT_NE(tok, nullptr);
+  auto corpus = load_corpus();
+  std::vector<std::vector<int32_t>> serial;
+  for (auto& s : corpus) serial.push_back(tok->encode(s));
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 3; ++round)
+        for (size_t i = (t * 37) % corpus.size(), k = 0; k < corpus.size(); ++k, i = (i + 1) % corpus.size())
+          if (tok->encode(corpus[i]) != serial[i]) ++mismatches;
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0);
 }
 
 }  // namespace

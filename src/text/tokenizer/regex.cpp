@@ -91,6 +91,12 @@ Regex::Regex(const std::string& pattern, const std::string& where) : impl_(std::
   impl_->jit = pcre2_jit_compile(impl_->code, PCRE2_JIT_COMPLETE) == 0;
 }
 
+Regex Regex::literal(std::string_view text) {
+  Regex r;
+  r.pattern_ = std::string(text);
+  return r;
+}
+
 Regex::Regex(Regex&&) noexcept = default;
 Regex& Regex::operator=(Regex&&) noexcept = default;
 Regex::~Regex() = default;
@@ -104,6 +110,12 @@ struct MatchData {
 }  // namespace
 
 void Regex::find_all(std::string_view s, std::vector<std::pair<size_t, size_t>>& out) const {
+  if (!impl_) {
+    if (pattern_.empty()) return;
+    for (size_t p = s.find(pattern_); p != std::string_view::npos; p = s.find(pattern_, p + pattern_.size()))
+      out.emplace_back(p, p + pattern_.size());
+    return;
+  }
   thread_local MatchData tmd;
   auto subject = reinterpret_cast<PCRE2_SPTR>(s.data());
   size_t pos = 0;
@@ -130,7 +142,7 @@ void Regex::find_all(std::string_view s, std::vector<std::pair<size_t, size_t>>&
 
 Regex make_pattern_regex(const json& pattern, const std::string& where) {
   ARBOR_CHECK(pattern.is_object(), "tokenizer: {}: pattern must be an object {{\"String\"|\"Regex\": ...}}", where);
-  if (pattern.contains("String")) return Regex(regex_escape(pattern["String"].get<std::string>()), where);
+  if (pattern.contains("String")) return Regex::literal(pattern["String"].get<std::string>());
   if (pattern.contains("Regex")) return Regex(pattern["Regex"].get<std::string>(), where);
   fail("tokenizer: {}: pattern has neither \"String\" nor \"Regex\": {}", where, pattern.dump());
 }

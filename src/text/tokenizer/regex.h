@@ -15,6 +15,10 @@ class Regex {
  public:
   // Compiles `pattern` (as written in tokenizer.json); throws arbor::Error naming `where` on bad syntax.
   Regex(const std::string& pattern, const std::string& where);
+  // A pattern that matches `text` literally, searched without PCRE2 (Split/Replace "String" patterns).
+  // An empty literal matches nothing, as in the reference.
+  static Regex literal(std::string_view text);
+
   Regex(Regex&&) noexcept;
   Regex& operator=(Regex&&) noexcept;
   ~Regex();
@@ -29,8 +33,9 @@ class Regex {
 
  private:
   struct Impl;
-  std::unique_ptr<Impl> impl_;
-  std::string pattern_;
+  Regex() = default;
+  std::unique_ptr<Impl> impl_;  // null for a literal
+  std::string pattern_;         // the literal text, for a literal
 };
 
 // Escapes s so that it matches literally (Split with a String pattern).
