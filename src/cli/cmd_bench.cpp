@@ -1,7 +1,9 @@
 // `arbor bench`: prefill and decode speed of a model (usually --dummy-weights with a real config),
-// with the hardware ceiling measured in the same run (CPU: read bandwidth) and decode's fraction of it.
+// with the hardware ceiling measured in the same run (CPU: read bandwidth; CUDA: device copy bandwidth
+// and the cuBLAS bf16 GEMM rate) and each figure's fraction of it.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 
 #include "backend/cpu/bandwidth.h"
@@ -10,15 +12,163 @@
 #include "cli/verb.h"
 #include "core/error.h"
 #include "engine/generate.h"
+#ifdef ARBOR_HAS_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 namespace arbor::cli {
 namespace {
+
+#ifdef ARBOR_HAS_CUDA
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// FLOPs of one forward over `n` new tokens at positions [start, start + n): 2 per weight per token for
+// every matmul weight (the embedding is a gather; the LM head runs for `logit_rows` rows only), plus
+// attention's q·k and p·v (2 + 2 per head_dim per visible key).
+double forward_flops(const Model& m, int64_t start, int64_t n, int64_t logit_rows) {
+  const ModelConfig& c = m.config();
+  const double embed = double(c.vocab_size) * double(c.hidden_size);
+  const double body = double(m.parameter_count()) - embed * (c.tie_word_embeddings ? 1.0 : 2.0);
+  double keys = 0;
+  for (int64_t p = start; p < start + n; ++p) keys += double(c.sliding_window > 0 ? std::min<int64_t>(p + 1, c.sliding_window) : p + 1);
+  return 2.0 * body * double(n) + 2.0 * embed * double(logit_rows) + 4.0 * double(c.n_heads * c.head_dim * c.n_layers) * keys;
+}
+
+// --device cuda: ceilings first, then prefill (512, 2048, 8192 tokens), batch-1 decode at contexts 512
+// and 8192, and decode at batch 8, 32, 64 (context 512 each). Every figure with its fraction of the
+// roofline: decode against the bytes a step must read at the measured copy bandwidth, prefill against
+// the measured cuBLAS bf16 rate.
+int bench_cuda(const Args& a) {
+  const int64_t steps = a.get_int("decode-tokens", 64);
+  const int reps = int(a.get_int("reps", 3));
+  if (steps < 1 || reps < 1) fail("arguments: --decode-tokens and --reps must be >= 1");
+  const std::vector<int64_t> prefills = {512, 2048, 8192}, batches = {8, 32, 64};
+  const int64_t batch_ctx = 512, long_ctx = 8192;
+  LoadOptions opt;
+  opt.model_dir = a.get_or("model", "");
+  opt.config_path = a.get_or("config", "");
+  opt.dummy_weights = a.has("dummy-weights");
+  if (opt.model_dir.empty() && opt.config_path.empty()) fail("arguments: --model DIR (or --config FILE with --dummy-weights) is required");
+  if (!opt.dummy_weights && opt.model_dir.empty()) fail("arguments: --config FILE needs --dummy-weights (no checkpoint to read)");
+  opt.ctx_size = long_ctx + steps + 16;
+  opt.max_step_tokens = long_ctx;
+  opt.block_size = 16;
+  const int64_t per_seq = (batch_ctx + steps + 16 + 15) / 16;
+  opt.kv_blocks = std::max<int64_t>(batches.back() * per_seq, (opt.ctx_size + 15) / 16) + 8;
+  auto backend = make_cuda_backend(0);
+  auto t0 = Clock::now();
+  Model m(opt, *backend);
+  const double load_s = seconds_since(t0);
+  const ModelConfig& c = m.config();
+  std::printf("model      %s\n", c.summary().c_str());
+  std::printf("backend    %s\n", backend->name().c_str());
+  std::printf("weights    %.3f GB (%s), loaded in %.2f s%s\n", double(m.weight_bytes()) * 1e-9, m.weight_dtypes().c_str(), load_s,
+              opt.dummy_weights ? " (dummy weights generated on the host)" : "");
+  const double bw = cuda_measure_copy_bandwidth(), gemm = cuda_measure_bf16_gemm_rate(8192);
+  std::printf("ceilings   copy %.1f GB/s (read + write, measured now); cuBLAS bf16 GEMM 8192^3 %.1f TFLOP/s (random data)\n", bw * 1e-9,
+              gemm * 1e-12);
+
+  const int64_t V = c.vocab_size;
+  const uint64_t embed_bytes = uint64_t(c.vocab_size * c.hidden_size) * (m.weight_bytes() / std::max<uint64_t>(1, m.parameter_count()));
+  const uint64_t weight_step_bytes = m.weight_bytes() - (c.tie_word_embeddings ? 0 : embed_bytes);
+  const double kv_token_bytes = double(backend->kv_layout().bytes_per_token(backend->kv_dtype()));
+  BlockPool pool(backend->kv_layout().n_blocks, backend->kv_layout().block_size);
+  std::vector<float> logits;
+  struct Row {
+    std::string what;
+    double value, fraction;
+    std::string unit, note;
+  };
+  std::vector<Row> rows;
+  auto ids_for = [&](int64_t n, int64_t salt) {
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) ids[size_t(i)] = int32_t((i * 7919 + 13 + salt * 104729) % V);
+    return ids;
+  };
+  auto forward = [&](const BatchInfo& b) {
+    logits.resize(b.logit_rows.size() * size_t(V));
+    m.forward(b, logits.data());
+  };
+
+  // Prefill: one forward over the whole prompt (median of reps after one warm-up).
+  for (int64_t P : prefills) {
+    SequenceKV seq;
+    if (!seq.reserve(pool, P)) fail("bench: {} tokens need more KV blocks than the pool's {}", P, pool.free_blocks());
+    BatchInfo b = make_batch({ids_for(P, 1)}, {0}, {&seq}, false);
+    forward(b);
+    std::vector<double> t;
+    for (int r = 0; r < reps; ++r) {
+      auto s0 = Clock::now();
+      forward(b);
+      t.push_back(seconds_since(s0));
+    }
+    std::sort(t.begin(), t.end());
+    const double sec = t[t.size() / 2], flops = forward_flops(m, 0, P, 1);
+    rows.push_back({fmt::format("prefill {}", P), double(P) / sec, flops / sec / gemm, "tok/s",
+                    fmt::format("{:.1f} TFLOP/s, {:.1f} ms", flops / sec * 1e-12, sec * 1e3)});
+    seq.release(pool);
+  }
+
+  // Decode: `steps` timed steps (after 4 warm-up steps) over sequences already prefilled to ctx.
+  auto decode = [&](int64_t B, int64_t ctx) {
+    std::vector<SequenceKV> seqs(static_cast<size_t>(B));
+    for (auto& s : seqs)
+      if (!s.reserve(pool, ctx + steps + 8)) fail("bench: batch {} at context {} needs more KV blocks than the pool has", B, ctx);
+    const int64_t per_chunk = std::max<int64_t>(1, long_ctx / ctx);
+    for (int64_t s0 = 0; s0 < B; s0 += per_chunk) {  // prefill, several sequences per forward
+      std::vector<std::vector<int32_t>> toks;
+      std::vector<int64_t> start;
+      std::vector<const SequenceKV*> kv;
+      for (int64_t s = s0; s < std::min(B, s0 + per_chunk); ++s) toks.push_back(ids_for(ctx, s)), start.push_back(0), kv.push_back(&seqs[size_t(s)]);
+      forward(make_batch(toks, start, kv, false));
+    }
+    for (auto& s : seqs) s.length = ctx;
+    std::vector<int32_t> next(static_cast<size_t>(B), 1);
+    double timed = 0;
+    for (int64_t i = 0; i < steps + 4; ++i) {
+      std::vector<std::vector<int32_t>> toks;
+      std::vector<int64_t> start;
+      std::vector<const SequenceKV*> kv;
+      for (int64_t s = 0; s < B; ++s) toks.push_back({next[size_t(s)]}), start.push_back(seqs[size_t(s)].length), kv.push_back(&seqs[size_t(s)]);
+      BatchInfo b = make_batch(toks, start, kv, false);
+      auto s0 = Clock::now();
+      forward(b);
+      if (i >= 4) timed += seconds_since(s0);
+      for (int64_t s = 0; s < B; ++s) {
+        next[size_t(s)] = argmax(logits.data() + s * V, V);
+        seqs[size_t(s)].length += 1;
+      }
+    }
+    for (auto& s : seqs) s.release(pool);
+    const double step_s = timed / double(steps), mid = double(ctx) + double(steps) / 2 + 4;
+    const double bytes = double(weight_step_bytes) + double(B) * mid * kv_token_bytes;
+    rows.push_back({fmt::format("decode b={} ctx={}", B, ctx), double(B) / step_s, bytes / step_s / bw, "tok/s",
+                    fmt::format("{:.2f} ms/step, {:.0f} MB/step, roofline {:.1f} tok/s", step_s * 1e3, bytes * 1e-6, double(B) * bw / bytes)});
+  };
+  decode(1, batch_ctx);
+  decode(1, long_ctx);
+  for (int64_t B : batches) decode(B, batch_ctx);
+
+  std::printf("\n%-22s %12s %9s  %s\n", "measurement", "value", "roofline", "detail (decode: fraction of copy bw; prefill: of cuBLAS rate)");
+  for (auto& r : rows)
+    std::printf("%-22s %8.1f %-5s %7.1f%%  %s\n", r.what.c_str(), r.value, r.unit.c_str(), 100.0 * r.fraction, r.note.c_str());
+  return 0;
+}
+#endif
 
 
 int cmd_bench(const std::vector<std::string>& args) {
   auto vf = model_value_flags();
   vf.insert({"prompt-tokens", "decode-tokens", "chunk", "reps"});
   Args a(args, vf, model_bool_flags());
+  if (a.get_or("device", "cpu") == "cuda") {
+#ifdef ARBOR_HAS_CUDA
+    return bench_cuda(a);
+#else
+    fail("arguments: --device cuda: this build has no CUDA backend (configure with nvcc available)");
+#endif
+  }
   const int64_t prompt = a.get_int("prompt-tokens", 128);
   const int64_t decode = a.get_int("decode-tokens", 32);
   const int64_t chunk = a.get_int("chunk", 128);

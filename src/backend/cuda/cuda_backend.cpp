@@ -1,15 +1,463 @@
-// Placeholder until the CUDA backend lands: reports that this build cannot run on CUDA yet.
+// CudaBackend: device memory, weight upload through pinned staging, per-batch metadata, and the op
+// dispatch to the kernels (kernels.h) and cuBLASLt (gemm.h). Host-side checks mirror the CPU's.
 #include "backend/cuda/cuda_backend.h"
 
+#include <algorithm>
+#include <cstring>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/kernels.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace arbor {
 
+using namespace cuda;
+
+namespace {
+cudaStream_t st(CUstream_st* s) { return s; }
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLASLt workspace
+constexpr size_t kStageBytes = size_t(64) << 20;      // one pinned staging buffer (weights)
+constexpr int kStageSlots = 2;                        // double-buffered: fill one while the other copies
+constexpr int kMetaSlots = 4;                         // per-batch metadata staging ring
+}  // namespace
+
+// One device allocation; freed in the destructor (which never throws).
+struct CudaBackend::Alloc {
+  void* p = nullptr;
+  ~Alloc() {
+    if (p) cudaFree(p);
+  }
+};
+
+// Pinned host buffers with an event each: a buffer is refilled only after its last copy finished.
+struct CudaBackend::Staging {
+  void* weight[kStageSlots] = {};
+  cudaEvent_t weight_done[kStageSlots] = {};
+  int next_weight = 0;
+  void* meta[kMetaSlots] = {};
+  size_t meta_cap = 0;
+  cudaEvent_t meta_done[kMetaSlots] = {};
+  int next_meta = 0;
+  ~Staging() {
+    for (int i = 0; i < kStageSlots; ++i) {
+      if (weight_done[i]) cudaEventSynchronize(weight_done[i]), cudaEventDestroy(weight_done[i]);
+      if (weight[i]) cudaFreeHost(weight[i]);
+    }
+    for (int i = 0; i < kMetaSlots; ++i) {
+      if (meta_done[i]) cudaEventSynchronize(meta_done[i]), cudaEventDestroy(meta_done[i]);
+      if (meta[i]) cudaFreeHost(meta[i]);
+    }
+  }
+};
+
 bool cuda_device_available(std::string* why) {
-  if (why) *why = "the CUDA backend is not implemented in this build yet";
-  return false;
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    if (why) *why = fmt::format("no usable CUDA driver/device: {} ({})", cudaGetErrorString(e), cudaGetErrorName(e));
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return false;
+  }
+  if (n == 0) {
+    if (why) *why = "the CUDA driver reports no device";
+    return false;
+  }
+  return true;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int) { fail("cuda: the CUDA backend is not implemented in this build yet"); }
+std::unique_ptr<Backend> make_cuda_backend(int index) { return std::make_unique<CudaBackend>(index); }
+
+CudaBackend::CudaBackend(int device) : device_(device), staging_(std::make_unique<Staging>()) {
+  std::string why;
+  if (!cuda_device_available(&why)) fail("cuda: cannot create the backend on device {}: {}", device, why);
+  ARBOR_CUDA_CHECK(cudaSetDevice(device));
+  cudaDeviceProp prop{};
+  ARBOR_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  n_sms_ = prop.multiProcessorCount;
+  device_name_ = fmt::format("{} (sm_{}{}, {} SMs, {:.0f} GiB)", prop.name, prop.major, prop.minor, n_sms_,
+                             double(prop.totalGlobalMem) / double(1 << 30));
+  cudaStream_t s;
+  ARBOR_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  stream_ = s;
+  cublasLtHandle_t lt;
+  ARBOR_CUBLAS_CHECK(cublasLtCreate(&lt));
+  lt_ = lt;
+  workspace_ = device_alloc(kWorkspaceBytes);
+  workspace_bytes_ = kWorkspaceBytes;
+  for (int i = 0; i < kStageSlots; ++i) {
+    ARBOR_CUDA_CHECK(cudaMallocHost(&staging_->weight[i], kStageBytes));
+    ARBOR_CUDA_CHECK(cudaEventCreateWithFlags(&staging_->weight_done[i], cudaEventDisableTiming));
+  }
+  for (int i = 0; i < kMetaSlots; ++i) ARBOR_CUDA_CHECK(cudaEventCreateWithFlags(&staging_->meta_done[i], cudaEventDisableTiming));
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_) cudaStreamSynchronize(stream_);
+  staging_.reset();
+  owned_.clear();
+  if (lt_) cublasLtDestroy(lt_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+std::string CudaBackend::name() const { return fmt::format("cuda {}: {}", device_, device_name_); }
+
+void* CudaBackend::device_alloc(size_t bytes) {
+  auto a = std::make_unique<Alloc>();
+  cudaError_t e = cudaMalloc(&a->p, std::max<size_t>(bytes, 256));
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    fail("cuda: cudaMalloc of {:.1f} MiB failed: {} ({:.1f} of {:.1f} GiB free)", double(bytes) / (1 << 20), cudaGetErrorString(e),
+         double(free_b) / double(1 << 30), double(total_b) / double(1 << 30));
+  }
+  void* p = a->p;
+  owned_.push_back(std::move(a));
+  return p;
+}
+
+void CudaBackend::ensure(void*& buf, size_t& cap, size_t bytes) {
+  if (bytes <= cap) return;
+  ARBOR_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old buffer may still be in use
+  for (auto it = owned_.begin(); it != owned_.end(); ++it)
+    if ((*it)->p == buf && buf) {
+      owned_.erase(it);
+      break;
+    }
+  cap = std::max(bytes, cap * 2);
+  buf = device_alloc(cap);
+}
+
+Tensor CudaBackend::alloc(DType t, std::initializer_list<int64_t> shape) {
+  Tensor x(nullptr, t, shape, Device::CUDA);
+  x.data = device_alloc(x.nbytes());
+  return x;
+}
+
+// Host bytes -> device through the pinned buffers: memcpy (or f32->bf16 conversion) into one buffer
+// while the other one's DMA runs.
+void CudaBackend::stage_copy(void* dst, const void* src, size_t bytes, bool f32_to_bf16) {
+  const size_t in_unit = f32_to_bf16 ? 4 : 1, out_unit = f32_to_bf16 ? 2 : 1;
+  const size_t total_in = bytes;  // source bytes
+  const size_t step_in = kStageBytes / out_unit * in_unit / 4 * 4;
+  for (size_t off = 0; off < total_in; off += step_in) {
+    const size_t n_in = std::min(step_in, total_in - off);
+    Staging& s = *staging_;
+    const int slot = s.next_weight;
+    s.next_weight = (slot + 1) % kStageSlots;
+    ARBOR_CUDA_CHECK(cudaEventSynchronize(s.weight_done[slot]));
+    const char* from = static_cast<const char*>(src) + off;
+    size_t n_out = n_in;
+    if (f32_to_bf16) {
+      const float* f = reinterpret_cast<const float*>(from);
+      uint16_t* o = static_cast<uint16_t*>(s.weight[slot]);
+      for (size_t i = 0; i < n_in / 4; ++i) o[i] = arbor::f32_to_bf16(f[i]);
+      n_out = n_in / 2;
+    } else {
+      std::memcpy(s.weight[slot], from, n_in);
+    }
+    char* to = static_cast<char*>(dst) + off / in_unit * out_unit;
+    ARBOR_CUDA_CHECK(cudaMemcpyAsync(to, s.weight[slot], n_out, cudaMemcpyHostToDevice, st(stream_)));
+    ARBOR_CUDA_CHECK(cudaEventRecord(s.weight_done[slot], st(stream_)));
+  }
+}
+
+Tensor CudaBackend::load_weight(const Tensor& host) {
+  ARBOR_CHECK(host.dtype == DType::F32 || host.dtype == DType::BF16 || host.dtype == DType::F16,
+              "cuda: weight {} has dtype {}; supported: F32, BF16, F16", host.shape_str(), dtype_name(host.dtype));
+  if (host.ndim <= 1) {  // norm weights and biases: f32, so the ops never convert per element
+    std::vector<float> f(size_t(host.numel()));
+    for (size_t i = 0; i < f.size(); ++i)
+      f[i] = host.dtype == DType::F32    ? host.as<float>()[i]
+             : host.dtype == DType::BF16 ? bf16_to_f32(host.as<uint16_t>()[i])
+                                         : f16_to_f32(host.as<uint16_t>()[i]);
+    return upload_table(f, {host.numel()});
+  }
+  Tensor out = host;
+  out.device = Device::CUDA;
+  out.dtype = host.dtype == DType::F16 ? DType::F16 : DType::BF16;
+  out.data = device_alloc(out.nbytes());
+  stage_copy(out.data, host.data, host.nbytes(), host.dtype == DType::F32);
+  return out;
+}
+
+void CudaBackend::alloc_kv(const KVLayout& layout) {
+  ARBOR_CHECK(layout.head_dim == 64 || layout.head_dim == 128 || layout.head_dim == 256,
+              "cuda: head_dim {} is not supported by the attention kernels (64, 128, 256)", layout.head_dim);
+  kv_ = layout;
+  const size_t per_layer = size_t(layout.n_blocks * layout.block_size * layout.n_kv_heads * layout.head_dim) * 2;
+  k_pools_.clear(), v_pools_.clear();
+  for (int64_t l = 0; l < layout.n_layers; ++l) {
+    k_pools_.push_back(device_alloc(per_layer));
+    v_pools_.push_back(device_alloc(per_layer));
+    ARBOR_CUDA_CHECK(cudaMemsetAsync(k_pools_.back(), 0, per_layer, st(stream_)));
+    ARBOR_CUDA_CHECK(cudaMemsetAsync(v_pools_.back(), 0, per_layer, st(stream_)));
+  }
+}
+
+Tensor CudaBackend::k_pool(int64_t layer) const {
+  return Tensor(k_pools_.at(size_t(layer)), DType::BF16, {kv_.n_blocks, kv_.block_size, kv_.n_kv_heads, kv_.head_dim}, Device::CUDA);
+}
+Tensor CudaBackend::v_pool(int64_t layer) const {
+  return Tensor(v_pools_.at(size_t(layer)), DType::BF16, {kv_.n_blocks, kv_.block_size, kv_.n_kv_heads, kv_.head_dim}, Device::CUDA);
+}
+
+// Host ints -> the device buffer `dev`, through the next pinned metadata slot.
+void CudaBackend::upload_meta(const std::vector<int32_t>& host, void*& dev, size_t& cap) {
+  const size_t bytes = host.size() * sizeof(int32_t);
+  if (bytes == 0) return;
+  ensure(dev, cap, bytes);
+  Staging& s = *staging_;
+  if (bytes > s.meta_cap) {
+    ARBOR_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (int i = 0; i < kMetaSlots; ++i) {
+      if (s.meta[i]) ARBOR_CUDA_CHECK(cudaFreeHost(s.meta[i]));
+      s.meta[i] = nullptr;
+    }
+    s.meta_cap = std::max(bytes, s.meta_cap * 2);
+    for (int i = 0; i < kMetaSlots; ++i) ARBOR_CUDA_CHECK(cudaMallocHost(&s.meta[i], s.meta_cap));
+  }
+  const int slot = s.next_meta;
+  s.next_meta = (slot + 1) % kMetaSlots;
+  ARBOR_CUDA_CHECK(cudaEventSynchronize(s.meta_done[slot]));
+  std::memcpy(s.meta[slot], host.data(), bytes);
+  ARBOR_CUDA_CHECK(cudaMemcpyAsync(dev, s.meta[slot], bytes, cudaMemcpyHostToDevice, st(stream_)));
+  ARBOR_CUDA_CHECK(cudaEventRecord(s.meta_done[slot], st(stream_)));
+}
+
+const BatchInfo& CudaBackend::batch() const {
+  ARBOR_CHECK(batch_, "cuda: an op ran before begin_batch");
+  return *batch_;
+}
+
+void CudaBackend::begin_batch(const BatchInfo& b) {
+  batch_ = &b;
+  ++batch_serial_;
+  const int64_t T = b.n_tokens();
+  ARBOR_CHECK(b.pos.size() == size_t(T) && b.seq.size() == size_t(T), "cuda: batch has {} tokens but {} positions, {} seq ids", T,
+              b.pos.size(), b.seq.size());
+  ARBOR_CHECK(b.block_tables.size() == size_t(b.n_seqs() * b.max_blocks), "cuda: block tables hold {} entries, {} x {} expected",
+              b.block_tables.size(), b.n_seqs(), b.max_blocks);
+  // Runs of consecutive tokens of one sequence (the prefill kernel tiles each run).
+  runs_.clear();
+  max_run_ = 0;
+  for (int64_t t = 0; t < T;) {
+    int64_t e = t + 1;
+    while (e < T && b.seq[size_t(e)] == b.seq[size_t(t)]) ++e;
+    runs_.insert(runs_.end(), {int32_t(t), int32_t(e - t), b.seq[size_t(t)]});
+    max_run_ = std::max(max_run_, e - t);
+    t = e;
+  }
+  // One packed upload: tokens | pos | seq | block_tables | logit_rows, each padded to 4 ints (16 B).
+  auto pad = [](size_t n) { return (n + 3) / 4 * 4; };
+  const size_t nt = pad(size_t(T)), nb = pad(b.block_tables.size()), nr = pad(b.logit_rows.size());
+  std::vector<int32_t> packed(3 * nt + nb + nr, 0);
+  std::copy(b.tokens.begin(), b.tokens.end(), packed.begin());
+  std::copy(b.pos.begin(), b.pos.end(), packed.begin() + int64_t(nt));
+  std::copy(b.seq.begin(), b.seq.end(), packed.begin() + int64_t(2 * nt));
+  std::copy(b.block_tables.begin(), b.block_tables.end(), packed.begin() + int64_t(3 * nt));
+  std::copy(b.logit_rows.begin(), b.logit_rows.end(), packed.begin() + int64_t(3 * nt + nb));
+  upload_meta(packed, meta_, meta_cap_);
+  int32_t* base = static_cast<int32_t*>(meta_);
+  d_tokens_ = base, d_pos_ = base + nt, d_seq_ = base + 2 * nt, d_tables_ = base + 3 * nt, d_logit_rows_ = base + 3 * nt + nb;
+}
+
+void CudaBackend::embed(const Tensor& table, Tensor out, float scale) {
+  const auto& b = batch();
+  const int64_t V = table.shape[0];
+  for (size_t t = 0; t < b.tokens.size(); ++t)
+    ARBOR_CHECK(b.tokens[t] >= 0 && b.tokens[t] < V, "embed: token id {} at batch row {} is outside the vocabulary ({})", b.tokens[t],
+                t, V);
+  launch_embed(table.data, table.dtype, d_tokens_, b.n_tokens(), table.shape[1], scale, out.as<uint16_t>(), st(stream_));
+}
+
+void CudaBackend::norm(NormOp op, const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor out) {
+  ARBOR_CHECK(w.numel() == x.cols(), "norm: weight has {} elements, rows have {}", w.numel(), x.cols());
+  ARBOR_CHECK(x.dtype == DType::BF16 && out.dtype == DType::BF16, "cuda: norm: activations must be BF16 (got {})", dtype_name(x.dtype));
+  launch_norm(op, x.as<uint16_t>(), w.as<float>(), b.empty() ? nullptr : b.as<float>(), eps, x.rows(), x.cols(), out.as<uint16_t>(),
+              st(stream_));
+}
+
+void CudaBackend::head_norm(NormOp op, Tensor x, int64_t head_dim, const Tensor& w, float eps) {
+  ARBOR_CHECK(w.numel() == head_dim, "head_norm: weight has {} elements, heads have {}", w.numel(), head_dim);
+  launch_norm(op, x.as<uint16_t>(), w.as<float>(), nullptr, eps, x.numel() / head_dim, head_dim, x.as<uint16_t>(), st(stream_));
+}
+
+void CudaBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
+  const int64_t T = x.rows(), K = l.in_features(), N = l.out_features();
+  ARBOR_CHECK(x.cols() == K, "linear: input has {} columns, weight {} expects {}", x.cols(), l.w.shape_str(), K);
+  ARBOR_CHECK(y.cols() == N && y.rows() == T, "linear: output {} for {} rows of weight {}", y.shape_str(), T, l.w.shape_str());
+  ARBOR_CHECK(x.dtype == DType::BF16, "cuda: linear: activations must be BF16 (got {})", dtype_name(x.dtype));
+  ARBOR_CHECK(y.dtype == DType::BF16 || y.dtype == DType::F32, "cuda: linear: output dtype {} (BF16 or F32)", dtype_name(y.dtype));
+  ARBOR_CHECK(l.w.dtype == DType::BF16 || l.w.dtype == DType::F16, "cuda: linear: weight dtype {} (BF16 or F16 on the device)",
+              dtype_name(l.w.dtype));
+  if (T == 0) return;
+  const float* bias = l.bias.empty() ? nullptr : l.bias.as<float>();
+  if (T <= kGemvMaxRows) {
+    launch_gemv(l.w.data, l.w.dtype, x.as<uint16_t>(), bias, y.data, y.dtype, T, N, K, n_sms_, st(stream_));
+    return;
+  }
+  if (l.w.dtype == DType::BF16) {
+    lt_gemm(lt_, l.w.data, x.data, DType::BF16, y.data, y.dtype, T, N, K, workspace_, workspace_bytes_, st(stream_));
+    if (bias) launch_add_bias(y.data, y.dtype, bias, T, N, st(stream_));
+    return;
+  }
+  // f16 weights: cuBLASLt wants both operands f16 and gives f32 (then bias + conversion to y's dtype).
+  ensure(scratch2_, scratch2_cap_, size_t(T * K) * 2);
+  launch_bf16_to_f16(x.as<uint16_t>(), T * K, static_cast<uint16_t*>(scratch2_), st(stream_));
+  if (y.dtype == DType::F32) {
+    lt_gemm(lt_, l.w.data, scratch2_, DType::F16, y.data, DType::F32, T, N, K, workspace_, workspace_bytes_, st(stream_));
+    if (bias) launch_add_bias(y.data, y.dtype, bias, T, N, st(stream_));
+    return;
+  }
+  ensure(scratch_, scratch_cap_, size_t(T * N) * 4);
+  lt_gemm(lt_, l.w.data, scratch2_, DType::F16, scratch_, DType::F32, T, N, K, workspace_, workspace_bytes_, st(stream_));
+  launch_finish_f32(static_cast<float*>(scratch_), bias, T, N, y.data, y.dtype, st(stream_));
+}
+
+void CudaBackend::rope(Tensor x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const Tensor& cos, const Tensor& sin) {
+  const auto& b = batch();
+  const int64_t n_pos = cos.shape[0];
+  for (auto p : b.pos) ARBOR_CHECK(p >= 0 && p < n_pos, "rope: position {} outside the table ({} positions)", p, n_pos);
+  ARBOR_CHECK(rot_dim % 2 == 0 && rot_dim <= head_dim && cos.cols() == rot_dim / 2, "rope: rot_dim {} for head_dim {}, table {}",
+              rot_dim, head_dim, cos.shape_str());
+  launch_rope(x.as<uint16_t>(), d_pos_, b.n_tokens(), n_heads, head_dim, rot_dim, cos.as<float>(), sin.as<float>(), st(stream_));
+}
+
+void CudaBackend::kv_write(int64_t layer, const Tensor& k, const Tensor& v) {
+  const auto& b = batch();
+  const int64_t row = kv_.n_kv_heads * kv_.head_dim, bs = kv_.block_size;
+  ARBOR_CHECK(layer >= 0 && layer < kv_.n_layers, "kv: layer {} outside the pools ({})", layer, kv_.n_layers);
+  ARBOR_CHECK(k.cols() == row && v.cols() == row, "kv: rows of {} / {} values, the cache holds {}", k.cols(), v.cols(), row);
+  for (int64_t t = 0; t < b.n_tokens(); ++t) {
+    const int32_t s = b.seq[size_t(t)], p = b.pos[size_t(t)];
+    ARBOR_CHECK(s >= 0 && s < b.n_seqs() && p >= 0 && p / bs < b.max_blocks, "kv: token {} (sequence {}, position {}) outside the block tables",
+                t, s, p);
+    const int32_t block = b.block_tables[size_t(int64_t(s) * b.max_blocks + p / bs)];
+    ARBOR_CHECK(block >= 0 && block < kv_.n_blocks, "kv: sequence {} position {} has no valid block ({})", s, p, block);
+  }
+  launch_kv_write(k.as<uint16_t>(), v.as<uint16_t>(), d_pos_, d_seq_, d_tables_, b.max_blocks, b.n_tokens(), row, bs,
+                  static_cast<uint16_t*>(k_pools_[size_t(layer)]), static_cast<uint16_t*>(v_pools_[size_t(layer)]), st(stream_));
+}
+
+void CudaBackend::attention(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out) {
+  const auto& b = batch();
+  const int64_t T = b.n_tokens();
+  ARBOR_CHECK(p.n_kv_heads == kv_.n_kv_heads && p.head_dim == kv_.head_dim && p.n_heads % p.n_kv_heads == 0,
+              "cuda: attention: {} heads / {} kv heads of {} dims, the cache holds {} x {}", p.n_heads, p.n_kv_heads, p.head_dim,
+              kv_.n_kv_heads, kv_.head_dim);
+  if (T == 0) return;
+  AttnArgs a;
+  a.q = q.as<uint16_t>(), a.out = out.as<uint16_t>();
+  a.k_pool = static_cast<const uint16_t*>(k_pools_.at(size_t(layer)));
+  a.v_pool = static_cast<const uint16_t*>(v_pools_.at(size_t(layer)));
+  a.pos = d_pos_, a.seq = d_seq_, a.block_tables = d_tables_, a.max_blocks = b.max_blocks, a.block_size = int32_t(kv_.block_size);
+  a.n_heads = int32_t(p.n_heads), a.n_kv_heads = int32_t(p.n_kv_heads), a.head_dim = int32_t(p.head_dim);
+  a.scale = p.scale, a.softcap = p.softcap, a.window = int32_t(p.window);
+  const int64_t G = p.n_heads / p.n_kv_heads;
+  const bool decode = attn_path_ == AttentionPath::Decode || (attn_path_ == AttentionPath::Auto && max_run_ <= kDecodeMaxRun);
+  if (decode) {
+    int64_t span = 1;
+    for (auto pos : b.pos) span = std::max<int64_t>(span, p.window > 0 ? std::min<int64_t>(pos + 1, p.window) : pos + 1);
+    // Enough blocks for about two waves over the SMs, at least 64 keys per block.
+    const int64_t blocks = T * p.n_kv_heads * ((G + 7) / 8);
+    const int64_t max_splits = (span + 63) / 64;
+    const int64_t n_splits = std::clamp<int64_t>((2 * n_sms_ + blocks - 1) / blocks, 1, max_splits);
+    const int64_t split_len = (span + n_splits - 1) / n_splits;
+    if (n_splits > 1) ensure(scratch_, scratch_cap_, size_t(T * p.n_heads * n_splits * (p.head_dim + 2)) * 4);
+    launch_attention_decode(a, T, int(n_splits), int32_t(split_len), static_cast<float*>(scratch_), st(stream_));
+    return;
+  }
+  if (tiles_serial_ != batch_serial_ || tiles_group_ != G) {
+    // Tiles of up to 64/G tokens of one run, with each tile's position range (keys it may need).
+    const int64_t per_tile = kPrefillRows / G;
+    ARBOR_CHECK(per_tile >= 1, "cuda: attention: GQA group of {} exceeds {} rows per tile", G, kPrefillRows);
+    std::vector<int32_t> tiles;
+    for (size_t r = 0; r < runs_.size(); r += 3) {
+      for (int32_t t0 = runs_[r]; t0 < runs_[r] + runs_[r + 1]; t0 += int32_t(per_tile)) {
+        const int32_t n = std::min<int32_t>(int32_t(per_tile), runs_[r] + runs_[r + 1] - t0);
+        auto [lo, hi] = std::minmax_element(b.pos.begin() + t0, b.pos.begin() + t0 + n);
+        tiles.insert(tiles.end(), {t0, n, runs_[r + 2], *lo, *hi, 0, 0, 0});
+      }
+    }
+    upload_meta(tiles, tiles_, tiles_cap_);
+    n_tiles_ = int64_t(tiles.size() / 8);
+    tiles_serial_ = batch_serial_, tiles_group_ = G;
+  }
+  launch_attention_prefill(a, static_cast<const int32_t*>(tiles_), n_tiles_, st(stream_));
+}
+
+void CudaBackend::activation(ActOp op, const Tensor& gate, const Tensor& up, Tensor out) {
+  launch_activation(op, gate.empty() ? nullptr : gate.as<uint16_t>(), up.as<uint16_t>(), up.numel(), out.as<uint16_t>(), st(stream_));
+}
+
+void CudaBackend::add_scaled(Tensor y, const Tensor& x, float scale) {
+  ARBOR_CHECK(y.numel() == x.numel(), "add_scaled: {} += {}", y.shape_str(), x.shape_str());
+  launch_add_scaled(y.as<uint16_t>(), x.as<uint16_t>(), y.numel(), scale, st(stream_));
+}
+
+void CudaBackend::scale_softcap(Tensor x, float scale, float cap) {
+  if (scale == 1.0f && cap <= 0) return;
+  launch_scale_softcap(x.data, x.dtype, x.numel(), scale, cap, st(stream_));
+}
+
+void CudaBackend::gather_logit_rows(const Tensor& x, Tensor out) {
+  const auto& b = batch();
+  for (auto r : b.logit_rows) ARBOR_CHECK(r >= 0 && r < x.rows(), "gather_logit_rows: row {} outside {}", r, x.shape_str());
+  ARBOR_CHECK(out.dtype == x.dtype && out.cols() == x.cols(), "gather_logit_rows: {} rows into {}", x.shape_str(), out.shape_str());
+  launch_gather_rows(x.data, x.cols() * int64_t(dtype_size(x.dtype)), d_logit_rows_, int64_t(b.logit_rows.size()), out.data,
+                     st(stream_));
+}
+
+Tensor CudaBackend::upload_table(const std::vector<float>& host, std::initializer_list<int64_t> shape) {
+  Tensor t = alloc(DType::F32, shape);
+  ARBOR_CHECK(size_t(t.numel()) == host.size(), "cuda: table has {} values for shape {}", host.size(), t.shape_str());
+  stage_copy(t.data, host.data(), host.size() * sizeof(float), false);
+  return t;
+}
+
+void CudaBackend::read_logits(const Tensor& logits, float* host) {
+  ARBOR_CHECK(logits.dtype == DType::F32, "cuda: read_logits: logits are {} (F32 expected)", dtype_name(logits.dtype));
+  ARBOR_CUDA_CHECK(cudaMemcpyAsync(host, logits.data, logits.nbytes(), cudaMemcpyDeviceToHost, st(stream_)));
+  ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
+}
+
+void CudaBackend::argmax_rows(const Tensor& logits, int32_t* host_ids) {
+  ARBOR_CHECK(logits.dtype == DType::F32 && logits.device == Device::CUDA, "cuda: argmax_rows: device F32 logits expected");
+  const int64_t R = logits.rows();
+  void* ids = d_ids_;
+  ensure(ids, ids_cap_, size_t(R) * 4);
+  d_ids_ = static_cast<int32_t*>(ids);
+  launch_argmax(logits.as<float>(), R, logits.cols(), d_ids_, st(stream_));
+  ARBOR_CUDA_CHECK(cudaMemcpyAsync(host_ids, d_ids_, size_t(R) * 4, cudaMemcpyDeviceToHost, st(stream_)));
+  ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
+}
+
+void CudaBackend::sample_rows(const Tensor& logits, const GpuSampling& p, uint64_t step, int32_t* host_ids) {
+  ARBOR_CHECK(logits.dtype == DType::F32 && logits.device == Device::CUDA, "cuda: sample_rows: device F32 logits expected");
+  ARBOR_CHECK(p.top_p > 0 && p.top_p <= 1 && p.min_p >= 0 && p.min_p <= 1 && p.top_k >= 0,
+              "cuda: sampling: top_p {} must be in (0, 1], min_p {} in [0, 1], top_k {} >= 0", p.top_p, p.min_p, p.top_k);
+  const int64_t R = logits.rows();
+  void* ids = d_ids_;
+  ensure(ids, ids_cap_, size_t(R) * 4);
+  d_ids_ = static_cast<int32_t*>(ids);
+  launch_sample(logits.as<float>(), R, logits.cols(), p.temperature, p.top_k, p.top_p, p.min_p, p.seed, step, d_ids_, st(stream_));
+  ARBOR_CUDA_CHECK(cudaMemcpyAsync(host_ids, d_ids_, size_t(R) * 4, cudaMemcpyDeviceToHost, st(stream_)));
+  ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
+}
+
+void CudaBackend::upload(const void* host, const Tensor& dev) {
+  ARBOR_CUDA_CHECK(cudaMemcpyAsync(dev.data, host, dev.nbytes(), cudaMemcpyHostToDevice, st(stream_)));
+  ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
+}
+
+void CudaBackend::download(const Tensor& dev, void* host) {
+  ARBOR_CUDA_CHECK(cudaMemcpyAsync(host, dev.data, dev.nbytes(), cudaMemcpyDeviceToHost, st(stream_)));
+  ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
+}
+
+void CudaBackend::synchronize() { ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_))); }
 
 }  // namespace arbor

@@ -1,9 +1,17 @@
-// The CUDA backend's entry points (the backend itself lives in cuda_backend.cu and friends).
+// The CUDA backend: bf16 activations and KV cache, f32 accumulation, weights uploaded once (f32/bf16
+// checkpoints as bf16, f16 kept as f16, vectors as f32). Ops run in order on one stream; the only
+// host synchronisations are read_logits and the sampling calls that return ids.
+// Kernels: elementwise.cu, gemv.cu (T <= 8), gemm.cpp (cuBLASLt), attention_{prefill,decode}.cu, sampling.cu.
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
+
+struct CUstream_st;      // cudaStream_t without including the CUDA headers here
+struct cublasLtContext;  // cublasLtHandle_t
 
 namespace arbor {
 
@@ -11,5 +19,120 @@ namespace arbor {
 bool cuda_device_available(std::string* why);
 // Creates the backend on device `index`. Throws arbor::Error naming the CUDA call that failed.
 std::unique_ptr<Backend> make_cuda_backend(int index = 0);
+
+// Sampling parameters for the GPU sampler (the engine's SamplingParams, without the host RNG).
+struct GpuSampling {
+  float temperature = 0.0f;  // <= 0: greedy
+  int32_t top_k = 0;         // 0 = off
+  float top_p = 1.0f;        // 1 = off
+  float min_p = 0.0f;        // 0 = off
+  uint64_t seed = 0;
+};
+
+class CudaBackend : public Backend {
+ public:
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string name() const override;
+  Device device() const override { return Device::CUDA; }
+  DType act_dtype() const override { return DType::BF16; }
+  DType kv_dtype() const override { return DType::BF16; }
+
+  Tensor alloc(DType t, std::initializer_list<int64_t> shape) override;
+  Tensor load_weight(const Tensor& host) override;
+  bool views_host_weights() const override { return false; }
+  void alloc_kv(const KVLayout& layout) override;
+  const KVLayout& kv_layout() const override { return kv_; }
+  void begin_batch(const BatchInfo& b) override;
+
+  void embed(const Tensor& table, Tensor out, float scale) override;
+  void norm(NormOp op, const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor out) override;
+  void head_norm(NormOp op, Tensor x, int64_t head_dim, const Tensor& w, float eps) override;
+  void linear(const Tensor& x, const Linear& l, Tensor y) override;
+  void rope(Tensor x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const Tensor& cos, const Tensor& sin) override;
+  void kv_write(int64_t layer, const Tensor& k, const Tensor& v) override;
+  void attention(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out) override;
+  void activation(ActOp op, const Tensor& gate, const Tensor& up, Tensor out) override;
+  void add_scaled(Tensor y, const Tensor& x, float scale) override;
+  void scale_softcap(Tensor x, float scale, float cap) override;
+  void gather_logit_rows(const Tensor& x, Tensor out) override;
+  Tensor upload_table(const std::vector<float>& host, std::initializer_list<int64_t> shape) override;
+  void read_logits(const Tensor& logits, float* host) override;
+
+  // Sampling on the GPU over device logits [R, vocab] f32 (e.g. the model's logits buffer): writes R
+  // ids to host_ids (one synchronisation). sample_rows draws with a hash of (seed, step, row), so the
+  // caller advances `step` once per generated token.
+  void argmax_rows(const Tensor& logits, int32_t* host_ids);
+  void sample_rows(const Tensor& logits, const GpuSampling& p, uint64_t step, int32_t* host_ids);
+
+  // Which attention kernel runs: Auto picks decode (split-K) when no sequence has more than
+  // kDecodeMaxRun tokens in the batch, else the tensor-core prefill kernel. Tests force each.
+  enum class AttentionPath : uint8_t { Auto, Prefill, Decode };
+  void set_attention_path(AttentionPath p) { attn_path_ = p; }
+  static constexpr int64_t kDecodeMaxRun = 4;
+
+  // Copies for tests and tools (synchronous).
+  void upload(const void* host, const Tensor& dev);
+  void download(const Tensor& dev, void* host);
+  void synchronize();
+  // KV pools [n_blocks, block_size, n_kv_heads, head_dim] bf16, for tests.
+  Tensor k_pool(int64_t layer) const;
+  Tensor v_pool(int64_t layer) const;
+  int sm_count() const { return n_sms_; }
+  CUstream_st* stream() const { return stream_; }
+
+ private:
+  struct Alloc;
+  struct Staging;
+  void* device_alloc(size_t bytes);
+  void ensure(void*& buf, size_t& cap, size_t bytes);  // grows a scratch buffer (synchronises when it does)
+  void stage_copy(void* dst, const void* src, size_t bytes, bool f32_to_bf16);
+  void upload_meta(const std::vector<int32_t>& host, void*& dev, size_t& cap);
+  const BatchInfo& batch() const;
+
+  int device_ = 0, n_sms_ = 0;
+  std::string device_name_;
+  CUstream_st* stream_ = nullptr;
+  cublasLtContext* lt_ = nullptr;
+  std::vector<std::unique_ptr<Alloc>> owned_;
+  std::unique_ptr<Staging> staging_;
+  KVLayout kv_;
+  std::vector<void*> k_pools_, v_pools_;
+  AttentionPath attn_path_ = AttentionPath::Auto;
+
+  // The current batch: host view, and its metadata on the device.
+  const BatchInfo* batch_ = nullptr;
+  uint64_t batch_serial_ = 0;
+  int64_t max_run_ = 0;                            // most tokens of one sequence in the batch
+  std::vector<int32_t> runs_;                      // [n_runs, 3]: first token, n tokens, seq
+  void* meta_ = nullptr;                           // tokens | pos | seq | block_tables | logit_rows
+  size_t meta_cap_ = 0;
+  int32_t* d_tokens_ = nullptr;
+  int32_t* d_pos_ = nullptr;
+  int32_t* d_seq_ = nullptr;
+  int32_t* d_tables_ = nullptr;
+  int32_t* d_logit_rows_ = nullptr;
+  void* tiles_ = nullptr;                          // prefill tiles [n, 8] int32
+  size_t tiles_cap_ = 0;
+  uint64_t tiles_serial_ = ~uint64_t(0);
+  int64_t tiles_group_ = 0, n_tiles_ = 0;
+  void* scratch_ = nullptr;                        // split-K partials, f16-GEMM operands
+  size_t scratch_cap_ = 0;
+  void* scratch2_ = nullptr;
+  size_t scratch2_cap_ = 0;
+  void* workspace_ = nullptr;                      // cuBLASLt
+  size_t workspace_bytes_ = 0;
+  int32_t* d_ids_ = nullptr;                       // sampled ids [max rows]
+  size_t ids_cap_ = 0;
+};
+
+// Hardware ceilings measured now on the device (bench): device-to-device copy bandwidth in bytes/s
+// (bytes read + bytes written, median of reps), and the cuBLAS(Lt) bf16 GEMM rate in FLOP/s on random
+// n x n x n operands (f32 accumulation, median of reps).
+double cuda_measure_copy_bandwidth(uint64_t bytes = uint64_t(2) << 30, int reps = 10);
+double cuda_measure_bf16_gemm_rate(int64_t n = 8192, int reps = 10);
 
 }  // namespace arbor

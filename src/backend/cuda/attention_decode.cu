@@ -1,0 +1,176 @@
+// Split-K flash-decoding over the paged bf16 KV cache. One block per (key range, kv head, token):
+// each lane holds 8 dims (16 bytes) of a key row, D/8 lanes cover a row, so a warp walks 256/D keys
+// at once; the GQA group's query heads (up to 8 per block) share every K and V load. Partial
+// (o, max, sum) per range are merged by a second kernel when a token's keys span several blocks.
+#include <cuda_bf16.h>
+
+#include <cfloat>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+
+namespace arbor::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kHeads = 8;  // query heads per block (a larger GQA group is split over blocks)
+
+__device__ __forceinline__ void unpack8(const uint4& q, float* f) {
+  const uint32_t u[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(u[i] << 16);
+    f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, int n_splits, int split_len, int head_chunks,
+                                                                  float* scratch) {
+  constexpr int LPK = D / 8;         // lanes per key row
+  constexpr int KPW = 32 / LPK;      // keys per warp step
+  constexpr int NSG = kWarps * KPW;  // key slots per block step
+  __shared__ float sm_o[NSG][kHeads][D];
+  __shared__ float sm_m[NSG][kHeads], sm_l[NSG][kHeads];
+
+  const int split = blockIdx.x, g = blockIdx.y / head_chunks, chunk = blockIdx.y % head_chunks;
+  const int64_t t = blockIdx.z;
+  const int G = a.n_heads / a.n_kv_heads;
+  const int h0 = g * G + chunk * kHeads;                 // first query head of this block
+  const int nh = min(kHeads, G - chunk * kHeads);        // heads in this block
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane / LPK, sl = lane % LPK;
+  const int sg = warp * KPW + sub;
+
+  const int32_t pos = a.pos[t];
+  const int32_t lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
+  const int32_t k_begin = lo + split * split_len, k_end = min(pos + 1, k_begin + split_len);
+  const int32_t* table = a.block_tables + int64_t(a.seq[t]) * a.max_blocks;
+  const int64_t qrow = int64_t(a.n_heads) * D, kvrow = int64_t(a.n_kv_heads) * D;
+
+  float q[kHeads][8], acc[kHeads][8], m[kHeads], l[kHeads];
+#pragma unroll
+  for (int i = 0; i < kHeads; ++i) {
+    m[i] = -INFINITY, l[i] = 0.0f;
+    if (i < nh) {
+      unpack8(*reinterpret_cast<const uint4*>(a.q + t * qrow + int64_t(h0 + i) * D + sl * 8), q[i]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) q[i][e] *= a.scale;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[i][e] = 0.0f;
+  }
+
+  // The loop bound is uniform per warp (shuffles below need every lane); `live` masks the tail.
+  for (int32_t base = k_begin + warp * KPW; base < k_end; base += NSG) {
+    const int32_t kp = base + sub;
+    const bool live = kp < k_end;
+    uint4 kq = make_uint4(0, 0, 0, 0), vq = kq;
+    if (live) {
+      const int64_t slot = int64_t(table[kp / a.block_size]) * a.block_size + kp % a.block_size;
+      const int64_t off = slot * kvrow + int64_t(g) * D + sl * 8;
+      kq = *reinterpret_cast<const uint4*>(a.k_pool + off);
+      vq = *reinterpret_cast<const uint4*>(a.v_pool + off);
+    }
+    float kf[8], vf[8];
+    unpack8(kq, kf);
+    unpack8(vq, vf);
+#pragma unroll
+    for (int i = 0; i < kHeads; ++i) {
+      if (i >= nh) break;
+      float s = 0;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) s = fmaf(q[i][e], kf[e], s);
+#pragma unroll
+      for (int o = LPK / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      if (!live) continue;
+      if (a.softcap > 0) s = a.softcap * tanhf(s / a.softcap);
+      const float mn = fmaxf(m[i], s);
+      const float corr = __expf(m[i] - mn), p = __expf(s - mn);
+      l[i] = l[i] * corr + p;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[i][e] = fmaf(acc[i][e], corr, p * vf[e]);
+      m[i] = mn;
+    }
+  }
+
+  // Merge the NSG key slots of the block.
+#pragma unroll
+  for (int i = 0; i < kHeads; ++i) {
+    if (i >= nh) break;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sm_o[sg][i][sl * 8 + e] = acc[i][e];
+    if (sl == 0) sm_m[sg][i] = m[i], sm_l[sg][i] = l[i];
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < nh * D; idx += blockDim.x) {
+    const int i = idx / D, d = idx % D;
+    float M = -INFINITY;
+    for (int j = 0; j < NSG; ++j) M = fmaxf(M, sm_m[j][i]);
+    float L = 0, O = 0;
+    if (M > -INFINITY) {
+      for (int j = 0; j < NSG; ++j) {
+        const float w = __expf(sm_m[j][i] - M);  // 0 for empty slots (m = -inf)
+        L += sm_l[j][i] * w;
+        O += sm_o[j][i][d] * w;
+      }
+    }
+    const int h = h0 + i;
+    if (n_splits == 1) {
+      a.out[t * qrow + int64_t(h) * D + d] = __bfloat16_as_ushort(__float2bfloat16(L > 0 ? O / L : 0.0f));
+    } else {
+      float* p = scratch + ((t * a.n_heads + h) * n_splits + split) * (D + 2);
+      p[d] = O;
+      if (d == 0) p[D] = M, p[D + 1] = L;
+    }
+  }
+}
+
+// out[t, h] = Σ_s O_s e^{M_s - M} / Σ_s L_s e^{M_s - M} over the splits s; one block per (h, t).
+__global__ void attn_combine_kernel(const float* scratch, int n_splits, int D, int n_heads, uint16_t* out) {
+  const int h = blockIdx.x;
+  const int64_t t = blockIdx.y;
+  const float* p = scratch + (t * n_heads + h) * n_splits * (D + 2);
+  float M = -INFINITY;
+  for (int s = 0; s < n_splits; ++s) M = fmaxf(M, p[s * (D + 2) + D]);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float L = 0, O = 0;
+    for (int s = 0; s < n_splits; ++s) {
+      const float ms = p[s * (D + 2) + D];
+      if (ms == -INFINITY) continue;
+      const float w = __expf(ms - M);
+      L += p[s * (D + 2) + D + 1] * w;
+      O += p[s * (D + 2) + d] * w;
+    }
+    out[(t * n_heads + h) * D + d] = __bfloat16_as_ushort(__float2bfloat16(L > 0 ? O / L : 0.0f));
+  }
+}
+
+template <int D>
+void launch_d(const AttnArgs& a, int64_t T, int n_splits, int32_t split_len, float* scratch, cudaStream_t s) {
+  const int G = a.n_heads / a.n_kv_heads, chunks = (G + kHeads - 1) / kHeads;
+  dim3 grid(unsigned(n_splits), unsigned(a.n_kv_heads * chunks), unsigned(T));
+  attn_decode_kernel<D><<<grid, kWarps * 32, 0, s>>>(a, n_splits, split_len, chunks, scratch);
+  ARBOR_LAUNCH_CHECK("attn_decode_kernel");
+}
+
+}  // namespace
+
+void launch_attention_decode(const AttnArgs& a, int64_t T, int n_splits, int32_t split_len, float* scratch, cudaStream_t s) {
+  if (T == 0) return;
+  ARBOR_CU_CHECK(T <= 65535 && a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0 && n_splits >= 1 && (n_splits == 1 || scratch),
+                 "cuda: attention decode: T %lld, heads %d/%d, splits %d", (long long)T, a.n_heads, a.n_kv_heads, n_splits);
+  switch (a.head_dim) {
+    case 64: launch_d<64>(a, T, n_splits, split_len, scratch, s); break;
+    case 128: launch_d<128>(a, T, n_splits, split_len, scratch, s); break;
+    case 256: launch_d<256>(a, T, n_splits, split_len, scratch, s); break;
+    default: fail_printf("cuda: attention: head_dim %d is not supported (64, 128, 256)", a.head_dim);
+  }
+  if (n_splits > 1) {
+    dim3 grid(unsigned(a.n_heads), unsigned(T));
+    attn_combine_kernel<<<grid, 64, 0, s>>>(scratch, n_splits, a.head_dim, a.n_heads, a.out);
+    ARBOR_LAUNCH_CHECK("attn_combine_kernel");
+  }
+}
+
+}  // namespace arbor::cuda

@@ -1,0 +1,82 @@
+// The hardware ceilings a benchmark compares against, measured in the same run: device-to-device copy
+// bandwidth (bytes read + written) and the cuBLASLt bf16 GEMM rate on random operands (METHOD.md:
+// never time on zeros). Each is the median of `reps` event-timed runs after warm-up.
+#include <algorithm>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/kernels.h"
+#include "core/error.h"
+
+namespace arbor {
+
+namespace {
+
+struct DevMem {
+  void* p = nullptr;
+  explicit DevMem(size_t bytes) { ARBOR_CUDA_CHECK(cudaMalloc(&p, bytes)); }
+  ~DevMem() { cudaFree(p); }
+};
+
+struct Timing {
+  cudaStream_t s = nullptr;
+  cudaEvent_t a = nullptr, b = nullptr;
+  Timing() {
+    ARBOR_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    ARBOR_CUDA_CHECK(cudaEventCreate(&a));
+    ARBOR_CUDA_CHECK(cudaEventCreate(&b));
+  }
+  ~Timing() {
+    cudaEventDestroy(a), cudaEventDestroy(b);
+    cudaStreamDestroy(s);
+  }
+  // Median seconds of f() over reps, after `warm` untimed calls.
+  template <typename F>
+  double median(int warm, int reps, F&& f) {
+    for (int i = 0; i < warm; ++i) f();
+    std::vector<double> t;
+    for (int i = 0; i < reps; ++i) {
+      ARBOR_CUDA_CHECK(cudaEventRecord(a, s));
+      f();
+      ARBOR_CUDA_CHECK(cudaEventRecord(b, s));
+      ARBOR_CUDA_CHECK(cudaEventSynchronize(b));
+      float ms = 0;
+      ARBOR_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+      t.push_back(double(ms) * 1e-3);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  }
+};
+
+}  // namespace
+
+double cuda_measure_copy_bandwidth(uint64_t bytes, int reps) {
+  ARBOR_CHECK(bytes >= 2 && reps >= 1, "cuda: copy bandwidth: {} bytes, {} reps", bytes, reps);
+  Timing tm;
+  DevMem src(bytes), dst(bytes);
+  cuda::launch_fill_random_bf16(static_cast<uint16_t*>(src.p), int64_t(bytes / 2), 1, tm.s);
+  const double sec = tm.median(2, reps, [&] { ARBOR_CUDA_CHECK(cudaMemcpyAsync(dst.p, src.p, bytes, cudaMemcpyDeviceToDevice, tm.s)); });
+  return 2.0 * double(bytes) / sec;
+}
+
+double cuda_measure_bf16_gemm_rate(int64_t n, int reps) {
+  ARBOR_CHECK(n >= 64 && reps >= 1, "cuda: gemm rate: n {}, {} reps", n, reps);
+  Timing tm;
+  const size_t bytes = size_t(n * n) * 2, ws_bytes = size_t(32) << 20;
+  DevMem a(bytes), b(bytes), c(bytes), ws(ws_bytes);
+  cuda::launch_fill_random_bf16(static_cast<uint16_t*>(a.p), n * n, 2, tm.s);
+  cuda::launch_fill_random_bf16(static_cast<uint16_t*>(b.p), n * n, 3, tm.s);
+  cublasLtHandle_t lt;
+  ARBOR_CUBLAS_CHECK(cublasLtCreate(&lt));
+  struct LtGuard {
+    cublasLtHandle_t h;
+    ~LtGuard() { cublasLtDestroy(h); }
+  } guard{lt};
+  const double sec = tm.median(3, reps, [&] { cuda::lt_gemm(lt, a.p, b.p, DType::BF16, c.p, DType::BF16, n, n, n, ws.p, ws_bytes, tm.s); });
+  return 2.0 * double(n) * double(n) * double(n) / sec;
+}
+
+}  // namespace arbor

@@ -1,0 +1,276 @@
+// Elementwise and per-row CUDA kernels: embedding gather, norms, rope, KV write, gated activations,
+// residual add, softcap, row gather, bias/dtype epilogues. bf16 in and out, f32 arithmetic.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+
+namespace arbor::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ float ld(const uint16_t* p, int64_t i) { return __bfloat162float(reinterpret_cast<const bf16*>(p)[i]); }
+__device__ __forceinline__ void st(uint16_t* p, int64_t i, float v) { reinterpret_cast<bf16*>(p)[i] = __float2bfloat16(v); }
+
+unsigned grid_for(int64_t n, int threads) {
+  int64_t g = (n + threads - 1) / threads;
+  return unsigned(g < 1 ? 1 : (g > (int64_t(1) << 30) ? (int64_t(1) << 30) : g));
+}
+
+__global__ void embed_kernel(const void* table, bool f16, const int32_t* tokens, int64_t T, int64_t C, float scale, uint16_t* out) {
+  const int64_t t = blockIdx.y;
+  const int64_t row = tokens[t];
+  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < C; c += int64_t(gridDim.x) * blockDim.x) {
+    float v = f16 ? __half2float(static_cast<const __half*>(table)[row * C + c]) : __bfloat162float(static_cast<const bf16*>(table)[row * C + c]);
+    st(out, t * C + c, v * scale);
+  }
+}
+
+// Sum over the threadIdx.x lanes of one row (blockDim.x threads, a multiple of 32); red holds one
+// float per warp of the block. Every thread of the row gets the total.
+__device__ float row_sum(float v, float* red) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warps_per_row = blockDim.x / 32;
+  float* r = red + threadIdx.y * warps_per_row;
+  __syncthreads();  // red may still be read by the previous call
+  if (threadIdx.x % 32 == 0) r[threadIdx.x / 32] = v;
+  __syncthreads();
+  float s = 0;
+  for (int w = 0; w < warps_per_row; ++w) s += r[w];
+  return s;
+}
+
+// blockDim = (threads per row, rows per block). Two passes over x: statistics, then the write (each
+// thread writes only the elements it read, so out may alias x). As on the CPU, b applies to LayerNorm only.
+__global__ void norm_kernel(int op, const uint16_t* x, const float* w, const float* b, float eps, int64_t R, int64_t C, uint16_t* out) {
+  __shared__ float red[32];
+  const int64_t r = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool live = r < R;
+  const uint16_t* xr = x + (live ? r : 0) * C;
+  float s = 0;
+  for (int64_t c = threadIdx.x; live && c < C; c += blockDim.x) s += op == 2 ? ld(xr, c) : ld(xr, c) * ld(xr, c);
+  s = row_sum(s, red);
+  float mean = 0, inv;
+  if (op == 2) {  // LayerNorm: mean, then the variance around it
+    mean = s / float(C);
+    float v = 0;
+    for (int64_t c = threadIdx.x; live && c < C; c += blockDim.x) {
+      float d = ld(xr, c) - mean;
+      v += d * d;
+    }
+    v = row_sum(v, red);
+    inv = rsqrtf(v / float(C) + eps);
+  } else {
+    inv = rsqrtf(s / float(C) + eps);
+  }
+  if (!live) return;
+  uint16_t* o = out + r * C;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float v = ld(xr, c);
+    float y = op == 2 ? (v - mean) * inv * w[c] + (b ? b[c] : 0.0f) : op == 1 ? v * inv * (1.0f + w[c]) : v * inv * w[c];
+    st(o, c, y);
+  }
+}
+
+__global__ void rope_kernel(uint16_t* x, const int32_t* pos, int64_t n_heads, int64_t head_dim, int64_t half, const float* cos,
+                            const float* sin) {
+  const int64_t t = blockIdx.y;
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;  // over n_heads * half
+  if (i >= n_heads * half) return;
+  const int64_t h = i / half, j = i % half;
+  const float c = cos[int64_t(pos[t]) * half + j], s = sin[int64_t(pos[t]) * half + j];
+  uint16_t* v = x + (t * n_heads + h) * head_dim;
+  const float a = ld(v, j), bb = ld(v, j + half);
+  st(v, j, a * c - bb * s);
+  st(v, j + half, bb * c + a * s);
+}
+
+__global__ void kv_write_kernel(const uint16_t* k, const uint16_t* v, const int32_t* pos, const int32_t* seq, const int32_t* tables,
+                                int32_t max_blocks, int64_t row, int64_t bs, uint16_t* kp, uint16_t* vp) {
+  const int64_t t = blockIdx.y;
+  const int32_t p = pos[t];
+  const int64_t block = tables[int64_t(seq[t]) * max_blocks + p / bs];
+  const int64_t slot = block * bs + p % bs;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < row; i += int64_t(gridDim.x) * blockDim.x) {
+    kp[slot * row + i] = k[t * row + i];
+    vp[slot * row + i] = v[t * row + i];
+  }
+}
+
+__device__ __forceinline__ float act_fn(int op, float x) {
+  if (op == 0) return x / (1.0f + __expf(-x));
+  if (op == 1) return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+  const float k = 0.7978845608028654f;  // sqrt(2/pi)
+  return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+__global__ void activation_kernel(int op, const uint16_t* gate, const uint16_t* up, int64_t n, uint16_t* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    st(out, i, gate ? act_fn(op, ld(gate, i)) * ld(up, i) : act_fn(op, ld(up, i)));
+}
+
+__global__ void add_scaled_kernel(uint16_t* y, const uint16_t* x, int64_t n, float scale) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    st(y, i, ld(y, i) + ld(x, i) * scale);
+}
+
+__global__ void scale_softcap_kernel(void* x, bool f32, int64_t n, float scale, float cap) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    float v = (f32 ? static_cast<float*>(x)[i] : ld(static_cast<uint16_t*>(x), i)) * scale;
+    if (cap > 0) v = cap * tanhf(v / cap);
+    if (f32)
+      static_cast<float*>(x)[i] = v;
+    else
+      st(static_cast<uint16_t*>(x), i, v);
+  }
+}
+
+__global__ void gather_rows_kernel(const uint16_t* x, int64_t row_elems, const int32_t* rows, uint16_t* out) {
+  const int64_t r = blockIdx.y;
+  const uint16_t* src = x + int64_t(rows[r]) * row_elems;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < row_elems; i += int64_t(gridDim.x) * blockDim.x)
+    out[r * row_elems + i] = src[i];
+}
+
+__global__ void add_bias_kernel(void* y, bool f32, const float* bias, int64_t n, int64_t N) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    if (f32)
+      static_cast<float*>(y)[i] += bias[i % N];
+    else
+      st(static_cast<uint16_t*>(y), i, ld(static_cast<uint16_t*>(y), i) + bias[i % N]);
+  }
+}
+
+__global__ void finish_f32_kernel(const float* src, const float* bias, int64_t n, int64_t N, void* y, bool f32) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    float v = src[i] + (bias ? bias[i % N] : 0.0f);
+    if (f32)
+      static_cast<float*>(y)[i] = v;
+    else
+      st(static_cast<uint16_t*>(y), i, v);
+  }
+}
+
+__global__ void bf16_to_f16_kernel(const uint16_t* x, int64_t n, uint16_t* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    reinterpret_cast<__half*>(out)[i] = __float2half(ld(x, i));
+}
+
+__global__ void fill_random_kernel(uint16_t* p, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint64_t z = seed + uint64_t(i) * 0x9E3779B97F4A7C15ull;  // SplitMix64 of the index
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    st(p, i, float(z >> 40) * (2.0f / 16777216.0f) - 1.0f);
+  }
+}
+
+constexpr int kThreads = 256;
+constexpr unsigned kMaxGrid = 65535;  // grid-stride loops above cover the rest
+
+unsigned flat_grid(int64_t n) {
+  unsigned g = grid_for(n, kThreads);
+  return g > kMaxGrid * 16 ? kMaxGrid * 16 : g;
+}
+
+}  // namespace
+
+void launch_embed(const void* table, DType table_dtype, const int32_t* tokens, int64_t T, int64_t C, float scale, uint16_t* out,
+                  cudaStream_t s) {
+  if (T == 0) return;
+  ARBOR_CU_CHECK(table_dtype == DType::BF16 || table_dtype == DType::F16, "cuda: embed: table dtype %s (BF16 or F16 expected)",
+                 dtype_name(table_dtype).data());
+  ARBOR_CU_CHECK(T <= 65535, "cuda: embed: %lld tokens exceed one grid dimension", (long long)T);
+  dim3 grid(grid_for(C, kThreads) > 64 ? 64 : grid_for(C, kThreads), unsigned(T));
+  embed_kernel<<<grid, kThreads, 0, s>>>(table, table_dtype == DType::F16, tokens, T, C, scale, out);
+  ARBOR_LAUNCH_CHECK("embed_kernel");
+}
+
+void launch_norm(NormOp op, const uint16_t* x, const float* w, const float* b, float eps, int64_t R, int64_t C, uint16_t* out,
+                 cudaStream_t s) {
+  if (R == 0) return;
+  int tpr = 32;  // threads per row: about 8 elements each, 32..1024
+  while (tpr < 1024 && tpr * 8 < C) tpr *= 2;
+  const int rows_per_block = tpr >= 256 ? 1 : 256 / tpr;
+  const dim3 block{unsigned(tpr), unsigned(rows_per_block), 1u};
+  norm_kernel<<<dim3(grid_for(R, rows_per_block)), block, 0, s>>>(int(op), x, w, b, eps, R, C, out);
+  ARBOR_LAUNCH_CHECK("norm_kernel");
+}
+
+void launch_rope(uint16_t* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const float* cos,
+                 const float* sin, cudaStream_t s) {
+  if (T == 0) return;
+  ARBOR_CU_CHECK(T <= 65535, "cuda: rope: %lld tokens exceed one grid dimension", (long long)T);
+  const int64_t half = rot_dim / 2;
+  dim3 grid(grid_for(n_heads * half, 128), unsigned(T));
+  rope_kernel<<<grid, 128, 0, s>>>(x, pos, n_heads, head_dim, half, cos, sin);
+  ARBOR_LAUNCH_CHECK("rope_kernel");
+}
+
+void launch_kv_write(const uint16_t* k, const uint16_t* v, const int32_t* pos, const int32_t* seq, const int32_t* block_tables,
+                     int32_t max_blocks, int64_t T, int64_t row, int64_t block_size, uint16_t* k_pool, uint16_t* v_pool,
+                     cudaStream_t s) {
+  if (T == 0) return;
+  ARBOR_CU_CHECK(T <= 65535, "cuda: kv_write: %lld tokens exceed one grid dimension", (long long)T);
+  dim3 grid(grid_for(row, kThreads) > 16 ? 16 : grid_for(row, kThreads), unsigned(T));
+  kv_write_kernel<<<grid, kThreads, 0, s>>>(k, v, pos, seq, block_tables, max_blocks, row, block_size, k_pool, v_pool);
+  ARBOR_LAUNCH_CHECK("kv_write_kernel");
+}
+
+void launch_activation(ActOp op, const uint16_t* gate, const uint16_t* up, int64_t n, uint16_t* out, cudaStream_t s) {
+  if (n == 0) return;
+  activation_kernel<<<flat_grid(n), kThreads, 0, s>>>(int(op), gate, up, n, out);
+  ARBOR_LAUNCH_CHECK("activation_kernel");
+}
+
+void launch_add_scaled(uint16_t* y, const uint16_t* x, int64_t n, float scale, cudaStream_t s) {
+  if (n == 0) return;
+  add_scaled_kernel<<<flat_grid(n), kThreads, 0, s>>>(y, x, n, scale);
+  ARBOR_LAUNCH_CHECK("add_scaled_kernel");
+}
+
+void launch_scale_softcap(void* x, DType dtype, int64_t n, float scale, float cap, cudaStream_t s) {
+  if (n == 0) return;
+  ARBOR_CU_CHECK(dtype == DType::F32 || dtype == DType::BF16, "cuda: scale_softcap: dtype %s (F32 or BF16)", dtype_name(dtype).data());
+  scale_softcap_kernel<<<flat_grid(n), kThreads, 0, s>>>(x, dtype == DType::F32, n, scale, cap);
+  ARBOR_LAUNCH_CHECK("scale_softcap_kernel");
+}
+
+void launch_gather_rows(const void* x, int64_t row_bytes, const int32_t* rows, int64_t R, void* out, cudaStream_t s) {
+  if (R == 0) return;
+  ARBOR_CU_CHECK(row_bytes % 2 == 0 && R <= 65535, "cuda: gather_rows: rows of %lld bytes, %lld rows", (long long)row_bytes, (long long)R);
+  const int64_t elems = row_bytes / 2;
+  dim3 grid(grid_for(elems, kThreads) > 64 ? 64 : grid_for(elems, kThreads), unsigned(R));
+  gather_rows_kernel<<<grid, kThreads, 0, s>>>(static_cast<const uint16_t*>(x), elems, rows, static_cast<uint16_t*>(out));
+  ARBOR_LAUNCH_CHECK("gather_rows_kernel");
+}
+
+void launch_add_bias(void* y, DType y_dtype, const float* bias, int64_t T, int64_t N, cudaStream_t s) {
+  if (T * N == 0) return;
+  add_bias_kernel<<<flat_grid(T * N), kThreads, 0, s>>>(y, y_dtype == DType::F32, bias, T * N, N);
+  ARBOR_LAUNCH_CHECK("add_bias_kernel");
+}
+
+void launch_finish_f32(const float* src, const float* bias, int64_t T, int64_t N, void* y, DType y_dtype, cudaStream_t s) {
+  if (T * N == 0) return;
+  finish_f32_kernel<<<flat_grid(T * N), kThreads, 0, s>>>(src, bias, T * N, N, y, y_dtype == DType::F32);
+  ARBOR_LAUNCH_CHECK("finish_f32_kernel");
+}
+
+void launch_bf16_to_f16(const uint16_t* x, int64_t n, uint16_t* out, cudaStream_t s) {
+  if (n == 0) return;
+  bf16_to_f16_kernel<<<flat_grid(n), kThreads, 0, s>>>(x, n, out);
+  ARBOR_LAUNCH_CHECK("bf16_to_f16_kernel");
+}
+
+void launch_fill_random_bf16(uint16_t* p, int64_t n, uint64_t seed, cudaStream_t s) {
+  if (n == 0) return;
+  fill_random_kernel<<<flat_grid(n), kThreads, 0, s>>>(p, n, seed);
+  ARBOR_LAUNCH_CHECK("fill_random_kernel");
+}
+
+}  // namespace arbor::cuda

@@ -1,0 +1,183 @@
+// GEMV for decode: y [T, N] = x [T, K] · W[N, K]ᵀ for T = 1..8 rows of activations. Memory-bound: every
+// weight byte is read once with 16-byte streaming loads (L1::no_allocate, so x stays in L1), each lane
+// keeps 2 rows x 4 loads = 128 bytes in flight, and small N is split along K over up to 8 warps so
+// the grid still fills every SM.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+
+namespace arbor::cuda {
+
+namespace {
+
+constexpr int kWarps = 8;   // per block (256 threads)
+constexpr int kUnroll = 4;  // 16-byte loads per lane per row before the first use
+
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+template <bool F16>
+__device__ __forceinline__ void unpack8(const uint4& q, float* f) {
+  const uint32_t u[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (F16) {
+      float2 p = __half22float2(*reinterpret_cast<const __half2*>(&u[i]));
+      f[2 * i] = p.x, f[2 * i + 1] = p.y;
+    } else {
+      f[2 * i] = __uint_as_float(u[i] << 16);
+      f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+    }
+  }
+}
+
+template <bool F16>
+__device__ __forceinline__ float w_at(const uint16_t* w, int64_t i) {
+  if constexpr (F16) return __half2float(reinterpret_cast<const __half*>(w)[i]);
+  else return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(w)[i]);
+}
+
+// Block: kWarps warps; `wpr` consecutive warps share one pair of output rows, each summing a
+// contiguous part of K. acc[j][r]: output row (row0 + j), activation row r.
+template <int NR, bool F16>
+__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const uint16_t* __restrict__ w, const uint16_t* __restrict__ x,
+                                                           const float* __restrict__ bias, void* y, bool y_f32, int T, int64_t N,
+                                                           int64_t K, int wpr, bool vec) {
+  __shared__ float red[kWarps][2][NR];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int pair = warp / wpr, part = warp % wpr;
+  const int64_t row0 = (int64_t(blockIdx.x) * (kWarps / wpr) + pair) * 2;
+  const bool has0 = row0 < N, has1 = row0 + 1 < N;
+  float acc[2][NR];
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int r = 0; r < NR; ++r) acc[j][r] = 0.0f;
+
+  if (vec) {
+    const int64_t nv = K / 8, beg = nv * part / wpr, end = nv * (part + 1) / wpr;
+    const uint4* w0 = reinterpret_cast<const uint4*>(w + (has0 ? row0 : 0) * K);
+    const uint4* w1 = reinterpret_cast<const uint4*>(w + (has1 ? row0 + 1 : 0) * K);
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    for (int64_t i0 = beg + lane; i0 < end; i0 += 32 * kUnroll) {
+      uint4 q0[kUnroll], q1[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t i = i0 + u * 32;
+        q0[u] = i < end && has0 ? ld_stream(w0 + i) : make_uint4(0, 0, 0, 0);
+        q1[u] = i < end && has1 ? ld_stream(w1 + i) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t i = i0 + u * 32;
+        if (i >= end) break;
+        float f0[8], f1[8];
+        unpack8<F16>(q0[u], f0);
+        unpack8<F16>(q1[u], f1);
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+          if (r >= T) break;
+          float xf[8];
+          unpack8<false>(__ldg(xv + r * nv + i), xf);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            acc[0][r] = fmaf(f0[e], xf[e], acc[0][r]);
+            acc[1][r] = fmaf(f1[e], xf[e], acc[1][r]);
+          }
+        }
+      }
+    }
+  } else {  // K not a multiple of 8 (or unaligned): one element per lane per step
+    const int64_t beg = K * part / wpr, end = K * (part + 1) / wpr;
+    for (int64_t k = beg + lane; k < end; k += 32) {
+      const float a = has0 ? w_at<F16>(w, row0 * K + k) : 0.0f;
+      const float b = has1 ? w_at<F16>(w, (row0 + 1) * K + k) : 0.0f;
+#pragma unroll
+      for (int r = 0; r < NR; ++r) {
+        if (r >= T) break;
+        const float xf = __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(x)[r * K + k]);
+        acc[0][r] = fmaf(a, xf, acc[0][r]);
+        acc[1][r] = fmaf(b, xf, acc[1][r]);
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int r = 0; r < NR; ++r)
+      for (int o = 16; o > 0; o >>= 1) acc[j][r] += __shfl_xor_sync(0xffffffffu, acc[j][r], o);
+  if (wpr > 1) {
+    if (lane == 0)
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int r = 0; r < NR; ++r) red[warp][j][r] = acc[j][r];
+    __syncthreads();
+    if (part != 0) return;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int r = 0; r < NR; ++r) {
+        float s = 0;
+        for (int p = 0; p < wpr; ++p) s += red[warp + p][j][r];
+        acc[j][r] = s;
+      }
+  }
+  if (lane != 0) return;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int64_t n = row0 + j;
+    if (n >= N) break;
+    const float b = bias ? bias[n] : 0.0f;
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+      if (r >= T) break;
+      const float v = acc[j][r] + b;
+      if (y_f32)
+        static_cast<float*>(y)[r * N + n] = v;
+      else
+        static_cast<__nv_bfloat16*>(y)[r * N + n] = __float2bfloat16(v);
+    }
+  }
+}
+
+template <int NR>
+void launch_nr(bool f16, dim3 grid, cudaStream_t s, const uint16_t* w, const uint16_t* x, const float* bias, void* y, bool y_f32,
+               int T, int64_t N, int64_t K, int wpr, bool vec) {
+  if (f16)
+    gemv_kernel<NR, true><<<grid, kWarps * 32, 0, s>>>(w, x, bias, y, y_f32, T, N, K, wpr, vec);
+  else
+    gemv_kernel<NR, false><<<grid, kWarps * 32, 0, s>>>(w, x, bias, y, y_f32, T, N, K, wpr, vec);
+  ARBOR_LAUNCH_CHECK("gemv_kernel");
+}
+
+}  // namespace
+
+void launch_gemv(const void* w, DType w_dtype, const uint16_t* x, const float* bias, void* y, DType y_dtype, int64_t T, int64_t N,
+                 int64_t K, int n_sms, cudaStream_t s) {
+  ARBOR_CU_CHECK(T >= 1 && T <= kGemvMaxRows, "cuda: gemv: %lld rows (1..%lld supported)", (long long)T, (long long)kGemvMaxRows);
+  ARBOR_CU_CHECK(w_dtype == DType::BF16 || w_dtype == DType::F16, "cuda: gemv: weight dtype %s (BF16 or F16)", dtype_name(w_dtype).data());
+  ARBOR_CU_CHECK(y_dtype == DType::BF16 || y_dtype == DType::F32, "cuda: gemv: output dtype %s (BF16 or F32)", dtype_name(y_dtype).data());
+  const bool vec = K % 8 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  // Enough warps for about half the SMs' warp slots (64 per SM); more rows per warp-pair than that
+  // only queue up.
+  const int64_t pairs = (N + 1) / 2;
+  int wpr = 1;
+  while (wpr < kWarps && pairs * wpr < int64_t(n_sms) * 32) wpr *= 2;
+  const int64_t pairs_per_block = kWarps / wpr;
+  dim3 grid(unsigned((pairs + pairs_per_block - 1) / pairs_per_block));
+  const uint16_t* wp = static_cast<const uint16_t*>(w);
+  const bool f16 = w_dtype == DType::F16, f32 = y_dtype == DType::F32;
+  const int t = int(T);
+  if (T == 1) launch_nr<1>(f16, grid, s, wp, x, bias, y, f32, t, N, K, wpr, vec);
+  else if (T == 2) launch_nr<2>(f16, grid, s, wp, x, bias, y, f32, t, N, K, wpr, vec);
+  else if (T <= 4) launch_nr<4>(f16, grid, s, wp, x, bias, y, f32, t, N, K, wpr, vec);
+  else launch_nr<8>(f16, grid, s, wp, x, bias, y, f32, t, N, K, wpr, vec);
+}
+
+}  // namespace arbor::cuda

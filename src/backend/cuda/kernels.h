@@ -1,0 +1,83 @@
+// Host-side launchers of the CUDA kernels (defined in the .cu files beside this), called by
+// CudaBackend. Activations are bf16 (passed as uint16_t*), accumulation f32; every launcher checks
+// the launch (ARBOR_LAUNCH_CHECK) and never synchronises.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/backend.h"
+#include "core/dtype.h"
+
+namespace arbor::cuda {
+
+// ---- elementwise.cu -------------------------------------------------------------------------------
+// out[t] = table[tokens[t]] * scale; table [V, C] bf16 or f16, out [T, C] bf16.
+void launch_embed(const void* table, DType table_dtype, const int32_t* tokens, int64_t T, int64_t C, float scale,
+                  uint16_t* out, cudaStream_t s);
+// Rows of x [R, C] bf16 normalised; w, b f32 [C] (b may be null); out may alias x.
+void launch_norm(NormOp op, const uint16_t* x, const float* w, const float* b, float eps, int64_t R, int64_t C, uint16_t* out,
+                 cudaStream_t s);
+// Rotates the first rot_dim dims of each head (halves [0, rot/2) and [rot/2, rot)); cos/sin [n_pos, rot/2] f32.
+void launch_rope(uint16_t* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
+                 const float* cos, const float* sin, cudaStream_t s);
+// k, v [T, row] into the pools [n_blocks, block_size, row] at each token's slot (row = n_kv_heads*head_dim).
+void launch_kv_write(const uint16_t* k, const uint16_t* v, const int32_t* pos, const int32_t* seq,
+                     const int32_t* block_tables, int32_t max_blocks, int64_t T, int64_t row, int64_t block_size,
+                     uint16_t* k_pool, uint16_t* v_pool, cudaStream_t s);
+// out = act(gate) * up, or act(up) when gate is null; n elements, bf16.
+void launch_activation(ActOp op, const uint16_t* gate, const uint16_t* up, int64_t n, uint16_t* out, cudaStream_t s);
+// y += x * scale (bf16).
+void launch_add_scaled(uint16_t* y, const uint16_t* x, int64_t n, float scale, cudaStream_t s);
+// x = x * scale, then cap * tanh(x / cap) when cap > 0; x is f32 or bf16.
+void launch_scale_softcap(void* x, DType dtype, int64_t n, float scale, float cap, cudaStream_t s);
+// out[i] = x[rows[i]], rows of row_bytes bytes (a multiple of 2).
+void launch_gather_rows(const void* x, int64_t row_bytes, const int32_t* rows, int64_t R, void* out, cudaStream_t s);
+// y [T, N] (bf16 or f32) += bias [N] f32.
+void launch_add_bias(void* y, DType y_dtype, const float* bias, int64_t T, int64_t N, cudaStream_t s);
+// y [T, N] = src [T, N] f32 (+ bias), converted to y_dtype (bf16 or f32).
+void launch_finish_f32(const float* src, const float* bias, int64_t T, int64_t N, void* y, DType y_dtype, cudaStream_t s);
+// bf16 -> f16 (f16 weights' GEMM needs f16 activations).
+void launch_bf16_to_f16(const uint16_t* x, int64_t n, uint16_t* out, cudaStream_t s);
+// Deterministic pseudo-random bf16 in [-1, 1) (ceiling measurements: never time on zeros).
+void launch_fill_random_bf16(uint16_t* p, int64_t n, uint64_t seed, cudaStream_t s);
+
+// ---- gemv.cu --------------------------------------------------------------------------------------
+// y [T, N] = x [T, K] · w[N, K]ᵀ (+ bias f32 [N]) for T in 1..8; w bf16 or f16, x bf16, y bf16 or f32.
+void launch_gemv(const void* w, DType w_dtype, const uint16_t* x, const float* bias, void* y, DType y_dtype, int64_t T,
+                 int64_t N, int64_t K, int n_sms, cudaStream_t s);
+constexpr int64_t kGemvMaxRows = 8;
+
+// ---- attention_*.cu -------------------------------------------------------------------------------
+struct AttnArgs {
+  const uint16_t* q = nullptr;       // [T, n_heads*head_dim] bf16
+  const uint16_t* k_pool = nullptr;  // [n_blocks, block_size, n_kv_heads, head_dim] bf16
+  const uint16_t* v_pool = nullptr;
+  uint16_t* out = nullptr;           // [T, n_heads*head_dim] bf16
+  const int32_t* pos = nullptr;      // [T]
+  const int32_t* seq = nullptr;      // [T]
+  const int32_t* block_tables = nullptr;  // [S, max_blocks]
+  int32_t max_blocks = 0, block_size = 16;
+  int32_t n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  float scale = 1.0f, softcap = 0.0f;
+  int32_t window = 0;  // 0: full causal
+};
+// Split-K flash-decoding: grid (n_splits, kv heads x head chunks, T); every query token attends to
+// [lo, pos] of its sequence, cut into n_splits ranges of split_len keys; partial results (o, m, l)
+// go to scratch [T, n_heads, n_splits, head_dim + 2] f32 and a second kernel merges them.
+void launch_attention_decode(const AttnArgs& a, int64_t T, int n_splits, int32_t split_len, float* scratch, cudaStream_t s);
+// Flash attention over tiles of query rows (tokens x the GQA group's heads) with tensor cores
+// (mma.sync m16n8k16 bf16, f32 accumulators) and online softmax. tiles [n_tiles, 8] int32:
+// {first token, n tokens, seq, min pos, max pos, 0, 0, 0}; each tile has at most 64 / group tokens.
+void launch_attention_prefill(const AttnArgs& a, const int32_t* tiles, int64_t n_tiles, cudaStream_t s);
+constexpr int kPrefillRows = 64;  // query rows (token x head) per prefill tile
+
+// ---- sampling.cu ----------------------------------------------------------------------------------
+// ids[r] = argmax of logits row r (ties: lowest id, as torch.argmax); logits [rows, vocab] f32.
+void launch_argmax(const float* logits, int64_t rows, int64_t vocab, int32_t* ids, cudaStream_t s);
+// Seeded sampling per row in transformers' order: temperature, top-k, top-p, min-p. The random draw
+// for row r is a hash of (seed, step, r), so a (seed, step) pair always gives the same ids.
+void launch_sample(const float* logits, int64_t rows, int64_t vocab, float temperature, int32_t top_k, float top_p,
+                   float min_p, uint64_t seed, uint64_t step, int32_t* ids, cudaStream_t s);
+
+}  // namespace arbor::cuda

@@ -1,0 +1,181 @@
+// Sampling on the GPU, one block per row of logits: greedy argmax, and seeded temperature / top-k /
+// top-p / min-p. Filters are thresholds found by bisection on the bits of the (order-preserving)
+// float keys, so nothing is sorted: top-k keeps keys >= the k-th largest; top-p keeps the largest
+// keys whose mass reaches top_p; min-p keeps p >= min_p * p_max. Ties at a threshold are all kept.
+#include <cuda_runtime.h>
+
+#include <cfloat>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+
+namespace arbor::cuda {
+
+namespace {
+
+constexpr int kThreads = 1024;
+
+// Order-preserving map of a float to uint32: a < b  <=>  key(a) < key(b).
+__device__ __forceinline__ uint32_t fkey(float f) {
+  const uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+template <typename T, typename Op>
+__device__ T block_reduce(T v, Op op, T* red) {
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();  // red may still be read by the previous reduction
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  T r = red[0];
+  for (int w = 1; w < int(blockDim.x / 32); ++w) r = op(r, red[w]);
+  return r;
+}
+
+struct MaxIdx {
+  float v;
+  int32_t i;
+};
+
+__device__ __forceinline__ MaxIdx better(MaxIdx a, MaxIdx b) { return (b.v > a.v || (b.v == a.v && b.i < a.i)) ? b : a; }
+
+// (max, lowest index of the max) of row[0..n)
+__device__ MaxIdx row_argmax(const float* row, int64_t n, MaxIdx* red) {
+  MaxIdx best{-INFINITY, INT32_MAX};
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) best = better(best, MaxIdx{row[i], int32_t(i)});
+  for (int o = 16; o > 0; o >>= 1) {
+    MaxIdx other{__shfl_xor_sync(0xffffffffu, best.v, o), __shfl_xor_sync(0xffffffffu, best.i, o)};
+    best = better(best, other);
+  }
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = best;
+  __syncthreads();
+  MaxIdx r = red[0];
+  for (int w = 1; w < int(blockDim.x / 32); ++w) r = better(r, red[w]);
+  return r;
+}
+
+__global__ void __launch_bounds__(kThreads) argmax_kernel(const float* logits, int64_t vocab, int32_t* ids) {
+  __shared__ MaxIdx red[32];
+  const MaxIdx r = row_argmax(logits + blockIdx.x * vocab, vocab, red);
+  if (threadIdx.x == 0) ids[blockIdx.x] = r.i == INT32_MAX ? 0 : r.i;  // an all-NaN row gives 0
+}
+
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+__global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, int64_t vocab, float inv_temp, int32_t top_k,
+                                                          float top_p, float min_p, uint64_t seed, uint64_t step, int32_t* ids) {
+  __shared__ MaxIdx red_mi[32];
+  __shared__ float red_f[32];
+  __shared__ double red_d[32];
+  __shared__ unsigned red_u[32];
+  __shared__ int32_t chosen;
+  const float* row = logits + blockIdx.x * vocab;
+  auto sumd = [](double a, double b) { return a + b; };
+  auto sumu = [](unsigned a, unsigned b) { return a + b; };
+
+  // Logits scaled by 1/temperature; inv_temp > 0 keeps their order, so the argmax is the row's.
+  const MaxIdx top = row_argmax(row, vocab, red_mi);
+  const float m = top.v * inv_temp;
+
+  uint32_t kmin = 0;  // kept: fkey(x) >= kmin
+  if (top_k > 0 && top_k < vocab) {
+    uint32_t res = 0;
+    for (int bit = 31; bit >= 0; --bit) {
+      const uint32_t cand = res | (1u << bit);
+      unsigned c = 0;
+      for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) c += fkey(row[i] * inv_temp) >= cand;
+      if (block_reduce(c, sumu, red_u) >= unsigned(top_k)) res = cand;
+    }
+    kmin = res;
+  }
+  if (top_p < 1.0f) {
+    double z = 0;
+    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+      const float x = row[i] * inv_temp;
+      if (fkey(x) >= kmin) z += __expf(x - m);
+    }
+    const double target = double(top_p) * block_reduce(z, sumd, red_d);
+    // Largest P with mass(keys >= max(P, kmin)) >= target: the predicate falls as P grows.
+    uint32_t res = 0;
+    for (int bit = 31; bit >= 0; --bit) {
+      const uint32_t cand = res | (1u << bit), lim = cand > kmin ? cand : kmin;
+      double s = 0;
+      for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+        const float x = row[i] * inv_temp;
+        if (fkey(x) >= lim) s += __expf(x - m);
+      }
+      if (block_reduce(s, sumd, red_d) >= target) res = cand;
+    }
+    kmin = res > kmin ? res : kmin;
+  }
+  const float pmin = min_p > 0 ? min_p : 0.0f;  // p / p_max = exp(x - m)
+
+  // Draw u in [0, mass) and walk the kept tokens in id order: each thread owns a contiguous chunk.
+  const int64_t chunk = (vocab + blockDim.x - 1) / blockDim.x;
+  const int64_t c0 = threadIdx.x * chunk < vocab ? threadIdx.x * chunk : vocab, c1 = c0 + chunk < vocab ? c0 + chunk : vocab;
+  float mine = 0;
+  for (int64_t i = c0; i < c1; ++i) {
+    const float x = row[i] * inv_temp, p = __expf(x - m);
+    if (fkey(x) >= kmin && p >= pmin) mine += p;
+  }
+  // Exclusive prefix of the chunk sums (warp scan, then the warps' totals).
+  float incl = mine;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int o = 1; o < 32; o <<= 1) {
+    const float v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  __syncthreads();
+  if (lane == 31) red_f[warp] = incl;
+  if (threadIdx.x == 0) chosen = -1;
+  __syncthreads();
+  float before = incl - mine, total = 0;
+  for (int w = 0; w < int(blockDim.x / 32); ++w) {
+    if (w < warp) before += red_f[w];
+    total += red_f[w];
+  }
+  const uint64_t h = mix64(mix64(seed ^ 0x9E3779B97F4A7C15ull) + step * 0xD1B54A32D192ED03ull + blockIdx.x);
+  const float u = float(double(h >> 11) * (1.0 / 9007199254740992.0)) * total;
+  if (mine > 0 && u >= before && u < before + mine) {
+    float acc = before;
+    int32_t pick = -1;
+    for (int64_t i = c0; i < c1; ++i) {
+      const float x = row[i] * inv_temp, p = __expf(x - m);
+      if (fkey(x) >= kmin && p >= pmin) {
+        pick = int32_t(i);
+        acc += p;
+        if (u < acc) break;
+      }
+    }
+    chosen = pick;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) ids[blockIdx.x] = chosen >= 0 ? chosen : (top.i == INT32_MAX ? 0 : top.i);  // rounding at the end: the top token
+}
+
+}  // namespace
+
+void launch_argmax(const float* logits, int64_t rows, int64_t vocab, int32_t* ids, cudaStream_t s) {
+  if (rows == 0) return;
+  ARBOR_CU_CHECK(vocab > 0 && vocab < INT32_MAX && rows <= INT32_MAX, "cuda: argmax: %lld rows of %lld", (long long)rows, (long long)vocab);
+  argmax_kernel<<<unsigned(rows), kThreads, 0, s>>>(logits, vocab, ids);
+  ARBOR_LAUNCH_CHECK("argmax_kernel");
+}
+
+void launch_sample(const float* logits, int64_t rows, int64_t vocab, float temperature, int32_t top_k, float top_p, float min_p,
+                   uint64_t seed, uint64_t step, int32_t* ids, cudaStream_t s) {
+  if (rows == 0) return;
+  ARBOR_CU_CHECK(vocab > 0 && vocab < INT32_MAX && rows <= INT32_MAX, "cuda: sample: %lld rows of %lld", (long long)rows, (long long)vocab);
+  if (!(temperature > 0)) return launch_argmax(logits, rows, vocab, ids, s);
+  ARBOR_CU_CHECK(top_p > 0 && top_p <= 1 && min_p >= 0 && min_p <= 1 && top_k >= 0,
+                 "cuda: sample: top_p %g (0, 1], min_p %g [0, 1], top_k %d >= 0", double(top_p), double(min_p), top_k);
+  sample_kernel<<<unsigned(rows), kThreads, 0, s>>>(logits, vocab, 1.0f / temperature, top_k, top_p, min_p, seed, step, ids);
+  ARBOR_LAUNCH_CHECK("sample_kernel");
+}
+
+}  // namespace arbor::cuda

@@ -1,0 +1,114 @@
+// KV write and attention over the paged cache, CUDA (both kernels: tensor-core prefill and split-K
+// decode) against the CPU reference: head_dim 64/128/256, GQA ratios 1..8, sliding windows,
+// softcap, block-boundary context lengths, several sequences per batch. Skipped without a GPU.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include "cuda_test_util.h"
+
+using namespace arbor;
+using namespace arbor::cuda_test;
+
+namespace {
+
+struct Case {
+  int64_t head_dim, n_heads, n_kv_heads;
+  int64_t window;
+  float softcap;
+  std::vector<int32_t> ctx;      // context length of each sequence after the step
+  std::vector<int32_t> n_query;  // tokens of each sequence in the step (the last n positions)
+  int64_t block_size = 16;
+};
+
+std::string describe(const Case& c) {
+  std::string s = fmt::format("hd {} heads {}/{} window {} softcap {} ctx", c.head_dim, c.n_heads, c.n_kv_heads, c.window, c.softcap);
+  for (size_t i = 0; i < c.ctx.size(); ++i) s += fmt::format(" {}({})", c.ctx[i], c.n_query[i]);
+  return s;
+}
+
+// Fills both caches with the same random keys/values for every position of every sequence (one
+// kv_write batch), checks the pools agree, then runs attention for the case's query tokens.
+void run_case(const Case& c, std::mt19937& rng) {
+  SCOPED_TRACE(describe(c));
+  const int64_t hd = c.head_dim, kv_row = c.n_kv_heads * hd, q_row = c.n_heads * hd;
+  int64_t n_blocks = 0;
+  BatchInfo fill = paged_batch(c.ctx, c.ctx, c.block_size, rng, &n_blocks);  // every position
+  std::mt19937 rng_copy = rng;
+  BatchInfo query = paged_batch(c.ctx, c.n_query, c.block_size, rng_copy, &n_blocks);
+  query.block_tables = fill.block_tables;  // same sequences, same blocks
+  KVLayout kv;
+  kv.n_layers = 1, kv.n_blocks = n_blocks, kv.block_size = c.block_size, kv.n_kv_heads = c.n_kv_heads, kv.head_dim = hd;
+
+  CudaBackend gpu(0);
+  CpuBackend cpu(2, WeightPlacement::Copy);
+  gpu.alloc_kv(kv), cpu.alloc_kv(kv);
+  const int64_t TF = fill.n_tokens();
+  std::vector<float> k = random_bf16(rng, size_t(TF * kv_row)), v = random_bf16(rng, size_t(TF * kv_row));
+  gpu.begin_batch(fill), cpu.begin_batch(fill);
+  gpu.kv_write(0, dev_bf16(gpu, k, {TF, kv_row}), dev_bf16(gpu, v, {TF, kv_row}));
+  cpu.kv_write(0, host_view(k, {TF, kv_row}), host_view(v, {TF, kv_row}));
+  {
+    std::vector<float> kp = host_f32(gpu, gpu.k_pool(0)), vp = host_f32(gpu, gpu.v_pool(0));
+    const size_t n = kp.size();
+    std::vector<float> kc(cpu.k_pool(0), cpu.k_pool(0) + n), vc(cpu.v_pool(0), cpu.v_pool(0) + n);
+    EXPECT_EQ(max_diff(kp, kc), 0.0f) << "K pools differ";
+    EXPECT_EQ(max_diff(vp, vc), 0.0f) << "V pools differ";
+  }
+
+  AttentionParams p;
+  p.n_heads = c.n_heads, p.n_kv_heads = c.n_kv_heads, p.head_dim = hd;
+  p.scale = 1.0f / std::sqrt(float(hd)) * 2.0f;  // sharper than usual: softmax far from uniform
+  p.softcap = c.softcap, p.window = c.window;
+  const int64_t TQ = query.n_tokens();
+  std::vector<float> q = random_bf16(rng, size_t(TQ * q_row), 2.0f), ref(size_t(TQ * q_row));
+  cpu.begin_batch(query);
+  cpu.attention(0, host_view(q, {TQ, q_row}), p, host_view(ref, {TQ, q_row}));
+  gpu.begin_batch(query);
+  Tensor qg = dev_bf16(gpu, q, {TQ, q_row});
+  for (auto path : {CudaBackend::AttentionPath::Prefill, CudaBackend::AttentionPath::Decode}) {
+    gpu.set_attention_path(path);
+    Tensor og = gpu.alloc(DType::BF16, {TQ, q_row});
+    std::vector<float> poison(size_t(TQ * q_row), NAN);
+    gpu.upload(to_bf16(poison).data(), og);  // every element must be written
+    gpu.attention(0, qg, p, og);
+    // Outputs are convex combinations of values in [-1, 1]: an absolute bound. bf16 probabilities
+    // (prefill) and a bf16 output give about 4e-3.
+    EXPECT_LE(max_diff(host_f32(gpu, og), ref), 1.5e-2f) << (path == CudaBackend::AttentionPath::Prefill ? "prefill" : "decode");
+  }
+}
+
+TEST(CudaAttention, HeadDimsAndGqaRatios) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(11);
+  for (int64_t hd : {64, 128, 256})
+    for (auto [h, kvh] : std::vector<std::pair<int64_t, int64_t>>{{2, 2}, {4, 2}, {6, 2}, {8, 2}, {7, 1}, {8, 1}})
+      run_case({hd, h, kvh, 0, 0.0f, {33, 17}, {33, 1}}, rng);
+}
+
+TEST(CudaAttention, BlockBoundariesAndMixedBatches) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(12);
+  // Lengths around block boundaries; prefill of whole prompts, chunks that start mid-sequence, and
+  // decode tokens, several sequences in one batch.
+  run_case({128, 8, 2, 0, 0.0f, {1, 15, 16, 17, 31, 32, 33}, {1, 15, 16, 17, 31, 32, 33}}, rng);
+  run_case({128, 8, 2, 0, 0.0f, {1, 15, 16, 17, 31, 32, 33}, {1, 1, 1, 1, 1, 1, 1}}, rng);
+  run_case({64, 4, 1, 0, 0.0f, {64, 65, 100}, {20, 1, 37}}, rng);
+  run_case({128, 4, 4, 0, 0.0f, {48}, {48}, 8}, rng);  // block size 8
+  run_case({128, 16, 2, 0, 0.0f, {40, 9}, {40, 2}}, rng);  // GQA 8, several tiles of 8 tokens
+}
+
+TEST(CudaAttention, SlidingWindowSoftcapLongContext) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(13);
+  run_case({64, 4, 2, 5, 0.0f, {40, 3}, {40, 3}}, rng);
+  run_case({128, 8, 4, 37, 0.0f, {100, 37, 38}, {100, 1, 1}}, rng);
+  run_case({256, 8, 4, 16, 50.0f, {70}, {70}}, rng);
+  run_case({128, 8, 2, 0, 20.0f, {33}, {33}}, rng);
+  // Long contexts: the decode kernel splits the keys over many blocks and merges the partials.
+  run_case({128, 32, 8, 0, 0.0f, {1500}, {1}}, rng);
+  run_case({64, 8, 1, 0, 0.0f, {900, 1200}, {1, 1}}, rng);
+  run_case({128, 8, 2, 300, 0.0f, {1000}, {3}}, rng);
+}
+
+}  // namespace

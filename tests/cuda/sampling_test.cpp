@@ -1,0 +1,105 @@
+// GPU sampling: argmax against the CPU's (ties to the lowest id), and seeded temperature / top-k /
+// top-p / min-p draws against the exact filtered distribution computed here in double precision
+// in transformers' order (the CPU Sampler's semantics). Skipped without a GPU.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "cuda_test_util.h"
+#include "engine/sampler.h"
+
+using namespace arbor;
+using namespace arbor::cuda_test;
+
+namespace {
+
+// The distribution the CPU Sampler draws from: probabilities of the kept tokens (others absent).
+std::map<int32_t, double> reference_distribution(const std::vector<float>& logits, const GpuSampling& p) {
+  std::vector<std::pair<float, int32_t>> c;
+  for (size_t i = 0; i < logits.size(); ++i) c.push_back({logits[i] / p.temperature, int32_t(i)});
+  std::sort(c.begin(), c.end(), [](auto& a, auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+  size_t n = p.top_k > 0 ? std::min(c.size(), size_t(p.top_k)) : c.size();
+  std::vector<double> prob(n);
+  double total = 0;
+  for (size_t i = 0; i < n; ++i) total += (prob[i] = std::exp(double(c[i].first - c[0].first)));
+  for (auto& q : prob) q /= total;
+  if (p.top_p < 1.0f) {
+    double cum = 0;
+    size_t keep = 0;
+    while (keep < n) {
+      cum += prob[keep++];
+      if (cum >= double(p.top_p)) break;
+    }
+    n = keep;
+  }
+  if (p.min_p > 0) {
+    size_t keep = 1;
+    while (keep < n && prob[keep] >= double(p.min_p) * prob[0]) ++keep;
+    n = keep;
+  }
+  double mass = 0;
+  for (size_t i = 0; i < n; ++i) mass += prob[i];
+  std::map<int32_t, double> out;
+  for (size_t i = 0; i < n; ++i) out[c[i].second] = prob[i] / mass;
+  return out;
+}
+
+TEST(CudaSampling, ArgmaxMatchesTheCpu) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(21);
+  CudaBackend gpu(0);
+  for (int64_t V : {1, 1000, 151936}) {
+    const int64_t R = 3;
+    std::vector<float> l = random_bf16(rng, size_t(R * V), 10.0f);
+    if (V > 1) l[size_t(V + 5)] = l[size_t(V + 900 % V)] = 99.0f;  // a tie in row 1: the lower id wins
+    Tensor t = gpu.alloc(DType::F32, {R, V});
+    gpu.upload(l.data(), t);
+    std::vector<int32_t> ids(static_cast<size_t>(R));
+    gpu.argmax_rows(t, ids.data());
+    for (int64_t r = 0; r < R; ++r) EXPECT_EQ(ids[size_t(r)], argmax(l.data() + r * V, V)) << "V " << V << " row " << r;
+  }
+}
+
+TEST(CudaSampling, SeededDrawsFollowTheFilteredDistribution) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(22);
+  CudaBackend gpu(0);
+  const int64_t V = 24, R = 8192;  // R draws at once: each row gets its own hash of (seed, step, row)
+  std::vector<float> row = random_bf16(rng, size_t(V), 3.0f);
+  std::vector<float> l;
+  for (int64_t r = 0; r < R; ++r) l.insert(l.end(), row.begin(), row.end());
+  Tensor t = gpu.alloc(DType::F32, {R, V});
+  gpu.upload(l.data(), t);
+  std::vector<GpuSampling> cases(5);
+  cases[0].temperature = 1.0f;
+  cases[1].temperature = 0.7f, cases[1].top_k = 5;
+  cases[2].temperature = 1.3f, cases[2].top_p = 0.6f;
+  cases[3].temperature = 1.0f, cases[3].min_p = 0.15f;
+  cases[4].temperature = 0.9f, cases[4].top_k = 12, cases[4].top_p = 0.9f, cases[4].min_p = 0.05f;
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    GpuSampling p = cases[ci];
+    p.seed = 1234 + ci;
+    auto ref = reference_distribution(row, p);
+    std::vector<int32_t> ids(static_cast<size_t>(R));
+    gpu.sample_rows(t, p, 7, ids.data());
+    std::map<int32_t, int64_t> count;
+    for (auto id : ids) count[id]++;
+    for (auto [id, n] : count) EXPECT_TRUE(ref.count(id)) << "case " << ci << ": token " << id << " drawn " << n << " times is filtered out";
+    for (auto [id, pr] : ref) {
+      const double f = double(count[id]) / double(R), sigma = std::sqrt(pr * (1 - pr) / double(R));
+      EXPECT_NEAR(f, pr, 5 * sigma + 2e-3) << "case " << ci << " token " << id;
+    }
+    std::vector<int32_t> again(static_cast<size_t>(R));
+    gpu.sample_rows(t, p, 7, again.data());
+    EXPECT_EQ(ids, again) << "same (seed, step) must give the same ids";
+    gpu.sample_rows(t, p, 8, again.data());
+    EXPECT_NE(ids, again) << "another step must draw anew";
+  }
+  GpuSampling k1;
+  k1.temperature = 0.8f, k1.top_k = 1;
+  std::vector<int32_t> ids(static_cast<size_t>(R));
+  gpu.sample_rows(t, k1, 0, ids.data());
+  for (auto id : ids) ASSERT_EQ(id, argmax(row.data(), V));
+}
+
+}  // namespace
