@@ -222,17 +222,23 @@ ARBOR_AVX512 void gemm_tile_any(int mr, const float* x, int64_t ldx, const float
 
 template <WT wt>
 ARBOR_AVX512 void gemm_typed(const Args& a, int64_t n0, int64_t n1, float* P) {
-  for (int64_t nb = n0; nb < n1; nb += 32) {
-    const int64_t nw = std::min<int64_t>(32, n1 - nb);
-    const uint32_t cols = nw >= 32 ? 0xffffffffu : (1u << nw) - 1;
-    const __mmask16 m0 = __mmask16(cols), m1 = __mmask16(cols >> 16);
-    for (int64_t kb = 0; kb < a.K; kb += kKC) {
-      const int64_t kc = std::min<int64_t>(kKC, a.K - kb);
-      pack_panel<wt>(a, nb, nw, kb, kc, P);
-      for (int64_t t = 0; t < a.T; t += kMR) {
-        const int mr = int(std::min<int64_t>(kMR, a.T - t));
-        gemm_tile_any<kMR>(mr, a.x + t * a.K + kb, a.K, P, kc, a.y + t * a.N + nb, a.N, m0, m1,
-                           a.bias ? a.bias + nb : nullptr, kb == 0);
+  for (int64_t tb = 0; tb < a.T; tb += kGemmBlockT) {
+    const int64_t te = std::min(a.T, tb + kGemmBlockT);
+    for (int64_t ng = n0; ng < n1; ng += kGemmGroupN) {
+      const int64_t ne = std::min(n1, ng + kGemmGroupN);
+      for (int64_t kb = 0; kb < a.K; kb += kKC) {
+        const int64_t kc = std::min<int64_t>(kKC, a.K - kb);
+        for (int64_t nb = ng; nb < ne; nb += 32) {
+          const int64_t nw = std::min<int64_t>(32, ne - nb);
+          const uint32_t cols = nw >= 32 ? 0xffffffffu : (1u << nw) - 1;
+          const __mmask16 m0 = __mmask16(cols), m1 = __mmask16(cols >> 16);
+          pack_panel<wt>(a, nb, nw, kb, kc, P);
+          for (int64_t t = tb; t < te; t += kMR) {
+            const int mr = int(std::min<int64_t>(kMR, te - t));
+            gemm_tile_any<kMR>(mr, a.x + t * a.K + kb, a.K, P, kc, a.y + t * a.N + nb, a.N, m0, m1,
+                               a.bias ? a.bias + nb : nullptr, kb == 0);
+          }
+        }
       }
     }
   }

@@ -149,17 +149,23 @@ ARBOR_AVX512BF16 void gemm_avx512bf16(const Args& a, int64_t n0, int64_t n1, flo
               dtype_name(a.wtype), a.Kp, a.K);
   uint32_t* P = reinterpret_cast<uint32_t*>(scratch);
   const int64_t pairs = a.Kp / 2;
-  for (int64_t nb = n0; nb < n1; nb += 32) {
-    const int64_t nw = std::min<int64_t>(32, n1 - nb);
-    const uint32_t cols = nw >= 32 ? 0xffffffffu : (1u << nw) - 1;
-    const __mmask16 m0 = __mmask16(cols), m1 = __mmask16(cols >> 16);
-    for (int64_t pb = 0; pb < pairs; pb += kKCP) {
-      const int64_t kcp = std::min<int64_t>(kKCP, pairs - pb);
-      pack_panel(a, nb, nw, 2 * pb, kcp, P);
-      for (int64_t t = 0; t < a.T; t += kMR) {
-        const int mr = int(std::min<int64_t>(kMR, a.T - t));
-        gemm_tile_any<kMR>(mr, a.x_split + t * a.Kp + 2 * pb, a.Kp, P, kcp, a.y + t * a.N + nb, a.N, m0, m1,
-                           a.bias ? a.bias + nb : nullptr, pb == 0);
+  for (int64_t tb = 0; tb < a.T; tb += kGemmBlockT) {
+    const int64_t te = std::min(a.T, tb + kGemmBlockT);
+    for (int64_t ng = n0; ng < n1; ng += kGemmGroupN) {
+      const int64_t ne = std::min(n1, ng + kGemmGroupN);
+      for (int64_t pb = 0; pb < pairs; pb += kKCP) {
+        const int64_t kcp = std::min<int64_t>(kKCP, pairs - pb);
+        for (int64_t nb = ng; nb < ne; nb += 32) {
+          const int64_t nw = std::min<int64_t>(32, ne - nb);
+          const uint32_t cols = nw >= 32 ? 0xffffffffu : (1u << nw) - 1;
+          const __mmask16 m0 = __mmask16(cols), m1 = __mmask16(cols >> 16);
+          pack_panel(a, nb, nw, 2 * pb, kcp, P);
+          for (int64_t t = tb; t < te; t += kMR) {
+            const int mr = int(std::min<int64_t>(kMR, te - t));
+            gemm_tile_any<kMR>(mr, a.x_split + t * a.Kp + 2 * pb, a.Kp, P, kcp, a.y + t * a.N + nb, a.N, m0, m1,
+                               a.bias ? a.bias + nb : nullptr, pb == 0);
+          }
+        }
       }
     }
   }
