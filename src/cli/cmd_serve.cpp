@@ -128,6 +128,7 @@ int cmd_serve(const std::vector<std::string>& args_in) {
   if (ctx.model_id.empty()) ctx.model_id = fs::path(model_dir).lexically_normal().parent_path().filename().string();
   ctx.ctx_size = m.ctx_size();
   ctx.vocab_size = m.config().vocab_size;
+  ctx.kv_capacity_tokens = pool.n_blocks() * pool.block_size();
   ctx.eos_ids = eos_ids(m.config(), tok, model_dir);
   ctx.thinking = thinking;
   ctx.api_key = a.get_or("api-key", "");

@@ -43,6 +43,7 @@ struct ServerContext {
   ChatFormat chat_format;
   std::string model_id;
   int64_t ctx_size = 0, vocab_size = 0;
+  int64_t kv_capacity_tokens = 0;  // KV pool blocks * block size: one sequence can never hold more
   std::vector<int32_t> eos_ids;  // generation ends at any of these
   SamplingDefaults defaults;
   std::string thinking;  // "" = template default, "on", "off"

@@ -10,6 +10,8 @@ namespace arbor::server {
 
 int64_t resolve_max_tokens(const ServerContext& ctx, int64_t requested, int64_t prompt_tokens) {
   int64_t room = ctx.ctx_size - prompt_tokens;
+  // Without an explicit budget, also stay within what the KV pool can hold for one sequence.
+  if (requested < 0 && ctx.kv_capacity_tokens > 0) room = std::min(room, std::max<int64_t>(1, ctx.kv_capacity_tokens - prompt_tokens));
   int64_t m = requested >= 0 ? requested : ctx.defaults.max_tokens >= 0 ? ctx.defaults.max_tokens : room;
   return std::max<int64_t>(0, std::min(m, room));  // clamped to what the context leaves
 }

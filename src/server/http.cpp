@@ -257,6 +257,17 @@ void Server::serve_connection(int fd) {
     ResponseWriter w(fd, false);
     w.send(status, "application/json",
            error_body(msg, status == 413 ? "invalid_request_error" : status >= 500 ? "server_error" : "invalid_request_error"));
+    // Lingering close: a client still sending (a body over the limit) would otherwise get a reset instead of
+    // the answer. Discard what it sends for a bounded time and amount.
+    ::shutdown(fd, SHUT_WR);
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    size_t drained = 0;
+    std::string sink;
+    while (drained < (size_t(256) << 20) && std::chrono::steady_clock::now() < until) {
+      sink.clear();
+      if (read_more(fd, sink, 200, stopping_, false) != ReadResult::Ok) break;
+      drained += sink.size();
+    }
   };
   for (;;) {
     // Headers.
