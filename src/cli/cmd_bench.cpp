@@ -111,7 +111,9 @@ int bench_cuda(const Args& a) {
   }
 
   // Decode: `steps` timed steps (after 4 warm-up steps) over sequences already prefilled to ctx.
-  auto decode = [&](int64_t B, int64_t ctx) {
+  auto* cuda_be = dynamic_cast<CudaBackend*>(backend.get());
+  auto decode = [&](int64_t B, int64_t ctx, bool graph) {
+    cuda_be->set_graph_mode(false);
     std::vector<SequenceKV> seqs(static_cast<size_t>(B));
     for (auto& s : seqs)
       if (!s.reserve(pool, ctx + steps + 8)) fail("bench: batch {} at context {} needs more KV blocks than the pool has", B, ctx);
@@ -125,6 +127,7 @@ int bench_cuda(const Args& a) {
     }
     for (auto& s : seqs) s.length = ctx;
     std::vector<int32_t> next(static_cast<size_t>(B), 1);
+    cuda_be->set_graph_mode(graph);
     double timed = 0;
     for (int64_t i = 0; i < steps + 4; ++i) {
       std::vector<std::vector<int32_t>> toks;
@@ -140,15 +143,19 @@ int bench_cuda(const Args& a) {
         seqs[size_t(s)].length += 1;
       }
     }
+    cuda_be->set_graph_mode(false);
     for (auto& s : seqs) s.release(pool);
     const double step_s = timed / double(steps), mid = double(ctx) + double(steps) / 2 + 4;
     const double bytes = double(weight_step_bytes) + double(B) * mid * kv_token_bytes;
-    rows.push_back({fmt::format("decode b={} ctx={}", B, ctx), double(B) / step_s, bytes / step_s / bw, "tok/s",
+    rows.push_back({fmt::format("decode b={} ctx={}{}", B, ctx, graph ? " graph" : ""), double(B) / step_s, bytes / step_s / bw, "tok/s",
                     fmt::format("{:.2f} ms/step, {:.0f} MB/step, roofline {:.1f} tok/s", step_s * 1e3, bytes * 1e-6, double(B) * bw / bytes)});
   };
-  decode(1, batch_ctx);
-  decode(1, long_ctx);
-  for (int64_t B : batches) decode(B, batch_ctx);
+  // Each decode figure eagerly and with the backend's experimental per-step graph capture.
+  for (bool graph : {false, true}) {
+    decode(1, batch_ctx, graph);
+    decode(1, long_ctx, graph);
+    for (int64_t B : batches) decode(B, batch_ctx, graph);
+  }
 
   std::printf("\n%-22s %12s %9s  %s\n", "measurement", "value", "roofline", "detail (decode: fraction of copy bw; prefill: of cuBLAS rate)");
   for (auto& r : rows)

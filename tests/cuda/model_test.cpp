@@ -69,10 +69,11 @@ Run teacher_forced(Model& m, Backend& be, const std::vector<int32_t>& tokens, in
   return r;
 }
 
-void compare_model(const std::string& label, const LoadOptions& opt) {
+void compare_model(const std::string& label, const LoadOptions& opt, bool graph_mode = false) {
   SCOPED_TRACE(label);
   CpuBackend cpu(2, WeightPlacement::Mapped);
   CudaBackend gpu(0);
+  gpu.set_graph_mode(graph_mode);
   Model mc(opt, cpu), mg(opt, gpu);
   const int64_t V = mc.config().vocab_size;
   std::mt19937 rng(7);
@@ -115,6 +116,19 @@ TEST(CudaModel, F32AndF16CheckpointsMatchTheCpu) {
     write_synthetic_checkpoint(base_config("llama", "LlamaForCausalLM"), opt.model_dir, dt);
     opt.ctx_size = 128, opt.max_step_tokens = 64, opt.show_progress = false;
     compare_model(std::string("llama ") + std::string(dtype_name(dt)), opt);
+  }
+}
+
+// The decode steps recorded and launched as CUDA graphs compute the same logits.
+TEST(CudaModel, GraphModeMatchesTheCpu) {
+  ARBOR_REQUIRE_GPU();
+  for (auto& [name, cfg] : synthetic_models()) {
+    if (name != "qwen3" && name != "gemma2") continue;
+    LoadOptions opt;
+    opt.model_dir = temp_dir(name + "_graph");
+    write_synthetic_checkpoint(cfg, opt.model_dir, DType::BF16);
+    opt.ctx_size = 128, opt.max_step_tokens = 64, opt.show_progress = false;
+    compare_model(name + " graph", opt, true);
   }
 }
 

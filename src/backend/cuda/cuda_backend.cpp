@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
@@ -52,6 +53,13 @@ struct CudaBackend::Staging {
   }
 };
 
+struct CudaBackend::Graphs {
+  std::map<int64_t, cudaGraphExec_t> exec;
+  ~Graphs() {
+    for (auto& [k, e] : exec) cudaGraphExecDestroy(e);
+  }
+};
+
 bool cuda_device_available(std::string* why) {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
@@ -69,7 +77,8 @@ bool cuda_device_available(std::string* why) {
 
 std::unique_ptr<Backend> make_cuda_backend(int index) { return std::make_unique<CudaBackend>(index); }
 
-CudaBackend::CudaBackend(int device) : device_(device), staging_(std::make_unique<Staging>()) {
+CudaBackend::CudaBackend(int device)
+    : device_(device), staging_(std::make_unique<Staging>()), graphs_(std::make_unique<Graphs>()) {
   std::string why;
   if (!cuda_device_available(&why)) fail("cuda: cannot create the backend on device {}: {}", device, why);
   ARBOR_CUDA_CHECK(cudaSetDevice(device));
@@ -94,7 +103,13 @@ CudaBackend::CudaBackend(int device) : device_(device), staging_(std::make_uniqu
 }
 
 CudaBackend::~CudaBackend() {
+  if (capturing_) {
+    cudaGraph_t g = nullptr;
+    cudaStreamEndCapture(stream_, &g);
+    if (g) cudaGraphDestroy(g);
+  }
   if (stream_) cudaStreamSynchronize(stream_);
+  graphs_.reset();
   staging_.reset();
   owned_.clear();
   if (lt_) cublasLtDestroy(lt_);
@@ -118,8 +133,43 @@ void* CudaBackend::device_alloc(size_t bytes) {
   return p;
 }
 
+void CudaBackend::set_graph_mode(bool on) {
+  flush_capture();
+  graph_mode_ = on;
+}
+
+void CudaBackend::flush_capture() {
+  if (!capturing_) return;
+  capturing_ = false;
+  cudaGraph_t g = nullptr;
+  ARBOR_CUDA_CHECK(cudaStreamEndCapture(st(stream_), &g));
+  struct GraphGuard {
+    cudaGraph_t g;
+    ~GraphGuard() {
+      if (g) cudaGraphDestroy(g);
+    }
+  } guard{g};
+  auto it = graphs_->exec.find(capture_key_);
+  if (it != graphs_->exec.end()) {
+    cudaGraphExecUpdateResultInfo info{};
+    if (cudaGraphExecUpdate(it->second, g, &info) != cudaSuccess) {  // another topology: instantiate anew
+      cudaGetLastError();
+      ARBOR_CUDA_CHECK(cudaGraphExecDestroy(it->second));
+      graphs_->exec.erase(it);
+      it = graphs_->exec.end();
+    }
+  }
+  if (it == graphs_->exec.end()) {
+    cudaGraphExec_t e = nullptr;
+    ARBOR_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+    it = graphs_->exec.emplace(capture_key_, e).first;
+  }
+  ARBOR_CUDA_CHECK(cudaGraphLaunch(it->second, st(stream_)));
+}
+
 void CudaBackend::ensure(void*& buf, size_t& cap, size_t bytes) {
   if (bytes <= cap) return;
+  flush_capture();
   ARBOR_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old buffer may still be in use
   for (auto it = owned_.begin(); it != owned_.end(); ++it)
     if ((*it)->p == buf && buf) {
@@ -208,6 +258,7 @@ Tensor CudaBackend::v_pool(int64_t layer) const {
 void CudaBackend::upload_meta(const std::vector<int32_t>& host, void*& dev, size_t& cap) {
   const size_t bytes = host.size() * sizeof(int32_t);
   if (bytes == 0) return;
+  flush_capture();  // a captured copy would read the pinned slot at replay time, not now
   ensure(dev, cap, bytes);
   Staging& s = *staging_;
   if (bytes > s.meta_cap) {
@@ -233,6 +284,7 @@ const BatchInfo& CudaBackend::batch() const {
 }
 
 void CudaBackend::begin_batch(const BatchInfo& b) {
+  flush_capture();
   batch_ = &b;
   ++batch_serial_;
   const int64_t T = b.n_tokens();
@@ -262,6 +314,10 @@ void CudaBackend::begin_batch(const BatchInfo& b) {
   upload_meta(packed, meta_, meta_cap_);
   int32_t* base = static_cast<int32_t*>(meta_);
   d_tokens_ = base, d_pos_ = base + nt, d_seq_ = base + 2 * nt, d_tables_ = base + 3 * nt, d_logit_rows_ = base + 3 * nt + nb;
+  if (graph_mode_ && T > 0 && max_run_ <= kDecodeMaxRun) {
+    ARBOR_CUDA_CHECK(cudaStreamBeginCapture(st(stream_), cudaStreamCaptureModeThreadLocal));
+    capturing_ = true, capture_key_ = T;
+  }
 }
 
 void CudaBackend::embed(const Tensor& table, Tensor out, float scale) {
@@ -419,6 +475,7 @@ Tensor CudaBackend::upload_table(const std::vector<float>& host, std::initialize
 }
 
 void CudaBackend::read_logits(const Tensor& logits, float* host) {
+  flush_capture();
   ARBOR_CHECK(logits.dtype == DType::F32, "cuda: read_logits: logits are {} (F32 expected)", dtype_name(logits.dtype));
   ARBOR_CUDA_CHECK(cudaMemcpyAsync(host, logits.data, logits.nbytes(), cudaMemcpyDeviceToHost, st(stream_)));
   ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
@@ -426,6 +483,7 @@ void CudaBackend::read_logits(const Tensor& logits, float* host) {
 
 void CudaBackend::argmax_rows(const Tensor& logits, int32_t* host_ids) {
   ARBOR_CHECK(logits.dtype == DType::F32 && logits.device == Device::CUDA, "cuda: argmax_rows: device F32 logits expected");
+  flush_capture();
   const int64_t R = logits.rows();
   void* ids = d_ids_;
   ensure(ids, ids_cap_, size_t(R) * 4);
@@ -437,6 +495,7 @@ void CudaBackend::argmax_rows(const Tensor& logits, int32_t* host_ids) {
 
 void CudaBackend::sample_rows(const Tensor& logits, const GpuSampling& p, uint64_t step, int32_t* host_ids) {
   ARBOR_CHECK(logits.dtype == DType::F32 && logits.device == Device::CUDA, "cuda: sample_rows: device F32 logits expected");
+  flush_capture();
   ARBOR_CHECK(p.top_p > 0 && p.top_p <= 1 && p.min_p >= 0 && p.min_p <= 1 && p.top_k >= 0,
               "cuda: sampling: top_p {} must be in (0, 1], min_p {} in [0, 1], top_k {} >= 0", p.top_p, p.min_p, p.top_k);
   const int64_t R = logits.rows();
@@ -449,15 +508,20 @@ void CudaBackend::sample_rows(const Tensor& logits, const GpuSampling& p, uint64
 }
 
 void CudaBackend::upload(const void* host, const Tensor& dev) {
+  flush_capture();
   ARBOR_CUDA_CHECK(cudaMemcpyAsync(dev.data, host, dev.nbytes(), cudaMemcpyHostToDevice, st(stream_)));
   ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
 }
 
 void CudaBackend::download(const Tensor& dev, void* host) {
+  flush_capture();
   ARBOR_CUDA_CHECK(cudaMemcpyAsync(host, dev.data, dev.nbytes(), cudaMemcpyDeviceToHost, st(stream_)));
   ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
 }
 
-void CudaBackend::synchronize() { ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_))); }
+void CudaBackend::synchronize() {
+  flush_capture();
+  ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
+}
 
 }  // namespace arbor

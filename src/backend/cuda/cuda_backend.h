@@ -74,6 +74,13 @@ class CudaBackend : public Backend {
   void set_attention_path(AttentionPath p) { attn_path_ = p; }
   static constexpr int64_t kDecodeMaxRun = 4;
 
+  // Experimental, off by default: record the ops of each decode-shaped batch (begin_batch up to the
+  // next begin_batch, read or sync) with stream capture and launch them as one CUDA graph, updating a
+  // cached executable graph per token count. Saves GPU-side gaps between kernels; the host still
+  // walks every op each step (a replay without that needs the decoder change in the report).
+  void set_graph_mode(bool on);
+  bool graph_mode() const { return graph_mode_; }
+
   // Copies for tests and tools (synchronous).
   void upload(const void* host, const Tensor& dev);
   void download(const Tensor& dev, void* host);
@@ -92,6 +99,7 @@ class CudaBackend : public Backend {
   void stage_copy(void* dst, const void* src, size_t bytes, bool f32_to_bf16);
   void upload_meta(const std::vector<int32_t>& host, void*& dev, size_t& cap);
   const BatchInfo& batch() const;
+  void flush_capture();  // ends an open capture and launches it
 
   int device_ = 0, n_sms_ = 0;
   std::string device_name_;
@@ -102,6 +110,10 @@ class CudaBackend : public Backend {
   KVLayout kv_;
   std::vector<void*> k_pools_, v_pools_;
   AttentionPath attn_path_ = AttentionPath::Auto;
+  bool graph_mode_ = false, capturing_ = false;
+  int64_t capture_key_ = 0;
+  struct Graphs;
+  std::unique_ptr<Graphs> graphs_;  // executable graphs by token count
 
   // The current batch: host view, and its metadata on the device.
   const BatchInfo* batch_ = nullptr;
