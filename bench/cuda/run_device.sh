@@ -3,38 +3,39 @@
 # a short filter, and the benchmarks, with logs under $OUT. Expects the binaries built here and copied
 # to .cudarun/ (arbor, test_cuda, lib/ with libfmt, libpcre2-8, libutf8proc), carried with the call:
 #   run(command="bash bench/cuda/run_device.sh", carry=[".cudarun"])
-# Steps can be chosen: STEPS="tests memcheck bench" (default: all).
+# Steps can be chosen: STEPS="tests bench memcheck" (default: all, in that order).
 set -u
 D=${ARBOR_RUN_DIR:-.cudarun}
 OUT=${OUT:-/tmp/arbor-out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$PWD/$D/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
-STEPS=${STEPS:-"tests memcheck bench"}
+STEPS=${STEPS:-"tests bench memcheck"}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv 2>&1 | tee "$OUT/gpu.txt"
 git log -1 --format='commit %H' 2>/dev/null | tee -a "$OUT/gpu.txt"
 summary=()
 for step in $STEPS; do
   case $step in
     tests)
-      timeout 240 "$D/test_cuda" 2>&1 > "$OUT/test_cuda.log"
+      timeout 150 "$D/test_cuda" > "$OUT/test_cuda.log" 2>&1
       rc=$?
       grep -E "^\[ (RUN|  FAILED|       OK|  PASSED|  SKIPPED) |Failure|error|max\|" "$OUT/test_cuda.log" | grep -v "^\[ RUN" | tail -40
       summary+=("test_cuda rc=$rc")
       ;;
     memcheck)
-      filter='CudaOps.Rope*:CudaOps.Linear*:CudaAttention.HeadDims*:CudaSampling.Argmax*'
-      timeout 200 compute-sanitizer --tool memcheck --error-exitcode 3 "$D/test_cuda" --gtest_filter="$filter" > "$OUT/memcheck.log" 2>&1
+      filter='CudaOps.Rope*:CudaOps.Norms*:CudaAttention.HeadDims*:CudaAttention.Sliding*:CudaSampling.*'
+      timeout 150 compute-sanitizer --tool memcheck --error-exitcode 3 "$D/test_cuda" --gtest_filter="$filter" > "$OUT/memcheck.log" 2>&1
       rc=$?
       tail -4 "$OUT/memcheck.log"
       summary+=("memcheck rc=$rc")
-      timeout 150 compute-sanitizer --tool racecheck --error-exitcode 3 "$D/test_cuda" --gtest_filter='CudaAttention.HeadDims*:CudaSampling.Argmax*' > "$OUT/racecheck.log" 2>&1
+      timeout 90 compute-sanitizer --tool racecheck --error-exitcode 3 "$D/test_cuda" --gtest_filter='CudaAttention.HeadDims*:CudaSampling.Argmax*' > "$OUT/racecheck.log" 2>&1
       rc=$?
       tail -4 "$OUT/racecheck.log"
       summary+=("racecheck rc=$rc")
       ;;
     bench)
       for cfg in llama-3.1-8b qwen3-0.6b; do
-        timeout 300 "$D/arbor" bench --device cuda --dummy-weights --config "bench/configs/$cfg.json" > "$OUT/bench_$cfg.log" 2>&1
+        limit=240; [ "$cfg" = qwen3-0.6b ] && limit=120
+        timeout $limit "$D/arbor" bench --device cuda --dummy-weights --config "bench/configs/$cfg.json" > "$OUT/bench_$cfg.log" 2>&1
         rc=$?
         tail -14 "$OUT/bench_$cfg.log"
         summary+=("bench $cfg rc=$rc")
