@@ -17,7 +17,7 @@ std::set<std::string> model_value_flags() {
 }
 std::set<std::string> model_bool_flags() { return {"dummy-weights"}; }
 
-LoadedModel load_model_from_args(const Args& a, int64_t max_step_tokens) {
+LoadOptions load_options_from_args(const Args& a) {
   LoadOptions opt;
   opt.model_dir = a.get_or("model", "");
   opt.config_path = a.get_or("config", "");
@@ -31,24 +31,32 @@ LoadedModel load_model_from_args(const Args& a, int64_t max_step_tokens) {
   }
   opt.ctx_size = a.get_int("ctx-size", 0);
   opt.kv_blocks = a.get_int("kv-blocks", 0);
-  opt.max_step_tokens = max_step_tokens;
+  return opt;
+}
 
+std::unique_ptr<Backend> make_backend_from_args(const Args& a) {
   std::string device = a.get_or("device", "cpu");
   std::string weights = a.get_or("weights", "copy");
   if (weights != "copy" && weights != "mmap") fail("arguments: --weights must be 'copy' or 'mmap', got '{}'", weights);
-  LoadedModel lm;
   if (device == "cpu") {
     int threads = int(a.get_int("threads", 0));
-    lm.backend = std::make_unique<CpuBackend>(threads, weights == "copy" ? WeightPlacement::Copy : WeightPlacement::Mapped);
-  } else if (device == "cuda") {
+    return std::make_unique<CpuBackend>(threads, weights == "copy" ? WeightPlacement::Copy : WeightPlacement::Mapped);
+  }
+  if (device == "cuda") {
 #ifdef ARBOR_HAS_CUDA
-    lm.backend = make_cuda_backend(0);
+    return make_cuda_backend(0);
 #else
     fail("arguments: --device cuda: this build has no CUDA backend (configure with nvcc available)");
 #endif
-  } else {
-    fail("arguments: --device must be 'cpu' or 'cuda', got '{}'", device);
   }
+  fail("arguments: --device must be 'cpu' or 'cuda', got '{}'", device);
+}
+
+LoadedModel load_model_from_args(const Args& a, int64_t max_step_tokens) {
+  LoadOptions opt = load_options_from_args(a);
+  opt.max_step_tokens = max_step_tokens;
+  LoadedModel lm;
+  lm.backend = make_backend_from_args(a);
   auto t0 = std::chrono::steady_clock::now();
   lm.model = std::make_unique<Model>(opt, *lm.backend);
   lm.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

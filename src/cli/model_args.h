@@ -21,6 +21,9 @@ struct LoadedModel {
   double load_seconds = 0;
 };
 
+// The pieces, for verbs that adjust the options (e.g. bench sizes the context itself):
+LoadOptions load_options_from_args(const Args& a);                 // --model/--config/--dummy-weights/--dtype/...
+std::unique_ptr<Backend> make_backend_from_args(const Args& a);    // --device/--threads/--weights
 // Builds the backend named by --device (cpu default) and loads the model named by --model/--config.
 LoadedModel load_model_from_args(const Args& a, int64_t max_step_tokens = 256);
 

@@ -133,18 +133,4 @@ void RopeTable::ensure(int64_t n) {
   cached_ = want;
 }
 
-void rope_rotate(float* x, int64_t n_heads, int64_t head_dim, const RopeTable& t, int64_t pos) {
-  const int64_t half = t.rotary_dim() / 2;
-  const float* c = t.cos(pos);
-  const float* s = t.sin(pos);
-  for (int64_t h = 0; h < n_heads; ++h) {
-    float* v = x + h * head_dim;
-    for (int64_t i = 0; i < half; ++i) {
-      float a = v[i], b = v[i + half];
-      v[i] = a * c[i] - b * s[i];
-      v[i + half] = b * c[i] + a * s[i];
-    }
-  }
-}
-
 }  // namespace arbor

@@ -34,7 +34,4 @@ class RopeTable {
   std::vector<float> cos_, sin_;
 };
 
-// Rotates x in place: n_heads heads of head_dim, first rot_dim dims (rotate_half pairing i, i+rot/2).
-void rope_rotate(float* x, int64_t n_heads, int64_t head_dim, const RopeTable& t, int64_t pos);
-
 }  // namespace arbor
