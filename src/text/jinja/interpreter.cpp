@@ -51,6 +51,15 @@ std::string Interpreter::render(const Body& body, std::shared_ptr<Frame> globals
   OutputSwap swap(out_, &out);
   auto frame = std::make_shared<Frame>();
   frame->parent = std::move(globals);
+  struct BreakCycles {
+    Interpreter& in;
+    ~BreakCycles() {
+      for (auto& f : in.macro_frames_) f->vars.clear();
+      for (auto& d : in.namespaces_) d->entries.clear();
+      in.macro_frames_.clear();
+      in.namespaces_.clear();
+    }
+  } break_cycles{*this};
   try {
     exec_body(body, frame);
   } catch (const TemplateError&) {
@@ -134,7 +143,10 @@ Interpreter::Flow Interpreter::exec(const Stmt& s, const std::shared_ptr<Frame>&
       }
       break;
     }
-    case StmtKind::Macro: frame->set(s.name, make_macro(s, frame, false)); break;
+    case StmtKind::Macro:
+      frame->set(s.name, make_macro(s, frame, false));
+      macro_frames_.push_back(frame);
+      break;
     case StmtKind::CallBlock: {
       Value caller = make_macro(s, frame, true);
       Value v = eval_call(*s.expr, frame, &caller);

@@ -44,6 +44,9 @@ class Interpreter {
     if (++steps_ > limits_.max_steps) too_much_work();
   }
   const RenderLimits& limits() const { return limits_; }
+  // Namespaces are mutable and can end up containing themselves; render() empties the ones it saw
+  // when it finishes so that such reference cycles are freed.
+  void track_namespace(const std::shared_ptr<Dict>& d) { namespaces_.push_back(d); }
 
  private:
   enum class Flow { Normal, Break, Continue };
@@ -70,6 +73,10 @@ class Interpreter {
   size_t emitted_ = 0;
   int call_depth_ = 0;
   int line_ = 1, col_ = 1;
+  // A macro value holds its defining frame, which holds the macro: render() clears these frames at the
+  // end to break the cycle.
+  std::vector<std::shared_ptr<Frame>> macro_frames_;
+  std::vector<std::shared_ptr<Dict>> namespaces_;
 };
 
 // Iterating a value as Jinja does: lists/tuples, dict keys, string characters, undefined = empty.

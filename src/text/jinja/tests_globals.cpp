@@ -190,8 +190,10 @@ void add_globals(Frame& frame) {
     return Value::list(std::move(out));
   }));
   frame.set("dict", Value::callable("dict", [](Interpreter&, Args& a) { return Value::dict(dict_from_args(a, "dict")); }));
-  frame.set("namespace", Value::callable("namespace", [](Interpreter&, Args& a) {
-    return Value::namespace_(dict_from_args(a, "namespace"));
+  frame.set("namespace", Value::callable("namespace", [](Interpreter& in, Args& a) {
+    auto d = dict_from_args(a, "namespace");
+    in.track_namespace(d);
+    return Value::namespace_(std::move(d));
   }));
   frame.set("joiner", Value::callable("joiner", [](Interpreter&, Args& a) -> Value {
     check_args(a, "joiner", 1, {"sep"});
