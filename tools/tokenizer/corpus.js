@@ -59,6 +59,7 @@ const FRAGMENTS = {
   added: [
     "a [MASK] b  [MASK]c\t[MASK]", "x <sep>   y<sep>\nz", "word words sword word_ (word) -word- WORD", "fix ﬁx prefix ﬁxes",
     "<|im_end|>   text   <|im_end|>\n\n<|im_end|>", "the theme, the. bathe the_", "   [MASK]   <sep>   ",
+    "\u093fword word\u4e2d \u{1F600}word \u2460word word\u0301 \u00b2word Ⅻword",
   ],
   whitespace: [" ", "  ", "\t", "\n", "\r\n", "\n\n", "   \n  ", " \t \t", "\u00a0", "\u3000", "\u2009", "\u200b", "\ufeff"],
 };

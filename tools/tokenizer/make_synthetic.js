@@ -189,11 +189,13 @@ fs.mkdirSync(OUT, { recursive: true });
   });
 }
 
-// 6. Whitespace pre-tokenizer, Digits (contiguous), Punctuation (Removed), Lowercase, Strip decoder.
+// 6. Whitespace pre-tokenizer, Digits (contiguous), Punctuation (Removed), Lowercase, Strip decoder,
+//    single_word added tokens.
 {
   const m = byteLevelModel(200);
   write('whitespace_digits', {
-    added_tokens: [],
+    // single_word tokens under a normalizer that keeps ①, ², Ⅻ and marks as they are.
+    added_tokens: addedTokens([{ content: 'word', single_word: true }, { content: 'the', single_word: true, normalized: true }], m.size),
     normalizer: { type: 'Lowercase' },
     pre_tokenizer: { type: 'Sequence', pretokenizers: [{ type: 'Whitespace' }, { type: 'Digits', individual_digits: false },
       { type: 'Punctuation', behavior: 'Removed' }, { type: 'ByteLevel', add_prefix_space: true, trim_offsets: true, use_regex: false }] },

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "text/tokenizer/normalizer.h"
+#include "text/tokenizer/regex.h"
 #include "text/tokenizer/unicode.h"
 
 namespace arbor {
@@ -59,18 +60,31 @@ void TokenTrie::find_all(std::string_view s, std::vector<Match>& out) const {
   }
 }
 
-AddedVocabulary::AddedVocabulary(const json& tokens, const Normalizer* normalizer) {
+AddedVocabulary::AddedVocabulary(const json& tokens, const Normalizer* normalizer,
+                                 const std::function<std::optional<int32_t>(std::string_view)>& model_token_to_id,
+                                 size_t model_vocab_size) {
   ARBOR_CHECK(tokens.is_array(), "tokenizer: \"added_tokens\" must be an array");
+  std::unordered_map<std::string, int32_t> assigned;  // content -> id, as the reference's added_tokens_map
+  int64_t max_assigned = -1;
   for (const json& t : tokens) {
     AddedToken a;
-    a.id = t.at("id").get<int32_t>();
-    ARBOR_CHECK(a.id >= 0, "tokenizer: added token '{}' has negative id {}", t.value("content", ""), a.id);
     a.content = t.at("content").get<std::string>();
+    if (a.content.empty()) continue;  // the reference ignores empty added tokens
     a.special = t.value("special", false);
     a.lstrip = t.value("lstrip", false);
     a.rstrip = t.value("rstrip", false);
     a.single_word = t.value("single_word", false);
     a.normalized = t.value("normalized", !a.special);
+    if (auto it = assigned.find(a.content); it != assigned.end()) {
+      a.id = it->second;
+    } else if (auto mid = model_token_to_id(a.content)) {
+      a.id = *mid;
+    } else {
+      const int64_t vs = static_cast<int64_t>(model_vocab_size);
+      a.id = static_cast<int32_t>(max_assigned < 0 ? vs : (max_assigned >= vs || vs == 0) ? max_assigned + 1 : vs);
+    }
+    assigned.emplace(a.content, a.id);
+    max_assigned = std::max<int64_t>(max_assigned, a.id);
     tokens_.push_back(std::move(a));
   }
   int32_t max_id = -1;
@@ -108,7 +122,17 @@ char32_t last_char(std::string_view s) {
   while (k > 0 && (static_cast<unsigned char>(s[k]) & 0xC0) == 0x80) --k;
   return unicode::next_cp(s, k);
 }
-bool is_word_char(char32_t c) { return unicode::is_alphanumeric(c) || c == '_'; }
+// A regex word character (\w: Alphabetic, marks, decimal digits, connector punctuation, joiners), which
+// the reference's single_word boundaries use (a combining mark after a token continues the word).
+bool is_word_char(char32_t c) {
+  if (c < 0x80) return (c | 0x20) - 'a' < 26u || c - '0' < 10u || c == '_';
+  static const Regex word(R"(^\w$)", "added tokens");
+  std::string ch;
+  unicode::append_utf8(ch, c);
+  std::vector<std::pair<size_t, size_t>> m;
+  word.find_all(ch, m);
+  return !m.empty();
+}
 
 }  // namespace
 

@@ -3,6 +3,8 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -54,7 +56,10 @@ class AddedVocabulary {
  public:
   AddedVocabulary() = default;
   // tokens: tokenizer.json "added_tokens"; normalizer (may be null) normalizes "normalized" contents.
-  AddedVocabulary(const json& tokens, const Normalizer* normalizer);
+  // Ids follow the reference, not the file's "id" fields: a token whose content is in the model vocab
+  // takes that id; others are numbered from model_vocab_size on, in file order (well-formed files agree).
+  AddedVocabulary(const json& tokens, const Normalizer* normalizer,
+                  const std::function<std::optional<int32_t>(std::string_view)>& model_token_to_id, size_t model_vocab_size);
 
   // Splits s by the tokens whose "normalized" flag equals `normalized_set`.
   void split(std::string_view s, bool normalized_set, std::vector<Segment>& out) const;

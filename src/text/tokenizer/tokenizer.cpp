@@ -52,7 +52,10 @@ std::unique_ptr<Tokenizer::Impl> build(TokenizerJson parts, const std::string& s
     if (impl->pre_tokenizer) impl->fast_pre_tokenizer = FastPreTokenizer::from(*impl->pre_tokenizer);
     impl->post_processor = make_post_processor(j.value("post_processor", json()));
     impl->decoder = make_decoder(j.value("decoder", json()));
-    impl->added = AddedVocabulary(j.value("added_tokens", json::array()), impl->normalizer.get());
+    const Bpe& bpe = *impl->model;
+    impl->added = AddedVocabulary(
+        j.value("added_tokens", json::array()), impl->normalizer.get(), [&](std::string_view t) { return bpe.token_to_id(t); },
+        bpe.size());
   } catch (const Error& e) {
     if (std::string_view(e.what()).find(source) != std::string_view::npos) throw;
     fail("{} (in {})", e.what(), source);

@@ -146,7 +146,6 @@ bool is_symbol(char32_t c) {
   auto k = cat(c);
   return k >= UTF8PROC_CATEGORY_SM && k <= UTF8PROC_CATEGORY_SO;
 }
-bool is_alphanumeric(char32_t c) { return is_letter(c) || is_number(c) || cat(c) == UTF8PROC_CATEGORY_MC; }
 
 void append_lowercase(std::string& out, char32_t c) {
   if (c < 0x80) {

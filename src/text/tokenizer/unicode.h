@@ -56,8 +56,6 @@ bool is_number(char32_t c);
 bool is_mark(char32_t c);
 bool is_punctuation(char32_t c);
 bool is_symbol(char32_t c);
-// Rust char::is_alphanumeric (Alphabetic || Numeric), approximated by categories L, Nl, N*, and Mc.
-bool is_alphanumeric(char32_t c);
 
 // Rust char::to_lowercase appended to out (full mapping: U+0130 becomes "i\u0307").
 void append_lowercase(std::string& out, char32_t c);
