@@ -118,6 +118,7 @@ void Scheduler::admit_locked() {
 
 void Scheduler::retire(Active& a, FinishReason r, const std::string& error) {
   a.kv.release(pool_);
+  kv_used_.store(pool_.n_blocks() - pool_.free_blocks());  // before finish(): a waiter may read stats next
   a.done = true;
   if (r == FinishReason::Cancelled) cancelled_ += 1;
   finished_ += 1;

@@ -148,7 +148,8 @@ void ChatOutputParser::process(OutputDelta& d, bool final) {
         size_t e = pending_.find(kThinkClose);
         if (e != std::string::npos) {
           d.reasoning += pending_.substr(0, e);
-          pending_ = lstrip(std::string_view(pending_).substr(e + kThinkClose.size()));
+          pending_ = pending_.substr(e + kThinkClose.size());
+          strip_leading_ = true;
           mode_ = Mode::Content;
           continue;
         }
@@ -158,6 +159,14 @@ void ChatOutputParser::process(OutputDelta& d, bool final) {
         return;
       }
       case Mode::Content: {
+        if (strip_leading_) {  // whitespace after </think> or </tool_call> is layout, not content
+          if (all_space(pending_)) {
+            if (final) pending_.clear();
+            return;
+          }
+          pending_ = lstrip(pending_);
+          strip_leading_ = false;
+        }
         if (parse_tools_ && f_.tools == ToolFormat::Hermes) {
           size_t t = pending_.find(kToolOpen);
           if (t != std::string::npos) {
@@ -177,22 +186,19 @@ void ChatOutputParser::process(OutputDelta& d, bool final) {
         size_t keep = final || !(parse_tools_ && f_.tools == ToolFormat::Hermes) ? 0 : partial_suffix(pending_, kToolOpen);
         std::string out = pending_.substr(0, pending_.size() - keep);
         if (!all_space(out)) content_started_ = true;
-        // After a tool call, whitespace between calls is not content.
-        if (!(n_calls_ > 0 && all_space(out) && !final)) {
-          d.content += out;
-          pending_.erase(0, pending_.size() - keep);
-        }
-        if (final && n_calls_ > 0 && all_space(d.content)) d.content.clear();
+        d.content += out;
+        pending_.erase(0, pending_.size() - keep);
         return;
       }
       case Mode::InTool: {
         size_t e = pending_.find(kToolClose);
         if (e == std::string::npos && !final) return;
         std::string body = pending_.substr(0, e);
-        pending_ = e == std::string::npos ? std::string() : lstrip(std::string_view(pending_).substr(e + kToolClose.size()));
+        pending_ = e == std::string::npos ? std::string() : pending_.substr(e + kToolClose.size());
         size_t before = d.tool_calls.size();
         if (parse_call(body, false, d.tool_calls)) {
           n_calls_ += int(d.tool_calls.size() - before);
+          strip_leading_ = true;
         } else {
           d.content += std::string(kToolOpen) + body + (e == std::string::npos ? "" : std::string(kToolClose));
           content_started_ = true;

@@ -50,6 +50,7 @@ class ChatOutputParser {
   bool parse_tools_;
   Mode mode_;
   std::string pending_;
+  bool strip_leading_ = false;    // drop whitespace before the next content (after </think>, </tool_call>)
   bool content_started_ = false;  // non-whitespace content was emitted (JSON calls must start the message)
   int n_calls_ = 0;
 };
