@@ -204,3 +204,17 @@ fs.mkdirSync(OUT, { recursive: true });
     model: m.model,
   });
 }
+
+// 7. GPT-2 shape: ByteLevel pre-tokenizer with its own regex and no prefix space (arbor's fast path),
+//    ByteLevel decoder, no normalizer, one special token.
+{
+  const m = byteLevelModel(300);
+  write('gpt2_style', {
+    added_tokens: addedTokens([{ content: '<|endoftext|>', special: true }], m.size),
+    normalizer: null,
+    pre_tokenizer: { type: 'ByteLevel', add_prefix_space: false, trim_offsets: true, use_regex: true },
+    post_processor: { type: 'ByteLevel', add_prefix_space: true, trim_offsets: false, use_regex: true },
+    decoder: { type: 'ByteLevel', add_prefix_space: true, trim_offsets: true, use_regex: true },
+    model: m.model,
+  });
+}
