@@ -110,13 +110,14 @@ void handle_messages(ServerContext& ctx, const http::Request& req, http::Respons
   bool parse_tools = false;
   if (auto t = b.find("tools"); t != b.end() && !t->is_null()) {
     if (!t->is_array()) bad_request("tools", "must be an array");
-    json list = json::array();
-    for (size_t i = 0; i < t->size(); ++i) {
-      const json& tool = (*t)[i];
+    const ojson otools = ojson::parse(req.body)["tools"];  // key order matters to the template's tojson
+    ojson list = ojson::array();
+    for (size_t i = 0; i < otools.size(); ++i) {
+      const ojson& tool = otools[i];
       if (!tool.is_object() || !tool.contains("name") || !tool["name"].is_string()) bad_request(fmt::format("tools[{}].name", i), "is required and must be a string");
-      json fn = {{"name", tool["name"]}};
+      ojson fn = {{"name", tool["name"]}};
       if (tool.contains("description")) fn["description"] = tool["description"];
-      fn["parameters"] = tool.contains("input_schema") ? tool["input_schema"] : json::object();
+      fn["parameters"] = tool.contains("input_schema") ? tool["input_schema"] : ojson::object();
       list.push_back({{"type", "function"}, {"function", fn}});
     }
     std::string choice = "auto";

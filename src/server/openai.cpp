@@ -40,7 +40,7 @@ void handle_chat_completions(ServerContext& ctx, const http::Request& req, http:
   ojson tools = nullptr;
   bool parse_tools = false;
   if (auto t = b.find("tools"); t != b.end() && !t->is_null()) {
-    ojson list = normalize_tools(*t);
+    ojson list = normalize_tools(ojson::parse(req.body)["tools"]);  // the body parsed again, keeping key order
     std::string choice = "auto";
     if (auto tc = b.find("tool_choice"); tc != b.end() && !tc->is_null()) {
       if (tc->is_string()) {

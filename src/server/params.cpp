@@ -227,8 +227,9 @@ nlohmann::ordered_json normalize_messages(const json& msgs) {
   return out;
 }
 
-nlohmann::ordered_json normalize_tools(const json& tools) {
+nlohmann::ordered_json normalize_tools(const nlohmann::ordered_json& otools) {
   using ojson = nlohmann::ordered_json;
+  const json tools = json::parse(otools.dump());
   if (!tools.is_array()) bad_request("tools", "must be an array, got {}", type_name(tools));
   ojson out = ojson::array();
   for (size_t i = 0; i < tools.size(); ++i) {
@@ -243,8 +244,7 @@ nlohmann::ordered_json normalize_tools(const json& tools) {
       bad_request(w + ".function.name", "is required and must be a non-empty string");
     if (auto params = fn->find("parameters"); params != fn->end() && !params->is_null() && !params->is_object())
       bad_request(w + ".function.parameters", "must be a JSON Schema object, got {}", type_name(*params));
-    // Re-parse through text so the template sees the client's key order.
-    out.push_back(ojson::parse(t.dump()));
+    out.push_back(otools[i]);
   }
   return out;
 }

@@ -25,8 +25,9 @@ GenParams parse_sampling(const json& body, const ServerContext& ctx);
 // developer role mapped to system, tool-call arguments given as JSON text turned into objects. 400 for an
 // empty list, an unknown role, a wrong type, or an image part (the served model is text-only).
 nlohmann::ordered_json normalize_messages(const json& messages);
-// OpenAI tools list, validated ({type: "function", function: {name, ...}}).
-nlohmann::ordered_json normalize_tools(const json& tools);
+// OpenAI tools list, validated ({type: "function", function: {name, ...}}). Ordered: the template's tojson
+// prints the client's key order, as transformers does.
+nlohmann::ordered_json normalize_tools(const nlohmann::ordered_json& tools);
 
 // Template kwargs from chat_template_kwargs, reasoning_effort and the server's --thinking default.
 nlohmann::ordered_json template_kwargs(const json& body, const ServerContext& ctx);
