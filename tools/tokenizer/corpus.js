@@ -18,7 +18,7 @@ const FRAGMENTS = {
   english: [
     "The quick brown fox jumps over the lazy dog.", "I'm sure they'll say it's fine, we've done it, you'd agree.",
     "HELLO World!!! How ARE you?", "Don't panic -- it's only a test (really).", "e.g. i.e. etc. Mr. Smith's car",
-    "She said: \"No way!\" and left...", "state-of-the-art, well-known, 2nd-hand", "I'LL SHE'S WE'RE THEY'VE I'D",
+    "She said: \"No way!\" and left...", "state-of-the-art, well-known, 2nd-hand", "I'LL SHE'S WE'RE THEY'VE I'D", "it'ſ OK I'M Ｉ'Ｓ K'K 'ﬅ 'İ'ı",
   ],
   cjk: [
     "我爱自然语言处理。今天天气很好！", "日本語のテキスト、カタカナとひらがな。", "한국어 문장도 포함합니다.",
