@@ -62,8 +62,8 @@ ARBOR_AVX512_INLINE float hsum(__m512 v) {
 // vector is loaded once and used TT times, each x vector loaded once and used R times, with TT*R*U
 // independent accumulators. Two limits set the shape, both measured here: about one zmm load per
 // cycle from L1 (at TT > 1 the x loads dominate unless R > 1), and DRAM reads fastest as one
-// sequential stream per thread (8 interleaved streams got half the bandwidth of 1, 4 rows about
-// half at TT = 2), so R is 1 unless compute is the limit (see gemv_typed).
+// sequential stream per thread (8 interleaved streams got half the bandwidth of 1), so R is 1 unless
+// compute is the limit (see gemv_typed).
 constexpr int64_t kPrefetchBytes = 4096;
 
 template <WT wt, int TT, int R, int U>
@@ -81,13 +81,16 @@ ARBOR_AVX512 void gemv_tile(const Args& a, int64_t n) {
   int64_t k = 0;
   for (; k + 16 * U <= K; k += 16 * U) {
     __m512 w[R][U];
+    // Software prefetch kPrefetchBytes ahead in each row's stream; past a row's end, into the row the
+    // next tile reads in its place (R rows on). A prefetch never faults, so running past the matrix is
+    // harmless. Measured up to 1.4x faster than the hardware prefetcher alone.
+    const int64_t pf_skip = k + kPrefetchBytes / esize < K ? 0 : (R - 1) * K;
 #pragma GCC unroll 32
     for (int r = 0; r < R; ++r) {
       const int64_t at = (n + r) * K + k;
-      // Software prefetch kPrefetchBytes ahead of each row's stream (a prefetch never faults, so
-      // running past the matrix is harmless): up to 1.4x faster than the hardware prefetcher alone.
 #pragma GCC unroll 8
-      for (int64_t b = 0; b < 16 * U * esize; b += 64) _mm_prefetch(wbytes + at * esize + kPrefetchBytes + b, _MM_HINT_T0);
+      for (int64_t b = 0; b < 16 * U * esize; b += 64)
+        _mm_prefetch(wbytes + (at + pf_skip) * esize + kPrefetchBytes + b, _MM_HINT_T0);
 #pragma GCC unroll 32
       for (int u = 0; u < U; ++u) w[r][u] = wload<wt>(a.W, at + 16 * u);
     }
@@ -95,7 +98,10 @@ ARBOR_AVX512 void gemv_tile(const Args& a, int64_t n) {
     for (int t = 0; t < TT; ++t)
 #pragma GCC unroll 32
       for (int u = 0; u < U; ++u) {
-        const __m512 xv = _mm512_loadu_ps(a.x + t * K + k + 16 * u);
+        __m512 xv = _mm512_loadu_ps(a.x + t * K + k + 16 * u);
+        // Keep xv in a register: otherwise GCC folds the load into each of the R FMAs as a memory
+        // operand, loading x R times and losing the point of R > 1 (L1 loads are the bottleneck).
+        if constexpr (R > 1) __asm__("" : "+v"(xv));
 #pragma GCC unroll 32
         for (int r = 0; r < R; ++r) acc[t][r][u] = _mm512_fmadd_ps(xv, w[r][u], acc[t][r][u]);
       }
@@ -132,18 +138,17 @@ ARBOR_AVX512 void gemv_rows(const Args& a, int64_t n0, int64_t n1) {
 
 template <WT wt>
 ARBOR_AVX512 void gemv_typed(const Args& a, int64_t n0, int64_t n1) {
-  // <TT, R, U>, measured with thread CPU time on bf16 weights. Compute alone (L2-resident weights):
-  // R = 4 runs 1.6-2.2x faster than R = 1 at every TT >= 2 (TT = 4: 51 vs 24 GB/s). Streaming from
-  // DRAM (2048 x 2048, 64 copies, 1 thread), R = 4's four streams cap it near 17 GB/s, while R = 1
-  // reaches 34, 30, 22, 20 GB/s at TT = 2..5 and falls to 15-7 at TT = 6..8 (compute-bound). So R = 1
-  // up to TT = 5, R = 4 above.
+  // <TT, R, U>, measured with thread CPU time on bf16 weights streamed from DRAM (2048 x 2048, 64
+  // copies, 1 thread): T = 1..8 reach 36, 34, 29, 27, 27, 24, 20, 19 GB/s. R = 1 keeps one
+  // sequential stream, best while compute keeps up (TT <= 3); above, x loads (1 zmm/cycle from L1)
+  // limit R = 1 to 22 GB/s at TT = 4 and 7 GB/s at TT = 8, so more rows share each x load.
   switch (a.T) {
     case 1: return gemv_rows<wt, 1, 1, 8>(a, n0, n1);
     case 2: return gemv_rows<wt, 2, 1, 4>(a, n0, n1);
     case 3: return gemv_rows<wt, 3, 1, 4>(a, n0, n1);
-    case 4: return gemv_rows<wt, 4, 1, 4>(a, n0, n1);
-    case 5: return gemv_rows<wt, 5, 1, 4>(a, n0, n1);
-    case 6: return gemv_rows<wt, 6, 4, 1>(a, n0, n1);
+    case 4: return gemv_rows<wt, 4, 2, 2>(a, n0, n1);
+    case 5: return gemv_rows<wt, 5, 2, 2>(a, n0, n1);
+    case 6: return gemv_rows<wt, 6, 2, 2>(a, n0, n1);
     case 7: return gemv_rows<wt, 7, 4, 1>(a, n0, n1);
     case 8: return gemv_rows<wt, 8, 4, 1>(a, n0, n1);
   }
