@@ -65,12 +65,13 @@ struct Shape {
 };
 
 std::vector<Shape> shapes() {
-  // Every T of interest (GEMV 1..8, GEMM 9+ with ragged register tiles) against (K, N) pairs that
-  // cover K = 1, 3, 17, 64, 1000, 4097 (K tails, several packed K blocks) and N = 1, 5, 33, 257
-  // (row tails, several 32-column panels and 256-column groups, the small-N token split).
+  // Every T of interest (GEMV 1..8, each with its own tile shape; GEMM 9+ with ragged register tiles)
+  // against (K, N) pairs that cover K = 1, 3, 17, 64, 1000, 4097 (K tails, several packed K blocks)
+  // and N = 1, 5, 33, 257 (row tails, several 32-column panels and 256-column groups, the small-N
+  // token split).
   const std::vector<std::pair<int64_t, int64_t>> kn = {{1, 5}, {3, 33}, {17, 257}, {64, 1}, {1000, 33}, {4097, 5}, {64, 257}};
   std::vector<Shape> v;
-  for (int64_t T : {1, 2, 3, 7, 8, 9, 64, 130})
+  for (int64_t T : {1, 2, 3, 4, 5, 6, 7, 8, 9, 64, 130})
     for (auto [K, N] : kn) v.push_back({T, K, N});
   v.push_back({130, 1000, 257});
   v.push_back({4, 4097, 257});
