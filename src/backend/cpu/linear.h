@@ -15,7 +15,10 @@ namespace arbor::cpu {
 // y[T, N] = x[T, K] · W[N, K]^T (+ bias[N] if not null). x and y are f32 row-major with row strides
 // K and N; W is row-major [N, K] (the HF nn.Linear layout) in F32, F16 or BF16. f32 accumulation; x
 // is never rounded below ~16 mantissa bits (the bf16 GEMM splits it into two bf16 halves).
-// Throws arbor::Error on a bad shape, a null pointer or an unsupported weight dtype.
+// y must not overlap x. Calls on one pool must not overlap (the pool runs one job at a time). Scratch
+// is per thread and grows once: packed weight panels (16 KiB) and, for the bf16 GEMM, the split x
+// (T*K*4 bytes, kept by the calling thread for reuse). Throws arbor::Error on a bad shape, a null
+// pointer or an unsupported weight dtype.
 void linear(ThreadPool& pool, const float* x, int64_t T, int64_t K, const void* W, DType wtype, int64_t N,
             const float* bias, float* y);
 
