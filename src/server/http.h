@@ -55,7 +55,7 @@ struct ServerOptions {
   size_t max_body_bytes = 8u << 20;     // larger bodies get 413
   size_t max_header_bytes = 64u << 10;  // larger headers get 431
   int max_connections = 256;            // beyond this new connections get 503 and are closed
-  int idle_timeout_ms = 30000;          // keep-alive connection with no request
+  int idle_timeout_ms = 5000;           // keep-alive connection with no request (clients keep theirs ~4 s)
   int read_timeout_ms = 10000;          // a request that stalls mid-way
 };
 

@@ -25,7 +25,7 @@ function qwen3Fixture() {
   const config = {
     architectures: ['LlamaForCausalLM'], model_type: 'llama', vocab_size: 151669, hidden_size: 64,
     intermediate_size: 128, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16,
-    max_position_embeddings: 1024, rms_norm_eps: 1e-6, rope_theta: 10000.0, tie_word_embeddings: true,
+    max_position_embeddings: 32768, rms_norm_eps: 1e-6, rope_theta: 10000.0, tie_word_embeddings: true,
     bos_token_id: 151643, eos_token_id: 151645, torch_dtype: 'bfloat16',
   };
   const model = path.join(dir, 'qwen3-tiny');

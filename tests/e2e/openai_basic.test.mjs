@@ -7,7 +7,7 @@ import OpenAI from 'openai';
 import { ARBOR, startServer, deadline, parseSSE, testModel } from './lib.mjs';
 
 deadline(120000);
-const server = await startServer(['--max-batch', '4']);
+const server = await startServer(['--max-batch', '4', '--ctx-size', '1024']);
 const client = new OpenAI({ baseURL: server.baseURL, apiKey: 'unused' });
 const messages = [{ role: 'user', content: 'Say hello.' }];
 test.after(async () => { const e = await server.stop(); assert.equal(e.code, 0, `server exit ${JSON.stringify(e)}`); });
