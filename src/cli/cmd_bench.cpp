@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 
 #include "backend/cpu/bandwidth.h"
 #include "backend/cpu/cpu_backend.h"
@@ -91,8 +92,24 @@ int bench_cuda(const Args& a) {
     m.forward(b, logits.data());
   };
 
+  // Each measurement prints its row at once (a run cut short keeps what it measured); a failed one
+  // is reported and the rest go on.
+  auto add_row = [&](Row r) {
+    std::printf("  %-22s %8.1f %-5s %6.1f%% of roofline  %s\n", r.what.c_str(), r.value, r.unit.c_str(), 100.0 * r.fraction, r.note.c_str());
+    std::fflush(stdout);
+    rows.push_back(std::move(r));
+  };
+  auto guarded = [&](const std::string& what, const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      std::printf("  %-22s FAILED: %s\n", what.c_str(), e.what());
+      std::fflush(stdout);
+    }
+  };
+
   // Prefill: one forward over the whole prompt (median of reps after one warm-up).
-  for (int64_t P : prefills) {
+  for (int64_t P : prefills) guarded(fmt::format("prefill {}", P), [&] {
     SequenceKV seq;
     if (!seq.reserve(pool, P)) fail("bench: {} tokens need more KV blocks than the pool's {}", P, pool.free_blocks());
     BatchInfo b = make_batch({ids_for(P, 1)}, {0}, {&seq}, false);
@@ -105,16 +122,23 @@ int bench_cuda(const Args& a) {
     }
     std::sort(t.begin(), t.end());
     const double sec = t[t.size() / 2], flops = forward_flops(m, 0, P, 1);
-    rows.push_back({fmt::format("prefill {}", P), double(P) / sec, flops / sec / gemm, "tok/s",
-                    fmt::format("{:.1f} TFLOP/s, {:.1f} ms", flops / sec * 1e-12, sec * 1e3)});
     seq.release(pool);
-  }
+    add_row({fmt::format("prefill {}", P), double(P) / sec, flops / sec / gemm, "tok/s",
+             fmt::format("{:.1f} TFLOP/s, {:.1f} ms", flops / sec * 1e-12, sec * 1e3)});
+  });
 
   // Decode: `steps` timed steps (after 4 warm-up steps) over sequences already prefilled to ctx.
   auto* cuda_be = dynamic_cast<CudaBackend*>(backend.get());
   auto decode = [&](int64_t B, int64_t ctx, bool graph) {
     cuda_be->set_graph_mode(false);
     std::vector<SequenceKV> seqs(static_cast<size_t>(B));
+    struct Release {  // the blocks go back to the pool even when a step throws
+      std::vector<SequenceKV>& s;
+      BlockPool& p;
+      ~Release() {
+        for (auto& q : s) q.release(p);
+      }
+    } release{seqs, pool};
     for (auto& s : seqs)
       if (!s.reserve(pool, ctx + steps + 8)) fail("bench: batch {} at context {} needs more KV blocks than the pool has", B, ctx);
     const int64_t per_chunk = std::max<int64_t>(1, long_ctx / ctx);
@@ -144,17 +168,15 @@ int bench_cuda(const Args& a) {
       }
     }
     cuda_be->set_graph_mode(false);
-    for (auto& s : seqs) s.release(pool);
     const double step_s = timed / double(steps), mid = double(ctx) + double(steps) / 2 + 4;
     const double bytes = double(weight_step_bytes) + double(B) * mid * kv_token_bytes;
-    rows.push_back({fmt::format("decode b={} ctx={}{}", B, ctx, graph ? " graph" : ""), double(B) / step_s, bytes / step_s / bw, "tok/s",
+    add_row({fmt::format("decode b={} ctx={}{}", B, ctx, graph ? " graph" : ""), double(B) / step_s, bytes / step_s / bw, "tok/s",
                     fmt::format("{:.2f} ms/step, {:.0f} MB/step, roofline {:.1f} tok/s", step_s * 1e3, bytes * 1e-6, double(B) * bw / bytes)});
   };
   // Each decode figure eagerly and with the backend's experimental per-step graph capture.
   for (bool graph : {false, true}) {
-    decode(1, batch_ctx, graph);
-    decode(1, long_ctx, graph);
-    for (int64_t B : batches) decode(B, batch_ctx, graph);
+    for (auto [B, ctx] : std::vector<std::pair<int64_t, int64_t>>{{1, batch_ctx}, {1, long_ctx}, {8, batch_ctx}, {32, batch_ctx}, {64, batch_ctx}})
+      guarded(fmt::format("decode b={} ctx={}", B, ctx), [&] { decode(B, ctx, graph); });
   }
 
   std::printf("\n%-22s %12s %9s  %s\n", "measurement", "value", "roofline", "detail (decode: fraction of copy bw; prefill: of cuBLAS rate)");
