@@ -1,10 +1,7 @@
-// Thread pool with spin-then-sleep dispatch.
+// Thread pool with spin-then-sleep wake-up and claim-based chunking.
 #include "core/thread_pool.h"
 
 #include <sched.h>
-
-#include <exception>
-#include <mutex>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -46,54 +43,60 @@ void ThreadPool::worker(int index) {
     }
     seen = g;
     if (stop_.load()) return;
-    (*task_)(index);
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    claim_chunks(index);
   }
 }
 
-void ThreadPool::dispatch(const std::function<void(int)>& task) {
-  if (n_threads_ == 1) {
-    task(0);
-    return;
-  }
-  task_ = &task;
-  pending_.store(n_threads_ - 1, std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_acq_rel);
-  generation_.notify_all();
-  task(0);
-  while (pending_.load(std::memory_order_acquire) != 0) ARBOR_PAUSE();
-}
-
-void ThreadPool::run_on_all(const std::function<void(int)>& fn) {
-  std::exception_ptr err;
-  std::mutex m;
-  dispatch([&](int t) {
+void ThreadPool::claim_chunks(int thread_index) {
+  const uint64_t gen = claim_.load(std::memory_order_acquire) >> 32;
+  for (;;) {
+    uint64_t cur = claim_.load(std::memory_order_acquire);
+    if ((cur >> 32) != gen) return;  // a newer job: its own wake-up will bring us back
+    const int64_t c = int64_t(cur & 0xffffffffu);
+    if (c >= job_chunks_) return;  // nothing left (job_chunks_ is this job's: the CAS below re-checks)
+    if (!claim_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel)) continue;
+    // Chunk c of job `gen` is ours; the caller waits for it, so the job fields are this job's.
+    const int64_t b = job_grains_ * c / job_chunks_ * job_grain_;
+    const int64_t e = std::min(job_n_, job_grains_ * (c + 1) / job_chunks_ * job_grain_);
     try {
-      fn(t);
+      if (b < e) (*job_fn_)(thread_index, b, e);
     } catch (...) {
-      std::lock_guard<std::mutex> g(m);
-      if (!err) err = std::current_exception();
+      std::lock_guard<std::mutex> g(err_mutex_);
+      if (!job_err_) job_err_ = std::current_exception();
     }
-  });
-  if (err) std::rethrow_exception(err);
+    chunks_done_.fetch_add(1, std::memory_order_acq_rel);
+  }
 }
 
 void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void(int, int64_t, int64_t)>& fn) {
   if (n <= 0) return;
   if (grain < 1) grain = 1;
-  int64_t chunks = (n + grain - 1) / grain;
-  int nt = int(std::min<int64_t>(n_threads_, chunks));
-  if (nt <= 1) {
+  const int64_t grains = (n + grain - 1) / grain;
+  const int64_t chunks = std::min<int64_t>(n_threads_, grains);
+  if (chunks <= 1) {
     fn(0, 0, n);
     return;
   }
-  // Static split: equal numbers of grains per thread, so the same thread reads the same weights
-  // every step (warm caches, stable timing).
-  run_on_all([&](int t) {
-    if (t >= nt) return;
-    int64_t c0 = chunks * t / nt, c1 = chunks * (t + 1) / nt;
-    int64_t b = c0 * grain, e = std::min(n, c1 * grain);
-    if (b < e) fn(t, b, e);
+  job_fn_ = &fn;
+  job_n_ = n, job_grain_ = grain, job_grains_ = grains, job_chunks_ = chunks;
+  job_err_ = nullptr;
+  chunks_done_.store(0, std::memory_order_relaxed);
+  const uint64_t gen = (claim_.load(std::memory_order_relaxed) >> 32) + 1;
+  claim_.store(gen << 32, std::memory_order_release);  // publishes the job fields above
+  generation_.fetch_add(1, std::memory_order_acq_rel);
+  generation_.notify_all();
+  claim_chunks(0);
+  while (chunks_done_.load(std::memory_order_acquire) < chunks) ARBOR_PAUSE();
+  if (job_err_) {
+    std::exception_ptr e = job_err_;
+    job_err_ = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+void ThreadPool::run_on_all(const std::function<void(int)>& fn) {
+  parallel_for(n_threads_, 1, [&](int, int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) fn(int(i));
   });
 }
 
