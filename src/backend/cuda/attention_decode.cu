@@ -14,7 +14,8 @@ namespace arbor::cuda {
 namespace {
 
 constexpr int kWarps = 4;
-constexpr int kHeads = 8;  // query heads per block (a larger GQA group is split over blocks)
+// Query heads per block, HB = 4 or 8 (a larger GQA group is split over blocks): q and the
+// accumulators take 2 x HB x 8 registers per lane, so groups of <= 4 use HB = 4 for occupancy.
 
 __device__ __forceinline__ void unpack8(const uint4& q, float* f) {
   const uint32_t u[4] = {q.x, q.y, q.z, q.w};
@@ -25,7 +26,7 @@ __device__ __forceinline__ void unpack8(const uint4& q, float* f) {
   }
 }
 
-template <int D>
+template <int D, int kHeads>
 __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, int n_splits, int split_len, int head_chunks,
                                                                   float* scratch) {
   constexpr int LPK = D / 8;         // lanes per key row
@@ -148,9 +149,12 @@ __global__ void attn_combine_kernel(const float* scratch, int n_splits, int D, i
 
 template <int D>
 void launch_d(const AttnArgs& a, int64_t T, int n_splits, int32_t split_len, float* scratch, cudaStream_t s) {
-  const int G = a.n_heads / a.n_kv_heads, chunks = (G + kHeads - 1) / kHeads;
+  const int G = a.n_heads / a.n_kv_heads, hb = G <= 4 ? 4 : 8, chunks = (G + hb - 1) / hb;
   dim3 grid(unsigned(n_splits), unsigned(a.n_kv_heads * chunks), unsigned(T));
-  attn_decode_kernel<D><<<grid, kWarps * 32, 0, s>>>(a, n_splits, split_len, chunks, scratch);
+  if (hb == 4)
+    attn_decode_kernel<D, 4><<<grid, kWarps * 32, 0, s>>>(a, n_splits, split_len, chunks, scratch);
+  else
+    attn_decode_kernel<D, 8><<<grid, kWarps * 32, 0, s>>>(a, n_splits, split_len, chunks, scratch);
   ARBOR_LAUNCH_CHECK("attn_decode_kernel");
 }
 
