@@ -39,7 +39,8 @@ function qwen3Fixture() {
 
 // Starts `arbor serve` on a free port; resolves once /health answers 200.
 export async function startServer(extra = [], { model = testModel(), env = {} } = {}) {
-  const args = ['serve', '--model', model, '--port', '0', '--threads', '1', ...extra];
+  // model null: the caller passes --config/--dummy-weights/--tokenizer in extra.
+  const args = ['serve', ...(model ? ['--model', model] : []), '--port', '0', ...(extra.includes('--threads') ? [] : ['--threads', '1']), ...extra];
   const proc = spawn(ARBOR, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
   let log = '';
   let resolvePort;

@@ -1,0 +1,133 @@
+// Load driver and server-overhead benchmark (prints numbers; not a CTest test).
+//   node tests/e2e/load_bench.mjs [--clients 1,4,8] [--requests 4] [--max-tokens 32] [--prompt-tokens 64]
+//        [--model DIR | --config FILE --tokenizer DIR] [--threads 1] [--overhead]
+// Starts `arbor serve` (ARBOR_BIN) on a free port, runs N concurrent streaming clients (each sends
+// --requests requests back to back, raw fetch + SSE parsing), and reports throughput, TTFT p50/p99,
+// inter-token latency p50/p99, failures and the server's RSS before and after. --overhead compares one
+// streaming request's decode rate and TTFT with `arbor generate` on the same model and prompt.
+import { execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import { ARBOR, startServer, testModel } from './lib.mjs';
+
+const argv = process.argv.slice(2);
+const opt = (name, def) => { const i = argv.indexOf(`--${name}`); return i >= 0 ? argv[i + 1] : def; };
+const clients = opt('clients', '1,4,8').split(',').map(Number);
+const perClient = Number(opt('requests', '4'));
+const maxTokens = Number(opt('max-tokens', '32'));
+const temperature = Number(opt('temperature', '1.0'));
+const promptTokens = Number(opt('prompt-tokens', '64'));
+const threads = opt('threads', '1');
+const config = opt('config', null);
+const model = config ? null : opt('model', null) ?? testModel();
+const modelArgs = config ? ['--config', config, '--dummy-weights', '--tokenizer', opt('tokenizer', model)] : ['--model', model];
+
+const pct = (xs, p) => { if (!xs.length) return NaN; const s = [...xs].sort((a, b) => a - b); return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))]; };
+const rss = (pid) => Number(fs.readFileSync(`/proc/${pid}/status`, 'utf8').match(/VmRSS:\s+(\d+)/)[1]) / 1024;
+const prompt = Array.from({ length: promptTokens }, (_, i) => 1000 + ((i * 7919) % 50000));
+
+// One streaming completion; returns {ttft, itl[], tokens} in ms.
+async function one(baseURL, seed) {
+  const t0 = performance.now();
+  const r = await fetch(`${baseURL}/completions`, { method: 'POST', headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt, max_tokens: maxTokens, temperature, seed, stream: true, stream_options: { include_usage: true } }) });
+  if (r.status !== 200) throw new Error(`status ${r.status}: ${await r.text()}`);
+  const dec = new TextDecoder();
+  let buf = '', first = null, last = null, tokens = 0;
+  const itl = [];
+  for await (const chunk of r.body) {
+    buf += dec.decode(chunk, { stream: true });
+    let i;
+    while ((i = buf.indexOf('\n\n')) >= 0) {
+      const ev = buf.slice(0, i);
+      buf = buf.slice(i + 2);
+      if (!ev.startsWith('data: ') || ev === 'data: [DONE]') continue;
+      const d = JSON.parse(ev.slice(6));
+      if (d.error) throw new Error(JSON.stringify(d.error));
+      if (d.usage) tokens = d.usage.completion_tokens;
+      if (d.choices?.[0]?.text) {
+        const now = performance.now();
+        if (first === null) first = now; else itl.push(now - last);
+        last = now;
+      }
+    }
+  }
+  return { ttft: first - t0, itl, tokens };
+}
+
+async function load(server, n) {
+  const ttft = [], itl = [];
+  let failures = 0, tokens = 0;
+  const t0 = performance.now();
+  await Promise.all(Array.from({ length: n }, async (_, c) => {
+    for (let k = 0; k < perClient; k++) {
+      try {
+        const r = await one(server.baseURL, c * 1000 + k);
+        ttft.push(r.ttft); itl.push(...r.itl); tokens += r.tokens;
+      } catch (e) { failures++; console.error(`client ${c}: ${e.message}`); }
+    }
+  }));
+  const secs = (performance.now() - t0) / 1000;
+  return { clients: n, requests: n * perClient, tokens, seconds: +secs.toFixed(2), tok_per_s: +(tokens / secs).toFixed(1),
+    ttft_p50_ms: +pct(ttft, 50).toFixed(1), ttft_p99_ms: +pct(ttft, 99).toFixed(1), itl_p50_ms: +pct(itl, 50).toFixed(2),
+    itl_p99_ms: +pct(itl, 99).toFixed(2), failures };
+}
+
+const maxBatch = Math.max(...clients);
+const server = await startServer([...(config ? modelArgs : []), '--max-batch', String(maxBatch), '--threads', threads, '--max-queue', '256'],
+  { model: config ? null : model });
+console.log(`machine: ${fs.readFileSync('/proc/cpuinfo', 'utf8').match(/model name\s*:\s*(.*)/)[1]}, ${(await import('node:os')).cpus().length} cpus`);
+console.log(`model: ${config ?? model}; prompt ${promptTokens} tokens, max_tokens ${maxTokens}, temperature ${temperature}, ${perClient} requests per client, --threads ${threads}`);
+await one(server.baseURL, 1);  // warm-up
+const rss0 = rss(server.proc.pid);
+for (const n of clients) console.log(JSON.stringify({ ...(await load(server, n)), server_rss_mib: +rss(server.proc.pid).toFixed(1) }));
+const rss1 = rss(server.proc.pid);
+console.log(`server RSS: ${rss0.toFixed(1)} MiB before, ${rss1.toFixed(1)} MiB after`);
+
+if (argv.includes('--overhead')) {
+  // Same prompt, greedy, one request: HTTP stream vs arbor generate (best of 3 each).
+  let best = null;
+  for (let i = 0; i < 3; i++) {
+    const t0 = performance.now();
+    const r = await fetch(`${server.baseURL}/completions`, { method: 'POST', headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt, max_tokens: maxTokens, temperature: 0, stream: true, logprobs: 0, return_tokens_as_token_ids: true }) });
+    const times = [];
+    const dec = new TextDecoder();
+    let buf = '';
+    for await (const chunk of r.body) {
+      buf += dec.decode(chunk, { stream: true });
+      let j;
+      while ((j = buf.indexOf('\n\n')) >= 0) {
+        const ev = buf.slice(0, j); buf = buf.slice(j + 2);
+        if (!ev.startsWith('data: ') || ev === 'data: [DONE]') continue;
+        const d = JSON.parse(ev.slice(6));
+        const n = d.choices?.[0]?.logprobs?.tokens?.length ?? 0;
+        for (let k = 0; k < n; k++) times.push(performance.now());
+      }
+    }
+    const ttft = times[0] - t0, decode = (times.length - 1) / ((times.at(-1) - times[0]) / 1000);
+    if (!best || decode > best.decode) best = { ttft, decode, n: times.length };
+  }
+  // TTFT without logprobs (first text chunk), and the bare HTTP round trip of this client for scale.
+  let ttft = Infinity, rtt = Infinity;
+  for (let i = 0; i < 5; i++) {
+    const t0 = performance.now();
+    await (await fetch(`${server.url}/health`)).text();
+    rtt = Math.min(rtt, performance.now() - t0);
+    const saved = temperature;
+    const r = await one(server.baseURL, 7).catch(() => null);
+    if (r && saved !== undefined) ttft = Math.min(ttft, r.ttft);
+  }
+  best.ttft = Math.min(best.ttft, ttft);
+  let gen = null;
+  for (let i = 0; i < 3; i++) {
+    const out = execFileSync(ARBOR, ['generate', ...modelArgs, '--threads', threads, '--prompt-ids', prompt.join(','), '--max-tokens', String(maxTokens)],
+      { encoding: 'utf8' });
+    const m = out.match(/prefill: (\d+) tokens, ([\d.]+) tok\/s; decode: (\d+) tokens, ([\d.]+) tok\/s/);
+    const g = { prefill_ms: (Number(m[1]) / Number(m[2])) * 1000, decode: Number(m[4]) };
+    if (!gen || g.decode > gen.decode) gen = g;
+  }
+  console.log(`overhead: HTTP stream decode ${best.decode.toFixed(1)} tok/s vs generate ${gen.decode.toFixed(1)} tok/s ` +
+    `(${((100 * best.decode) / gen.decode).toFixed(1)}%); TTFT ${best.ttft.toFixed(2)} ms vs generate prefill ${gen.prefill_ms.toFixed(2)} ms ` +
+    `(+${(best.ttft - gen.prefill_ms).toFixed(2)} ms; this client's bare /health round trip: ${rtt.toFixed(2)} ms)`);
+}
+await server.stop();
