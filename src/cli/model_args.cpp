@@ -3,12 +3,14 @@
 
 #include <charconv>
 #include <chrono>
+#include <cstdlib>
 
 #include "backend/cpu/cpu_backend.h"
 #ifdef ARBOR_HAS_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
 #include "core/error.h"
+#include "core/json.h"
 
 namespace arbor::cli {
 
@@ -17,12 +19,20 @@ std::set<std::string> model_value_flags() {
 }
 std::set<std::string> model_bool_flags() { return {"dummy-weights"}; }
 
+std::string default_model_dir() {
+  if (const char* env = std::getenv("ARBOR_MODEL"); env && *env) return env;
+#ifdef ARBOR_DEFAULT_MODEL
+  if (file_exists(std::string(ARBOR_DEFAULT_MODEL) + "/config.json")) return ARBOR_DEFAULT_MODEL;
+#endif
+  fail("arguments: no --model given and no default model found (set ARBOR_MODEL or pass --model DIR)");
+}
+
 LoadOptions load_options_from_args(const Args& a) {
   LoadOptions opt;
   opt.model_dir = a.get_or("model", "");
   opt.config_path = a.get_or("config", "");
   opt.dummy_weights = a.has("dummy-weights");
-  if (opt.model_dir.empty() && opt.config_path.empty()) fail("arguments: --model DIR (or --config FILE with --dummy-weights) is required");
+  if (opt.model_dir.empty() && opt.config_path.empty()) opt.model_dir = default_model_dir();
   if (!opt.dummy_weights && opt.model_dir.empty()) fail("arguments: --config FILE needs --dummy-weights (no checkpoint to read)");
   if (auto d = a.get("dtype")) {
     auto t = dtype_from_name(*d == "bf16" ? "BF16" : *d == "f16" ? "F16" : *d == "f32" ? "F32" : *d);

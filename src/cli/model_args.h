@@ -21,6 +21,8 @@ struct LoadedModel {
   double load_seconds = 0;
 };
 
+// The model used when no --model is given: $ARBOR_MODEL, else the one shipped in models/.
+std::string default_model_dir();
 // The pieces, for verbs that adjust the options (e.g. bench sizes the context itself):
 LoadOptions load_options_from_args(const Args& a);                 // --model/--config/--dummy-weights/--dtype/...
 std::unique_ptr<Backend> make_backend_from_args(const Args& a);    // --device/--threads/--weights
