@@ -7,7 +7,7 @@
 // streaming request's decode rate and TTFT with `arbor generate` on the same model and prompt.
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
-import { ARBOR, startServer, testModel } from './lib.mjs';
+import { ARBOR, startServer, testModel, metrics as metricsOf } from './lib.mjs';
 
 const argv = process.argv.slice(2);
 const opt = (name, def) => { const i = argv.indexOf(`--${name}`); return i >= 0 ? argv[i + 1] : def; };
@@ -19,7 +19,8 @@ const promptTokens = Number(opt('prompt-tokens', '64'));
 const threads = opt('threads', '1');
 const config = opt('config', null);
 const model = config ? null : opt('model', null) ?? testModel();
-const modelArgs = config ? ['--config', config, '--dummy-weights', '--tokenizer', opt('tokenizer', model)] : ['--model', model];
+const genArgs = config ? ['--config', config, '--dummy-weights'] : ['--model', model];  // what `arbor generate` takes
+const modelArgs = config ? [...genArgs, '--tokenizer', opt('tokenizer', testModel())] : genArgs;
 
 const pct = (xs, p) => { if (!xs.length) return NaN; const s = [...xs].sort((a, b) => a - b); return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))]; };
 const rss = (pid) => Number(fs.readFileSync(`/proc/${pid}/status`, 'utf8').match(/VmRSS:\s+(\d+)/)[1]) / 1024;
@@ -108,7 +109,8 @@ if (argv.includes('--overhead')) {
     if (!best || decode > best.decode) best = { ttft, decode, n: times.length };
   }
   // TTFT without logprobs (first text chunk), and the bare HTTP round trip of this client for scale.
-  let ttft = Infinity, rtt = Infinity;
+  let ttft = Infinity, rtt = Infinity, clientSum = 0;
+  const m0 = await metricsOf(server.url);
   for (let i = 0; i < 5; i++) {
     const t0 = performance.now();
     await (await fetch(`${server.url}/health`)).text();
@@ -116,11 +118,19 @@ if (argv.includes('--overhead')) {
     const saved = temperature;
     const r = await one(server.baseURL, 7).catch(() => null);
     if (r && saved !== undefined) ttft = Math.min(ttft, r.ttft);
+    if (r) clientSum += r.ttft;
   }
+  // The engine's own TTFT (submit -> first token) for the same 5 requests, from /metrics: the difference
+  // to what the client sees is what HTTP, JSON and SSE add.
+  const m1 = await metricsOf(server.url);
+  const key = 'arbor_time_to_first_token_seconds';
+  const engineMs = (1000 * (m1[`${key}_sum`] - m0[`${key}_sum`])) / (m1[`${key}_count`] - m0[`${key}_count`]);
+  console.log(`TTFT over HTTP (mean of 5): client ${(clientSum / 5).toFixed(2)} ms, engine ${engineMs.toFixed(2)} ms, ` +
+    `added by the server's HTTP path + client: ${(clientSum / 5 - engineMs).toFixed(2)} ms`);
   best.ttft = Math.min(best.ttft, ttft);
   let gen = null;
   for (let i = 0; i < 3; i++) {
-    const out = execFileSync(ARBOR, ['generate', ...modelArgs, '--threads', threads, '--prompt-ids', prompt.join(','), '--max-tokens', String(maxTokens)],
+    const out = execFileSync(ARBOR, ['generate', ...genArgs, '--threads', threads, '--prompt-ids', prompt.join(','), '--max-tokens', String(maxTokens)],
       { encoding: 'utf8' });
     const m = out.match(/prefill: (\d+) tokens, ([\d.]+) tok\/s; decode: (\d+) tokens, ([\d.]+) tok\/s/);
     const g = { prefill_ms: (Number(m[1]) / Number(m[2])) * 1000, decode: Number(m[4]) };
