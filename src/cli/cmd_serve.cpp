@@ -78,13 +78,20 @@ int cmd_serve(const std::vector<std::string>& args_in) {
   if (thinking != "" && thinking != "on" && thinking != "off") fail("arguments: --thinking must be 'on' or 'off', got '{}'", thinking);
 
   std::vector<std::string> args = args_in;
+  // No --model (and no --config): the default model (see default_model_dir), named explicitly from here on.
+  std::string model_dir = a.get_or("model", "");
+  if (model_dir.empty() && !a.has("config")) {
+    model_dir = default_model_dir();
+    args.push_back("--model");
+    args.push_back(model_dir);
+  }
+  Args ma(args, vf, model_bool_flags());
   if (!a.has("kv-blocks")) {
     args.push_back("--kv-blocks");
-    args.push_back(std::to_string(default_kv_blocks(a, max_batch, a.get_or("device", "cpu") == "cuda")));
+    args.push_back(std::to_string(default_kv_blocks(ma, max_batch, a.get_or("device", "cpu") == "cuda")));
   }
   Args la(args, vf, model_bool_flags());
 
-  const std::string model_dir = a.get_or("model", "");
   const std::string tok_dir = a.get_or("tokenizer", model_dir);
   if (tok_dir.empty()) fail("arguments: --tokenizer DIR is required when there is no --model directory");
   Tokenizer tok = Tokenizer::from_file(tok_dir);
