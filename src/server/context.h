@@ -63,6 +63,7 @@ struct GenParams {
   bool logprobs = false;
   int64_t top_logprobs = 0;
   bool skip_special_tokens = true;
+  bool ignore_eos = false;  // vLLM's extension, for benchmarks: run to max_tokens
 };
 
 struct ChoiceResult {

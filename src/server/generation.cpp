@@ -32,7 +32,7 @@ Generation::Generation(ServerContext& ctx, std::vector<int32_t> prompt, const Ge
     r->sampling = p.sampling;
     r->sampling.seed = base_seed + uint64_t(i);  // choice i of a seeded request is reproducible on its own
     r->processing = p.processing;
-    r->stop_ids = ctx.eos_ids;
+    if (!p.ignore_eos) r->stop_ids = ctx.eos_ids;
     r->logprobs = p.logprobs;
     r->top_logprobs = p.top_logprobs;
     AdmissionResult a = ctx.scheduler->submit(r);

@@ -134,6 +134,7 @@ GenParams parse_sampling(const json& b, const ServerContext& ctx) {
       if (s.size() > 1024) bad_request("stop", "entries must be at most 1024 bytes, got {}", s.size());
   }
   p.n = opt_int(b, "n", 1, 16).value_or(1);
+  p.ignore_eos = opt_bool(b, "ignore_eos").value_or(false);
   auto mt = opt_int(b, "max_tokens", 1, INT64_MAX);
   auto mct = opt_int(b, "max_completion_tokens", 1, INT64_MAX);
   p.max_tokens = mct ? *mct : mt ? *mt : -1;  // max_completion_tokens wins

@@ -24,7 +24,8 @@ const modelArgs = config ? [...genArgs, '--tokenizer', opt('tokenizer', testMode
 
 const pct = (xs, p) => { if (!xs.length) return NaN; const s = [...xs].sort((a, b) => a - b); return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))]; };
 const rss = (pid) => Number(fs.readFileSync(`/proc/${pid}/status`, 'utf8').match(/VmRSS:\s+(\d+)/)[1]) / 1024;
-const prompt = Array.from({ length: promptTokens }, (_, i) => 1000 + ((i * 7919) % 50000));
+const promptVocab = Number(opt("prompt-vocab", "8000"));  // prompt ids are drawn below this
+const prompt = Array.from({ length: promptTokens }, (_, i) => 100 + ((i * 7919) % (promptVocab - 100)));
 
 // One streaming completion; returns {ttft, itl[], tokens} in ms.
 async function one(baseURL, seed) {
@@ -90,7 +91,8 @@ if (argv.includes('--overhead')) {
   for (let i = 0; i < 3; i++) {
     const t0 = performance.now();
     const r = await fetch(`${server.baseURL}/completions`, { method: 'POST', headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ prompt, max_tokens: maxTokens, temperature: 0, stream: true, logprobs: 0, return_tokens_as_token_ids: true }) });
+      body: JSON.stringify({ prompt, max_tokens: maxTokens, temperature: 0, stream: true, logprobs: 0, return_tokens_as_token_ids: true,
+        ignore_eos: true }) });
     const times = [];
     const dec = new TextDecoder();
     let buf = '';
@@ -133,9 +135,10 @@ if (argv.includes('--overhead')) {
     const out = execFileSync(ARBOR, ['generate', ...genArgs, '--threads', threads, '--prompt-ids', prompt.join(','), '--max-tokens', String(maxTokens)],
       { encoding: 'utf8' });
     const m = out.match(/prefill: (\d+) tokens, ([\d.]+) tok\/s; decode: (\d+) tokens, ([\d.]+) tok\/s/);
-    const g = { prefill_ms: (Number(m[1]) / Number(m[2])) * 1000, decode: Number(m[4]) };
+    const g = { prefill_ms: (Number(m[1]) / Number(m[2])) * 1000, decode: Number(m[4]), steps: Number(m[3]) };
     if (!gen || g.decode > gen.decode) gen = g;
   }
+  if (gen.steps + 1 < maxTokens) console.log(`note: generate stopped at an EOS after ${gen.steps + 1} tokens; rates cover different lengths`);
   console.log(`overhead: HTTP stream decode ${best.decode.toFixed(1)} tok/s vs generate ${gen.decode.toFixed(1)} tok/s ` +
     `(${((100 * best.decode) / gen.decode).toFixed(1)}%); TTFT ${best.ttft.toFixed(2)} ms vs generate prefill ${gen.prefill_ms.toFixed(2)} ms ` +
     `(+${(best.ttft - gen.prefill_ms).toFixed(2)} ms; this client's bare /health round trip: ${rtt.toFixed(2)} ms)`);
