@@ -99,6 +99,9 @@ bool Generation::run(const DeltaFn& on_delta, const std::function<bool()>& gone)
         text += dec[i].flush();
         FinishReason fr = r.finish_reason();
         if (fr == FinishReason::Error) throw ApiError(500, r.error(), "", "internal_error", "server_error");
+        // Only the scheduler's shutdown cancels a request we did not cancel ourselves.
+        if (fr == FinishReason::Cancelled)
+          throw ApiError(503, "the request was cancelled: the server is shutting down", "", "shutting_down", "server_error");
         results_[i].finish_reason = fr == FinishReason::Length ? "length" : fr == FinishReason::Stop ? "stop" : "cancelled";
         done[i] = true;
         --remaining;

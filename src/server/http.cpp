@@ -87,6 +87,7 @@ bool ResponseWriter::send(int status, const std::string& content_type, const std
 
 bool ResponseWriter::begin_stream(int status, const std::string& content_type) {
   started_ = true;
+  streaming_ = true;
   status_ = status;
   std::string h = fmt::format(
       "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\nConnection: {}\r\n\r\n",
@@ -102,7 +103,10 @@ bool ResponseWriter::write_chunk(const std::string& data) {
   return write_all(c.data(), c.size());
 }
 
-bool ResponseWriter::end_stream() { return write_all("0\r\n\r\n", 5); }
+bool ResponseWriter::end_stream() {
+  ended_ = true;
+  return write_all("0\r\n\r\n", 5);
+}
 
 bool ResponseWriter::client_gone() {
   if (failed_) return true;
@@ -360,6 +364,7 @@ void Server::serve_connection(int fd) {
     ResponseWriter w(fd, keep_alive && !stopping_.load());
     handler_(req, w);
     if (!w.started()) w.send(500, "application/json", error_body("the handler sent no response", "server_error"));
+    if (w.streaming() && !w.ended()) return;  // a stream the handler did not finish: only closing ends it
     if (w.failed() || !w.keep_alive() || stopping_.load()) return;
   }
 }

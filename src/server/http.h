@@ -34,6 +34,8 @@ class ResponseWriter {
   // True when the peer closed its side or the socket failed (checked without blocking).
   bool client_gone();
   bool started() const { return started_; }
+  bool streaming() const { return streaming_; }
+  bool ended() const { return ended_; }
   bool failed() const { return failed_; }
   void set_keep_alive(bool k) { keep_alive_ = k; }
   bool keep_alive() const { return keep_alive_; }
@@ -43,7 +45,7 @@ class ResponseWriter {
   bool write_all(const char* p, size_t n);
   int fd_;
   bool keep_alive_;
-  bool started_ = false, failed_ = false;
+  bool started_ = false, failed_ = false, streaming_ = false, ended_ = false;
   int status_ = 0;
 };
 

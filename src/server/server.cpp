@@ -115,7 +115,15 @@ void ApiServer::handle(const http::Request& req, http::ResponseWriter& w) {
   if (r == R::None) route = "other";
   const bool anthropic = r == R::Messages;
   auto error = [&](const ApiError& e) {
-    if (w.started()) return;
+    if (w.started()) {
+      // An error after the stream began: one error frame, then the stream ends (api.md).
+      if (w.streaming() && !w.ended() && !w.failed()) {
+        std::string body = http::error_body(e.what(), e.type, e.param, e.code);
+        w.write_chunk(anthropic ? "event: error\ndata: " + body + "\n\n" : "data: " + body + "\n\n");
+        w.end_stream();
+      }
+      return;
+    }
     if (anthropic) {
       // Anthropic's shape: {"type":"error","error":{"type","message"}}
       const char* t = e.status == 429 ? "rate_limit_error" : e.status == 404 ? "not_found_error" : e.status == 401 ? "authentication_error"

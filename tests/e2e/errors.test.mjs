@@ -156,4 +156,6 @@ test('SIGINT with a stream in flight: the stream ends, exit code 0', async () =>
   const e = await exit;
   assert.equal(e.code, 0, JSON.stringify(e) + s.log());
   assert.match(s.log(), /SIGINT received/);
+  // The cancelled stream ends with one error frame (api.md: errors after the stream started).
+  assert.match(text, /data: \{"error":\{[^\n]*shutting down/);
 });
