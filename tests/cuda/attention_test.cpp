@@ -94,7 +94,8 @@ TEST(CudaAttention, BlockBoundariesAndMixedBatches) {
   run_case({128, 8, 2, 0, 0.0f, {1, 15, 16, 17, 31, 32, 33}, {1, 15, 16, 17, 31, 32, 33}}, rng);
   run_case({128, 8, 2, 0, 0.0f, {1, 15, 16, 17, 31, 32, 33}, {1, 1, 1, 1, 1, 1, 1}}, rng);
   run_case({64, 4, 1, 0, 0.0f, {64, 65, 100}, {20, 1, 37}}, rng);
-  run_case({128, 4, 4, 0, 0.0f, {48}, {48}, 8}, rng);  // block size 8
+  run_case({128, 4, 4, 0, 0.0f, {48}, {48}, 8}, rng);      // block size 8
+  run_case({64, 4, 2, 0, 0.0f, {30, 7}, {30, 1}, 12}, rng);  // block size 12: not a power of two
   run_case({128, 16, 2, 0, 0.0f, {40, 9}, {40, 2}}, rng);  // GQA 8, several tiles of 8 tokens
 }
 

@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, in
     const bool live = kp < k_end;
     uint4 kq = make_uint4(0, 0, 0, 0), vq = kq;
     if (live) {
-      const int64_t slot = int64_t(table[kp / a.block_size]) * a.block_size + kp % a.block_size;
+      const int64_t slot = kv_slot(a, table, kp);
       const int64_t off = slot * kvrow + int64_t(g) * D + sl * 8;
       kq = *reinterpret_cast<const uint4*>(a.k_pool + off);
       vq = *reinterpret_cast<const uint4*>(a.v_pool + off);

@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnArgs a, cons
       const int32_t kp = kt + j;
       uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
       if (kp < kv_hi) {
-        const int64_t slot = int64_t(table[kp / a.block_size]) * a.block_size + kp % a.block_size;
+        const int64_t slot = kv_slot(a, table, kp);
         const int64_t off = slot * kvrow + int64_t(g) * D + c * 8;
         kv = *reinterpret_cast<const uint4*>(a.k_pool + off);
         vv = *reinterpret_cast<const uint4*>(a.v_pool + off);

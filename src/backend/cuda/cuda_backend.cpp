@@ -410,6 +410,7 @@ void CudaBackend::attention(int64_t layer, const Tensor& q, const AttentionParam
   a.k_pool = static_cast<const uint16_t*>(k_pools_.at(size_t(layer)));
   a.v_pool = static_cast<const uint16_t*>(v_pools_.at(size_t(layer)));
   a.pos = d_pos_, a.seq = d_seq_, a.block_tables = d_tables_, a.max_blocks = b.max_blocks, a.block_size = int32_t(kv_.block_size);
+  if ((kv_.block_size & (kv_.block_size - 1)) == 0) a.block_shift = int32_t(__builtin_ctzll(uint64_t(kv_.block_size)));
   a.n_heads = int32_t(p.n_heads), a.n_kv_heads = int32_t(p.n_kv_heads), a.head_dim = int32_t(p.head_dim);
   a.scale = p.scale, a.softcap = p.softcap, a.window = int32_t(p.window);
   const int64_t G = p.n_heads / p.n_kv_heads;

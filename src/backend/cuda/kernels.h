@@ -58,10 +58,18 @@ struct AttnArgs {
   const int32_t* seq = nullptr;      // [T]
   const int32_t* block_tables = nullptr;  // [S, max_blocks]
   int32_t max_blocks = 0, block_size = 16;
+  int32_t block_shift = -1;  // log2(block_size) when it is a power of two (a shift, not a division)
   int32_t n_heads = 0, n_kv_heads = 0, head_dim = 0;
   float scale = 1.0f, softcap = 0.0f;
   int32_t window = 0;  // 0: full causal
 };
+#ifdef __CUDACC__
+// Cache slot of key position kp of the sequence whose block table row is `table`.
+__device__ __forceinline__ int64_t kv_slot(const AttnArgs& a, const int32_t* table, int32_t kp) {
+  if (a.block_shift >= 0) return (int64_t(table[kp >> a.block_shift]) << a.block_shift) + (kp & (a.block_size - 1));
+  return int64_t(table[kp / a.block_size]) * a.block_size + kp % a.block_size;
+}
+#endif
 // Split-K flash-decoding: grid (n_splits, kv heads x head chunks, T); every query token attends to
 // [lo, pos] of its sequence, cut into n_splits ranges of split_len keys; partial results (o, m, l)
 // go to scratch [T, n_heads, n_splits, head_dim + 2] f32 and a second kernel merges them.
