@@ -74,7 +74,15 @@ void run_case(const Case& c, std::mt19937& rng) {
     gpu.attention(0, qg, p, og);
     // Outputs are convex combinations of values in [-1, 1]: an absolute bound. bf16 probabilities
     // (prefill) and a bf16 output give about 4e-3.
-    EXPECT_LE(max_diff(host_f32(gpu, og), ref), 1.5e-2f) << (path == CudaBackend::AttentionPath::Prefill ? "prefill" : "decode");
+    const std::vector<float> got = host_f32(gpu, og);
+    const char* name = path == CudaBackend::AttentionPath::Prefill ? "prefill" : "decode";
+    EXPECT_LE(max_diff(got, ref), 1.5e-2f) << name;
+    for (size_t i = 0; i < got.size(); ++i)  // the first bad element, to tell a layout error from a numeric one
+      if (!(std::fabs(got[i] - ref[i]) <= 1.5e-2f)) {
+        ADD_FAILURE() << name << ": first mismatch at token " << i / size_t(q_row) << " head " << (i % size_t(q_row)) / size_t(hd)
+                      << " dim " << i % size_t(hd) << ": " << got[i] << " vs " << ref[i];
+        break;
+      }
   }
 }
 
