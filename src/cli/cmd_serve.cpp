@@ -153,8 +153,6 @@ int cmd_serve(const std::vector<std::string>& args_in) {
     num("min_p", ctx.defaults.min_p);
     num("repetition_penalty", ctx.defaults.repetition_penalty);
     if (g.value("do_sample", true) == false) ctx.defaults.temperature = 0.0f;
-  } else {
-    ctx.defaults.temperature = 1.0f;  // OpenAI's default
   }
   ctx.defaults.temperature = float(a.get_double("temperature", ctx.defaults.temperature));
   ctx.defaults.top_p = float(a.get_double("top-p", ctx.defaults.top_p));

@@ -20,7 +20,7 @@ namespace arbor::server {
 
 // Sampling defaults: server flags, overridden by the model's generation_config.json, overridden per request.
 struct SamplingDefaults {
-  float temperature = 0.7f, top_p = 1.0f, min_p = 0.0f, repetition_penalty = 1.0f;
+  float temperature = 1.0f, top_p = 1.0f, min_p = 0.0f, repetition_penalty = 1.0f;  // OpenAI's defaults
   int64_t top_k = 0;
   int64_t max_tokens = -1;  // -1 = up to the context
 };
