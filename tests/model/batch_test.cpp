@@ -1,0 +1,145 @@
+// Flattened batches: for every architecture (small configs, deterministic dummy weights), several
+// sequences of different lengths, cut into different prefill chunks and mixed with other sequences'
+// decode tokens in each step, give the same logits and greedy ids as each sequence run alone.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "backend/cpu/cpu_backend.h"
+#include "engine/generate.h"
+
+using namespace arbor;
+
+namespace {
+
+json base(const char* type, int64_t layers, int64_t heads, int64_t kv, int64_t head_dim) {
+  return json{{"model_type", type}, {"vocab_size", 211}, {"hidden_size", 64}, {"intermediate_size", 96},
+              {"num_hidden_layers", layers}, {"num_attention_heads", heads}, {"num_key_value_heads", kv},
+              {"head_dim", head_dim}, {"max_position_embeddings", 4096}, {"rms_norm_eps", 1e-6}};
+}
+
+std::vector<std::pair<std::string, json>> arch_configs() {
+  std::vector<std::pair<std::string, json>> v;
+  json j = base("llama", 2, 4, 2, 16);
+  j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 64}};
+  v.push_back({"llama", j});
+  j = base("mistral", 2, 4, 1, 16);
+  j["sliding_window"] = 7;
+  v.push_back({"mistral", j});
+  j = base("qwen2", 2, 4, 2, 16);
+  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 1024}};
+  v.push_back({"qwen2", j});
+  v.push_back({"qwen3", base("qwen3", 2, 4, 2, 32)});
+  v.push_back({"gemma", base("gemma", 2, 2, 1, 64)});
+  j = base("gemma2", 3, 4, 2, 32);
+  j.update({{"sliding_window", 6}, {"attn_logit_softcapping", 50.0}, {"final_logit_softcapping", 30.0},
+            {"query_pre_attn_scalar", 24}});
+  v.push_back({"gemma2", j});
+  j = base("gemma3_text", 4, 4, 1, 32);
+  j.update({{"sliding_window", 5}, {"sliding_window_pattern", 2}, {"rope_local_base_freq", 10000.0}, {"rope_theta", 1e6}});
+  v.push_back({"gemma3", j});
+  j = base("phi3", 2, 2, 1, 32);
+  j.update({{"partial_rotary_factor", 0.75}, {"original_max_position_embeddings", 1024},
+            {"rope_scaling", {{"type", "longrope"}, {"short_factor", std::vector<double>(12, 1.1)},
+                              {"long_factor", std::vector<double>(12, 3.0)}}}});
+  v.push_back({"phi3", j});
+  j = base("granite", 2, 4, 2, 16);
+  j.update({{"embedding_multiplier", 12.0}, {"residual_multiplier", 0.22}, {"attention_multiplier", 0.0625},
+            {"logits_scaling", 8.0}});
+  v.push_back({"granite", j});
+  v.push_back({"olmo2", base("olmo2", 2, 4, 4, 16)});
+  j = base("starcoder2", 2, 4, 2, 16);
+  j.update({{"use_bias", true}, {"sliding_window", 9}, {"norm_epsilon", 1e-5}});
+  v.push_back({"starcoder2", j});
+  j = base("smollm3", 4, 4, 2, 16);
+  j["no_rope_layer_interval"] = 4;
+  v.push_back({"smollm3", j});
+  return v;
+}
+
+class Batch : public testing::TestWithParam<std::pair<std::string, json>> {};
+
+TEST_P(Batch, MixedChunksMatchSequencesAlone) {
+  std::string cfg_path = testing::TempDir() + "arbor_batch_" + GetParam().first + ".json";
+  std::ofstream(cfg_path) << GetParam().second.dump();
+  CpuBackend be(2, WeightPlacement::Mapped);
+  LoadOptions opt;
+  opt.config_path = cfg_path;
+  opt.dummy_weights = true;
+  opt.ctx_size = 64;
+  opt.max_step_tokens = 64;
+  opt.kv_blocks = 32;
+  opt.block_size = 8;  // several blocks per sequence
+  Model m(opt, be);
+  const int64_t V = m.config().vocab_size;
+  BlockPool pool(be.kv_layout().n_blocks, be.kv_layout().block_size);
+
+  // Three streams of different lengths, each alone first (logits for every token).
+  std::vector<std::vector<int32_t>> streams(3);
+  for (int s = 0; s < 3; ++s)
+    for (int i = 0; i < 23 - 6 * s; ++i) streams[size_t(s)].push_back(int32_t((i * 37 + s * 11 + 5) % V));
+  std::vector<std::vector<float>> alone;
+  for (const auto& st : streams) {
+    GenerateRequest req;
+    req.prompt = st;
+    req.max_tokens = 0;
+    req.keep_logits = true;
+    alone.push_back(generate(m, pool, req).logits);
+  }
+  ASSERT_EQ(pool.free_blocks(), pool.n_blocks());
+
+  std::vector<std::vector<int64_t>> chunks = {{5, 9, 1, 1, 3, 100}, {100}, {1, 1, 1, 2, 100}};
+  std::vector<SequenceKV> kv(3);
+  std::vector<int64_t> done(3, 0), step(3, 0);
+  for (int s = 0; s < 3; ++s) ASSERT_TRUE(kv[size_t(s)].reserve(pool, int64_t(streams[size_t(s)].size())));
+  float max_abs = 0;
+  for (const auto& a : alone)
+    for (float x : a) max_abs = std::max(max_abs, std::fabs(x));
+  double worst = 0;
+  int64_t rows_checked = 0;
+  for (;;) {
+    std::vector<std::vector<int32_t>> toks;
+    std::vector<int64_t> start;
+    std::vector<const SequenceKV*> views;
+    std::vector<int> who;
+    for (int s = 0; s < 3; ++s) {
+      const int64_t len = int64_t(streams[size_t(s)].size());
+      if (done[size_t(s)] >= len) continue;
+      const auto& sched = chunks[size_t(s)];
+      int64_t n = std::min(sched[std::min<size_t>(size_t(step[size_t(s)]), sched.size() - 1)], len - done[size_t(s)]);
+      toks.emplace_back(streams[size_t(s)].begin() + done[size_t(s)], streams[size_t(s)].begin() + done[size_t(s)] + n);
+      start.push_back(done[size_t(s)]);
+      views.push_back(&kv[size_t(s)]);
+      who.push_back(s);
+    }
+    if (toks.empty()) break;
+    BatchInfo b = make_batch(toks, start, views, true);
+    std::vector<float> logits(b.logit_rows.size() * size_t(V));
+    m.forward(b, logits.data());
+    size_t row = 0;
+    for (size_t i = 0; i < toks.size(); ++i) {
+      const auto& ref = alone[size_t(who[i])];
+      for (size_t j = 0; j < toks[i].size(); ++j, ++row) {
+        const int64_t p = start[i] + int64_t(j);
+        const float* got = logits.data() + row * size_t(V);
+        const float* want = ref.data() + p * V;
+        for (int64_t t = 0; t < V; ++t) worst = std::max(worst, double(std::fabs(got[t] - want[t])));
+        EXPECT_EQ(argmax(got, V), argmax(want, V)) << "sequence " << who[i] << " position " << p;
+        ++rows_checked;
+      }
+      done[size_t(who[i])] += int64_t(toks[i].size());
+      step[size_t(who[i])] += 1;
+    }
+  }
+  EXPECT_EQ(rows_checked, int64_t(streams[0].size() + streams[1].size() + streams[2].size()));
+  EXPECT_GT(max_abs, 0.0f);
+  EXPECT_LE(worst, 1e-3 * max_abs) << GetParam().first;
+  for (auto& s : kv) s.release(pool);
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, Batch, testing::ValuesIn(arch_configs()),
+                         [](const testing::TestParamInfo<std::pair<std::string, json>>& i) { return i.param.first; });
+
+}  // namespace
