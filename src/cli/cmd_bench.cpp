@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <tuple>
 
 #include "backend/cpu/bandwidth.h"
 #include "backend/cpu/cpu_backend.h"
@@ -69,6 +70,23 @@ int bench_cuda(const Args& a) {
   const double bw = cuda_measure_copy_bandwidth(), gemm = cuda_measure_bf16_gemm_rate(8192);
   std::printf("ceilings   copy %.1f GB/s (read + write, measured now); cuBLAS bf16 GEMM 8192^3 %.1f TFLOP/s (random data)\n", bw * 1e-9,
               gemm * 1e-12);
+
+  // GEMV alone on this model's shapes (weights rotated past L2), at 1 and 8 rows, for three K-split
+  // occupancy targets: where the decode step's time goes, layer by layer.
+  const std::vector<std::tuple<const char*, int64_t, int64_t>> shapes = {
+      {"q", c.q_dim(), c.hidden_size}, {"k/v", c.kv_dim(), c.hidden_size}, {"o", c.hidden_size, c.q_dim()},
+      {"gate/up", c.intermediate_size, c.hidden_size}, {"down", c.hidden_size, c.intermediate_size}, {"lm_head", c.vocab_size, c.hidden_size}};
+  std::printf("gemv       shape: GB/s (fraction of copy bw) for warps/SM target 32 | 64 | 128\n");
+  for (auto [name, N, K] : shapes)
+    for (int64_t T : {1, 8}) {
+      std::printf("  %-8s [%lld x %lld] T=%lld:", name, (long long)N, (long long)K, (long long)T);
+      for (int w : {32, 64, 128}) {
+        const double sec = cuda_time_gemv(N, K, T, w), gbs = double(N * K * 2) / sec;
+        std::printf("  %7.0f (%4.1f%%, %.1f us)", gbs * 1e-9, 100.0 * gbs / bw, sec * 1e6);
+      }
+      std::printf("\n");
+    }
+  std::fflush(stdout);
 
   const int64_t V = c.vocab_size;
   const uint64_t embed_bytes = uint64_t(c.vocab_size * c.hidden_size) * (m.weight_bytes() / std::max<uint64_t>(1, m.parameter_count()));
@@ -152,7 +170,7 @@ int bench_cuda(const Args& a) {
     for (auto& s : seqs) s.length = ctx;
     std::vector<int32_t> next(static_cast<size_t>(B), 1);
     cuda_be->set_graph_mode(graph);
-    double timed = 0;
+    double timed = 0, gpu_ms = 0;
     for (int64_t i = 0; i < steps + 4; ++i) {
       std::vector<std::vector<int32_t>> toks;
       std::vector<int64_t> start;
@@ -160,8 +178,10 @@ int bench_cuda(const Args& a) {
       for (int64_t s = 0; s < B; ++s) toks.push_back({next[size_t(s)]}), start.push_back(seqs[size_t(s)].length), kv.push_back(&seqs[size_t(s)]);
       BatchInfo b = make_batch(toks, start, kv, false);
       auto s0 = Clock::now();
+      cuda_be->timer_start();
       forward(b);
-      if (i >= 4) timed += seconds_since(s0);
+      const double g = cuda_be->timer_stop_ms();
+      if (i >= 4) timed += seconds_since(s0), gpu_ms += g;
       for (int64_t s = 0; s < B; ++s) {
         next[size_t(s)] = argmax(logits.data() + s * V, V);
         seqs[size_t(s)].length += 1;
@@ -171,7 +191,8 @@ int bench_cuda(const Args& a) {
     const double step_s = timed / double(steps), mid = double(ctx) + double(steps) / 2 + 4;
     const double bytes = double(weight_step_bytes) + double(B) * mid * kv_token_bytes;
     add_row({fmt::format("decode b={} ctx={}{}", B, ctx, graph ? " graph" : ""), double(B) / step_s, bytes / step_s / bw, "tok/s",
-                    fmt::format("{:.2f} ms/step, {:.0f} MB/step, roofline {:.1f} tok/s", step_s * 1e3, bytes * 1e-6, double(B) * bw / bytes)});
+                    fmt::format("{:.2f} ms/step (stream {:.2f}), {:.0f} MB/step, roofline {:.1f} tok/s", step_s * 1e3,
+                         gpu_ms / double(steps), bytes * 1e-6, double(B) * bw / bytes)});
   };
   // Each decode figure eagerly and with the backend's experimental per-step graph capture.
   for (bool graph : {false, true}) {

@@ -48,12 +48,19 @@ void run_case(const Case& c, std::mt19937& rng) {
   gpu.begin_batch(fill), cpu.begin_batch(fill);
   gpu.kv_write(0, dev_bf16(gpu, k, {TF, kv_row}), dev_bf16(gpu, v, {TF, kv_row}));
   cpu.kv_write(0, host_view(k, {TF, kv_row}), host_view(v, {TF, kv_row}));
-  {
+  {  // the written slots hold the same values (the CPU pools' other slots are uninitialised memory)
     std::vector<float> kp = host_f32(gpu, gpu.k_pool(0)), vp = host_f32(gpu, gpu.v_pool(0));
-    const size_t n = kp.size();
-    std::vector<float> kc(cpu.k_pool(0), cpu.k_pool(0) + n), vc(cpu.v_pool(0), cpu.v_pool(0) + n);
-    EXPECT_EQ(max_diff(kp, kc), 0.0f) << "K pools differ";
-    EXPECT_EQ(max_diff(vp, vc), 0.0f) << "V pools differ";
+    std::vector<float> kg, vg, kc, vc;
+    for (int64_t t = 0; t < TF; ++t) {
+      const int32_t sq = fill.seq[size_t(t)], pos = fill.pos[size_t(t)];
+      const int64_t slot = int64_t(fill.block_tables[size_t(sq * fill.max_blocks + pos / c.block_size)]) * c.block_size + pos % c.block_size;
+      kg.insert(kg.end(), kp.begin() + slot * kv_row, kp.begin() + (slot + 1) * kv_row);
+      vg.insert(vg.end(), vp.begin() + slot * kv_row, vp.begin() + (slot + 1) * kv_row);
+      kc.insert(kc.end(), cpu.k_pool(0) + slot * kv_row, cpu.k_pool(0) + (slot + 1) * kv_row);
+      vc.insert(vc.end(), cpu.v_pool(0) + slot * kv_row, cpu.v_pool(0) + (slot + 1) * kv_row);
+    }
+    EXPECT_EQ(max_diff(kg, kc), 0.0f) << "K pools differ";
+    EXPECT_EQ(max_diff(vg, vc), 0.0f) << "V pools differ";
   }
 
   AttentionParams p;

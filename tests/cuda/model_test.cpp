@@ -1,7 +1,8 @@
 // Whole models, CUDA against the CPU path: synthetic checkpoints of several architectures (and every
 // fixture under tests/fixtures/models/ when present) run teacher-forced through a prefill chunk and
-// then one token per step; logits must agree (max|Δ| <= 2e-2 max|ref|) and so must the greedy ids
-// on >= 99% of the steps. Skipped without a GPU.
+// then one token per step; logits must agree (max|Δ| <= 2e-2 max|ref|) and so must the greedy ids on
+// >= 99% of the steps (for random synthetic weights: of the steps whose top-2 gap exceeds that
+// tolerance, see compare_model). Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -69,7 +70,7 @@ Run teacher_forced(Model& m, Backend& be, const std::vector<int32_t>& tokens, in
   return r;
 }
 
-void compare_model(const std::string& label, const LoadOptions& opt, bool graph_mode = false) {
+void compare_model(const std::string& label, const LoadOptions& opt, bool graph_mode = false, bool all_steps_decisive = false) {
   SCOPED_TRACE(label);
   CpuBackend cpu(2, WeightPlacement::Mapped);
   CudaBackend gpu(0);
@@ -82,12 +83,27 @@ void compare_model(const std::string& label, const LoadOptions& opt, bool graph_
   Run rc = teacher_forced(mc, cpu, tokens, 60), rg = teacher_forced(mg, gpu, tokens, 60);
   const float ref = max_abs(rc.logits), diff = max_diff(rg.logits, rc.logits);
   EXPECT_LE(diff, 2e-2f * ref) << "max|ref| " << ref;
-  int64_t agree = 0;
-  for (size_t t = 0; t < tokens.size(); ++t)
-    agree += argmax(rc.logits.data() + t * size_t(V), V) == argmax(rg.logits.data() + t * size_t(V), V);
-  EXPECT_GE(double(agree), 0.99 * double(tokens.size())) << agree << " of " << tokens.size() << " greedy ids agree";
-  std::printf("[ %s ] max|Δ| %.3g of max|ref| %.3g (%.2f%%), greedy agreement %lld/%zu\n", label.c_str(), double(diff), double(ref),
-              100.0 * double(diff) / double(ref), (long long)agree, tokens.size());
+  // Greedy ids. A trained model's top two logits are far apart; a random synthetic one's often are not
+  // (top-2 gaps below the bf16 noise of ~1% of max|ref|), so for synthetic models the >= 99% bar
+  // applies to the decisive steps: those whose reference top-2 gap exceeds the logit tolerance.
+  int64_t agree = 0, decisive = 0, decisive_agree = 0;
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    const float* lc = rc.logits.data() + t * size_t(V);
+    const int32_t ic = argmax(lc, V), ig = argmax(rg.logits.data() + t * size_t(V), V);
+    float second = -INFINITY;
+    for (int64_t i = 0; i < V; ++i)
+      if (i != ic) second = std::max(second, lc[i]);
+    const bool is_decisive = lc[ic] - second > 2e-2f * ref;
+    agree += ic == ig, decisive += is_decisive, decisive_agree += is_decisive && ic == ig;
+  }
+  if (all_steps_decisive)
+    EXPECT_GE(double(agree), 0.99 * double(tokens.size())) << agree << " of " << tokens.size() << " greedy ids agree";
+  else
+    EXPECT_GE(double(decisive_agree), 0.99 * double(decisive)) << decisive_agree << " of " << decisive << " decisive steps agree";
+  EXPECT_GE(decisive, int64_t(tokens.size()) / 4) << "too few decisive steps for the check to mean anything";
+  std::printf("[ %s ] max|Δ| %.3g of max|ref| %.3g (%.2f%%), greedy agreement %lld/%zu (decisive steps %lld/%lld)\n", label.c_str(),
+              double(diff), double(ref), 100.0 * double(diff) / double(ref), (long long)agree, tokens.size(), (long long)decisive_agree,
+              (long long)decisive);
 }
 
 std::string temp_dir(const std::string& name) {
@@ -142,7 +158,7 @@ TEST(CudaModel, FixturesMatchTheCpu) {
     LoadOptions opt;
     opt.model_dir = e.path().string();
     opt.ctx_size = 128, opt.max_step_tokens = 64, opt.show_progress = false;
-    compare_model(e.path().filename().string(), opt);
+    compare_model(e.path().filename().string(), opt, false, /*all_steps_decisive=*/true);  // trained: every step counts
     ++n;
   }
   if (n == 0) GTEST_SKIP() << "no fixture with a config.json under " << dir.string();

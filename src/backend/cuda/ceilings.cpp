@@ -79,4 +79,25 @@ double cuda_measure_bf16_gemm_rate(int64_t n, int reps) {
   return 2.0 * double(n) * double(n) * double(n) / sec;
 }
 
+double cuda_time_gemv(int64_t N, int64_t K, int64_t T, int warps_per_sm, int reps) {
+  ARBOR_CHECK(N > 0 && K > 0 && T >= 1 && T <= cuda::kGemvMaxRows && reps >= 1, "cuda: gemv timing: N {} K {} T {}", N, K, T);
+  Timing tm;
+  int dev = 0, sms = 0;
+  ARBOR_CUDA_CHECK(cudaGetDevice(&dev));
+  ARBOR_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const size_t wbytes = size_t(N * K) * 2;
+  const int copies = int(std::max<size_t>(2, ((size_t(256) << 20) + wbytes - 1) / wbytes));
+  DevMem w(wbytes * size_t(copies)), x(size_t(T * K) * 2), y(size_t(T * N) * 2);
+  cuda::launch_fill_random_bf16(static_cast<uint16_t*>(w.p), int64_t(wbytes / 2) * copies, 4, tm.s);
+  cuda::launch_fill_random_bf16(static_cast<uint16_t*>(x.p), T * K, 5, tm.s);
+  cuda::set_gemv_warps_per_sm(warps_per_sm);
+  const double sec = tm.median(1, reps, [&] {
+    for (int c = 0; c < copies; ++c)
+      cuda::launch_gemv(static_cast<char*>(w.p) + wbytes * size_t(c), DType::BF16, static_cast<uint16_t*>(x.p), nullptr, y.p,
+                        DType::BF16, T, N, K, sms, tm.s);
+  });
+  cuda::set_gemv_warps_per_sm(32);
+  return sec / copies;
+}
+
 }  // namespace arbor

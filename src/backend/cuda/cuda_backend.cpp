@@ -110,6 +110,8 @@ CudaBackend::~CudaBackend() {
   }
   if (stream_) cudaStreamSynchronize(stream_);
   graphs_.reset();
+  for (auto e : timer_events_)
+    if (e) cudaEventDestroy(static_cast<cudaEvent_t>(e));
   staging_.reset();
   owned_.clear();
   if (lt_) cublasLtDestroy(lt_);
@@ -518,6 +520,27 @@ void CudaBackend::download(const Tensor& dev, void* host) {
   flush_capture();
   ARBOR_CUDA_CHECK(cudaMemcpyAsync(host, dev.data, dev.nbytes(), cudaMemcpyDeviceToHost, st(stream_)));
   ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
+}
+
+void CudaBackend::timer_start() {
+  flush_capture();
+  for (auto& e : timer_events_)
+    if (!e) {
+      cudaEvent_t ev;
+      ARBOR_CUDA_CHECK(cudaEventCreate(&ev));
+      e = ev;
+    }
+  ARBOR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(timer_events_[0]), st(stream_)));
+}
+
+double CudaBackend::timer_stop_ms() {
+  flush_capture();
+  ARBOR_CHECK(timer_events_[1], "cuda: timer_stop_ms without timer_start");
+  ARBOR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(timer_events_[1]), st(stream_)));
+  ARBOR_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(timer_events_[1])));
+  float ms = 0;
+  ARBOR_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(timer_events_[0]), static_cast<cudaEvent_t>(timer_events_[1])));
+  return double(ms);
 }
 
 void CudaBackend::synchronize() {

@@ -89,6 +89,9 @@ class CudaBackend : public Backend {
   Tensor k_pool(int64_t layer) const;
   Tensor v_pool(int64_t layer) const;
   int sm_count() const { return n_sms_; }
+  // GPU time between two points of the stream (events): timer_stop synchronises and returns ms.
+  void timer_start();
+  double timer_stop_ms();
   CUstream_st* stream() const { return stream_; }
 
  private:
@@ -138,6 +141,7 @@ class CudaBackend : public Backend {
   void* workspace_ = nullptr;                      // cuBLASLt
   size_t workspace_bytes_ = 0;
   int32_t* d_ids_ = nullptr;                       // sampled ids [max rows]
+  void* timer_events_[2] = {nullptr, nullptr};     // cudaEvent_t
   size_t ids_cap_ = 0;
 };
 
@@ -146,5 +150,8 @@ class CudaBackend : public Backend {
 // n x n x n operands (f32 accumulation, median of reps).
 double cuda_measure_copy_bandwidth(uint64_t bytes = uint64_t(2) << 30, int reps = 10);
 double cuda_measure_bf16_gemm_rate(int64_t n = 8192, int reps = 10);
+// Seconds per GEMV y[T, N] = x[T, K]·Wᵀ (bf16 weights, bf16 out), median of reps, rotating over enough
+// weight copies (> 256 MiB) that L2 holds none; warps_per_sm is the GEMV's K-split target.
+double cuda_time_gemv(int64_t N, int64_t K, int64_t T, int warps_per_sm, int reps = 5);
 
 }  // namespace arbor

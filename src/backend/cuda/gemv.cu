@@ -156,7 +156,11 @@ void launch_nr(bool f16, dim3 grid, cudaStream_t s, const uint16_t* w, const uin
   ARBOR_LAUNCH_CHECK("gemv_kernel");
 }
 
+int g_warps_per_sm = 32;
+
 }  // namespace
+
+void set_gemv_warps_per_sm(int w) { g_warps_per_sm = w < 1 ? 1 : w; }
 
 void launch_gemv(const void* w, DType w_dtype, const uint16_t* x, const float* bias, void* y, DType y_dtype, int64_t T, int64_t N,
                  int64_t K, int n_sms, cudaStream_t s) {
@@ -168,7 +172,7 @@ void launch_gemv(const void* w, DType w_dtype, const uint16_t* x, const float* b
   // only queue up.
   const int64_t pairs = (N + 1) / 2;
   int wpr = 1;
-  while (wpr < kWarps && pairs * wpr < int64_t(n_sms) * 32) wpr *= 2;
+  while (wpr < kWarps && pairs * wpr < int64_t(n_sms) * g_warps_per_sm) wpr *= 2;
   const int64_t pairs_per_block = kWarps / wpr;
   dim3 grid(unsigned((pairs + pairs_per_block - 1) / pairs_per_block));
   const uint16_t* wp = static_cast<const uint16_t*>(w);

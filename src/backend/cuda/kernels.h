@@ -47,6 +47,8 @@ void launch_fill_random_bf16(uint16_t* p, int64_t n, uint64_t seed, cudaStream_t
 void launch_gemv(const void* w, DType w_dtype, const uint16_t* x, const float* bias, void* y, DType y_dtype, int64_t T,
                  int64_t N, int64_t K, int n_sms, cudaStream_t s);
 constexpr int64_t kGemvMaxRows = 8;
+// Target warps per SM when splitting K across warps for small N (default 32; bench sweeps it).
+void set_gemv_warps_per_sm(int w);
 
 // ---- attention_*.cu -------------------------------------------------------------------------------
 struct AttnArgs {
