@@ -140,7 +140,6 @@ Activation parse_activation(const std::string& s, Activation def, const std::str
 
 void apply_arch_defaults(ModelConfig& c, const ArchDescriptor& a) {
   if (!c.tie_given) c.tie_word_embeddings = a.tie_default;
-  if (a.qkv_bias) c.attention_bias = true;
   if (c.layer_types.empty()) {
     for (int64_t i = 0; i < c.n_layers; ++i) {
       bool sliding = false;

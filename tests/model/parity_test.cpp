@@ -1,0 +1,156 @@
+// Parity with Hugging Face transformers: every architecture fixture (tests/fixtures/models/*, made by
+// tools/parity/make_fixtures.py) must reproduce transformers' float32 logits within
+// max|Δ| <= 1e-3 * max|ref| and its greedy ids, alone and inside mixed batches.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/json.h"
+#include "engine/generate.h"
+
+using namespace arbor;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Fixture {
+  std::string name, dir;
+  std::vector<int32_t> prompt, generated;
+  int64_t rows = 0, vocab = 0;
+  std::vector<float> logits;  // [rows, vocab]
+  float max_abs = 0;
+};
+
+std::vector<std::string> fixture_names() {
+  std::vector<std::string> out;
+  fs::path root = fs::path(ARBOR_SOURCE_DIR) / "tests/fixtures/models";
+  if (!fs::exists(root)) return out;
+  for (const auto& e : fs::directory_iterator(root))
+    if (fs::exists(e.path() / "golden.json")) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Fixture load_fixture(const std::string& name) {
+  Fixture f;
+  f.name = name;
+  f.dir = (fs::path(ARBOR_SOURCE_DIR) / "tests/fixtures/models" / name).string();
+  json g = read_json_file(f.dir + "/golden.json");
+  f.prompt = g["prompt_ids"].get<std::vector<int32_t>>();
+  f.generated = g["generated_ids"].get<std::vector<int32_t>>();
+  f.rows = g["rows"].get<int64_t>();
+  f.vocab = g["vocab"].get<int64_t>();
+  f.logits.resize(size_t(f.rows * f.vocab));
+  std::ifstream in(f.dir + "/logits.bin", std::ios::binary);
+  in.read(reinterpret_cast<char*>(f.logits.data()), std::streamsize(f.logits.size() * sizeof(float)));
+  EXPECT_TRUE(in.good()) << f.dir << "/logits.bin is shorter than " << f.rows << " x " << f.vocab << " floats";
+  for (float v : f.logits) f.max_abs = std::max(f.max_abs, std::fabs(v));
+  return f;
+}
+
+// max |a - ref| over a row, relative to the fixture's max |ref|.
+double row_error(const float* a, const float* ref, int64_t n, float max_abs) {
+  double e = 0;
+  for (int64_t i = 0; i < n; ++i) e = std::max(e, double(std::fabs(a[i] - ref[i])));
+  return e / double(max_abs);
+}
+
+class Parity : public testing::TestWithParam<std::string> {};
+
+TEST_P(Parity, LogitsAndGreedyIdsMatchTransformers) {
+  Fixture f = load_fixture(GetParam());
+  CpuBackend be(2, WeightPlacement::Mapped);
+  LoadOptions opt;
+  opt.model_dir = f.dir;
+  opt.ctx_size = 64;
+  opt.max_step_tokens = 32;
+  Model m(opt, be);
+  ASSERT_EQ(m.config().vocab_size, f.vocab);
+  BlockPool pool(be.kv_layout().n_blocks, be.kv_layout().block_size);
+  GenerateRequest req;
+  req.prompt = f.prompt;
+  req.max_tokens = int64_t(f.generated.size());
+  req.keep_logits = true;
+  GenerateResult r = generate(m, pool, req);
+  EXPECT_EQ(r.tokens, f.generated) << f.name << ": greedy ids differ from transformers";
+  ASSERT_EQ(int64_t(r.logits.size()), f.rows * f.vocab);
+  double worst = 0;
+  int64_t worst_row = 0;
+  for (int64_t row = 0; row < f.rows; ++row) {
+    double e = row_error(r.logits.data() + row * f.vocab, f.logits.data() + row * f.vocab, f.vocab, f.max_abs);
+    if (e > worst) worst = e, worst_row = row;
+  }
+  EXPECT_LE(worst, 1e-3) << f.name << ": worst row " << worst_row << " max|Δ|/max|ref| = " << worst;
+}
+
+// The same token streams, cut into different chunks and mixed with other sequences in each step,
+// must give every row's logits as transformers does for the sequence alone.
+TEST_P(Parity, MixedBatchesMatchSingleSequence) {
+  Fixture f = load_fixture(GetParam());
+  CpuBackend be(2, WeightPlacement::Mapped);
+  LoadOptions opt;
+  opt.model_dir = f.dir;
+  opt.ctx_size = 64;
+  opt.max_step_tokens = 64;
+  opt.kv_blocks = 32;
+  Model m(opt, be);
+  BlockPool pool(be.kv_layout().n_blocks, be.kv_layout().block_size);
+  std::vector<int32_t> stream = f.prompt;
+  stream.insert(stream.end(), f.generated.begin(), f.generated.end() - 1);  // the rows fed
+  ASSERT_EQ(int64_t(stream.size()), f.rows);
+  // Three sequences over prefixes of the stream; each has its own chunking schedule.
+  std::vector<int64_t> len = {f.rows, f.rows - 5, 9};
+  std::vector<std::vector<int64_t>> chunks = {{5, 9, 1, 1, 3, 100}, {100}, {1, 1, 1, 2, 100}};
+  std::vector<SequenceKV> kv(3);
+  std::vector<int64_t> done(3, 0), step(3, 0);
+  for (int s = 0; s < 3; ++s) ASSERT_TRUE(kv[size_t(s)].reserve(pool, len[size_t(s)]));
+  double worst = 0;
+  while (true) {
+    std::vector<std::vector<int32_t>> toks;
+    std::vector<int64_t> start;
+    std::vector<const SequenceKV*> views;
+    std::vector<int> who;
+    for (int s = 0; s < 3; ++s) {
+      if (done[size_t(s)] >= len[size_t(s)]) continue;
+      auto& sched = chunks[size_t(s)];
+      int64_t n = std::min(sched[std::min<size_t>(size_t(step[size_t(s)]), sched.size() - 1)], len[size_t(s)] - done[size_t(s)]);
+      toks.emplace_back(stream.begin() + done[size_t(s)], stream.begin() + done[size_t(s)] + n);
+      start.push_back(done[size_t(s)]);
+      views.push_back(&kv[size_t(s)]);
+      who.push_back(s);
+    }
+    if (toks.empty()) break;
+    BatchInfo b = make_batch(toks, start, views, true);
+    std::vector<float> logits(b.logit_rows.size() * size_t(f.vocab));
+    m.forward(b, logits.data());
+    size_t row = 0;
+    for (size_t i = 0; i < toks.size(); ++i) {
+      for (size_t j = 0; j < toks[i].size(); ++j, ++row) {
+        int64_t p = start[i] + int64_t(j);
+        double e = row_error(logits.data() + row * size_t(f.vocab), f.logits.data() + p * f.vocab, f.vocab, f.max_abs);
+        worst = std::max(worst, e);
+        EXPECT_EQ(argmax(logits.data() + row * size_t(f.vocab), f.vocab), argmax(f.logits.data() + p * f.vocab, f.vocab))
+            << f.name << ": sequence " << who[i] << " position " << p;
+      }
+      done[size_t(who[i])] += int64_t(toks[i].size());
+      step[size_t(who[i])] += 1;
+    }
+  }
+  EXPECT_LE(worst, 1e-3) << f.name << ": max|Δ|/max|ref| = " << worst;
+  for (auto& s : kv) s.release(pool);
+  EXPECT_EQ(pool.free_blocks(), pool.n_blocks());
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Parity, testing::ValuesIn(fixture_names()),
+                         [](const testing::TestParamInfo<std::string>& i) { return i.param; });
+
+TEST(ParityFixtures, EveryArchitectureHasOne) {
+  auto names = fixture_names();
+  EXPECT_GE(names.size(), 12u) << "tests/fixtures/models/ should hold a fixture per architecture (tools/parity/make_fixtures.py)";
+}
+
+}  // namespace
