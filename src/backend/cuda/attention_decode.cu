@@ -165,10 +165,11 @@ void launch_attention_decode(const AttnArgs& a, int64_t T, int n_splits, int32_t
   ARBOR_CU_CHECK(T <= 65535 && a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0 && n_splits >= 1 && (n_splits == 1 || scratch),
                  "cuda: attention decode: T %lld, heads %d/%d, splits %d", (long long)T, a.n_heads, a.n_kv_heads, n_splits);
   switch (a.head_dim) {
+    case 32: launch_d<32>(a, T, n_splits, split_len, scratch, s); break;
     case 64: launch_d<64>(a, T, n_splits, split_len, scratch, s); break;
     case 128: launch_d<128>(a, T, n_splits, split_len, scratch, s); break;
     case 256: launch_d<256>(a, T, n_splits, split_len, scratch, s); break;
-    default: fail_printf("cuda: attention: head_dim %d is not supported (64, 128, 256)", a.head_dim);
+    default: fail_printf("cuda: decode attention: head_dim %d is not supported (32, 64, 128, 256)", a.head_dim);
   }
   if (n_splits > 1) {
     dim3 grid(unsigned(a.n_heads), unsigned(T));

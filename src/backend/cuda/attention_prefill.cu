@@ -187,10 +187,12 @@ void launch_attention_prefill(const AttnArgs& a, const int32_t* tiles, int64_t n
   ARBOR_CU_CHECK(a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0 && a.n_heads / a.n_kv_heads <= kRows,
                  "cuda: attention prefill: %d query heads over %d kv heads (groups up to %d)", a.n_heads, a.n_kv_heads, kRows);
   switch (a.head_dim) {
+    case 32: launch_p<32, 64>(a, tiles, n_tiles, s); break;
     case 64: launch_p<64, 64>(a, tiles, n_tiles, s); break;
+    case 96: launch_p<96, 64>(a, tiles, n_tiles, s); break;
     case 128: launch_p<128, 64>(a, tiles, n_tiles, s); break;
     case 256: launch_p<256, 32>(a, tiles, n_tiles, s); break;
-    default: fail_printf("cuda: attention: head_dim %d is not supported (64, 128, 256)", a.head_dim);
+    default: fail_printf("cuda: prefill attention: head_dim %d is not supported (32, 64, 96, 128, 256)", a.head_dim);
   }
 }
 

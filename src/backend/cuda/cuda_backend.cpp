@@ -236,8 +236,8 @@ Tensor CudaBackend::load_weight(const Tensor& host) {
 }
 
 void CudaBackend::alloc_kv(const KVLayout& layout) {
-  ARBOR_CHECK(layout.head_dim == 64 || layout.head_dim == 128 || layout.head_dim == 256,
-              "cuda: head_dim {} is not supported by the attention kernels (64, 128, 256)", layout.head_dim);
+  ARBOR_CHECK(layout.head_dim == 32 || layout.head_dim == 64 || layout.head_dim == 96 || layout.head_dim == 128 || layout.head_dim == 256,
+              "cuda: head_dim {} is not supported by the attention kernels (32, 64, 96, 128, 256)", layout.head_dim);
   kv_ = layout;
   const size_t per_layer = size_t(layout.n_blocks * layout.block_size * layout.n_kv_heads * layout.head_dim) * 2;
   k_pools_.clear(), v_pools_.clear();
@@ -416,7 +416,10 @@ void CudaBackend::attention(int64_t layer, const Tensor& q, const AttentionParam
   a.n_heads = int32_t(p.n_heads), a.n_kv_heads = int32_t(p.n_kv_heads), a.head_dim = int32_t(p.head_dim);
   a.scale = p.scale, a.softcap = p.softcap, a.window = int32_t(p.window);
   const int64_t G = p.n_heads / p.n_kv_heads;
-  const bool decode = attn_path_ == AttentionPath::Decode || (attn_path_ == AttentionPath::Auto && max_run_ <= kDecodeMaxRun);
+  // head_dim 96 (Phi-3-mini) has no decode kernel (96/8 lanes per key do not tile a warp): the
+  // prefill kernel serves its decode steps too.
+  const bool decode_ok = p.head_dim != 96;
+  const bool decode = decode_ok && (attn_path_ == AttentionPath::Decode || (attn_path_ == AttentionPath::Auto && max_run_ <= kDecodeMaxRun));
   if (decode) {
     int64_t span = 1;
     for (auto pos : b.pos) span = std::max<int64_t>(span, p.window > 0 ? std::min<int64_t>(pos + 1, p.window) : pos + 1);
