@@ -10,6 +10,7 @@
 
 #include "backend/cpu/bandwidth.h"
 #include "backend/cpu/linear.h"
+#include "backend/cpu/vec.h"
 #include "core/error.h"
 
 namespace arbor {
@@ -191,9 +192,9 @@ void CpuBackend::attention(int64_t layer, const Tensor& q, const AttentionParams
   const float* K = k_pools_[size_t(layer)];
   const float* V = v_pools_[size_t(layer)];
   // One work item per (token, kv head): the group's query heads share each key and value load.
+  const cpu::VecOps& vec = cpu::vec_ops();
   pool_.parallel_for(b.n_tokens() * p.n_kv_heads, 1, [&](int, int64_t i0, int64_t i1) {
-    std::vector<float> scores;
-    std::vector<double> acc(static_cast<size_t>(hd));
+    thread_local std::vector<float> scores;
     for (int64_t item = i0; item < i1; ++item) {
       int64_t t = item / p.n_kv_heads, g = item % p.n_kv_heads;
       int32_t s = b.seq[size_t(t)];
@@ -208,24 +209,21 @@ void CpuBackend::attention(int64_t layer, const Tensor& q, const AttentionParams
         for (int64_t j = 0; j < n; ++j) {
           int64_t kp = lo + j;
           const float* kh = K + (int64_t(table[kp / bs]) * bs + kp % bs) * kv_row + g * hd;
-          float dot = 0;
-          for (int64_t d = 0; d < hd; ++d) dot += qh[d] * kh[d];
-          dot *= p.scale;
+          float dot = vec.dot(qh, kh, hd) * p.scale;
           if (p.softcap > 0) dot = p.softcap * std::tanh(dot / p.softcap);
           scores[size_t(j)] = dot;
           mx = std::max(mx, dot);
         }
-        double sum = 0;
+        float sum = 0;
         for (int64_t j = 0; j < n; ++j) sum += (scores[size_t(j)] = std::exp(scores[size_t(j)] - mx));
-        std::fill(acc.begin(), acc.end(), 0.0);
+        float* o = out.as<float>() + t * p.n_heads * hd + h * hd;
+        std::fill(o, o + hd, 0.0f);
+        const float inv = 1.0f / sum;
         for (int64_t j = 0; j < n; ++j) {
           int64_t kp = lo + j;
           const float* vh = V + (int64_t(table[kp / bs]) * bs + kp % bs) * kv_row + g * hd;
-          float w = scores[size_t(j)];
-          for (int64_t d = 0; d < hd; ++d) acc[size_t(d)] += double(w) * vh[d];
+          vec.axpy(o, scores[size_t(j)] * inv, vh, hd);
         }
-        float* o = out.as<float>() + t * p.n_heads * hd + h * hd;
-        for (int64_t d = 0; d < hd; ++d) o[d] = float(acc[size_t(d)] / sum);
       }
     }
   });
