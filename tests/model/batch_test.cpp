@@ -8,6 +8,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/generate.h"
+#include "mixed_batches.h"
 
 using namespace arbor;
 
@@ -90,53 +91,20 @@ TEST_P(Batch, MixedChunksMatchSequencesAlone) {
   }
   ASSERT_EQ(pool.free_blocks(), pool.n_blocks());
 
-  std::vector<std::vector<int64_t>> chunks = {{5, 9, 1, 1, 3, 100}, {100}, {1, 1, 1, 2, 100}};
-  std::vector<SequenceKV> kv(3);
-  std::vector<int64_t> done(3, 0), step(3, 0);
-  for (int s = 0; s < 3; ++s) ASSERT_TRUE(kv[size_t(s)].reserve(pool, int64_t(streams[size_t(s)].size())));
   float max_abs = 0;
   for (const auto& a : alone)
     for (float x : a) max_abs = std::max(max_abs, std::fabs(x));
   double worst = 0;
-  int64_t rows_checked = 0;
-  for (;;) {
-    std::vector<std::vector<int32_t>> toks;
-    std::vector<int64_t> start;
-    std::vector<const SequenceKV*> views;
-    std::vector<int> who;
-    for (int s = 0; s < 3; ++s) {
-      const int64_t len = int64_t(streams[size_t(s)].size());
-      if (done[size_t(s)] >= len) continue;
-      const auto& sched = chunks[size_t(s)];
-      int64_t n = std::min(sched[std::min<size_t>(size_t(step[size_t(s)]), sched.size() - 1)], len - done[size_t(s)]);
-      toks.emplace_back(streams[size_t(s)].begin() + done[size_t(s)], streams[size_t(s)].begin() + done[size_t(s)] + n);
-      start.push_back(done[size_t(s)]);
-      views.push_back(&kv[size_t(s)]);
-      who.push_back(s);
-    }
-    if (toks.empty()) break;
-    BatchInfo b = make_batch(toks, start, views, true);
-    std::vector<float> logits(b.logit_rows.size() * size_t(V));
-    m.forward(b, logits.data());
-    size_t row = 0;
-    for (size_t i = 0; i < toks.size(); ++i) {
-      const auto& ref = alone[size_t(who[i])];
-      for (size_t j = 0; j < toks[i].size(); ++j, ++row) {
-        const int64_t p = start[i] + int64_t(j);
-        const float* got = logits.data() + row * size_t(V);
-        const float* want = ref.data() + p * V;
+  int64_t rows_checked = test::run_mixed_batches(
+      m, pool, streams, {{5, 9, 1, 1, 3, 100}, {100}, {1, 1, 1, 2, 100}}, [&](int s, int64_t p, const float* got) {
+        const float* want = alone[size_t(s)].data() + p * V;
         for (int64_t t = 0; t < V; ++t) worst = std::max(worst, double(std::fabs(got[t] - want[t])));
-        EXPECT_EQ(argmax(got, V), argmax(want, V)) << "sequence " << who[i] << " position " << p;
-        ++rows_checked;
-      }
-      done[size_t(who[i])] += int64_t(toks[i].size());
-      step[size_t(who[i])] += 1;
-    }
-  }
+        EXPECT_EQ(argmax(got, V), argmax(want, V)) << "sequence " << s << " position " << p;
+      });
   EXPECT_EQ(rows_checked, int64_t(streams[0].size() + streams[1].size() + streams[2].size()));
   EXPECT_GT(max_abs, 0.0f);
   EXPECT_LE(worst, 1e-3 * max_abs) << GetParam().first;
-  for (auto& s : kv) s.release(pool);
+  EXPECT_EQ(pool.free_blocks(), pool.n_blocks());
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, Batch, testing::ValuesIn(arch_configs()),

@@ -11,6 +11,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "core/json.h"
 #include "engine/generate.h"
+#include "mixed_batches.h"
 
 using namespace arbor;
 namespace fs = std::filesystem;
@@ -103,45 +104,17 @@ TEST_P(Parity, MixedBatchesMatchSingleSequence) {
   stream.insert(stream.end(), f.generated.begin(), f.generated.end() - 1);  // the rows fed
   ASSERT_EQ(int64_t(stream.size()), f.rows);
   // Three sequences over prefixes of the stream; each has its own chunking schedule.
-  std::vector<int64_t> len = {f.rows, f.rows - 5, 9};
-  std::vector<std::vector<int64_t>> chunks = {{5, 9, 1, 1, 3, 100}, {100}, {1, 1, 1, 2, 100}};
-  std::vector<SequenceKV> kv(3);
-  std::vector<int64_t> done(3, 0), step(3, 0);
-  for (int s = 0; s < 3; ++s) ASSERT_TRUE(kv[size_t(s)].reserve(pool, len[size_t(s)]));
+  std::vector<std::vector<int32_t>> streams = {stream, {stream.begin(), stream.end() - 5}, {stream.begin(), stream.begin() + 9}};
   double worst = 0;
-  while (true) {
-    std::vector<std::vector<int32_t>> toks;
-    std::vector<int64_t> start;
-    std::vector<const SequenceKV*> views;
-    std::vector<int> who;
-    for (int s = 0; s < 3; ++s) {
-      if (done[size_t(s)] >= len[size_t(s)]) continue;
-      auto& sched = chunks[size_t(s)];
-      int64_t n = std::min(sched[std::min<size_t>(size_t(step[size_t(s)]), sched.size() - 1)], len[size_t(s)] - done[size_t(s)]);
-      toks.emplace_back(stream.begin() + done[size_t(s)], stream.begin() + done[size_t(s)] + n);
-      start.push_back(done[size_t(s)]);
-      views.push_back(&kv[size_t(s)]);
-      who.push_back(s);
-    }
-    if (toks.empty()) break;
-    BatchInfo b = make_batch(toks, start, views, true);
-    std::vector<float> logits(b.logit_rows.size() * size_t(f.vocab));
-    m.forward(b, logits.data());
-    size_t row = 0;
-    for (size_t i = 0; i < toks.size(); ++i) {
-      for (size_t j = 0; j < toks[i].size(); ++j, ++row) {
-        int64_t p = start[i] + int64_t(j);
-        double e = row_error(logits.data() + row * size_t(f.vocab), f.logits.data() + p * f.vocab, f.vocab, f.max_abs);
-        worst = std::max(worst, e);
-        EXPECT_EQ(argmax(logits.data() + row * size_t(f.vocab), f.vocab), argmax(f.logits.data() + p * f.vocab, f.vocab))
-            << f.name << ": sequence " << who[i] << " position " << p;
-      }
-      done[size_t(who[i])] += int64_t(toks[i].size());
-      step[size_t(who[i])] += 1;
-    }
-  }
+  int64_t rows = test::run_mixed_batches(m, pool, streams, {{5, 9, 1, 1, 3, 100}, {100}, {1, 1, 1, 2, 100}},
+                                         [&](int s, int64_t p, const float* row) {
+                                           const float* ref = f.logits.data() + p * f.vocab;
+                                           worst = std::max(worst, row_error(row, ref, f.vocab, f.max_abs));
+                                           EXPECT_EQ(argmax(row, f.vocab), argmax(ref, f.vocab))
+                                               << f.name << ": sequence " << s << " position " << p;
+                                         });
+  EXPECT_EQ(rows, int64_t(streams[0].size() + streams[1].size() + streams[2].size()));
   EXPECT_LE(worst, 1e-3) << f.name << ": max|Δ|/max|ref| = " << worst;
-  for (auto& s : kv) s.release(pool);
   EXPECT_EQ(pool.free_blocks(), pool.n_blocks());
 }
 
