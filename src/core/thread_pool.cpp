@@ -47,17 +47,22 @@ void ThreadPool::worker(int index) {
   }
 }
 
+// claim_ packs (generation << 40) | (chunks << 20) | next: a worker decides from this one atomic
+// whether a chunk is left, and reads the job's other fields only after claiming one (the caller is
+// then still waiting for that chunk, so they are this job's and `fn` is alive).
+namespace {
+constexpr uint64_t kField = (uint64_t(1) << 20) - 1;
+}
+
 void ThreadPool::claim_chunks(int thread_index) {
-  const uint64_t gen = claim_.load(std::memory_order_acquire) >> 32;
+  const uint64_t gen = claim_.load(std::memory_order_acquire) >> 40;
   for (;;) {
     uint64_t cur = claim_.load(std::memory_order_acquire);
-    if ((cur >> 32) != gen) return;  // a newer job: its own wake-up will bring us back
-    const int64_t c = int64_t(cur & 0xffffffffu);
-    if (c >= job_chunks_) return;  // nothing left (job_chunks_ is this job's: the CAS below re-checks)
+    const int64_t c = int64_t(cur & kField), chunks = int64_t((cur >> 20) & kField);
+    if ((cur >> 40) != gen || c >= chunks) return;  // a newer job (its own wake-up brings us back), or none left
     if (!claim_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel)) continue;
-    // Chunk c of job `gen` is ours; the caller waits for it, so the job fields are this job's.
-    const int64_t b = job_grains_ * c / job_chunks_ * job_grain_;
-    const int64_t e = std::min(job_n_, job_grains_ * (c + 1) / job_chunks_ * job_grain_);
+    const int64_t b = job_grains_ * c / chunks * job_grain_;
+    const int64_t e = std::min(job_n_, job_grains_ * (c + 1) / chunks * job_grain_);
     try {
       if (b < e) (*job_fn_)(thread_index, b, e);
     } catch (...) {
@@ -78,11 +83,11 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
     return;
   }
   job_fn_ = &fn;
-  job_n_ = n, job_grain_ = grain, job_grains_ = grains, job_chunks_ = chunks;
+  job_n_ = n, job_grain_ = grain, job_grains_ = grains;
   job_err_ = nullptr;
   chunks_done_.store(0, std::memory_order_relaxed);
-  const uint64_t gen = (claim_.load(std::memory_order_relaxed) >> 32) + 1;
-  claim_.store(gen << 32, std::memory_order_release);  // publishes the job fields above
+  const uint64_t gen = (claim_.load(std::memory_order_relaxed) >> 40) + 1;
+  claim_.store(gen << 40 | uint64_t(chunks) << 20, std::memory_order_release);  // publishes the fields above
   generation_.fetch_add(1, std::memory_order_acq_rel);
   generation_.notify_all();
   claim_chunks(0);

@@ -43,10 +43,10 @@ class ThreadPool {
   std::atomic<bool> stop_{false};
   // The current job. Workers read these only after claiming a chunk of the job's generation, when the
   // caller is still waiting for that chunk, so they are stable and `fn` is alive.
-  std::atomic<uint64_t> claim_{0};  // (job generation << 32) | next chunk
+  std::atomic<uint64_t> claim_{0};  // (job generation << 40) | (chunks << 20) | next chunk
   std::atomic<int64_t> chunks_done_{0};
   const std::function<void(int, int64_t, int64_t)>* job_fn_ = nullptr;
-  int64_t job_n_ = 0, job_grain_ = 1, job_grains_ = 0, job_chunks_ = 0;
+  int64_t job_n_ = 0, job_grain_ = 1, job_grains_ = 0;
   std::mutex err_mutex_;
   std::exception_ptr job_err_;
 };
