@@ -10,6 +10,7 @@
 #include "cli/verb.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "engine/generation_config.h"
 #include "model/config.h"
 #include "server/routes.h"
 #include "server/server.h"
@@ -34,20 +35,11 @@ int64_t default_kv_blocks(const Args& a, int64_t max_batch, bool cuda) {
   return std::max(per_seq + 1, std::min(max_batch * per_seq + 1, by_budget));
 }
 
+// End-of-sequence ids: config.json and generation_config.json (engine/generation_config), plus the
+// tokenizer's eos token.
 std::vector<int32_t> eos_ids(const ModelConfig& c, const Tokenizer& tok, const std::string& model_dir) {
-  std::vector<int32_t> ids;
-  for (int64_t e : c.eos_token_ids) ids.push_back(int32_t(e));
+  std::vector<int32_t> ids = read_generation_defaults(model_dir, c).eos_ids;
   if (auto e = tok.eos_id()) ids.push_back(*e);
-  fs::path gc = fs::path(model_dir) / "generation_config.json";
-  if (!model_dir.empty() && fs::exists(gc)) {
-    json g = read_json_file(gc.string());
-    if (auto it = g.find("eos_token_id"); it != g.end()) {
-      if (it->is_number_integer()) ids.push_back(it->get<int32_t>());
-      if (it->is_array())
-        for (const auto& v : *it)
-          if (v.is_number_integer()) ids.push_back(v.get<int32_t>());
-    }
-  }
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   return ids;
