@@ -80,6 +80,15 @@ class Backend {
   virtual void head_norm(NormOp op, Tensor x, int64_t head_dim, const Tensor& w, float eps) = 0;
   // y = x · Wᵀ (+ bias)                                                    x [T, in], y [T, out]
   virtual void linear(const Tensor& x, const Linear& l, Tensor y) = 0;
+  // Several layers over the same x (q/k/v, gate/up): y_i = x · W_iᵀ. One launch where the backend can
+  // (CUDA decode: one GEMV over all the rows); by default one linear() each.
+  struct LinearOut {
+    const Linear* l;
+    Tensor y;
+  };
+  virtual void linear_multi(const Tensor& x, const LinearOut* outs, int n) {
+    for (int i = 0; i < n; ++i) linear(x, *outs[i].l, outs[i].y);
+  }
   // Rotates the first rot_dim dims of each head of x [T, n_heads*head_dim] in place, at each token's
   // position; cos/sin tables are [n_positions, rot_dim/2] on the device (from upload_table).
   virtual void rope(Tensor x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const Tensor& cos, const Tensor& sin) = 0;
@@ -91,6 +100,12 @@ class Backend {
   virtual void activation(ActOp op, const Tensor& gate, const Tensor& up, Tensor out) = 0;
   // y += x * scale
   virtual void add_scaled(Tensor y, const Tensor& x, float scale) = 0;
+  // The residual add fused with the norm that follows it: x += o * scale, then out = norm(x) * w (+ b).
+  // Same numbers as add_scaled then norm (x is stored in the activation dtype before it is normalised).
+  virtual void add_norm(NormOp op, Tensor x, const Tensor& o, float scale, const Tensor& w, const Tensor& b, float eps, Tensor out) {
+    add_scaled(x, o, scale);
+    norm(op, x, w, b, eps, out);
+  }
   // x = x * scale, then cap * tanh(x / cap) when cap > 0
   virtual void scale_softcap(Tensor x, float scale, float cap) = 0;
   // out[i] = x[batch.logit_rows[i]]                                        out [R, C]
@@ -99,6 +114,16 @@ class Backend {
   virtual Tensor upload_table(const std::vector<float>& host, std::initializer_list<int64_t> shape) = 0;
   // Device logits [R, vocab] to host float32.
   virtual void read_logits(const Tensor& logits, float* host) = 0;
+
+  // Step graphs: a backend that can record the ops of a decode step once and replay them (CUDA graphs)
+  // says so here; the decoder then pads decode batches to graph_bucket() tokens (positions, sequences
+  // and block tables are read from device memory, so one recording serves every step of its shape).
+  // Between begin_batch and the ops: step_graph_begin() returns true when it launched a recording of
+  // this batch's shape (skip the ops), false when the ops must be issued (it may be recording them);
+  // step_graph_end() after the ops finishes a recording and launches it.
+  virtual int64_t max_graph_tokens() const { return 0; }
+  virtual bool step_graph_begin() { return false; }
+  virtual void step_graph_end() {}
 };
 
 }  // namespace arbor

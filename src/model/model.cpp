@@ -154,42 +154,131 @@ void Model::plan_buffers() {
   gate_ = backend_.alloc(t, {T, c.intermediate_size});
   up_ = backend_.alloc(t, {T, c.intermediate_size});
   act_ = backend_.alloc(t, {T, c.intermediate_size});
-  rows_ = backend_.alloc(t, {kLogitChunk, c.hidden_size});
-  rows_normed_ = backend_.alloc(t, {kLogitChunk, c.hidden_size});
-  logits_ = backend_.alloc(DType::F32, {kLogitChunk, c.vocab_size});
+  graph_max_ = std::min(backend_.max_graph_tokens(), T);
+  logit_cap_ = std::max(kLogitChunk, graph_max_);
+  rows_ = backend_.alloc(t, {logit_cap_, c.hidden_size});
+  rows_normed_ = backend_.alloc(t, {logit_cap_, c.hidden_size});
+  logits_ = backend_.alloc(DType::F32, {logit_cap_, c.vocab_size});
+}
+
+// Token counts decode graphs are recorded for: exact up to 8 (the GEMV sizes), then steps of 8.
+int64_t Model::graph_bucket(int64_t T) const {
+  if (T <= 8) return T;
+  const int64_t b = (T + 7) / 8 * 8;
+  return b <= graph_max_ ? b : 0;
+}
+
+// A decode step (one token per sequence, every row's logits wanted) becomes a graph batch: padded to
+// its bucket with tokens that sit at position 0 of their own sequence, whose block table points at
+// the backend's spare block (index n_blocks), and block tables widened to a power of two.
+bool Model::make_graph_batch(const BatchInfo& b) {
+  const int64_t T = b.n_tokens();
+  if (graph_max_ == 0 || T > graph_max_ || b.n_seqs() != T || int64_t(b.logit_rows.size()) != T) return false;
+  const int64_t B = graph_bucket(T);
+  if (B == 0 || B > max_step_tokens_) return false;
+  std::vector<char> seen(size_t(T), 0);
+  for (int64_t i = 0; i < T; ++i) {
+    const int32_t s = b.seq[size_t(i)];
+    if (s < 0 || s >= T || seen[size_t(s)]) return false;
+    seen[size_t(s)] = 1;
+  }
+  int32_t mb = 1;
+  while (mb < b.max_blocks) mb *= 2;
+  BatchInfo& g = graph_batch_;
+  g.tokens.assign(b.tokens.begin(), b.tokens.end());
+  g.pos.assign(b.pos.begin(), b.pos.end());
+  g.seq.assign(b.seq.begin(), b.seq.end());
+  g.ctx_len.assign(b.ctx_len.begin(), b.ctx_len.end());
+  g.logit_rows.assign(b.logit_rows.begin(), b.logit_rows.end());
+  g.max_blocks = mb;
+  g.block_tables.assign(size_t(B) * size_t(mb), -1);
+  for (int64_t s = 0; s < T; ++s)
+    std::copy_n(b.block_tables.begin() + s * b.max_blocks, b.max_blocks, g.block_tables.begin() + s * mb);
+  const int32_t pad_block = int32_t(backend_.kv_layout().n_blocks);
+  for (int64_t i = T; i < B; ++i) {
+    g.tokens.push_back(0), g.pos.push_back(0), g.seq.push_back(int32_t(i)), g.ctx_len.push_back(1);
+    g.logit_rows.push_back(int32_t(i));
+    g.block_tables[size_t(i * mb)] = pad_block;
+  }
+  return true;
 }
 
 void Model::forward(const BatchInfo& b, float* logits_out) {
-  const ModelConfig& c = cfg_;
-  const ArchDescriptor& a = *arch_;
-  const int64_t T = b.n_tokens();
+  const int64_t T = b.n_tokens(), R = int64_t(b.logit_rows.size());
   ARBOR_CHECK(T > 0 && T <= max_step_tokens_, "model: a step carries {} tokens, the plan allows 1..{}", T, max_step_tokens_);
   for (int64_t i = 0; i < T; ++i)
     ARBOR_CHECK(b.pos[size_t(i)] >= 0 && b.pos[size_t(i)] < ctx_size_, "model: position {} outside the context ({} tokens)",
                 b.pos[size_t(i)], ctx_size_);
+  for (auto r : b.logit_rows) ARBOR_CHECK(r >= 0 && r < T, "model: logit row {} outside the batch ({})", r, T);
+  ARBOR_CHECK(logits_out || R <= logit_cap_, "model: {} logit rows left on the device, the buffer holds {}", R, logit_cap_);
   Backend& be = backend_;
+  if (make_graph_batch(b)) {
+    const BatchInfo& g = graph_batch_;
+    const int64_t B = g.n_tokens();
+    be.begin_batch(g);
+    if (!be.step_graph_begin()) {
+      run_layers(B);
+      run_logits(B);
+    }
+    be.step_graph_end();
+    if (logits_out) be.read_logits(first_rows(logits_, R), logits_out);
+    return;
+  }
   be.begin_batch(b);
+  run_layers(T);
+  // Logits for the requested rows only, logit_cap_ rows per lm_head call.
+  BatchInfo chunk_batch;
+  for (int64_t r0 = 0; r0 < R; r0 += logit_cap_) {
+    const int64_t n = std::min(logit_cap_, R - r0);
+    if (r0 > 0 || n < R) {
+      chunk_batch.logit_rows.assign(b.logit_rows.begin() + r0, b.logit_rows.begin() + r0 + n);
+      be.begin_batch(chunk_batch);
+    }
+    run_logits(n);
+    if (logits_out) be.read_logits(first_rows(logits_, n), logits_out + r0 * cfg_.vocab_size);
+  }
+}
+
+Tensor Model::device_logits(int64_t rows) const {
+  ARBOR_CHECK(rows >= 0 && rows <= logit_cap_, "model: {} logit rows, the buffer holds {}", rows, logit_cap_);
+  return first_rows(logits_, rows);
+}
+
+// The layer stack over the current batch's T tokens, leaving the residual stream in x_. Each residual
+// add is fused with the norm that reads its result when there is one (add_norm).
+void Model::run_layers(int64_t T) {
+  const ModelConfig& c = cfg_;
+  const ArchDescriptor& a = *arch_;
+  Backend& be = backend_;
   Tensor x = first_rows(x_, T), h = first_rows(h_, T), o = first_rows(o_, T);
   Tensor q = first_rows(q_, T), k = first_rows(k_, T), v = first_rows(v_, T), attn = first_rows(attn_, T);
   Tensor gate = first_rows(gate_, T), up = first_rows(up_, T), act = first_rows(act_, T);
-  const float resid = float(c.residual_multiplier);
+  const float resid = float(c.residual_multiplier), eps = float(c.norm_eps);
+  bool owed = false;  // x += o * resid is still owed
+  auto settle = [&] {
+    if (owed) be.add_scaled(x, o, resid), owed = false;
+  };
+  auto pre_norm = [&](const Tensor& w, const Tensor& bias) {
+    if (owed) be.add_norm(norm_op_, x, o, resid, w, bias, eps, h), owed = false;
+    else be.norm(norm_op_, x, w, bias, eps, h);
+  };
 
   be.embed(w_.embed, x, embed_scale_);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w_.layers[size_t(l)];
     const bool sliding = c.layer_types[size_t(l)] == LayerAttention::Sliding;
     // Attention half.
+    if (a.block != BlockKind::PostNorm) pre_norm(L.attn_norm, L.attn_norm_b);
+    else settle();
     const Tensor& attn_in = a.block == BlockKind::PostNorm ? x : h;
-    if (a.block != BlockKind::PostNorm) be.norm(norm_op_, x, L.attn_norm, L.attn_norm_b, float(c.norm_eps), h);
-    be.linear(attn_in, L.q, q);
-    be.linear(attn_in, L.k, k);
-    be.linear(attn_in, L.v, v);
+    const Backend::LinearOut qkv[3] = {{&L.q, q}, {&L.k, k}, {&L.v, v}};
+    be.linear_multi(attn_in, qkv, 3);
     if (a.qk_norm == QKNormKind::PerHead) {
-      be.head_norm(norm_op_, q, c.head_dim, L.q_norm, float(c.norm_eps));
-      be.head_norm(norm_op_, k, c.head_dim, L.k_norm, float(c.norm_eps));
+      be.head_norm(norm_op_, q, c.head_dim, L.q_norm, eps);
+      be.head_norm(norm_op_, k, c.head_dim, L.k_norm, eps);
     } else if (a.qk_norm == QKNormKind::Full) {
-      be.norm(norm_op_, q, L.q_norm, Tensor{}, float(c.norm_eps), q);
-      be.norm(norm_op_, k, L.k_norm, Tensor{}, float(c.norm_eps), k);
+      be.norm(norm_op_, q, L.q_norm, Tensor{}, eps, q);
+      be.norm(norm_op_, k, L.k_norm, Tensor{}, eps, k);
     }
     if (c.layer_uses_rope[size_t(l)]) {
       const Tensor& cs = sliding ? cos_local_ : cos_full_;
@@ -200,39 +289,36 @@ void Model::forward(const BatchInfo& b, float* logits_out) {
     be.kv_write(l, k, v);
     be.attention(l, q, sliding ? attn_sliding_ : attn_full_, attn);
     be.linear(attn, L.o, o);
-    if (a.block != BlockKind::PreNorm) be.norm(norm_op_, o, L.post_attn_norm, Tensor{}, float(c.norm_eps), o);
-    be.add_scaled(x, o, resid);
+    if (a.block != BlockKind::PreNorm) be.norm(norm_op_, o, L.post_attn_norm, Tensor{}, eps, o);
+    owed = true;
     // MLP half.
+    if (a.block != BlockKind::PostNorm) pre_norm(L.mlp_norm, L.mlp_norm_b);
+    else settle();
     const Tensor& mlp_in = a.block == BlockKind::PostNorm ? x : h;
-    if (a.block != BlockKind::PostNorm) be.norm(norm_op_, x, L.mlp_norm, L.mlp_norm_b, float(c.norm_eps), h);
     if (a.mlp == MlpKind::Gated) {
-      be.linear(mlp_in, L.gate, gate);
-      be.linear(mlp_in, L.up, up);
+      const Backend::LinearOut gu[2] = {{&L.gate, gate}, {&L.up, up}};
+      be.linear_multi(mlp_in, gu, 2);
       be.activation(act_op_, gate, up, act);
     } else {
       be.linear(mlp_in, L.up, up);
       be.activation(act_op_, Tensor{}, up, act);
     }
     be.linear(act, L.down, o);
-    if (a.block != BlockKind::PreNorm) be.norm(norm_op_, o, L.post_mlp_norm, Tensor{}, float(c.norm_eps), o);
-    be.add_scaled(x, o, resid);
+    if (a.block != BlockKind::PreNorm) be.norm(norm_op_, o, L.post_mlp_norm, Tensor{}, eps, o);
+    owed = true;
   }
+  settle();
+}
 
-  // Logits for the requested rows only, kLogitChunk rows per lm_head call.
-  const int64_t R = int64_t(b.logit_rows.size());
-  BatchInfo chunk_batch;
-  for (int64_t r0 = 0; r0 < R; r0 += kLogitChunk) {
-    const int64_t n = std::min(kLogitChunk, R - r0);
-    chunk_batch.logit_rows.assign(b.logit_rows.begin() + r0, b.logit_rows.begin() + r0 + n);
-    for (auto r : chunk_batch.logit_rows) ARBOR_CHECK(r >= 0 && r < T, "model: logit row {} outside the batch ({})", r, T);
-    be.begin_batch(chunk_batch);
-    Tensor rows = first_rows(rows_, n), normed = first_rows(rows_normed_, n), logits = first_rows(logits_, n);
-    be.gather_logit_rows(x, rows);
-    be.norm(norm_op_, rows, w_.final_norm, w_.final_norm_b, float(c.norm_eps), normed);
-    be.linear(normed, w_.lm_head, logits);
-    be.scale_softcap(logits, float(1.0 / c.logits_scaling), float(c.final_logit_softcap));
-    be.read_logits(logits, logits_out + r0 * c.vocab_size);
-  }
+// Logits of the current batch's first n logit rows into logits_ (gather, final norm, LM head, scaling).
+void Model::run_logits(int64_t n) {
+  const ModelConfig& c = cfg_;
+  Backend& be = backend_;
+  Tensor rows = first_rows(rows_, n), normed = first_rows(rows_normed_, n), logits = first_rows(logits_, n);
+  be.gather_logit_rows(x_, rows);
+  be.norm(norm_op_, rows, w_.final_norm, w_.final_norm_b, float(c.norm_eps), normed);
+  be.linear(normed, w_.lm_head, logits);
+  be.scale_softcap(logits, float(1.0 / c.logits_scaling), float(c.final_logit_softcap));
 }
 
 }  // namespace arbor

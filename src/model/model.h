@@ -45,10 +45,18 @@ class Model {
   std::string weight_dtypes() const { return weight_dtypes_; }  // "BF16" or "BF16, F32"
 
   // Runs the batch; writes logits [b.logit_rows.size(), vocab] (float32, row-major) to logits_out.
+  // With logits_out null the logits stay on the backend (device_logits), for sampling there; the
+  // batch may then ask for at most logit_capacity() rows.
   void forward(const BatchInfo& b, float* logits_out);
+  Tensor device_logits(int64_t rows) const;  // the last forward's logits [rows, vocab] f32
+  int64_t logit_capacity() const { return logit_cap_; }
 
  private:
   void plan_buffers();
+  int64_t graph_bucket(int64_t T) const;     // 0: no graph for T tokens
+  bool make_graph_batch(const BatchInfo& b);  // fills graph_batch_ when b is a graphable decode step
+  void run_layers(int64_t T);
+  void run_logits(int64_t n);
 
   ModelConfig cfg_;
   const ArchDescriptor* arch_ = nullptr;
@@ -67,7 +75,10 @@ class Model {
   RopeTable rope_full_, rope_local_;
   Tensor cos_full_, sin_full_, cos_local_, sin_local_;  // [ctx, rot/2] on the device
 
-  static constexpr int64_t kLogitChunk = 16;  // logit rows computed per lm_head call
+  static constexpr int64_t kLogitChunk = 16;  // logit rows per lm_head call (at least)
+  int64_t logit_cap_ = kLogitChunk;           // rows of the logits buffer
+  int64_t graph_max_ = 0;                     // most tokens of a graph-replayed decode step (0: none)
+  BatchInfo graph_batch_;                     // the padded decode step
   Tensor x_, h_, q_, k_, v_, attn_, o_, gate_, up_, act_, rows_, rows_normed_, logits_;
 };
 

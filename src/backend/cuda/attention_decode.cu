@@ -27,8 +27,7 @@ __device__ __forceinline__ void unpack8(const uint4& q, float* f) {
 }
 
 template <int D, int kHeads>
-__global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, int n_splits, int split_len, int head_chunks,
-                                                                  float* scratch) {
+__global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, int n_splits, int head_chunks, float* scratch) {
   constexpr int LPK = D / 8;         // lanes per key row
   constexpr int KPW = 32 / LPK;      // keys per warp step
   constexpr int NSG = kWarps * KPW;  // key slots per block step
@@ -45,6 +44,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, in
 
   const int32_t pos = a.pos[t];
   const int32_t lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
+  const int32_t split_len = (pos + 1 - lo + n_splits - 1) / n_splits;  // this token's keys, cut in n_splits
   const int32_t k_begin = lo + split * split_len, k_end = min(pos + 1, k_begin + split_len);
   const int32_t* table = a.block_tables + int64_t(a.seq[t]) * a.max_blocks;
   const int64_t qrow = int64_t(a.n_heads) * D, kvrow = int64_t(a.n_kv_heads) * D;
@@ -148,27 +148,27 @@ __global__ void attn_combine_kernel(const float* scratch, int n_splits, int D, i
 }
 
 template <int D>
-void launch_d(const AttnArgs& a, int64_t T, int n_splits, int32_t split_len, float* scratch, cudaStream_t s) {
+void launch_d(const AttnArgs& a, int64_t T, int n_splits, float* scratch, cudaStream_t s) {
   const int G = a.n_heads / a.n_kv_heads, hb = G <= 4 ? 4 : 8, chunks = (G + hb - 1) / hb;
   dim3 grid(unsigned(n_splits), unsigned(a.n_kv_heads * chunks), unsigned(T));
   if (hb == 4)
-    attn_decode_kernel<D, 4><<<grid, kWarps * 32, 0, s>>>(a, n_splits, split_len, chunks, scratch);
+    attn_decode_kernel<D, 4><<<grid, kWarps * 32, 0, s>>>(a, n_splits, chunks, scratch);
   else
-    attn_decode_kernel<D, 8><<<grid, kWarps * 32, 0, s>>>(a, n_splits, split_len, chunks, scratch);
+    attn_decode_kernel<D, 8><<<grid, kWarps * 32, 0, s>>>(a, n_splits, chunks, scratch);
   ARBOR_LAUNCH_CHECK("attn_decode_kernel");
 }
 
 }  // namespace
 
-void launch_attention_decode(const AttnArgs& a, int64_t T, int n_splits, int32_t split_len, float* scratch, cudaStream_t s) {
+void launch_attention_decode(const AttnArgs& a, int64_t T, int n_splits, float* scratch, cudaStream_t s) {
   if (T == 0) return;
   ARBOR_CU_CHECK(T <= 65535 && a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0 && n_splits >= 1 && (n_splits == 1 || scratch),
                  "cuda: attention decode: T %lld, heads %d/%d, splits %d", (long long)T, a.n_heads, a.n_kv_heads, n_splits);
   switch (a.head_dim) {
-    case 32: launch_d<32>(a, T, n_splits, split_len, scratch, s); break;
-    case 64: launch_d<64>(a, T, n_splits, split_len, scratch, s); break;
-    case 128: launch_d<128>(a, T, n_splits, split_len, scratch, s); break;
-    case 256: launch_d<256>(a, T, n_splits, split_len, scratch, s); break;
+    case 32: launch_d<32>(a, T, n_splits, scratch, s); break;
+    case 64: launch_d<64>(a, T, n_splits, scratch, s); break;
+    case 128: launch_d<128>(a, T, n_splits, scratch, s); break;
+    case 256: launch_d<256>(a, T, n_splits, scratch, s); break;
     default: fail_printf("cuda: decode attention: head_dim %d is not supported (32, 64, 128, 256)", a.head_dim);
   }
   if (n_splits > 1) {

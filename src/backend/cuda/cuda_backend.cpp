@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
@@ -54,10 +55,13 @@ struct CudaBackend::Staging {
 };
 
 struct CudaBackend::Graphs {
-  std::map<int64_t, cudaGraphExec_t> exec;
-  ~Graphs() {
+  std::map<uint64_t, cudaGraphExec_t> exec;
+  std::set<uint64_t> seen;  // shapes that ran eagerly once (the next step of the shape is recorded)
+  void clear() {
     for (auto& [k, e] : exec) cudaGraphExecDestroy(e);
+    exec.clear();
   }
+  ~Graphs() { clear(); }
 };
 
 bool cuda_device_available(std::string* why) {
@@ -109,7 +113,7 @@ CudaBackend::~CudaBackend() {
     if (g) cudaGraphDestroy(g);
   }
   if (stream_) cudaStreamSynchronize(stream_);
-  graphs_.reset();
+  graphs_.reset();  // before the memory its recordings use
   for (auto e : timer_events_)
     if (e) cudaEventDestroy(static_cast<cudaEvent_t>(e));
   staging_.reset();
@@ -135,12 +139,43 @@ void* CudaBackend::device_alloc(size_t bytes) {
   return p;
 }
 
-void CudaBackend::set_graph_mode(bool on) {
-  flush_capture();
-  graph_mode_ = on;
+void CudaBackend::set_step_graphs(bool on) {
+  not_capturing("set_step_graphs");
+  graphs_on_ = on;
 }
 
-void CudaBackend::flush_capture() {
+int64_t CudaBackend::graphs_recorded() const { return int64_t(graphs_->exec.size()); }
+
+void CudaBackend::drop_graphs() {
+  graphs_->clear();
+  graphs_->seen.clear();
+}
+
+void CudaBackend::not_capturing(const char* what) {
+  if (!capturing_) return;
+  capturing_ = false;
+  cudaGraph_t g = nullptr;
+  cudaStreamEndCapture(st(stream_), &g);
+  if (g) cudaGraphDestroy(g);
+  cudaGetLastError();
+  fail("cuda: internal error: {} inside a decode-step recording (the step's ops must not upload, allocate or wait)", what);
+}
+
+bool CudaBackend::step_graph_begin() {
+  not_capturing("step_graph_begin");
+  if (!graphs_on_ || graph_key_ == 0) return false;
+  auto it = graphs_->exec.find(graph_key_);
+  if (it != graphs_->exec.end()) {
+    ARBOR_CUDA_CHECK(cudaGraphLaunch(it->second, st(stream_)));
+    return true;
+  }
+  if (graphs_->seen.insert(graph_key_).second) return false;  // first sighting: eager
+  ARBOR_CUDA_CHECK(cudaStreamBeginCapture(st(stream_), cudaStreamCaptureModeThreadLocal));
+  capturing_ = true;
+  return false;
+}
+
+void CudaBackend::step_graph_end() {
   if (!capturing_) return;
   capturing_ = false;
   cudaGraph_t g = nullptr;
@@ -151,28 +186,17 @@ void CudaBackend::flush_capture() {
       if (g) cudaGraphDestroy(g);
     }
   } guard{g};
-  auto it = graphs_->exec.find(capture_key_);
-  if (it != graphs_->exec.end()) {
-    cudaGraphExecUpdateResultInfo info{};
-    if (cudaGraphExecUpdate(it->second, g, &info) != cudaSuccess) {  // another topology: instantiate anew
-      cudaGetLastError();
-      ARBOR_CUDA_CHECK(cudaGraphExecDestroy(it->second));
-      graphs_->exec.erase(it);
-      it = graphs_->exec.end();
-    }
-  }
-  if (it == graphs_->exec.end()) {
-    cudaGraphExec_t e = nullptr;
-    ARBOR_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
-    it = graphs_->exec.emplace(capture_key_, e).first;
-  }
-  ARBOR_CUDA_CHECK(cudaGraphLaunch(it->second, st(stream_)));
+  cudaGraphExec_t e = nullptr;
+  ARBOR_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+  graphs_->exec.emplace(graph_key_, e);
+  ARBOR_CUDA_CHECK(cudaGraphLaunch(e, st(stream_)));
 }
 
 void CudaBackend::ensure(void*& buf, size_t& cap, size_t bytes) {
   if (bytes <= cap) return;
-  flush_capture();
+  not_capturing("growing a scratch buffer");
   ARBOR_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old buffer may still be in use
+  drop_graphs();                                     // recordings point into the old buffer
   for (auto it = owned_.begin(); it != owned_.end(); ++it)
     if ((*it)->p == buf && buf) {
       owned_.erase(it);
@@ -239,7 +263,8 @@ void CudaBackend::alloc_kv(const KVLayout& layout) {
   ARBOR_CHECK(layout.head_dim == 32 || layout.head_dim == 64 || layout.head_dim == 96 || layout.head_dim == 128 || layout.head_dim == 256,
               "cuda: head_dim {} is not supported by the attention kernels (32, 64, 96, 128, 256)", layout.head_dim);
   kv_ = layout;
-  const size_t per_layer = size_t(layout.n_blocks * layout.block_size * layout.n_kv_heads * layout.head_dim) * 2;
+  // One block more than the layout: the spare block that padding tokens of decode graphs write to.
+  const size_t per_layer = size_t((layout.n_blocks + 1) * layout.block_size * layout.n_kv_heads * layout.head_dim) * 2;
   k_pools_.clear(), v_pools_.clear();
   for (int64_t l = 0; l < layout.n_layers; ++l) {
     k_pools_.push_back(device_alloc(per_layer));
@@ -260,7 +285,7 @@ Tensor CudaBackend::v_pool(int64_t layer) const {
 void CudaBackend::upload_meta(const std::vector<int32_t>& host, void*& dev, size_t& cap) {
   const size_t bytes = host.size() * sizeof(int32_t);
   if (bytes == 0) return;
-  flush_capture();  // a captured copy would read the pinned slot at replay time, not now
+  not_capturing("uploading batch metadata");  // a recorded copy would read the pinned slot at replay time
   ensure(dev, cap, bytes);
   Staging& s = *staging_;
   if (bytes > s.meta_cap) {
@@ -286,7 +311,7 @@ const BatchInfo& CudaBackend::batch() const {
 }
 
 void CudaBackend::begin_batch(const BatchInfo& b) {
-  flush_capture();
+  not_capturing("begin_batch");
   batch_ = &b;
   ++batch_serial_;
   const int64_t T = b.n_tokens();
@@ -316,10 +341,17 @@ void CudaBackend::begin_batch(const BatchInfo& b) {
   upload_meta(packed, meta_, meta_cap_);
   int32_t* base = static_cast<int32_t*>(meta_);
   d_tokens_ = base, d_pos_ = base + nt, d_seq_ = base + 2 * nt, d_tables_ = base + 3 * nt, d_logit_rows_ = base + 3 * nt + nb;
-  if (graph_mode_ && T > 0 && max_run_ <= kDecodeMaxRun) {
-    ARBOR_CUDA_CHECK(cudaStreamBeginCapture(st(stream_), cudaStreamCaptureModeThreadLocal));
-    capturing_ = true, capture_key_ = T;
-  }
+  // The attention split reads the longest context rounded up (so that the launch shape, and a
+  // recording of it, serve every step until the context crosses the next power of two).
+  int64_t span = 64;
+  for (auto p : b.pos) span = std::max<int64_t>(span, int64_t(p) + 1);
+  span_bucket_ = 64;
+  while (span_bucket_ < span) span_bucket_ *= 2;
+  // A decode step (one token per sequence, every row's logits) may run as a recorded graph: its
+  // kernels read tokens, positions and tables from meta_, whose layout the key pins down.
+  const bool decode_step = T > 0 && T <= kGraphMaxTokens && max_run_ == 1 && b.n_seqs() == T &&
+                           int64_t(b.logit_rows.size()) == T && kv_.head_dim != 96;
+  graph_key_ = decode_step ? (uint64_t(T) | uint64_t(b.max_blocks) << 16 | uint64_t(__builtin_ctzll(uint64_t(span_bucket_))) << 48) : 0;
 }
 
 void CudaBackend::embed(const Tensor& table, Tensor out, float scale) {
@@ -375,6 +407,36 @@ void CudaBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
   launch_finish_f32(static_cast<float*>(scratch_), bias, T, N, y.data, y.dtype, st(stream_));
 }
 
+void CudaBackend::linear_multi(const Tensor& x, const LinearOut* outs, int n) {
+  // One GEMV launch over every matrix's rows when the step is GEMV-sized and the matrices agree on
+  // K and dtype; otherwise (prefill: cuBLASLt) one linear() each.
+  bool one = n >= 1 && n <= kGemvMaxSegments && x.rows() >= 1 && x.rows() <= kGemvMaxRows && x.dtype == DType::BF16;
+  for (int i = 0; one && i < n; ++i) {
+    const Linear& l = *outs[i].l;
+    one = l.w.dtype == outs[0].l->w.dtype && (l.w.dtype == DType::BF16 || l.w.dtype == DType::F16) && l.in_features() == x.cols() &&
+          outs[i].y.dtype == outs[0].y.dtype && outs[i].y.rows() == x.rows() && outs[i].y.cols() == l.out_features();
+  }
+  if (!one) {
+    Backend::linear_multi(x, outs, n);
+    return;
+  }
+  GemvOut g[kGemvMaxSegments];
+  for (int i = 0; i < n; ++i) {
+    const Linear& l = *outs[i].l;
+    g[i] = {l.w.data, l.bias.empty() ? nullptr : l.bias.as<float>(), outs[i].y.data, l.out_features()};
+  }
+  launch_gemv_multi(g, n, outs[0].l->w.dtype, x.as<uint16_t>(), outs[0].y.dtype, x.rows(), x.cols(), n_sms_, st(stream_));
+}
+
+void CudaBackend::add_norm(NormOp op, Tensor x, const Tensor& o, float scale, const Tensor& w, const Tensor& b, float eps, Tensor out) {
+  ARBOR_CHECK(x.numel() == o.numel() && out.numel() == x.numel(), "add_norm: {} += {} into {}", x.shape_str(), o.shape_str(),
+              out.shape_str());
+  ARBOR_CHECK(w.numel() == x.cols(), "norm: weight has {} elements, rows have {}", w.numel(), x.cols());
+  ARBOR_CHECK(x.dtype == DType::BF16 && o.dtype == DType::BF16 && out.dtype == DType::BF16, "cuda: add_norm: activations must be BF16");
+  launch_add_norm(op, x.as<uint16_t>(), o.as<uint16_t>(), scale, w.as<float>(), b.empty() ? nullptr : b.as<float>(), eps, x.rows(),
+                  x.cols(), out.as<uint16_t>(), st(stream_));
+}
+
 void CudaBackend::rope(Tensor x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const Tensor& cos, const Tensor& sin) {
   const auto& b = batch();
   const int64_t n_pos = cos.shape[0];
@@ -394,7 +456,8 @@ void CudaBackend::kv_write(int64_t layer, const Tensor& k, const Tensor& v) {
     ARBOR_CHECK(s >= 0 && s < b.n_seqs() && p >= 0 && p / bs < b.max_blocks, "kv: token {} (sequence {}, position {}) outside the block tables",
                 t, s, p);
     const int32_t block = b.block_tables[size_t(int64_t(s) * b.max_blocks + p / bs)];
-    ARBOR_CHECK(block >= 0 && block < kv_.n_blocks, "kv: sequence {} position {} has no valid block ({})", s, p, block);
+    // Block n_blocks is the spare one padding tokens of decode graphs write to (alloc_kv adds it).
+    ARBOR_CHECK(block >= 0 && block <= kv_.n_blocks, "kv: sequence {} position {} has no valid block ({})", s, p, block);
   }
   launch_kv_write(k.as<uint16_t>(), v.as<uint16_t>(), d_pos_, d_seq_, d_tables_, b.max_blocks, b.n_tokens(), row, bs,
                   static_cast<uint16_t*>(k_pools_[size_t(layer)]), static_cast<uint16_t*>(v_pools_[size_t(layer)]), st(stream_));
@@ -421,15 +484,15 @@ void CudaBackend::attention(int64_t layer, const Tensor& q, const AttentionParam
   const bool decode_ok = p.head_dim != 96;
   const bool decode = decode_ok && (attn_path_ == AttentionPath::Decode || (attn_path_ == AttentionPath::Auto && max_run_ <= kDecodeMaxRun));
   if (decode) {
-    int64_t span = 1;
-    for (auto pos : b.pos) span = std::max<int64_t>(span, p.window > 0 ? std::min<int64_t>(pos + 1, p.window) : pos + 1);
+    // Splits from the bucketed context (begin_batch): each token cuts its own key range into
+    // n_splits parts in the kernel, so the launch shape depends only on the bucket.
+    const int64_t span = p.window > 0 ? std::min<int64_t>(span_bucket_, p.window) : span_bucket_;
     // Enough blocks for about two waves over the SMs, at least 64 keys per block.
     const int64_t blocks = T * p.n_kv_heads * ((G + 7) / 8);
     const int64_t max_splits = (span + 63) / 64;
     const int64_t n_splits = std::clamp<int64_t>((2 * n_sms_ + blocks - 1) / blocks, 1, max_splits);
-    const int64_t split_len = (span + n_splits - 1) / n_splits;
     if (n_splits > 1) ensure(scratch_, scratch_cap_, size_t(T * p.n_heads * n_splits * (p.head_dim + 2)) * 4);
-    launch_attention_decode(a, T, int(n_splits), int32_t(split_len), static_cast<float*>(scratch_), st(stream_));
+    launch_attention_decode(a, T, int(n_splits), static_cast<float*>(scratch_), st(stream_));
     return;
   }
   if (tiles_serial_ != batch_serial_ || tiles_group_ != G) {
@@ -481,7 +544,7 @@ Tensor CudaBackend::upload_table(const std::vector<float>& host, std::initialize
 }
 
 void CudaBackend::read_logits(const Tensor& logits, float* host) {
-  flush_capture();
+  not_capturing(__func__);
   ARBOR_CHECK(logits.dtype == DType::F32, "cuda: read_logits: logits are {} (F32 expected)", dtype_name(logits.dtype));
   ARBOR_CUDA_CHECK(cudaMemcpyAsync(host, logits.data, logits.nbytes(), cudaMemcpyDeviceToHost, st(stream_)));
   ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
@@ -489,7 +552,7 @@ void CudaBackend::read_logits(const Tensor& logits, float* host) {
 
 void CudaBackend::argmax_rows(const Tensor& logits, int32_t* host_ids) {
   ARBOR_CHECK(logits.dtype == DType::F32 && logits.device == Device::CUDA, "cuda: argmax_rows: device F32 logits expected");
-  flush_capture();
+  not_capturing(__func__);
   const int64_t R = logits.rows();
   void* ids = d_ids_;
   ensure(ids, ids_cap_, size_t(R) * 4);
@@ -501,7 +564,7 @@ void CudaBackend::argmax_rows(const Tensor& logits, int32_t* host_ids) {
 
 void CudaBackend::sample_rows(const Tensor& logits, const GpuSampling& p, uint64_t step, int32_t* host_ids) {
   ARBOR_CHECK(logits.dtype == DType::F32 && logits.device == Device::CUDA, "cuda: sample_rows: device F32 logits expected");
-  flush_capture();
+  not_capturing(__func__);
   ARBOR_CHECK(p.top_p > 0 && p.top_p <= 1 && p.min_p >= 0 && p.min_p <= 1 && p.top_k >= 0,
               "cuda: sampling: top_p {} must be in (0, 1], min_p {} in [0, 1], top_k {} >= 0", p.top_p, p.min_p, p.top_k);
   const int64_t R = logits.rows();
@@ -514,19 +577,19 @@ void CudaBackend::sample_rows(const Tensor& logits, const GpuSampling& p, uint64
 }
 
 void CudaBackend::upload(const void* host, const Tensor& dev) {
-  flush_capture();
+  not_capturing(__func__);
   ARBOR_CUDA_CHECK(cudaMemcpyAsync(dev.data, host, dev.nbytes(), cudaMemcpyHostToDevice, st(stream_)));
   ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
 }
 
 void CudaBackend::download(const Tensor& dev, void* host) {
-  flush_capture();
+  not_capturing(__func__);
   ARBOR_CUDA_CHECK(cudaMemcpyAsync(host, dev.data, dev.nbytes(), cudaMemcpyDeviceToHost, st(stream_)));
   ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
 }
 
 void CudaBackend::timer_start() {
-  flush_capture();
+  not_capturing(__func__);
   for (auto& e : timer_events_)
     if (!e) {
       cudaEvent_t ev;
@@ -537,7 +600,7 @@ void CudaBackend::timer_start() {
 }
 
 double CudaBackend::timer_stop_ms() {
-  flush_capture();
+  not_capturing(__func__);
   ARBOR_CHECK(timer_events_[1], "cuda: timer_stop_ms without timer_start");
   ARBOR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(timer_events_[1]), st(stream_)));
   ARBOR_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(timer_events_[1])));
@@ -547,7 +610,7 @@ double CudaBackend::timer_stop_ms() {
 }
 
 void CudaBackend::synchronize() {
-  flush_capture();
+  not_capturing(__func__);
   ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
 }
 

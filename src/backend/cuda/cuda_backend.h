@@ -74,12 +74,19 @@ class CudaBackend : public Backend {
   void set_attention_path(AttentionPath p) { attn_path_ = p; }
   static constexpr int64_t kDecodeMaxRun = 4;
 
-  // Experimental, off by default: record the ops of each decode-shaped batch (begin_batch up to the
-  // next begin_batch, read or sync) with stream capture and launch them as one CUDA graph, updating a
-  // cached executable graph per token count. Saves GPU-side gaps between kernels; the host still
-  // walks every op each step (a replay without that needs the decoder change in the report).
-  void set_graph_mode(bool on);
-  bool graph_mode() const { return graph_mode_; }
+  // Decode steps as CUDA graphs (on by default): the decoder pads decode batches to buckets of up to
+  // kGraphMaxTokens tokens; the first step of a shape runs eagerly (any scratch growth happens then),
+  // the second is recorded, and every later one replays the recording. A step's shape key: tokens,
+  // block-table width, and the longest context rounded up to a power of two (the attention split).
+  void set_step_graphs(bool on);
+  bool step_graphs() const { return graphs_on_; }
+  int64_t graphs_recorded() const;
+  static constexpr int64_t kGraphMaxTokens = 64;
+  int64_t max_graph_tokens() const override { return graphs_on_ ? kGraphMaxTokens : 0; }
+  bool step_graph_begin() override;
+  void step_graph_end() override;
+  void linear_multi(const Tensor& x, const LinearOut* outs, int n) override;
+  void add_norm(NormOp op, Tensor x, const Tensor& o, float scale, const Tensor& w, const Tensor& b, float eps, Tensor out) override;
 
   // Copies for tests and tools (synchronous).
   void upload(const void* host, const Tensor& dev);
@@ -102,7 +109,8 @@ class CudaBackend : public Backend {
   void stage_copy(void* dst, const void* src, size_t bytes, bool f32_to_bf16);
   void upload_meta(const std::vector<int32_t>& host, void*& dev, size_t& cap);
   const BatchInfo& batch() const;
-  void flush_capture();  // ends an open capture and launches it
+  void not_capturing(const char* what);  // fails (and drops the recording) when called inside a capture
+  void drop_graphs();                    // after a buffer the recordings point into moved
 
   int device_ = 0, n_sms_ = 0;
   std::string device_name_;
@@ -113,10 +121,11 @@ class CudaBackend : public Backend {
   KVLayout kv_;
   std::vector<void*> k_pools_, v_pools_;
   AttentionPath attn_path_ = AttentionPath::Auto;
-  bool graph_mode_ = false, capturing_ = false;
-  int64_t capture_key_ = 0;
+  bool graphs_on_ = true, capturing_ = false;
+  uint64_t graph_key_ = 0;  // the current batch's shape key; 0: not a graph batch
+  int64_t span_bucket_ = 0;  // longest context of the batch rounded up to a power of two (>= 64)
   struct Graphs;
-  std::unique_ptr<Graphs> graphs_;  // executable graphs by token count
+  std::unique_ptr<Graphs> graphs_;  // executable graphs by shape key
 
   // The current batch: host view, and its metadata on the device.
   const BatchInfo* batch_ = nullptr;

@@ -45,11 +45,18 @@ __device__ float row_sum(float v, float* red) {
 
 // blockDim = (threads per row, rows per block). Two passes over x: statistics, then the write (each
 // thread writes only the elements it read, so out may alias x). As on the CPU, b applies to LayerNorm only.
-__global__ void norm_kernel(int op, const uint16_t* x, const float* w, const float* b, float eps, int64_t R, int64_t C, uint16_t* out) {
+// ADD: first x += o * scale, stored as bf16 and normalised from the stored values (add_scaled + norm).
+template <bool ADD>
+__global__ void norm_kernel(int op, uint16_t* x, const uint16_t* o, float scale, const float* w, const float* b, float eps, int64_t R,
+                            int64_t C, uint16_t* out) {
   __shared__ float red[32];
   const int64_t r = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool live = r < R;
-  const uint16_t* xr = x + (live ? r : 0) * C;
+  uint16_t* xr = x + (live ? r : 0) * C;
+  if (ADD && live) {
+    const uint16_t* orow = o + r * C;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) st(xr, c, ld(xr, c) + ld(orow, c) * scale);
+  }
   float s = 0;
   for (int64_t c = threadIdx.x; live && c < C; c += blockDim.x) s += op == 2 ? ld(xr, c) : ld(xr, c) * ld(xr, c);
   s = row_sum(s, red);
@@ -67,11 +74,11 @@ __global__ void norm_kernel(int op, const uint16_t* x, const float* w, const flo
     inv = rsqrtf(s / float(C) + eps);
   }
   if (!live) return;
-  uint16_t* o = out + r * C;
+  uint16_t* orow = out + r * C;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
     float v = ld(xr, c);
     float y = op == 2 ? (v - mean) * inv * w[c] + (b ? b[c] : 0.0f) : op == 1 ? v * inv * (1.0f + w[c]) : v * inv * w[c];
-    st(o, c, y);
+    st(orow, c, y);
   }
 }
 
@@ -190,15 +197,30 @@ void launch_embed(const void* table, DType table_dtype, const int32_t* tokens, i
   ARBOR_LAUNCH_CHECK("embed_kernel");
 }
 
-void launch_norm(NormOp op, const uint16_t* x, const float* w, const float* b, float eps, int64_t R, int64_t C, uint16_t* out,
-                 cudaStream_t s) {
+namespace {
+void norm_launch(NormOp op, uint16_t* x, const uint16_t* o, float scale, const float* w, const float* b, float eps, int64_t R, int64_t C,
+                 uint16_t* out, cudaStream_t s) {
   if (R == 0) return;
   int tpr = 32;  // threads per row: about 8 elements each, 32..1024
   while (tpr < 1024 && tpr * 8 < C) tpr *= 2;
   const int rows_per_block = tpr >= 256 ? 1 : 256 / tpr;
   const dim3 block{unsigned(tpr), unsigned(rows_per_block), 1u};
-  norm_kernel<<<dim3(grid_for(R, rows_per_block)), block, 0, s>>>(int(op), x, w, b, eps, R, C, out);
+  if (o)
+    norm_kernel<true><<<dim3(grid_for(R, rows_per_block)), block, 0, s>>>(int(op), x, o, scale, w, b, eps, R, C, out);
+  else
+    norm_kernel<false><<<dim3(grid_for(R, rows_per_block)), block, 0, s>>>(int(op), x, nullptr, 0.0f, w, b, eps, R, C, out);
   ARBOR_LAUNCH_CHECK("norm_kernel");
+}
+}  // namespace
+
+void launch_norm(NormOp op, const uint16_t* x, const float* w, const float* b, float eps, int64_t R, int64_t C, uint16_t* out,
+                 cudaStream_t s) {
+  norm_launch(op, const_cast<uint16_t*>(x), nullptr, 0.0f, w, b, eps, R, C, out, s);  // x is only read
+}
+
+void launch_add_norm(NormOp op, uint16_t* x, const uint16_t* o, float scale, const float* w, const float* b, float eps, int64_t R,
+                     int64_t C, uint16_t* out, cudaStream_t s) {
+  norm_launch(op, x, o, scale, w, b, eps, R, C, out, s);
 }
 
 void launch_rope(uint16_t* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const float* cos,

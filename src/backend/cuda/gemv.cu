@@ -1,7 +1,8 @@
 // GEMV for decode: y [T, N] = x [T, K] · W[N, K]ᵀ for T = 1..8 rows of activations. Memory-bound: every
 // weight byte is read once with 16-byte streaming loads (L1::no_allocate, so x stays in L1), each lane
 // keeps 2 rows x 4 loads = 128 bytes in flight, and small N is split along K over up to 8 warps so
-// the grid still fills every SM.
+// the grid still fills every SM. Up to three matrices with the same K (q/k/v, gate/up) run as one
+// launch: their row pairs are numbered consecutively and each warp finds its matrix from its pair.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -45,13 +46,19 @@ __device__ __forceinline__ float w_at(const uint16_t* w, int64_t i) {
 // Block: kWarps warps; `wpr` consecutive warps share one pair of output rows, each summing a
 // contiguous part of K. acc[j][r]: output row (row0 + j), activation row r.
 template <int NR, bool F16>
-__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const uint16_t* __restrict__ w, const uint16_t* __restrict__ x,
-                                                           const float* __restrict__ bias, void* y, bool y_f32, int T, int64_t N,
+__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvSegments segs, const uint16_t* __restrict__ x, bool y_f32, int T,
                                                            int64_t K, int wpr, bool vec) {
   __shared__ float red[kWarps][2][NR];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int pair = warp / wpr, part = warp % wpr;
-  const int64_t row0 = (int64_t(blockIdx.x) * (kWarps / wpr) + pair) * 2;
+  // Which matrix this warp's row pair belongs to (segments are consecutive ranges of row pairs).
+  const int64_t gp = int64_t(blockIdx.x) * (kWarps / wpr) + pair;
+  const int si = segs.n > 2 && gp >= segs.pair0[2] ? 2 : segs.n > 1 && gp >= segs.pair0[1] ? 1 : 0;
+  const uint16_t* __restrict__ w = si == 0 ? segs.w[0] : si == 1 ? segs.w[1] : segs.w[2];
+  const float* __restrict__ bias = si == 0 ? segs.bias[0] : si == 1 ? segs.bias[1] : segs.bias[2];
+  void* y = si == 0 ? segs.y[0] : si == 1 ? segs.y[1] : segs.y[2];
+  const int64_t N = si == 0 ? segs.N[0] : si == 1 ? segs.N[1] : segs.N[2];
+  const int64_t row0 = (gp - (si == 0 ? 0 : si == 1 ? segs.pair0[1] : segs.pair0[2])) * 2;
   const bool has0 = row0 < N, has1 = row0 + 1 < N;
   float acc[2][NR];
 #pragma unroll
@@ -147,12 +154,12 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const uint16_t* __res
 }
 
 template <int NR>
-void launch_nr(bool f16, dim3 grid, cudaStream_t s, const uint16_t* w, const uint16_t* x, const float* bias, void* y, bool y_f32,
-               int T, int64_t N, int64_t K, int wpr, bool vec) {
+void launch_nr(bool f16, dim3 grid, cudaStream_t s, const GemvSegments& segs, const uint16_t* x, bool y_f32, int T, int64_t K, int wpr,
+               bool vec) {
   if (f16)
-    gemv_kernel<NR, true><<<grid, kWarps * 32, 0, s>>>(w, x, bias, y, y_f32, T, N, K, wpr, vec);
+    gemv_kernel<NR, true><<<grid, kWarps * 32, 0, s>>>(segs, x, y_f32, T, K, wpr, vec);
   else
-    gemv_kernel<NR, false><<<grid, kWarps * 32, 0, s>>>(w, x, bias, y, y_f32, T, N, K, wpr, vec);
+    gemv_kernel<NR, false><<<grid, kWarps * 32, 0, s>>>(segs, x, y_f32, T, K, wpr, vec);
   ARBOR_LAUNCH_CHECK("gemv_kernel");
 }
 
@@ -162,26 +169,40 @@ int g_warps_per_sm = 32;
 
 void set_gemv_warps_per_sm(int w) { g_warps_per_sm = w < 1 ? 1 : w; }
 
-void launch_gemv(const void* w, DType w_dtype, const uint16_t* x, const float* bias, void* y, DType y_dtype, int64_t T, int64_t N,
-                 int64_t K, int n_sms, cudaStream_t s) {
+void launch_gemv_multi(const GemvOut* outs, int n, DType w_dtype, const uint16_t* x, DType y_dtype, int64_t T, int64_t K, int n_sms,
+                       cudaStream_t s) {
   ARBOR_CU_CHECK(T >= 1 && T <= kGemvMaxRows, "cuda: gemv: %lld rows (1..%lld supported)", (long long)T, (long long)kGemvMaxRows);
+  ARBOR_CU_CHECK(n >= 1 && n <= kGemvMaxSegments, "cuda: gemv: %d matrices in one launch (1..%d)", n, kGemvMaxSegments);
   ARBOR_CU_CHECK(w_dtype == DType::BF16 || w_dtype == DType::F16, "cuda: gemv: weight dtype %s (BF16 or F16)", dtype_name(w_dtype).data());
   ARBOR_CU_CHECK(y_dtype == DType::BF16 || y_dtype == DType::F32, "cuda: gemv: output dtype %s (BF16 or F32)", dtype_name(y_dtype).data());
-  const bool vec = K % 8 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  bool vec = K % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  GemvSegments segs{};
+  segs.n = n;
+  int64_t pairs = 0;
+  for (int i = 0; i < n; ++i) {
+    vec = vec && reinterpret_cast<uintptr_t>(outs[i].w) % 16 == 0;
+    segs.w[i] = static_cast<const uint16_t*>(outs[i].w), segs.bias[i] = outs[i].bias, segs.y[i] = outs[i].y;
+    segs.N[i] = outs[i].N, segs.pair0[i] = pairs;
+    pairs += (outs[i].N + 1) / 2;
+  }
   // Enough warps for about half the SMs' warp slots (64 per SM); more rows per warp-pair than that
   // only queue up.
-  const int64_t pairs = (N + 1) / 2;
   int wpr = 1;
   while (wpr < kWarps && pairs * wpr < int64_t(n_sms) * g_warps_per_sm) wpr *= 2;
   const int64_t pairs_per_block = kWarps / wpr;
   dim3 grid(unsigned((pairs + pairs_per_block - 1) / pairs_per_block));
-  const uint16_t* wp = static_cast<const uint16_t*>(w);
   const bool f16 = w_dtype == DType::F16, f32 = y_dtype == DType::F32;
   const int t = int(T);
-  if (T == 1) launch_nr<1>(f16, grid, s, wp, x, bias, y, f32, t, N, K, wpr, vec);
-  else if (T == 2) launch_nr<2>(f16, grid, s, wp, x, bias, y, f32, t, N, K, wpr, vec);
-  else if (T <= 4) launch_nr<4>(f16, grid, s, wp, x, bias, y, f32, t, N, K, wpr, vec);
-  else launch_nr<8>(f16, grid, s, wp, x, bias, y, f32, t, N, K, wpr, vec);
+  if (T == 1) launch_nr<1>(f16, grid, s, segs, x, f32, t, K, wpr, vec);
+  else if (T == 2) launch_nr<2>(f16, grid, s, segs, x, f32, t, K, wpr, vec);
+  else if (T <= 4) launch_nr<4>(f16, grid, s, segs, x, f32, t, K, wpr, vec);
+  else launch_nr<8>(f16, grid, s, segs, x, f32, t, K, wpr, vec);
+}
+
+void launch_gemv(const void* w, DType w_dtype, const uint16_t* x, const float* bias, void* y, DType y_dtype, int64_t T, int64_t N,
+                 int64_t K, int n_sms, cudaStream_t s) {
+  const GemvOut one{w, bias, y, N};
+  launch_gemv_multi(&one, 1, w_dtype, x, y_dtype, T, K, n_sms, s);
 }
 
 }  // namespace arbor::cuda

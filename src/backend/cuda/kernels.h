@@ -29,6 +29,9 @@ void launch_kv_write(const uint16_t* k, const uint16_t* v, const int32_t* pos, c
 void launch_activation(ActOp op, const uint16_t* gate, const uint16_t* up, int64_t n, uint16_t* out, cudaStream_t s);
 // y += x * scale (bf16).
 void launch_add_scaled(uint16_t* y, const uint16_t* x, int64_t n, float scale, cudaStream_t s);
+// x += o * scale (stored bf16), then out = norm(x) * w (+ b), rows of C; one kernel (add, then norm).
+void launch_add_norm(NormOp op, uint16_t* x, const uint16_t* o, float scale, const float* w, const float* b, float eps, int64_t R,
+                     int64_t C, uint16_t* out, cudaStream_t s);
 // x = x * scale, then cap * tanh(x / cap) when cap > 0; x is f32 or bf16.
 void launch_scale_softcap(void* x, DType dtype, int64_t n, float scale, float cap, cudaStream_t s);
 // out[i] = x[rows[i]], rows of row_bytes bytes (a multiple of 2).
@@ -47,6 +50,25 @@ void launch_fill_random_bf16(uint16_t* p, int64_t n, uint64_t seed, cudaStream_t
 void launch_gemv(const void* w, DType w_dtype, const uint16_t* x, const float* bias, void* y, DType y_dtype, int64_t T,
                  int64_t N, int64_t K, int n_sms, cudaStream_t s);
 constexpr int64_t kGemvMaxRows = 8;
+// Several matrices over the same x [T, K] in one launch: y_i [T, N_i] = x · w_iᵀ (+ bias_i).
+struct GemvOut {
+  const void* w;
+  const float* bias;  // may be null
+  void* y;
+  int64_t N;
+};
+constexpr int kGemvMaxSegments = 3;
+void launch_gemv_multi(const GemvOut* outs, int n, DType w_dtype, const uint16_t* x, DType y_dtype, int64_t T, int64_t K, int n_sms,
+                       cudaStream_t s);
+// The kernel's view of them: matrix i owns row pairs [pair0[i], pair0[i + 1]).
+struct GemvSegments {
+  const uint16_t* w[kGemvMaxSegments];
+  const float* bias[kGemvMaxSegments];
+  void* y[kGemvMaxSegments];
+  int64_t N[kGemvMaxSegments];
+  int64_t pair0[kGemvMaxSegments];
+  int n;
+};
 // Target warps per SM when splitting K across warps for small N (default 32; bench sweeps it).
 void set_gemv_warps_per_sm(int w);
 
@@ -73,9 +95,10 @@ __device__ __forceinline__ int64_t kv_slot(const AttnArgs& a, const int32_t* tab
 }
 #endif
 // Split-K flash-decoding: grid (n_splits, kv heads x head chunks, T); every query token attends to
-// [lo, pos] of its sequence, cut into n_splits ranges of split_len keys; partial results (o, m, l)
-// go to scratch [T, n_heads, n_splits, head_dim + 2] f32 and a second kernel merges them.
-void launch_attention_decode(const AttnArgs& a, int64_t T, int n_splits, int32_t split_len, float* scratch, cudaStream_t s);
+// [lo, pos] of its sequence, cut into n_splits equal ranges (per token, in the kernel); partial
+// results (o, m, l) go to scratch [T, n_heads, n_splits, head_dim + 2] f32 and a second kernel
+// merges them. A range may be empty (m = -inf), which the merge skips.
+void launch_attention_decode(const AttnArgs& a, int64_t T, int n_splits, float* scratch, cudaStream_t s);
 // Flash attention over tiles of query rows (tokens x the GQA group's heads) with tensor cores
 // (mma.sync m16n8k16 bf16, f32 accumulators) and online softmax. tiles [n_tiles, 8] int32:
 // {first token, n tokens, seq, min pos, max pos, 0, 0, 0}; each tile has at most 64 / group tokens.
