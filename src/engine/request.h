@@ -72,6 +72,7 @@ class Request {
   bool cancelled() const { return cancelled_.load(); }
   FinishReason finish_reason() const;
   std::string error() const;
+  // Prompt tokens whose KV came from the prefix cache (whole blocks; set when the request is admitted).
   int64_t cached_tokens() const { return cached_tokens_.load(); }
   // Seconds from submit to the first generated token (0 until then).
   double ttft_seconds() const;

@@ -83,6 +83,8 @@ SchedulerStats Scheduler::stats() const {
   s.running = n_running_.load();
   s.kv_blocks_total = pool_.n_blocks();
   s.kv_blocks_used = kv_used_.load();
+  s.kv_blocks_cached = kv_cached_.load();
+  s.cached_tokens = cached_tokens_.load();
   s.requests_admitted = admitted_.load();
   s.requests_finished = finished_.load();
   s.requests_cancelled = cancelled_.load();
@@ -94,7 +96,14 @@ SchedulerStats Scheduler::stats() const {
   return s;
 }
 
-// Moves waiting requests into the batch, oldest first, while a slot and their KV blocks are free.
+void Scheduler::update_kv_stats() {
+  kv_used_.store(pool_.used_blocks());
+  kv_cached_.store(pool_.cached_blocks());
+}
+
+// Moves waiting requests into the batch, oldest first, while a slot and their KV blocks are free. With the
+// prefix cache, the request's cached prefix blocks are taken first and only the rest is allocated (cached
+// blocks nobody holds count as free: allocate() evicts them).
 void Scheduler::admit_locked() {
   while (!waiting_.empty() && int64_t(running_.size()) < opt_.max_batch) {
     auto& r = waiting_.front();
@@ -104,21 +113,30 @@ void Scheduler::admit_locked() {
       waiting_.pop_front();
       continue;
     }
-    const int64_t limit = int64_t(r->prompt.size()) + r->max_tokens;
+    const int64_t P = int64_t(r->prompt.size());
+    const int64_t limit = P + r->max_tokens;
     auto a = std::make_unique<Active>(Active{r, SequenceKV{}, Sampler(r->sampling), limit, 0, {}, -1, false});
-    if (!a->kv.reserve(pool_, limit)) break;  // head of line waits for blocks (FIFO keeps it fair)
-    prompt_tokens_ += int64_t(r->prompt.size());
+    // The last prompt token is always computed: its logits give the first generated token.
+    const int64_t cached = opt_.prefix_cache ? a->kv.match_prefix(pool_, r->prompt, P - 1) : 0;
+    if (!a->kv.reserve(pool_, limit)) {  // head of line waits for blocks (FIFO keeps it fair)
+      a->kv.release(pool_);
+      break;
+    }
+    a->prefilled = cached;
+    r->set_cached_tokens(cached);
+    cached_tokens_ += cached;
+    prompt_tokens_ += P;
     admitted_ += 1;
     running_.push_back(std::move(a));
     waiting_.pop_front();
   }
   n_running_.store(int64_t(running_.size()));
-  kv_used_.store(pool_.n_blocks() - pool_.free_blocks());
+  update_kv_stats();
 }
 
 void Scheduler::retire(Active& a, FinishReason r, const std::string& error) {
-  a.kv.release(pool_);
-  kv_used_.store(pool_.n_blocks() - pool_.free_blocks());  // before finish(): a waiter may read stats next
+  a.kv.release(pool_);  // published blocks stay cached
+  update_kv_stats();  // before finish(): a waiter may read stats next
   a.done = true;
   if (r == FinishReason::Cancelled) cancelled_ += 1;
   finished_ += 1;
@@ -139,7 +157,7 @@ void Scheduler::loop() {
         }
         waiting_.clear();
         n_running_.store(0);
-        kv_used_.store(pool_.n_blocks() - pool_.free_blocks());
+        update_kv_stats();
         return;
       }
       // Cancelled requests leave before admission so their blocks go to whoever waits.
@@ -213,6 +231,8 @@ void Scheduler::step() {
       a.prefilled += p.n;
       a.kv.length = a.prefilled;
     }
+    // The step computed these positions' KV: full blocks among them can now serve other requests.
+    if (opt_.prefix_cache) a.kv.publish(pool_, a.req->prompt, a.generated);
     if (!p.wants_logits) continue;
     const float* lr = logits_.data() + row++ * size_t(V);
     Request& r = *a.req;
@@ -237,7 +257,7 @@ void Scheduler::step() {
   }
   running_.erase(std::remove_if(running_.begin(), running_.end(), [](auto& a) { return a->done; }), running_.end());
   n_running_.store(int64_t(running_.size()));
-  kv_used_.store(pool_.n_blocks() - pool_.free_blocks());
+  update_kv_stats();
   busy_us_ += std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - t0).count();
 }
 

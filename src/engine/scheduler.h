@@ -3,6 +3,10 @@
 // the step's token budget (Model::max_step_tokens) with prefill chunks of admitted requests, oldest first.
 // Admission reserves a request's KV blocks for its whole length (prompt + max_tokens, clamped to the
 // context) up front, so a running request never waits for memory and never needs preemption.
+// Prefix cache (on unless SchedulerOptions::prefix_cache is false): an admitted request first takes the
+// longest run of cached KV blocks matching its prompt's full blocks (kv/block_pool.h), always leaving at
+// least the last prompt token to compute, and prefill starts after them; every full block a step completes
+// (prompt or fed generated tokens) is published, so later requests sharing the prefix skip its prefill.
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -23,6 +27,7 @@ namespace arbor {
 struct SchedulerOptions {
   int64_t max_batch = 8;   // requests decoding together at most
   int64_t max_queue = 64;  // requests waiting for a slot or KV blocks at most; beyond that submit says QueueFull
+  bool prefix_cache = true;  // reuse computed KV blocks across requests that share a token prefix
 };
 
 enum class Admission : uint8_t {
@@ -41,7 +46,9 @@ struct AdmissionResult {
 
 struct SchedulerStats {
   int64_t running = 0, waiting = 0;
-  int64_t kv_blocks_total = 0, kv_blocks_used = 0;
+  int64_t kv_blocks_total = 0, kv_blocks_used = 0;  // used = held by running requests
+  int64_t kv_blocks_cached = 0;  // prefix-cache blocks nobody holds (reclaimable, counted free for admission)
+  int64_t cached_tokens = 0;     // prompt tokens served from the prefix cache, over all admitted requests
   int64_t requests_admitted = 0, requests_finished = 0, requests_cancelled = 0, requests_rejected = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0, steps = 0;
   double busy_seconds = 0;  // time spent inside forward + sampling
@@ -82,6 +89,7 @@ class Scheduler {
   void admit_locked();
   void step();
   void retire(Active& a, FinishReason r, const std::string& error = {});
+  void update_kv_stats();  // kv_used_ and kv_cached_ from the pool (engine thread)
 
   Model& model_;
   BlockPool& pool_;
@@ -92,7 +100,7 @@ class Scheduler {
   std::deque<std::shared_ptr<Request>> waiting_;  // guarded by mu_
   bool stopping_ = false;                         // guarded by mu_
   std::vector<std::unique_ptr<Active>> running_;  // engine thread only
-  std::atomic<int64_t> n_running_{0}, kv_used_{0};
+  std::atomic<int64_t> n_running_{0}, kv_used_{0}, kv_cached_{0}, cached_tokens_{0};
   std::atomic<int64_t> admitted_{0}, finished_{0}, cancelled_{0}, rejected_{0}, prompt_tokens_{0}, generated_tokens_{0}, steps_{0};
   std::atomic<int64_t> busy_us_{0};
 
