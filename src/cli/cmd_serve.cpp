@@ -57,7 +57,9 @@ int cmd_serve(const std::vector<std::string>& args_in) {
   auto vf = model_value_flags();
   vf.insert({"host", "port", "max-batch", "max-queue", "temperature", "top-p", "top-k", "min-p", "max-tokens", "thinking",
              "chat-template", "api-key", "kv-memory-gb", "tokenizer", "served-model-name", "max-body-mb", "max-step-tokens"});
-  Args a(args_in, vf, model_bool_flags());
+  auto bf = model_bool_flags();
+  bf.insert("no-prefix-cache");
+  Args a(args_in, vf, bf);
   const int64_t max_batch = a.get_int("max-batch", 8);
   const int64_t max_queue = a.get_int("max-queue", 64);
   const int64_t port = a.get_int("port", 8080);
@@ -77,12 +79,12 @@ int cmd_serve(const std::vector<std::string>& args_in) {
     args.push_back("--model");
     args.push_back(model_dir);
   }
-  Args ma(args, vf, model_bool_flags());
+  Args ma(args, vf, bf);
   if (!a.has("kv-blocks")) {
     args.push_back("--kv-blocks");
     args.push_back(std::to_string(default_kv_blocks(ma, max_batch, a.get_or("device", "cpu") == "cuda")));
   }
-  Args la(args, vf, model_bool_flags());
+  Args la(args, vf, bf);
 
   const std::string tok_dir = a.get_or("tokenizer", model_dir);
   if (tok_dir.empty()) fail("arguments: --tokenizer DIR is required when there is no --model directory");
@@ -119,7 +121,8 @@ int cmd_serve(const std::vector<std::string>& args_in) {
   if (int64_t(tok.vocab_size()) > m.config().vocab_size)
     fail("serve: the tokenizer has {} ids but the model's vocabulary is {}", tok.vocab_size(), m.config().vocab_size);
   BlockPool pool(lm.backend->kv_layout().n_blocks, lm.backend->kv_layout().block_size);
-  Scheduler sched(m, pool, {max_batch, max_queue});
+  const bool prefix_cache = !a.has("no-prefix-cache");
+  Scheduler sched(m, pool, {max_batch, max_queue, prefix_cache});
 
   ctx.scheduler = &sched;
   ctx.tok = &tok;
@@ -160,9 +163,9 @@ int cmd_serve(const std::vector<std::string>& args_in) {
   server::ApiServer api(ctx, ho);
   api.listen();
   ctx.ready.store(true);
-  log_info("serve: {} ({}) on http://{}:{}/v1 — ctx {}, max batch {}, queue {}, {} KV blocks of {} tokens, tools {}, reasoning {}",
+  log_info("serve: {} ({}) on http://{}:{}/v1 — ctx {}, max batch {}, queue {}, {} KV blocks of {} tokens, prefix cache {}, tools {}, reasoning {}",
            ctx.model_id, m.config().summary(), ho.host, api.port(), ctx.ctx_size, max_batch, max_queue, pool.n_blocks(),
-           pool.block_size(), ctx.chat_format.tool_format_name(), ctx.chat_format.reasoning ? "<think>" : "none");
+           pool.block_size(), prefix_cache ? "on" : "off", ctx.chat_format.tool_format_name(), ctx.chat_format.reasoning ? "<think>" : "none");
   std::fflush(stdout);
 
   std::thread sig_thread([&] {
@@ -184,7 +187,7 @@ int cmd_serve(const std::vector<std::string>& args_in) {
   return 0;
 }
 
-ARBOR_VERB("serve", "serve the OpenAI/Anthropic HTTP API (--model DIR [--host 127.0.0.1 --port 8080 --max-batch 8])", cmd_serve);
+ARBOR_VERB("serve", "serve the OpenAI/Anthropic HTTP API (--model DIR [--host 127.0.0.1 --port 8080 --max-batch 8 --no-prefix-cache])", cmd_serve);
 
 }  // namespace
 }  // namespace arbor::cli

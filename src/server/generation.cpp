@@ -124,6 +124,7 @@ bool Generation::run(const DeltaFn& on_delta, const std::function<bool()>& gone)
     ctx_.metrics.ttft_count += 1;
   }
   ctx_.metrics.prompt_tokens += prompt_tokens_;
+  ctx_.metrics.cached_tokens += cached_tokens();  // the prefix-cache share of prompt_tokens, as usage reports it
   ctx_.metrics.completion_tokens += completion_tokens();
   return true;
 }
