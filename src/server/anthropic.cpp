@@ -136,6 +136,7 @@ void handle_messages(ServerContext& ctx, const http::Request& req, http::Respons
     oai["stop"] = *ss;
   }
   GenParams p = parse_sampling(oai, ctx);
+  if (parse_tools && ctx.chat_format.markers_are_special()) p.skip_special_tokens = false;
   if (p.sampling.temperature > 1.0f) bad_request("temperature", "must be between 0 and 1, got {}", p.sampling.temperature);
   ojson kwargs = template_kwargs(json::object(), ctx);
   if (auto th = b.find("thinking"); th != b.end() && !th->is_null()) {
@@ -151,11 +152,9 @@ void handle_messages(ServerContext& ctx, const http::Request& req, http::Respons
 
   if (!stream) {
     std::string text, thinking;
-    std::vector<ParsedToolCall> calls;
     auto take = [&](const OutputDelta& d) {
-      text += d.content;
-      thinking += d.reasoning;
-      calls.insert(calls.end(), d.tool_calls.begin(), d.tool_calls.end());
+      text += d.content();
+      thinking += d.reasoning();
     };
     bool completed = g.run([&](int, const std::string& t, const std::vector<TokenEvent>&) { take(parser.push(t)); }, [&] { return w.client_gone(); });
     if (!completed) {
@@ -167,8 +166,12 @@ void handle_messages(ServerContext& ctx, const http::Request& req, http::Respons
     json content = json::array();
     if (!thinking.empty()) content.push_back({{"type", "thinking"}, {"thinking", thinking}, {"signature", ""}});
     if (!text.empty()) content.push_back({{"type", "text"}, {"text", text}});
-    for (const auto& c : calls)
-      content.push_back({{"type", "tool_use"}, {"id", tool_use_id(c.id)}, {"name", c.name}, {"input", json::parse(c.arguments)}});
+    const auto& calls = parser.calls();
+    for (const auto& c : calls) {
+      json input = json::parse(c.arguments, nullptr, false);  // valid by construction; {} if not
+      content.push_back({{"type", "tool_use"}, {"id", tool_use_id(c.id)}, {"name", c.name},
+                         {"input", input.is_object() ? input : json::object()}});
+    }
     const ChoiceResult& r = g.results()[0];
     send_json(w, 200, {{"id", id}, {"type", "message"}, {"role", "assistant"}, {"model", ctx.model_id}, {"content", content},
                        {"stop_reason", stop_reason(r, !calls.empty())},
@@ -184,43 +187,44 @@ void handle_messages(ServerContext& ctx, const http::Request& req, http::Respons
                                                          {"content", json::array()}, {"stop_reason", nullptr}, {"stop_sequence", nullptr},
                                                          {"usage", {{"input_tokens", g.prompt_tokens()}, {"output_tokens", 0}}}}}}));
   int index = -1;
-  std::string open;  // "", "thinking", "text"
+  std::string open;  // "", "thinking", "text", "tool_use"
   bool any_calls = false;
   auto close = [&](std::string& out) {
     if (open.empty()) return;
     out += sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", index}});
     open.clear();
   };
+  // Blocks follow the output's order: a tool_use block opens when a call begins (input {}), its arguments
+  // arrive as input_json_delta partial_json pieces, and it closes when anything else follows.
   auto emit = [&](const OutputDelta& d) {
     std::string out;
-    if (!d.reasoning.empty()) {
-      if (open != "thinking") {
-        close(out);
-        open = "thinking";
-        out += sse_event("content_block_start", {{"type", "content_block_start"}, {"index", ++index},
-                                                 {"content_block", {{"type", "thinking"}, {"thinking", ""}}}});
-      }
-      out += sse_event("content_block_delta", {{"type", "content_block_delta"}, {"index", index},
-                                               {"delta", {{"type", "thinking_delta"}, {"thinking", d.reasoning}}}});
-    }
-    if (!d.content.empty()) {
-      if (open != "text") {
-        close(out);
-        open = "text";
-        out += sse_event("content_block_start", {{"type", "content_block_start"}, {"index", ++index},
-                                                 {"content_block", {{"type", "text"}, {"text", ""}}}});
-      }
-      out += sse_event("content_block_delta", {{"type", "content_block_delta"}, {"index", index},
-                                               {"delta", {{"type", "text_delta"}, {"text", d.content}}}});
-    }
-    for (const auto& c : d.tool_calls) {
+    auto open_block = [&](const char* kind, json block) {
       close(out);
-      any_calls = true;
-      out += sse_event("content_block_start", {{"type", "content_block_start"}, {"index", ++index},
-                                               {"content_block", {{"type", "tool_use"}, {"id", tool_use_id(c.id)}, {"name", c.name}, {"input", json::object()}}}});
-      out += sse_event("content_block_delta", {{"type", "content_block_delta"}, {"index", index},
-                                               {"delta", {{"type", "input_json_delta"}, {"partial_json", c.arguments}}}});
-      out += sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", index}});
+      open = kind;
+      out += sse_event("content_block_start", {{"type", "content_block_start"}, {"index", ++index}, {"content_block", std::move(block)}});
+    };
+    for (const auto& piece : d.pieces) {
+      switch (piece.kind) {
+        case OutputPiece::Kind::Reasoning:
+          if (open != "thinking") open_block("thinking", {{"type", "thinking"}, {"thinking", ""}});
+          out += sse_event("content_block_delta", {{"type", "content_block_delta"}, {"index", index},
+                                                   {"delta", {{"type", "thinking_delta"}, {"thinking", piece.text}}}});
+          break;
+        case OutputPiece::Kind::Content:
+          if (open != "text") open_block("text", {{"type", "text"}, {"text", ""}});
+          out += sse_event("content_block_delta", {{"type", "content_block_delta"}, {"index", index},
+                                                   {"delta", {{"type", "text_delta"}, {"text", piece.text}}}});
+          break;
+        case OutputPiece::Kind::ToolCall:
+          if (piece.begin) {
+            any_calls = true;
+            open_block("tool_use", {{"type", "tool_use"}, {"id", tool_use_id(piece.id)}, {"name", piece.name}, {"input", json::object()}});
+          } else if (open == "tool_use") {
+            out += sse_event("content_block_delta", {{"type", "content_block_delta"}, {"index", index},
+                                                     {"delta", {{"type", "input_json_delta"}, {"partial_json", piece.text}}}});
+          }
+          break;
+      }
     }
     if (!out.empty()) w.write_chunk(out);
   };

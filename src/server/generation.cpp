@@ -1,4 +1,5 @@
 // Generation: submit n sequences, stream their detokenized text, map finish reasons.
+#include <algorithm>
 #include <chrono>
 #include <random>
 
@@ -81,7 +82,8 @@ bool Generation::run(const DeltaFn& on_delta, const std::function<bool()>& gone)
       size_t used = 0;
       for (const auto& ev : evs) {
         if (dec[i].stopped()) break;
-        text += dec[i].push(ev.id);
+        // The end-of-sequence token ends the text; it is not part of it (it shows when special tokens are kept).
+        if (params_.ignore_eos || std::find(ctx_.eos_ids.begin(), ctx_.eos_ids.end(), ev.id) == ctx_.eos_ids.end()) text += dec[i].push(ev.id);
         ++used;
       }
       results_[i].completion_tokens += int64_t(used);

@@ -17,16 +17,13 @@ json usage_json(const Generation& g) {
           {"prompt_tokens_details", {{"cached_tokens", g.cached_tokens()}}}};
 }
 
-json tool_call_json(const ParsedToolCall& c, int index, bool stream) {
-  json j = {{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}};
-  if (stream) j["index"] = index;
-  return j;
+json tool_call_json(const ParsedToolCall& c) {
+  return {{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}};
 }
 
 struct ChatChoice {
   ChatOutputParser parser;
   std::string content, reasoning;
-  std::vector<ParsedToolCall> calls;
   json logprobs = json::array();  // entries not yet sent (stream) or all entries (non-stream)
 };
 
@@ -58,6 +55,7 @@ void handle_chat_completions(ServerContext& ctx, const http::Request& req, http:
   }
   ojson kwargs = template_kwargs(b, ctx);
   GenParams p = parse_sampling(b, ctx);
+  if (parse_tools && ctx.chat_format.markers_are_special()) p.skip_special_tokens = false;
   p.logprobs = opt_bool(b, "logprobs").value_or(false);
   p.top_logprobs = opt_int(b, "top_logprobs", 0, 20).value_or(0);
   if (p.top_logprobs > 0 && !p.logprobs) bad_request("top_logprobs", "requires 'logprobs': true");
@@ -74,7 +72,7 @@ void handle_chat_completions(ServerContext& ctx, const http::Request& req, http:
   const std::string id = random_id("chatcmpl-");
   const int64_t created = unix_now();
   std::vector<ChatChoice> choices;
-  for (int64_t i = 0; i < p.n; ++i) choices.push_back({ChatOutputParser(ctx.chat_format, opens_reasoning, parse_tools), {}, {}, {}, json::array()});
+  for (int64_t i = 0; i < p.n; ++i) choices.push_back({ChatOutputParser(ctx.chat_format, opens_reasoning, parse_tools), {}, {}, json::array()});
 
   auto chunk = [&](int index, json delta, json finish, json logprobs) {
     json c = {{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", ctx.model_id},
@@ -95,17 +93,30 @@ void handle_chat_completions(ServerContext& ctx, const http::Request& req, http:
     if (!p.logprobs) return;
     for (const auto& t : toks) c.logprobs.push_back(token_logprob_json(ctx, t.logprob, true, t.top));
   };
-  // Builds the stream chunks for one parsed delta (reasoning, content, then each tool call).
+  // Builds the stream chunks for one parsed delta, piece by piece in output order. A tool call's first
+  // chunk carries index, id, type and name with empty arguments; the next ones carry argument pieces.
   auto delta_chunks = [&](int i, const OutputDelta& d, bool force_logprobs) {
     ChatChoice& c = choices[size_t(i)];
     std::string out;
-    if (!d.reasoning.empty()) out += chunk(i, {{"reasoning_content", d.reasoning}}, nullptr, nullptr);
-    if (!d.content.empty() || (force_logprobs && !c.logprobs.empty() && d.tool_calls.empty()))
-      out += chunk(i, {{"content", d.content}}, nullptr, take_logprobs(c));
-    for (const auto& call : d.tool_calls) {
-      out += chunk(i, {{"tool_calls", json::array({tool_call_json(call, int(c.calls.size()), true)})}}, nullptr, nullptr);
-      c.calls.push_back(call);
+    bool sent_content = false;
+    for (const auto& piece : d.pieces) {
+      switch (piece.kind) {
+        case OutputPiece::Kind::Reasoning: out += chunk(i, {{"reasoning_content", piece.text}}, nullptr, nullptr); break;
+        case OutputPiece::Kind::Content:
+          out += chunk(i, {{"content", piece.text}}, nullptr, take_logprobs(c));
+          sent_content = true;
+          break;
+        case OutputPiece::Kind::ToolCall: {
+          json call = piece.begin ? json{{"index", piece.call}, {"id", piece.id}, {"type", "function"},
+                                         {"function", {{"name", piece.name}, {"arguments", ""}}}}
+                                  : json{{"index", piece.call}, {"function", {{"arguments", piece.text}}}};
+          out += chunk(i, {{"tool_calls", json::array({call})}}, nullptr, nullptr);
+          break;
+        }
+      }
     }
+    if (force_logprobs && !sent_content && !c.logprobs.empty() && !c.parser.saw_tool_calls())
+      out += chunk(i, {{"content", ""}}, nullptr, take_logprobs(c));
     return out;
   };
 
@@ -115,9 +126,8 @@ void handle_chat_completions(ServerContext& ctx, const http::Request& req, http:
           ChatChoice& c = choices[size_t(i)];
           on_tokens(c, toks);
           OutputDelta d = c.parser.push(text);
-          c.content += d.content;
-          c.reasoning += d.reasoning;
-          c.calls.insert(c.calls.end(), d.tool_calls.begin(), d.tool_calls.end());
+          c.content += d.content();
+          c.reasoning += d.reasoning();
         },
         [&] { return w.client_gone(); });
     if (!completed) {
@@ -129,18 +139,18 @@ void handle_chat_completions(ServerContext& ctx, const http::Request& req, http:
     for (size_t i = 0; i < choices.size(); ++i) {
       ChatChoice& c = choices[i];
       OutputDelta d = c.parser.finish();
-      c.content += d.content;
-      c.reasoning += d.reasoning;
-      c.calls.insert(c.calls.end(), d.tool_calls.begin(), d.tool_calls.end());
-      json msg = {{"role", "assistant"}, {"content", c.calls.empty() || !c.content.empty() ? json(c.content) : json(nullptr)}};
+      c.content += d.content();
+      c.reasoning += d.reasoning();
+      const auto& parsed = c.parser.calls();
+      json msg = {{"role", "assistant"}, {"content", parsed.empty() || !c.content.empty() ? json(c.content) : json(nullptr)}};
       if (!c.reasoning.empty()) msg["reasoning_content"] = c.reasoning;
-      if (!c.calls.empty()) {
+      if (!parsed.empty()) {
         json calls = json::array();
-        for (const auto& call : c.calls) calls.push_back(tool_call_json(call, 0, false));
+        for (const auto& call : parsed) calls.push_back(tool_call_json(call));
         msg["tool_calls"] = calls;
       }
       std::string fr = g.results()[i].finish_reason;
-      if (fr == "stop" && !c.calls.empty()) fr = "tool_calls";
+      if (fr == "stop" && !parsed.empty()) fr = "tool_calls";
       out_choices.push_back({{"index", i}, {"message", msg}, {"logprobs", p.logprobs ? json{{"content", c.logprobs}} : json(nullptr)},
                              {"finish_reason", fr}});
     }
@@ -167,7 +177,7 @@ void handle_chat_completions(ServerContext& ctx, const http::Request& req, http:
       ChatChoice& c = choices[i];
       tail += delta_chunks(int(i), c.parser.finish(), true);
       std::string fr = g.results()[i].finish_reason;
-      if (fr == "stop" && !c.calls.empty()) fr = "tool_calls";
+      if (fr == "stop" && c.parser.saw_tool_calls()) fr = "tool_calls";
       tail += chunk(int(i), json::object(), fr, take_logprobs(c));
     }
     if (include_usage)
