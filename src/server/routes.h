@@ -11,6 +11,7 @@ namespace arbor::server {
 void handle_chat_completions(ServerContext& ctx, const http::Request& req, http::ResponseWriter& w);
 void handle_completions(ServerContext& ctx, const http::Request& req, http::ResponseWriter& w);
 void handle_messages(ServerContext& ctx, const http::Request& req, http::ResponseWriter& w);  // Anthropic
+void handle_responses(ServerContext& ctx, const http::Request& req, http::ResponseWriter& w);  // OpenAI Responses
 void handle_models(ServerContext& ctx, const http::Request& req, http::ResponseWriter& w);
 void handle_metrics(ServerContext& ctx, const http::Request& req, http::ResponseWriter& w);
 

@@ -103,10 +103,11 @@ ApiServer::ApiServer(ServerContext& ctx, http::ServerOptions opt)
 void ApiServer::handle(const http::Request& req, http::ResponseWriter& w) {
   std::string route = req.path;
   const bool is_post = req.method == "POST", is_get = req.method == "GET" || req.method == "HEAD";
-  enum class R { None, Chat, Completions, Messages, Models, Health, Metrics, Root } r = R::None;
+  enum class R { None, Chat, Completions, Messages, Responses, Models, Health, Metrics, Root } r = R::None;
   if (req.path == "/v1/chat/completions" || req.path == "/chat/completions") r = R::Chat;
   else if (req.path == "/v1/completions" || req.path == "/completions") r = R::Completions;
   else if (req.path == "/v1/messages") r = R::Messages;
+  else if (req.path == "/v1/responses" || req.path == "/responses") r = R::Responses;
   else if (req.path == "/v1/models" || req.path.rfind("/v1/models/", 0) == 0) r = R::Models;
   else if (req.path == "/health" || req.path == "/v1/health") r = R::Health;
   else if (req.path == "/metrics") r = R::Metrics;
@@ -135,7 +136,7 @@ void ApiServer::handle(const http::Request& req, http::ResponseWriter& w) {
   };
   try {
     if (r == R::None) throw ApiError(404, fmt::format("no route for {} {}", req.method.substr(0, 16), req.path.substr(0, 200)), "", "not_found");
-    const bool want_post = r == R::Chat || r == R::Completions || r == R::Messages;
+    const bool want_post = r == R::Chat || r == R::Completions || r == R::Messages || r == R::Responses;
     if ((want_post && !is_post) || (!want_post && !is_get))
       throw ApiError(405, fmt::format("{} does not accept {}; use {}", req.path, req.method.substr(0, 16), want_post ? "POST" : "GET"));
     if (!ctx_.api_key.empty() && req.path.rfind("/v1/", 0) == 0) {
@@ -149,6 +150,7 @@ void ApiServer::handle(const http::Request& req, http::ResponseWriter& w) {
       case R::Chat: handle_chat_completions(ctx_, req, w); break;
       case R::Completions: handle_completions(ctx_, req, w); break;
       case R::Messages: handle_messages(ctx_, req, w); break;
+      case R::Responses: handle_responses(ctx_, req, w); break;
       case R::Models: handle_models(ctx_, req, w); break;
       case R::Metrics: handle_metrics(ctx_, req, w); break;
       case R::Health:
