@@ -8,6 +8,7 @@ set -u
 D=${ARBOR_RUN_DIR:-.cudarun}
 OUT=${OUT:-/tmp/arbor-out}
 mkdir -p "$OUT"
+export ARBOR_SOURCE_DIR="$PWD"  # the tests' fixtures, in this copy of the tree
 export LD_LIBRARY_PATH="$PWD/$D/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
 STEPS=${STEPS:-"tests bench memcheck"}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv 2>&1 | tee "$OUT/gpu.txt"

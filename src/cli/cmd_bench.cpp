@@ -45,7 +45,10 @@ int bench_cuda(const Args& a) {
   const int64_t steps = a.get_int("decode-tokens", 64);
   const int reps = int(a.get_int("reps", 3));
   if (steps < 1 || reps < 1) fail("arguments: --decode-tokens and --reps must be >= 1");
-  const std::vector<int64_t> prefills = {512, 2048, 8192}, batches = {8, 32, 64};
+  // --decode-only: just batch-1 decode at context 512 (graph replay), e.g. under a profiler.
+  const bool decode_only = a.has("decode-only");
+  const std::vector<int64_t> prefills = decode_only ? std::vector<int64_t>{} : std::vector<int64_t>{512, 2048, 8192};
+  const std::vector<int64_t> batches = {8, 32, 64};
   const int64_t batch_ctx = 512, long_ctx = 8192;
   LoadOptions opt;
   opt.model_dir = a.get_or("model", "");
@@ -76,8 +79,8 @@ int bench_cuda(const Args& a) {
   const std::vector<std::tuple<const char*, int64_t, int64_t>> shapes = {
       {"q", c.q_dim(), c.hidden_size}, {"k/v", c.kv_dim(), c.hidden_size}, {"o", c.hidden_size, c.q_dim()},
       {"gate/up", c.intermediate_size, c.hidden_size}, {"down", c.hidden_size, c.intermediate_size}, {"lm_head", c.vocab_size, c.hidden_size}};
-  std::printf("gemv       shape: GB/s (fraction of copy bw) for warps/SM target 32 | 64 | 128\n");
-  for (auto [name, N, K] : shapes)
+  if (!decode_only) std::printf("gemv       shape: GB/s (fraction of copy bw) for warps/SM target 32 | 64 | 128\n");
+  for (auto [name, N, K] : decode_only ? decltype(shapes){} : shapes)
     for (int64_t T : {1, 8}) {
       std::printf("  %-8s [%lld x %lld] T=%lld:", name, (long long)N, (long long)K, (long long)T);
       for (int w : {32, 64, 128}) {
@@ -194,7 +197,10 @@ int bench_cuda(const Args& a) {
   };
   // Each decode figure with the decode step replayed as a CUDA graph (the default), then eagerly.
   for (bool graph : {true, false}) {
-    for (auto [B, ctx] : std::vector<std::pair<int64_t, int64_t>>{{1, batch_ctx}, {1, long_ctx}, {8, batch_ctx}, {32, batch_ctx}, {64, batch_ctx}})
+    if (decode_only && !graph) break;
+    auto runs = std::vector<std::pair<int64_t, int64_t>>{{1, batch_ctx}, {1, long_ctx}, {8, batch_ctx}, {32, batch_ctx}, {64, batch_ctx}};
+    if (decode_only) runs.resize(1);
+    for (auto [B, ctx] : runs)
       guarded(fmt::format("decode b={} ctx={}", B, ctx), [&] { decode(B, ctx, graph); });
   }
 
@@ -209,7 +215,9 @@ int bench_cuda(const Args& a) {
 int cmd_bench(const std::vector<std::string>& args) {
   auto vf = model_value_flags();
   vf.insert({"prompt-tokens", "decode-tokens", "chunk", "reps"});
-  Args a(args, vf, model_bool_flags());
+  auto bf = model_bool_flags();
+  bf.insert("decode-only");
+  Args a(args, vf, bf);
   if (a.get_or("device", "cpu") == "cuda") {
 #ifdef ARBOR_HAS_CUDA
     return bench_cuda(a);

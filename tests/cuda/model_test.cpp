@@ -5,6 +5,7 @@
 // compare_model). Skipped without a GPU.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 
@@ -160,7 +161,7 @@ TEST(CudaModel, BatchedDecodeGraphsMatchTheCpu) {
     LoadOptions opt;
     opt.model_dir = temp_dir(name + "_batched");
     write_synthetic_checkpoint(cfg, opt.model_dir, DType::BF16);
-    opt.ctx_size = 128, opt.max_step_tokens = 64, opt.show_progress = false, opt.kv_blocks = 200;
+    opt.ctx_size = 128, opt.max_step_tokens = 128, opt.show_progress = false, opt.kv_blocks = 200;
     CpuBackend cpu(2, WeightPlacement::Mapped);
     CudaBackend gpu(0);
     Model mc(opt, cpu), mg(opt, gpu);
@@ -217,7 +218,9 @@ TEST(CudaModel, BatchedDecodeGraphsMatchTheCpu) {
 
 TEST(CudaModel, FixturesMatchTheCpu) {
   ARBOR_REQUIRE_GPU();
-  const fs::path dir = fs::path(ARBOR_SOURCE_DIR) / "tests" / "fixtures" / "models";
+  // ARBOR_SOURCE_DIR in the environment wins: the binary may run from a copy of the tree (device runs).
+  const char* src = std::getenv("ARBOR_SOURCE_DIR");
+  const fs::path dir = fs::path(src ? src : ARBOR_SOURCE_DIR) / "tests" / "fixtures" / "models";
   if (!fs::exists(dir)) GTEST_SKIP() << "no fixtures at " << dir.string();
   int n = 0;
   for (auto& e : fs::directory_iterator(dir)) {

@@ -186,7 +186,7 @@ TEST(CudaOps, ErrorsNameTheProblem) {
     EXPECT_NE(std::string(e.what()).find("F64"), std::string::npos) << e.what();
   }
   KVLayout kv;
-  kv.n_layers = 1, kv.n_blocks = 2, kv.n_kv_heads = 1, kv.head_dim = 96;
+  kv.n_layers = 1, kv.n_blocks = 2, kv.n_kv_heads = 1, kv.head_dim = 80;
   EXPECT_THROW(gpu.alloc_kv(kv), Error);
 }
 

@@ -8,6 +8,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.h"
 
 namespace arbor::cuda {
 
@@ -28,6 +29,8 @@ __device__ __forceinline__ void unpack8(const uint4& q, float* f) {
 
 template <int D, int kHeads>
 __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, int n_splits, int head_chunks, float* scratch) {
+  pdl_trigger();
+  pdl_wait();
   constexpr int LPK = D / 8;         // lanes per key row
   constexpr int KPW = 32 / LPK;      // keys per warp step
   constexpr int NSG = kWarps * KPW;  // key slots per block step
@@ -129,6 +132,8 @@ __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, in
 
 // out[t, h] = Σ_s O_s e^{M_s - M} / Σ_s L_s e^{M_s - M} over the splits s; one block per (h, t).
 __global__ void attn_combine_kernel(const float* scratch, int n_splits, int D, int n_heads, uint16_t* out) {
+  pdl_trigger();
+  pdl_wait();
   const int h = blockIdx.x;
   const int64_t t = blockIdx.y;
   const float* p = scratch + (t * n_heads + h) * n_splits * (D + 2);
@@ -152,9 +157,9 @@ void launch_d(const AttnArgs& a, int64_t T, int n_splits, float* scratch, cudaSt
   const int G = a.n_heads / a.n_kv_heads, hb = G <= 4 ? 4 : 8, chunks = (G + hb - 1) / hb;
   dim3 grid(unsigned(n_splits), unsigned(a.n_kv_heads * chunks), unsigned(T));
   if (hb == 4)
-    attn_decode_kernel<D, 4><<<grid, kWarps * 32, 0, s>>>(a, n_splits, chunks, scratch);
+    pdl_launch(attn_decode_kernel<D, 4>, grid, kWarps * 32, 0, s, a, n_splits, chunks, scratch);
   else
-    attn_decode_kernel<D, 8><<<grid, kWarps * 32, 0, s>>>(a, n_splits, chunks, scratch);
+    pdl_launch(attn_decode_kernel<D, 8>, grid, kWarps * 32, 0, s, a, n_splits, chunks, scratch);
   ARBOR_LAUNCH_CHECK("attn_decode_kernel");
 }
 
@@ -173,7 +178,7 @@ void launch_attention_decode(const AttnArgs& a, int64_t T, int n_splits, float* 
   }
   if (n_splits > 1) {
     dim3 grid(unsigned(a.n_heads), unsigned(T));
-    attn_combine_kernel<<<grid, 64, 0, s>>>(scratch, n_splits, a.head_dim, a.n_heads, a.out);
+    pdl_launch(attn_combine_kernel, grid, 64, 0, s, scratch, n_splits, a.head_dim, a.n_heads, a.out);
     ARBOR_LAUNCH_CHECK("attn_combine_kernel");
   }
 }

@@ -3,6 +3,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <set>
@@ -10,6 +11,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -78,6 +80,22 @@ bool cuda_device_available(std::string* why) {
   }
   return true;
 }
+
+namespace cuda {
+bool pdl_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("ARBOR_CUDA_PDL");
+    if (env && std::string(env) == "0") return false;
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return major >= 9;
+  }();
+  return on;
+}
+}  // namespace cuda
 
 std::unique_ptr<Backend> make_cuda_backend(int index) { return std::make_unique<CudaBackend>(index); }
 

@@ -5,6 +5,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.h"
 
 namespace arbor::cuda {
 
@@ -21,6 +22,8 @@ unsigned grid_for(int64_t n, int threads) {
 }
 
 __global__ void embed_kernel(const void* table, bool f16, const int32_t* tokens, int64_t T, int64_t C, float scale, uint16_t* out) {
+  pdl_trigger();
+  pdl_wait();
   const int64_t t = blockIdx.y;
   const int64_t row = tokens[t];
   for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < C; c += int64_t(gridDim.x) * blockDim.x) {
@@ -49,6 +52,8 @@ __device__ float row_sum(float v, float* red) {
 template <bool ADD>
 __global__ void norm_kernel(int op, uint16_t* x, const uint16_t* o, float scale, const float* w, const float* b, float eps, int64_t R,
                             int64_t C, uint16_t* out) {
+  pdl_trigger();
+  pdl_wait();
   __shared__ float red[32];
   const int64_t r = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool live = r < R;
@@ -84,6 +89,8 @@ __global__ void norm_kernel(int op, uint16_t* x, const uint16_t* o, float scale,
 
 __global__ void rope_kernel(uint16_t* x, const int32_t* pos, int64_t n_heads, int64_t head_dim, int64_t half, const float* cos,
                             const float* sin) {
+  pdl_trigger();
+  pdl_wait();
   const int64_t t = blockIdx.y;
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;  // over n_heads * half
   if (i >= n_heads * half) return;
@@ -97,6 +104,8 @@ __global__ void rope_kernel(uint16_t* x, const int32_t* pos, int64_t n_heads, in
 
 __global__ void kv_write_kernel(const uint16_t* k, const uint16_t* v, const int32_t* pos, const int32_t* seq, const int32_t* tables,
                                 int32_t max_blocks, int64_t row, int64_t bs, uint16_t* kp, uint16_t* vp) {
+  pdl_trigger();
+  pdl_wait();
   const int64_t t = blockIdx.y;
   const int32_t p = pos[t];
   const int64_t block = tables[int64_t(seq[t]) * max_blocks + p / bs];
@@ -115,16 +124,22 @@ __device__ __forceinline__ float act_fn(int op, float x) {
 }
 
 __global__ void activation_kernel(int op, const uint16_t* gate, const uint16_t* up, int64_t n, uint16_t* out) {
+  pdl_trigger();
+  pdl_wait();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     st(out, i, gate ? act_fn(op, ld(gate, i)) * ld(up, i) : act_fn(op, ld(up, i)));
 }
 
 __global__ void add_scaled_kernel(uint16_t* y, const uint16_t* x, int64_t n, float scale) {
+  pdl_trigger();
+  pdl_wait();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     st(y, i, ld(y, i) + ld(x, i) * scale);
 }
 
 __global__ void scale_softcap_kernel(void* x, bool f32, int64_t n, float scale, float cap) {
+  pdl_trigger();
+  pdl_wait();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     float v = (f32 ? static_cast<float*>(x)[i] : ld(static_cast<uint16_t*>(x), i)) * scale;
     if (cap > 0) v = cap * tanhf(v / cap);
@@ -136,6 +151,8 @@ __global__ void scale_softcap_kernel(void* x, bool f32, int64_t n, float scale, 
 }
 
 __global__ void gather_rows_kernel(const uint16_t* x, int64_t row_elems, const int32_t* rows, uint16_t* out) {
+  pdl_trigger();
+  pdl_wait();
   const int64_t r = blockIdx.y;
   const uint16_t* src = x + int64_t(rows[r]) * row_elems;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < row_elems; i += int64_t(gridDim.x) * blockDim.x)
@@ -143,6 +160,8 @@ __global__ void gather_rows_kernel(const uint16_t* x, int64_t row_elems, const i
 }
 
 __global__ void add_bias_kernel(void* y, bool f32, const float* bias, int64_t n, int64_t N) {
+  pdl_trigger();
+  pdl_wait();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     if (f32)
       static_cast<float*>(y)[i] += bias[i % N];
@@ -193,7 +212,7 @@ void launch_embed(const void* table, DType table_dtype, const int32_t* tokens, i
                  dtype_name(table_dtype).data());
   ARBOR_CU_CHECK(T <= 65535, "cuda: embed: %lld tokens exceed one grid dimension", (long long)T);
   dim3 grid(grid_for(C, kThreads) > 64 ? 64 : grid_for(C, kThreads), unsigned(T));
-  embed_kernel<<<grid, kThreads, 0, s>>>(table, table_dtype == DType::F16, tokens, T, C, scale, out);
+  pdl_launch(embed_kernel, grid, kThreads, 0, s, table, table_dtype == DType::F16, tokens, T, C, scale, out);
   ARBOR_LAUNCH_CHECK("embed_kernel");
 }
 
@@ -206,9 +225,9 @@ void norm_launch(NormOp op, uint16_t* x, const uint16_t* o, float scale, const f
   const int rows_per_block = tpr >= 256 ? 1 : 256 / tpr;
   const dim3 block{unsigned(tpr), unsigned(rows_per_block), 1u};
   if (o)
-    norm_kernel<true><<<dim3(grid_for(R, rows_per_block)), block, 0, s>>>(int(op), x, o, scale, w, b, eps, R, C, out);
+    pdl_launch(norm_kernel<true>, dim3(grid_for(R, rows_per_block)), block, 0, s, int(op), x, o, scale, w, b, eps, R, C, out);
   else
-    norm_kernel<false><<<dim3(grid_for(R, rows_per_block)), block, 0, s>>>(int(op), x, nullptr, 0.0f, w, b, eps, R, C, out);
+    pdl_launch(norm_kernel<false>, dim3(grid_for(R, rows_per_block)), block, 0, s, int(op), x, nullptr, 0.0f, w, b, eps, R, C, out);
   ARBOR_LAUNCH_CHECK("norm_kernel");
 }
 }  // namespace
@@ -229,7 +248,7 @@ void launch_rope(uint16_t* x, const int32_t* pos, int64_t T, int64_t n_heads, in
   ARBOR_CU_CHECK(T <= 65535, "cuda: rope: %lld tokens exceed one grid dimension", (long long)T);
   const int64_t half = rot_dim / 2;
   dim3 grid(grid_for(n_heads * half, 128), unsigned(T));
-  rope_kernel<<<grid, 128, 0, s>>>(x, pos, n_heads, head_dim, half, cos, sin);
+  pdl_launch(rope_kernel, grid, 128, 0, s, x, pos, n_heads, head_dim, half, cos, sin);
   ARBOR_LAUNCH_CHECK("rope_kernel");
 }
 
@@ -239,26 +258,26 @@ void launch_kv_write(const uint16_t* k, const uint16_t* v, const int32_t* pos, c
   if (T == 0) return;
   ARBOR_CU_CHECK(T <= 65535, "cuda: kv_write: %lld tokens exceed one grid dimension", (long long)T);
   dim3 grid(grid_for(row, kThreads) > 16 ? 16 : grid_for(row, kThreads), unsigned(T));
-  kv_write_kernel<<<grid, kThreads, 0, s>>>(k, v, pos, seq, block_tables, max_blocks, row, block_size, k_pool, v_pool);
+  pdl_launch(kv_write_kernel, grid, kThreads, 0, s, k, v, pos, seq, block_tables, max_blocks, row, block_size, k_pool, v_pool);
   ARBOR_LAUNCH_CHECK("kv_write_kernel");
 }
 
 void launch_activation(ActOp op, const uint16_t* gate, const uint16_t* up, int64_t n, uint16_t* out, cudaStream_t s) {
   if (n == 0) return;
-  activation_kernel<<<flat_grid(n), kThreads, 0, s>>>(int(op), gate, up, n, out);
+  pdl_launch(activation_kernel, flat_grid(n), kThreads, 0, s, int(op), gate, up, n, out);
   ARBOR_LAUNCH_CHECK("activation_kernel");
 }
 
 void launch_add_scaled(uint16_t* y, const uint16_t* x, int64_t n, float scale, cudaStream_t s) {
   if (n == 0) return;
-  add_scaled_kernel<<<flat_grid(n), kThreads, 0, s>>>(y, x, n, scale);
+  pdl_launch(add_scaled_kernel, flat_grid(n), kThreads, 0, s, y, x, n, scale);
   ARBOR_LAUNCH_CHECK("add_scaled_kernel");
 }
 
 void launch_scale_softcap(void* x, DType dtype, int64_t n, float scale, float cap, cudaStream_t s) {
   if (n == 0) return;
   ARBOR_CU_CHECK(dtype == DType::F32 || dtype == DType::BF16, "cuda: scale_softcap: dtype %s (F32 or BF16)", dtype_name(dtype).data());
-  scale_softcap_kernel<<<flat_grid(n), kThreads, 0, s>>>(x, dtype == DType::F32, n, scale, cap);
+  pdl_launch(scale_softcap_kernel, flat_grid(n), kThreads, 0, s, x, dtype == DType::F32, n, scale, cap);
   ARBOR_LAUNCH_CHECK("scale_softcap_kernel");
 }
 
@@ -267,13 +286,13 @@ void launch_gather_rows(const void* x, int64_t row_bytes, const int32_t* rows, i
   ARBOR_CU_CHECK(row_bytes % 2 == 0 && R <= 65535, "cuda: gather_rows: rows of %lld bytes, %lld rows", (long long)row_bytes, (long long)R);
   const int64_t elems = row_bytes / 2;
   dim3 grid(grid_for(elems, kThreads) > 64 ? 64 : grid_for(elems, kThreads), unsigned(R));
-  gather_rows_kernel<<<grid, kThreads, 0, s>>>(static_cast<const uint16_t*>(x), elems, rows, static_cast<uint16_t*>(out));
+  pdl_launch(gather_rows_kernel, grid, kThreads, 0, s, static_cast<const uint16_t*>(x), elems, rows, static_cast<uint16_t*>(out));
   ARBOR_LAUNCH_CHECK("gather_rows_kernel");
 }
 
 void launch_add_bias(void* y, DType y_dtype, const float* bias, int64_t T, int64_t N, cudaStream_t s) {
   if (T * N == 0) return;
-  add_bias_kernel<<<flat_grid(T * N), kThreads, 0, s>>>(y, y_dtype == DType::F32, bias, T * N, N);
+  pdl_launch(add_bias_kernel, flat_grid(T * N), kThreads, 0, s, y, y_dtype == DType::F32, bias, T * N, N);
   ARBOR_LAUNCH_CHECK("add_bias_kernel");
 }
 

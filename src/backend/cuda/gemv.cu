@@ -8,6 +8,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.h"
 
 namespace arbor::cuda {
 
@@ -66,19 +67,27 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvSegments segs, co
 #pragma unroll
     for (int r = 0; r < NR; ++r) acc[j][r] = 0.0f;
 
+  pdl_trigger();
   if (vec) {
     const int64_t nv = K / 8, beg = nv * part / wpr, end = nv * (part + 1) / wpr;
     const uint4* w0 = reinterpret_cast<const uint4*>(w + (has0 ? row0 : 0) * K);
     const uint4* w1 = reinterpret_cast<const uint4*>(w + (has1 ? row0 + 1 : 0) * K);
     const uint4* xv = reinterpret_cast<const uint4*>(x);
-    for (int64_t i0 = beg + lane; i0 < end; i0 += 32 * kUnroll) {
-      uint4 q0[kUnroll], q1[kUnroll];
+    uint4 q0[kUnroll], q1[kUnroll];
+    auto load = [&](int64_t i0) {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t i = i0 + u * 32;
         q0[u] = i < end && has0 ? ld_stream(w0 + i) : make_uint4(0, 0, 0, 0);
         q1[u] = i < end && has1 ? ld_stream(w1 + i) : make_uint4(0, 0, 0, 0);
       }
+    };
+    // The first weights are fetched before waiting for the kernel that writes x (they do not depend
+    // on it): with programmatic dependent launch that load overlaps the previous kernel's tail.
+    load(beg + lane);
+    pdl_wait();
+    for (int64_t i0 = beg + lane; i0 < end; i0 += 32 * kUnroll) {
+      if (i0 != beg + lane) load(i0);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t i = i0 + u * 32;
@@ -100,6 +109,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvSegments segs, co
       }
     }
   } else {  // K not a multiple of 8 (or unaligned): one element per lane per step
+    pdl_wait();
     const int64_t beg = K * part / wpr, end = K * (part + 1) / wpr;
     for (int64_t k = beg + lane; k < end; k += 32) {
       const float a = has0 ? w_at<F16>(w, row0 * K + k) : 0.0f;
@@ -157,9 +167,9 @@ template <int NR>
 void launch_nr(bool f16, dim3 grid, cudaStream_t s, const GemvSegments& segs, const uint16_t* x, bool y_f32, int T, int64_t K, int wpr,
                bool vec) {
   if (f16)
-    gemv_kernel<NR, true><<<grid, kWarps * 32, 0, s>>>(segs, x, y_f32, T, K, wpr, vec);
+    pdl_launch(gemv_kernel<NR, true>, grid, kWarps * 32, 0, s, segs, x, y_f32, T, K, wpr, vec);
   else
-    gemv_kernel<NR, false><<<grid, kWarps * 32, 0, s>>>(segs, x, y_f32, T, K, wpr, vec);
+    pdl_launch(gemv_kernel<NR, false>, grid, kWarps * 32, 0, s, segs, x, y_f32, T, K, wpr, vec);
   ARBOR_LAUNCH_CHECK("gemv_kernel");
 }
 

@@ -8,6 +8,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.h"
 
 namespace arbor::cuda {
 
@@ -56,6 +57,8 @@ __device__ MaxIdx row_argmax(const float* row, int64_t n, MaxIdx* red) {
 }
 
 __global__ void __launch_bounds__(kThreads) argmax_kernel(const float* logits, int64_t vocab, int32_t* ids) {
+  pdl_trigger();
+  pdl_wait();
   __shared__ MaxIdx red[32];
   const MaxIdx r = row_argmax(logits + blockIdx.x * vocab, vocab, red);
   if (threadIdx.x == 0) ids[blockIdx.x] = r.i == INT32_MAX ? 0 : r.i;  // an all-NaN row gives 0
@@ -163,7 +166,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
 void launch_argmax(const float* logits, int64_t rows, int64_t vocab, int32_t* ids, cudaStream_t s) {
   if (rows == 0) return;
   ARBOR_CU_CHECK(vocab > 0 && vocab < INT32_MAX && rows <= INT32_MAX, "cuda: argmax: %lld rows of %lld", (long long)rows, (long long)vocab);
-  argmax_kernel<<<unsigned(rows), kThreads, 0, s>>>(logits, vocab, ids);
+  pdl_launch(argmax_kernel, unsigned(rows), kThreads, 0, s, logits, vocab, ids);
   ARBOR_LAUNCH_CHECK("argmax_kernel");
 }
 
