@@ -94,10 +94,38 @@ class Backend {
   virtual void rope(Tensor x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const Tensor& cos, const Tensor& sin) = 0;
   // Writes k, v [T, n_kv_heads*head_dim] into layer's KV blocks at each token's slot.
   virtual void kv_write(int64_t layer, const Tensor& k, const Tensor& v) = 0;
+  // What happens to q and k between their projections and attention, in one call: per-head norms
+  // (when q_norm/k_norm are given), rope (when cos is given), then k and v into the KV cache. The
+  // default is the separate ops; a backend may fuse them (same numbers: each stage rounds as its op would).
+  struct QKPrep {
+    NormOp norm{};
+    const Tensor* q_norm = nullptr;  // [head_dim] or null
+    const Tensor* k_norm = nullptr;
+    float eps = 0;
+    int64_t n_heads = 0, n_kv_heads = 0, head_dim = 0, rot_dim = 0;
+    const Tensor* cos = nullptr;  // null: no rope on this layer
+    const Tensor* sin = nullptr;
+  };
+  virtual void qk_prep_kv_write(int64_t layer, Tensor q, Tensor k, const Tensor& v, const QKPrep& p) {
+    if (p.q_norm) head_norm(p.norm, q, p.head_dim, *p.q_norm, p.eps);
+    if (p.k_norm) head_norm(p.norm, k, p.head_dim, *p.k_norm, p.eps);
+    if (p.cos) {
+      rope(q, p.n_heads, p.head_dim, p.rot_dim, *p.cos, *p.sin);
+      rope(k, p.n_kv_heads, p.head_dim, p.rot_dim, *p.cos, *p.sin);
+    }
+    kv_write(layer, k, v);
+  }
   // out [T, n_heads*head_dim] = softmax(q·Kᵀ·scale (+softcap, causal/window mask)) · V over the cache.
   virtual void attention(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out) = 0;
   // out = act(gate) * up (gated MLP), or act(up) when gate is empty.
   virtual void activation(ActOp op, const Tensor& gate, const Tensor& up, Tensor out) = 0;
+  // The gated MLP's first half: out = act(x · Wgᵀ) * (x · Wuᵀ). gate and up [T, ffn] are scratch the
+  // default (linear_multi, then activation) writes; a backend may fuse the three and skip them.
+  virtual void gated_up(const Tensor& x, const Linear& wg, const Linear& wu, ActOp op, Tensor gate, Tensor up, Tensor out) {
+    const LinearOut gu[2] = {{&wg, gate}, {&wu, up}};
+    linear_multi(x, gu, 2);
+    activation(op, gate, up, out);
+  }
   // y += x * scale
   virtual void add_scaled(Tensor y, const Tensor& x, float scale) = 0;
   // The residual add fused with the norm that follows it: x += o * scale, then out = norm(x) * w (+ b).
@@ -116,7 +144,7 @@ class Backend {
   virtual void read_logits(const Tensor& logits, float* host) = 0;
 
   // Step graphs: a backend that can record the ops of a decode step once and replay them (CUDA graphs)
-  // says so here; the decoder then pads decode batches to graph_bucket() tokens (positions, sequences
+  // says so here; the decoder then pads decode batches to buckets of tokens (positions, sequences
   // and block tables are read from device memory, so one recording serves every step of its shape).
   // Between begin_batch and the ops: step_graph_begin() returns true when it launched a recording of
   // this batch's shape (skip the ops), false when the ops must be issued (it may be recording them);

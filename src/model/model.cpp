@@ -273,20 +273,20 @@ void Model::run_layers(int64_t T) {
     const Tensor& attn_in = a.block == BlockKind::PostNorm ? x : h;
     const Backend::LinearOut qkv[3] = {{&L.q, q}, {&L.k, k}, {&L.v, v}};
     be.linear_multi(attn_in, qkv, 3);
+    Backend::QKPrep prep;
+    prep.norm = norm_op_, prep.eps = eps;
+    prep.n_heads = c.n_heads, prep.n_kv_heads = c.n_kv_heads, prep.head_dim = c.head_dim, prep.rot_dim = c.rotary_dim();
     if (a.qk_norm == QKNormKind::PerHead) {
-      be.head_norm(norm_op_, q, c.head_dim, L.q_norm, eps);
-      be.head_norm(norm_op_, k, c.head_dim, L.k_norm, eps);
+      prep.q_norm = &L.q_norm, prep.k_norm = &L.k_norm;
     } else if (a.qk_norm == QKNormKind::Full) {
       be.norm(norm_op_, q, L.q_norm, Tensor{}, eps, q);
       be.norm(norm_op_, k, L.k_norm, Tensor{}, eps, k);
     }
     if (c.layer_uses_rope[size_t(l)]) {
-      const Tensor& cs = sliding ? cos_local_ : cos_full_;
-      const Tensor& sn = sliding ? sin_local_ : sin_full_;
-      be.rope(q, c.n_heads, c.head_dim, c.rotary_dim(), cs, sn);
-      be.rope(k, c.n_kv_heads, c.head_dim, c.rotary_dim(), cs, sn);
+      prep.cos = sliding ? &cos_local_ : &cos_full_;
+      prep.sin = sliding ? &sin_local_ : &sin_full_;
     }
-    be.kv_write(l, k, v);
+    be.qk_prep_kv_write(l, q, k, v, prep);
     be.attention(l, q, sliding ? attn_sliding_ : attn_full_, attn);
     be.linear(attn, L.o, o);
     if (a.block != BlockKind::PreNorm) be.norm(norm_op_, o, L.post_attn_norm, Tensor{}, eps, o);
@@ -296,9 +296,7 @@ void Model::run_layers(int64_t T) {
     else settle();
     const Tensor& mlp_in = a.block == BlockKind::PostNorm ? x : h;
     if (a.mlp == MlpKind::Gated) {
-      const Backend::LinearOut gu[2] = {{&L.gate, gate}, {&L.up, up}};
-      be.linear_multi(mlp_in, gu, 2);
-      be.activation(act_op_, gate, up, act);
+      be.gated_up(mlp_in, L.gate, L.up, act_op_, gate, up, act);
     } else {
       be.linear(mlp_in, L.up, up);
       be.activation(act_op_, Tensor{}, up, act);

@@ -464,7 +464,7 @@ void CudaBackend::rope(Tensor x, int64_t n_heads, int64_t head_dim, int64_t rot_
   launch_rope(x.as<uint16_t>(), d_pos_, b.n_tokens(), n_heads, head_dim, rot_dim, cos.as<float>(), sin.as<float>(), st(stream_));
 }
 
-void CudaBackend::kv_write(int64_t layer, const Tensor& k, const Tensor& v) {
+void CudaBackend::check_kv_slots(int64_t layer, const Tensor& k, const Tensor& v) const {
   const auto& b = batch();
   const int64_t row = kv_.n_kv_heads * kv_.head_dim, bs = kv_.block_size;
   ARBOR_CHECK(layer >= 0 && layer < kv_.n_layers, "kv: layer {} outside the pools ({})", layer, kv_.n_layers);
@@ -477,8 +477,55 @@ void CudaBackend::kv_write(int64_t layer, const Tensor& k, const Tensor& v) {
     // Block n_blocks is the spare one padding tokens of decode graphs write to (alloc_kv adds it).
     ARBOR_CHECK(block >= 0 && block <= kv_.n_blocks, "kv: sequence {} position {} has no valid block ({})", s, p, block);
   }
-  launch_kv_write(k.as<uint16_t>(), v.as<uint16_t>(), d_pos_, d_seq_, d_tables_, b.max_blocks, b.n_tokens(), row, bs,
+}
+
+void CudaBackend::kv_write(int64_t layer, const Tensor& k, const Tensor& v) {
+  const auto& b = batch();
+  check_kv_slots(layer, k, v);
+  const int64_t row = kv_.n_kv_heads * kv_.head_dim;
+  launch_kv_write(k.as<uint16_t>(), v.as<uint16_t>(), d_pos_, d_seq_, d_tables_, b.max_blocks, b.n_tokens(), row, kv_.block_size,
                   static_cast<uint16_t*>(k_pools_[size_t(layer)]), static_cast<uint16_t*>(v_pools_[size_t(layer)]), st(stream_));
+}
+
+void CudaBackend::qk_prep_kv_write(int64_t layer, Tensor q, Tensor k, const Tensor& v, const QKPrep& p) {
+  const auto& b = batch();
+  const bool fusable = p.norm != NormOp::LayerNorm && p.head_dim <= 256 && p.head_dim == kv_.head_dim && p.n_kv_heads == kv_.n_kv_heads &&
+                       q.dtype == DType::BF16 && k.dtype == DType::BF16 && v.dtype == DType::BF16 && q.cols() == p.n_heads * p.head_dim;
+  if (!fusable) {
+    Backend::qk_prep_kv_write(layer, q, k, v, p);
+    return;
+  }
+  check_kv_slots(layer, k, v);
+  if (p.q_norm) ARBOR_CHECK(p.q_norm->numel() == p.head_dim && p.k_norm && p.k_norm->numel() == p.head_dim, "head_norm: weights for {} dims", p.head_dim);
+  QKPrepArgs a;
+  if (p.cos) {
+    const int64_t n_pos = p.cos->shape[0];
+    for (auto pos : b.pos) ARBOR_CHECK(pos >= 0 && pos < n_pos, "rope: position {} outside the table ({} positions)", pos, n_pos);
+    ARBOR_CHECK(p.rot_dim % 2 == 0 && p.rot_dim <= p.head_dim && p.cos->cols() == p.rot_dim / 2, "rope: rot_dim {} for head_dim {}, table {}",
+                p.rot_dim, p.head_dim, p.cos->shape_str());
+    a.cos = p.cos->as<float>(), a.sin = p.sin->as<float>(), a.half = int(p.rot_dim / 2);
+  }
+  a.q = q.as<uint16_t>(), a.k = k.as<uint16_t>(), a.v = v.as<uint16_t>();
+  a.q_norm = p.q_norm ? p.q_norm->as<float>() : nullptr, a.k_norm = p.k_norm ? p.k_norm->as<float>() : nullptr;
+  a.plus_one = p.norm == NormOp::RMSPlusOne, a.eps = p.eps;
+  a.pos = d_pos_, a.seq = d_seq_, a.tables = d_tables_, a.max_blocks = b.max_blocks, a.block_size = int32_t(kv_.block_size);
+  a.k_pool = static_cast<uint16_t*>(k_pools_[size_t(layer)]), a.v_pool = static_cast<uint16_t*>(v_pools_[size_t(layer)]);
+  a.T = int(b.n_tokens()), a.n_heads = int(p.n_heads), a.n_kv_heads = int(p.n_kv_heads), a.head_dim = int(p.head_dim);
+  launch_qk_prep(a, st(stream_));
+}
+
+void CudaBackend::gated_up(const Tensor& x, const Linear& wg, const Linear& wu, ActOp op, Tensor gate, Tensor up, Tensor out) {
+  const bool one = x.rows() >= 1 && x.rows() <= kGemvMaxRows && x.dtype == DType::BF16 && out.dtype == DType::BF16 &&
+                   wg.w.dtype == wu.w.dtype && (wg.w.dtype == DType::BF16 || wg.w.dtype == DType::F16) && wg.in_features() == x.cols() &&
+                   wu.in_features() == x.cols() && wg.out_features() == wu.out_features() && out.cols() == wg.out_features() &&
+                   out.rows() == x.rows();
+  if (!one) {
+    Backend::gated_up(x, wg, wu, op, gate, up, out);
+    return;
+  }
+  const GemvOut g{wg.w.data, wg.bias.empty() ? nullptr : wg.bias.as<float>(), nullptr, wg.out_features()};
+  const GemvOut u{wu.w.data, wu.bias.empty() ? nullptr : wu.bias.as<float>(), nullptr, wu.out_features()};
+  launch_gemv_gated(g, u, op, wg.w.dtype, x.as<uint16_t>(), out.as<uint16_t>(), x.rows(), x.cols(), n_sms_, st(stream_));
 }
 
 void CudaBackend::attention(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out) {

@@ -87,6 +87,8 @@ class CudaBackend : public Backend {
   void step_graph_end() override;
   void linear_multi(const Tensor& x, const LinearOut* outs, int n) override;
   void add_norm(NormOp op, Tensor x, const Tensor& o, float scale, const Tensor& w, const Tensor& b, float eps, Tensor out) override;
+  void gated_up(const Tensor& x, const Linear& wg, const Linear& wu, ActOp op, Tensor gate, Tensor up, Tensor out) override;
+  void qk_prep_kv_write(int64_t layer, Tensor q, Tensor k, const Tensor& v, const QKPrep& p) override;
 
   // Copies for tests and tools (synchronous).
   void upload(const void* host, const Tensor& dev);
@@ -109,6 +111,7 @@ class CudaBackend : public Backend {
   void stage_copy(void* dst, const void* src, size_t bytes, bool f32_to_bf16);
   void upload_meta(const std::vector<int32_t>& host, void*& dev, size_t& cap);
   const BatchInfo& batch() const;
+  void check_kv_slots(int64_t layer, const Tensor& k, const Tensor& v) const;  // kv_write's host-side checks
   void not_capturing(const char* what);  // fails (and drops the recording) when called inside a capture
   void drop_graphs();                    // after a buffer the recordings point into moved
 

@@ -116,18 +116,59 @@ __global__ void kv_write_kernel(const uint16_t* k, const uint16_t* v, const int3
   }
 }
 
-__device__ __forceinline__ float act_fn(int op, float x) {
-  if (op == 0) return x / (1.0f + __expf(-x));
-  if (op == 1) return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-  const float k = 0.7978845608028654f;  // sqrt(2/pi)
-  return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+// One warp per (token, head) of q and k: optional per-head RMS norm (rounded to bf16 as head_norm
+// stores it), rope on the first rot dims (partner element j +- rot/2, through shared memory), the
+// result back into q/k, and for k heads the rotated key plus the matching v head into the KV slot.
+__global__ void qk_prep_kernel(QKPrepArgs a) {
+  __shared__ float sm[4][256];
+  pdl_trigger();
+  pdl_wait();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int H = a.n_heads + a.n_kv_heads;
+  const int64_t item = int64_t(blockIdx.x) * 4 + warp;
+  if (item >= int64_t(a.T) * H) return;
+  const int64_t t = item / H;
+  const int h = int(item % H);
+  const bool is_k = h >= a.n_heads;
+  const int hh = is_k ? h - a.n_heads : h, D = a.head_dim;
+  uint16_t* x = is_k ? a.k + (t * a.n_kv_heads + hh) * D : a.q + (t * a.n_heads + hh) * D;
+  const float* nw = is_k ? a.k_norm : a.q_norm;
+  float* s = sm[warp];
+  float ss = 0;
+  for (int j = lane; j < D; j += 32) {
+    const float v = ld(x, j);
+    s[j] = v, ss += v * v;
+  }
+  if (nw) {
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float inv = rsqrtf(ss / float(D) + a.eps);
+    for (int j = lane; j < D; j += 32) s[j] = __bfloat162float(__float2bfloat16(s[j] * inv * (a.plus_one ? 1.0f + nw[j] : nw[j])));
+  }
+  __syncwarp();
+  const int32_t p = a.pos[t];
+  int64_t kslot = 0;
+  const int64_t row = int64_t(a.n_kv_heads) * D;
+  if (is_k) kslot = int64_t(a.tables[int64_t(a.seq[t]) * a.max_blocks + p / a.block_size]) * a.block_size + p % a.block_size;
+  for (int j = lane; j < D; j += 32) {
+    float out = s[j];
+    if (a.cos && j < 2 * a.half) {
+      const int jj = j < a.half ? j : j - a.half;
+      const float c = a.cos[int64_t(p) * a.half + jj], sn = a.sin[int64_t(p) * a.half + jj];
+      out = j < a.half ? s[j] * c - s[j + a.half] * sn : s[j] * c + s[j - a.half] * sn;
+    }
+    const bf16 o = __float2bfloat16(out);
+    reinterpret_cast<bf16*>(x)[j] = o;
+    if (is_k) reinterpret_cast<bf16*>(a.k_pool)[kslot * row + int64_t(hh) * D + j] = o;
+  }
+  if (is_k)
+    for (int j = lane; j < D; j += 32) a.v_pool[kslot * row + int64_t(hh) * D + j] = a.v[(t * a.n_kv_heads + hh) * D + j];
 }
 
 __global__ void activation_kernel(int op, const uint16_t* gate, const uint16_t* up, int64_t n, uint16_t* out) {
   pdl_trigger();
   pdl_wait();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    st(out, i, gate ? act_fn(op, ld(gate, i)) * ld(up, i) : act_fn(op, ld(up, i)));
+    st(out, i, gate ? act_value(op, ld(gate, i)) * ld(up, i) : act_value(op, ld(up, i)));
 }
 
 __global__ void add_scaled_kernel(uint16_t* y, const uint16_t* x, int64_t n, float scale) {
@@ -240,6 +281,14 @@ void launch_norm(NormOp op, const uint16_t* x, const float* w, const float* b, f
 void launch_add_norm(NormOp op, uint16_t* x, const uint16_t* o, float scale, const float* w, const float* b, float eps, int64_t R,
                      int64_t C, uint16_t* out, cudaStream_t s) {
   norm_launch(op, x, o, scale, w, b, eps, R, C, out, s);
+}
+
+void launch_qk_prep(const QKPrepArgs& a, cudaStream_t s) {
+  if (a.T == 0) return;
+  ARBOR_CU_CHECK(a.head_dim <= 256 && a.head_dim % 2 == 0, "cuda: qk_prep: head_dim %d (even, <= 256)", a.head_dim);
+  const int64_t items = int64_t(a.T) * (a.n_heads + a.n_kv_heads);
+  pdl_launch(qk_prep_kernel, dim3(grid_for(items, 4)), 128, 0, s, a);
+  ARBOR_LAUNCH_CHECK("qk_prep_kernel");
 }
 
 void launch_rope(uint16_t* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const float* cos,

@@ -6,6 +6,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cmath>
+
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.h"
@@ -48,19 +50,33 @@ __device__ __forceinline__ float w_at(const uint16_t* w, int64_t i) {
 // contiguous part of K. acc[j][r]: output row (row0 + j), activation row r.
 template <int NR, bool F16>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvSegments segs, const uint16_t* __restrict__ x, bool y_f32, int T,
-                                                           int64_t K, int wpr, bool vec) {
+                                                           int64_t K, int wpr, bool vec, int gated_act) {
   __shared__ float red[kWarps][2][NR];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int pair = warp / wpr, part = warp % wpr;
-  // Which matrix this warp's row pair belongs to (segments are consecutive ranges of row pairs).
   const int64_t gp = int64_t(blockIdx.x) * (kWarps / wpr) + pair;
-  const int si = segs.n > 2 && gp >= segs.pair0[2] ? 2 : segs.n > 1 && gp >= segs.pair0[1] ? 1 : 0;
-  const uint16_t* __restrict__ w = si == 0 ? segs.w[0] : si == 1 ? segs.w[1] : segs.w[2];
-  const float* __restrict__ bias = si == 0 ? segs.bias[0] : si == 1 ? segs.bias[1] : segs.bias[2];
-  void* y = si == 0 ? segs.y[0] : si == 1 ? segs.y[1] : segs.y[2];
-  const int64_t N = si == 0 ? segs.N[0] : si == 1 ? segs.N[1] : segs.N[2];
-  const int64_t row0 = (gp - (si == 0 ? 0 : si == 1 ? segs.pair0[1] : segs.pair0[2])) * 2;
-  const bool has0 = row0 < N, has1 = row0 + 1 < N;
+  // A warp's two rows: rows (2p, 2p + 1) of the matrix its pair p belongs to (segments are
+  // consecutive ranges of pairs); gated: row p of the gate and row p of the up matrix.
+  const uint16_t* __restrict__ wa;
+  const uint16_t* __restrict__ wb;
+  const float* __restrict__ ba;
+  const float* __restrict__ bb;
+  void* y;
+  int64_t N, row0;
+  bool has0, has1;
+  if (gated_act >= 0) {
+    wa = segs.w[0], wb = segs.w[1], ba = segs.bias[0], bb = segs.bias[1], y = segs.y[0], N = segs.N[0], row0 = gp;
+    has0 = has1 = gp < N;
+  } else {
+    const int si = segs.n > 2 && gp >= segs.pair0[2] ? 2 : segs.n > 1 && gp >= segs.pair0[1] ? 1 : 0;
+    wa = wb = si == 0 ? segs.w[0] : si == 1 ? segs.w[1] : segs.w[2];
+    ba = bb = si == 0 ? segs.bias[0] : si == 1 ? segs.bias[1] : segs.bias[2];
+    y = si == 0 ? segs.y[0] : si == 1 ? segs.y[1] : segs.y[2];
+    N = si == 0 ? segs.N[0] : si == 1 ? segs.N[1] : segs.N[2];
+    row0 = (gp - (si == 0 ? 0 : si == 1 ? segs.pair0[1] : segs.pair0[2])) * 2;
+    has0 = row0 < N, has1 = row0 + 1 < N;
+  }
+  const int64_t rowa = has0 ? row0 : 0, rowb = gated_act >= 0 ? rowa : (has1 ? row0 + 1 : 0);
   float acc[2][NR];
 #pragma unroll
   for (int j = 0; j < 2; ++j)
@@ -70,8 +86,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvSegments segs, co
   pdl_trigger();
   if (vec) {
     const int64_t nv = K / 8, beg = nv * part / wpr, end = nv * (part + 1) / wpr;
-    const uint4* w0 = reinterpret_cast<const uint4*>(w + (has0 ? row0 : 0) * K);
-    const uint4* w1 = reinterpret_cast<const uint4*>(w + (has1 ? row0 + 1 : 0) * K);
+    const uint4* w0 = reinterpret_cast<const uint4*>(wa + rowa * K);
+    const uint4* w1 = reinterpret_cast<const uint4*>(wb + rowb * K);
     const uint4* xv = reinterpret_cast<const uint4*>(x);
     uint4 q0[kUnroll], q1[kUnroll];
     auto load = [&](int64_t i0) {
@@ -112,8 +128,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvSegments segs, co
     pdl_wait();
     const int64_t beg = K * part / wpr, end = K * (part + 1) / wpr;
     for (int64_t k = beg + lane; k < end; k += 32) {
-      const float a = has0 ? w_at<F16>(w, row0 * K + k) : 0.0f;
-      const float b = has1 ? w_at<F16>(w, (row0 + 1) * K + k) : 0.0f;
+      const float a = has0 ? w_at<F16>(wa, rowa * K + k) : 0.0f;
+      const float b = has1 ? w_at<F16>(wb, rowb * K + k) : 0.0f;
 #pragma unroll
       for (int r = 0; r < NR; ++r) {
         if (r >= T) break;
@@ -146,11 +162,22 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvSegments segs, co
       }
   }
   if (lane != 0) return;
+  if (gated_act >= 0) {  // y = act(gate) * up, each rounded to bf16 first as the unfused ops store them
+    if (!has0) return;
+    const float b0 = ba ? ba[row0] : 0.0f, b1 = bb ? bb[row0] : 0.0f;
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+      if (r >= T) break;
+      const float g = __bfloat162float(__float2bfloat16(acc[0][r] + b0)), u = __bfloat162float(__float2bfloat16(acc[1][r] + b1));
+      static_cast<__nv_bfloat16*>(y)[r * N + row0] = __float2bfloat16(act_value(gated_act, g) * u);
+    }
+    return;
+  }
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int64_t n = row0 + j;
     if (n >= N) break;
-    const float b = bias ? bias[n] : 0.0f;
+    const float b = ba ? ba[n] : 0.0f;
 #pragma unroll
     for (int r = 0; r < NR; ++r) {
       if (r >= T) break;
@@ -165,26 +192,72 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvSegments segs, co
 
 template <int NR>
 void launch_nr(bool f16, dim3 grid, cudaStream_t s, const GemvSegments& segs, const uint16_t* x, bool y_f32, int T, int64_t K, int wpr,
-               bool vec) {
+               bool vec, int gated_act) {
   if (f16)
-    pdl_launch(gemv_kernel<NR, true>, grid, kWarps * 32, 0, s, segs, x, y_f32, T, K, wpr, vec);
+    pdl_launch(gemv_kernel<NR, true>, grid, kWarps * 32, 0, s, segs, x, y_f32, T, K, wpr, vec, gated_act);
   else
-    pdl_launch(gemv_kernel<NR, false>, grid, kWarps * 32, 0, s, segs, x, y_f32, T, K, wpr, vec);
+    pdl_launch(gemv_kernel<NR, false>, grid, kWarps * 32, 0, s, segs, x, y_f32, T, K, wpr, vec, gated_act);
   ARBOR_LAUNCH_CHECK("gemv_kernel");
 }
 
-int g_warps_per_sm = 32;
+// Resident blocks per SM of the kernel for T rows (registers decide it), asked once per variant.
+int blocks_per_sm(int T, bool f16) {
+  static int cache[2][4] = {};
+  const int ti = T == 1 ? 0 : T == 2 ? 1 : T <= 4 ? 2 : 3;
+  int& c = cache[f16][ti];
+  if (c == 0) {
+    auto ask = [&](auto kernel) {
+      int n = 0;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, 0) != cudaSuccess) cudaGetLastError(), n = 1;
+      return n < 1 ? 1 : n;
+    };
+    if (ti == 0) c = f16 ? ask(gemv_kernel<1, true>) : ask(gemv_kernel<1, false>);
+    else if (ti == 1) c = f16 ? ask(gemv_kernel<2, true>) : ask(gemv_kernel<2, false>);
+    else if (ti == 2) c = f16 ? ask(gemv_kernel<4, true>) : ask(gemv_kernel<4, false>);
+    else c = f16 ? ask(gemv_kernel<8, true>) : ask(gemv_kernel<8, false>);
+  }
+  return c;
+}
+
+int g_warps_per_sm = 0;  // 0: choose the K split by whole waves (below)
+
+void launch(const GemvSegments& segs, int64_t pairs, DType w_dtype, const uint16_t* x, DType y_dtype, int64_t T, int64_t K, int n_sms,
+            bool vec, int gated_act, cudaStream_t s) {
+  ARBOR_CU_CHECK(T >= 1 && T <= kGemvMaxRows, "cuda: gemv: %lld rows (1..%lld supported)", (long long)T, (long long)kGemvMaxRows);
+  ARBOR_CU_CHECK(w_dtype == DType::BF16 || w_dtype == DType::F16, "cuda: gemv: weight dtype %s (BF16 or F16)", dtype_name(w_dtype).data());
+  ARBOR_CU_CHECK(y_dtype == DType::BF16 || y_dtype == DType::F32, "cuda: gemv: output dtype %s (BF16 or F32)", dtype_name(y_dtype).data());
+  const bool f16 = w_dtype == DType::F16, f32 = y_dtype == DType::F32;
+  // K split (wpr warps per row pair). With a warps/SM target: the fewest warps that reach it. By
+  // default: at least 32 warps per SM, then the split whose grid ends closest to a whole number of
+  // waves of resident blocks (a last partial wave leaves SMs idle while it drains).
+  int wpr = 1;
+  const int target = g_warps_per_sm > 0 ? g_warps_per_sm : 32;
+  while (wpr < kWarps && pairs * wpr < int64_t(n_sms) * target) wpr *= 2;
+  if (g_warps_per_sm == 0) {
+    const double wave = double(blocks_per_sm(int(T), f16)) * n_sms;
+    double best = 0;
+    for (int w = wpr; w <= kWarps; w *= 2) {
+      const double blocks = double((pairs + kWarps / w - 1) / (kWarps / w)), waves = blocks / wave;
+      const double eff = waves / std::ceil(waves - 1e-9);
+      if (eff > best + 0.02) best = eff, wpr = w;
+    }
+  }
+  const int64_t pairs_per_block = kWarps / wpr;
+  dim3 grid(unsigned((pairs + pairs_per_block - 1) / pairs_per_block));
+  const int t = int(T);
+  if (T == 1) launch_nr<1>(f16, grid, s, segs, x, f32, t, K, wpr, vec, gated_act);
+  else if (T == 2) launch_nr<2>(f16, grid, s, segs, x, f32, t, K, wpr, vec, gated_act);
+  else if (T <= 4) launch_nr<4>(f16, grid, s, segs, x, f32, t, K, wpr, vec, gated_act);
+  else launch_nr<8>(f16, grid, s, segs, x, f32, t, K, wpr, vec, gated_act);
+}
 
 }  // namespace
 
-void set_gemv_warps_per_sm(int w) { g_warps_per_sm = w < 1 ? 1 : w; }
+void set_gemv_warps_per_sm(int w) { g_warps_per_sm = w < 0 ? 0 : w; }
 
 void launch_gemv_multi(const GemvOut* outs, int n, DType w_dtype, const uint16_t* x, DType y_dtype, int64_t T, int64_t K, int n_sms,
                        cudaStream_t s) {
-  ARBOR_CU_CHECK(T >= 1 && T <= kGemvMaxRows, "cuda: gemv: %lld rows (1..%lld supported)", (long long)T, (long long)kGemvMaxRows);
   ARBOR_CU_CHECK(n >= 1 && n <= kGemvMaxSegments, "cuda: gemv: %d matrices in one launch (1..%d)", n, kGemvMaxSegments);
-  ARBOR_CU_CHECK(w_dtype == DType::BF16 || w_dtype == DType::F16, "cuda: gemv: weight dtype %s (BF16 or F16)", dtype_name(w_dtype).data());
-  ARBOR_CU_CHECK(y_dtype == DType::BF16 || y_dtype == DType::F32, "cuda: gemv: output dtype %s (BF16 or F32)", dtype_name(y_dtype).data());
   bool vec = K % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   GemvSegments segs{};
   segs.n = n;
@@ -195,24 +268,25 @@ void launch_gemv_multi(const GemvOut* outs, int n, DType w_dtype, const uint16_t
     segs.N[i] = outs[i].N, segs.pair0[i] = pairs;
     pairs += (outs[i].N + 1) / 2;
   }
-  // Enough warps for about half the SMs' warp slots (64 per SM); more rows per warp-pair than that
-  // only queue up.
-  int wpr = 1;
-  while (wpr < kWarps && pairs * wpr < int64_t(n_sms) * g_warps_per_sm) wpr *= 2;
-  const int64_t pairs_per_block = kWarps / wpr;
-  dim3 grid(unsigned((pairs + pairs_per_block - 1) / pairs_per_block));
-  const bool f16 = w_dtype == DType::F16, f32 = y_dtype == DType::F32;
-  const int t = int(T);
-  if (T == 1) launch_nr<1>(f16, grid, s, segs, x, f32, t, K, wpr, vec);
-  else if (T == 2) launch_nr<2>(f16, grid, s, segs, x, f32, t, K, wpr, vec);
-  else if (T <= 4) launch_nr<4>(f16, grid, s, segs, x, f32, t, K, wpr, vec);
-  else launch_nr<8>(f16, grid, s, segs, x, f32, t, K, wpr, vec);
+  launch(segs, pairs, w_dtype, x, y_dtype, T, K, n_sms, vec, -1, s);
 }
 
 void launch_gemv(const void* w, DType w_dtype, const uint16_t* x, const float* bias, void* y, DType y_dtype, int64_t T, int64_t N,
                  int64_t K, int n_sms, cudaStream_t s) {
   const GemvOut one{w, bias, y, N};
   launch_gemv_multi(&one, 1, w_dtype, x, y_dtype, T, K, n_sms, s);
+}
+
+void launch_gemv_gated(const GemvOut& gate, const GemvOut& up, ActOp act, DType w_dtype, const uint16_t* x, uint16_t* y, int64_t T,
+                       int64_t K, int n_sms, cudaStream_t s) {
+  ARBOR_CU_CHECK(gate.N == up.N, "cuda: gated gemv: gate has %lld rows, up %lld", (long long)gate.N, (long long)up.N);
+  const bool vec = K % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(gate.w) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(up.w) % 16 == 0;
+  GemvSegments segs{};
+  segs.n = 2;
+  segs.w[0] = static_cast<const uint16_t*>(gate.w), segs.w[1] = static_cast<const uint16_t*>(up.w);
+  segs.bias[0] = gate.bias, segs.bias[1] = up.bias, segs.y[0] = y, segs.N[0] = gate.N;
+  launch(segs, gate.N, w_dtype, x, DType::BF16, T, K, n_sms, vec, int(act), s);
 }
 
 }  // namespace arbor::cuda

@@ -25,6 +25,27 @@ void launch_rope(uint16_t* x, const int32_t* pos, int64_t T, int64_t n_heads, in
 void launch_kv_write(const uint16_t* k, const uint16_t* v, const int32_t* pos, const int32_t* seq,
                      const int32_t* block_tables, int32_t max_blocks, int64_t T, int64_t row, int64_t block_size,
                      uint16_t* k_pool, uint16_t* v_pool, cudaStream_t s);
+// Per-head q/k norms (RMS or RMS(1 + w)), rope and the KV write in one kernel (CudaBackend::qk_prep_kv_write).
+struct QKPrepArgs {
+  uint16_t* q = nullptr;        // [T, n_heads * head_dim], in place
+  uint16_t* k = nullptr;        // [T, n_kv_heads * head_dim], in place
+  const uint16_t* v = nullptr;  // [T, n_kv_heads * head_dim]
+  const float* q_norm = nullptr;  // [head_dim] or null (no norm)
+  const float* k_norm = nullptr;
+  bool plus_one = false;        // weights are (1 + w) (Gemma)
+  float eps = 0;
+  const float* cos = nullptr;   // [n_pos, half] or null (no rope)
+  const float* sin = nullptr;
+  int half = 0;                 // rot_dim / 2
+  const int32_t* pos = nullptr;
+  const int32_t* seq = nullptr;
+  const int32_t* tables = nullptr;
+  int32_t max_blocks = 0, block_size = 16;
+  uint16_t* k_pool = nullptr;
+  uint16_t* v_pool = nullptr;
+  int T = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
+};
+void launch_qk_prep(const QKPrepArgs& a, cudaStream_t s);
 // out = act(gate) * up, or act(up) when gate is null; n elements, bf16.
 void launch_activation(ActOp op, const uint16_t* gate, const uint16_t* up, int64_t n, uint16_t* out, cudaStream_t s);
 // y += x * scale (bf16).
@@ -60,6 +81,10 @@ struct GemvOut {
 constexpr int kGemvMaxSegments = 3;
 void launch_gemv_multi(const GemvOut* outs, int n, DType w_dtype, const uint16_t* x, DType y_dtype, int64_t T, int64_t K, int n_sms,
                        cudaStream_t s);
+// Gated MLP input in one launch: y [T, N] = act(x · gateᵀ + b) * (x · upᵀ + b), both rounded to bf16
+// before the product (the numbers linear + activation give).
+void launch_gemv_gated(const GemvOut& gate, const GemvOut& up, ActOp act, DType w_dtype, const uint16_t* x, uint16_t* y, int64_t T,
+                       int64_t K, int n_sms, cudaStream_t s);
 // The kernel's view of them: matrix i owns row pairs [pair0[i], pair0[i + 1]).
 struct GemvSegments {
   const uint16_t* w[kGemvMaxSegments];
@@ -69,10 +94,21 @@ struct GemvSegments {
   int64_t pair0[kGemvMaxSegments];
   int n;
 };
-// Target warps per SM when splitting K across warps for small N (default 32; bench sweeps it).
+// Target warps per SM when splitting K across warps for small N; 0 (the default): at least 32, then the
+// split that ends closest to whole waves of resident blocks (bench compares them).
 void set_gemv_warps_per_sm(int w);
 
 // ---- attention_*.cu -------------------------------------------------------------------------------
+#ifdef __CUDACC__
+// The gated activations (ActOp order: SiLU, GeLU, GeLUTanh), shared by the activation and GEMV kernels.
+__device__ __forceinline__ float act_value(int op, float x) {
+  if (op == 0) return x / (1.0f + __expf(-x));
+  if (op == 1) return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+  const float k = 0.7978845608028654f;  // sqrt(2/pi)
+  return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+#endif
+
 struct AttnArgs {
   const uint16_t* q = nullptr;       // [T, n_heads*head_dim] bf16
   const uint16_t* k_pool = nullptr;  // [n_blocks, block_size, n_kv_heads, head_dim] bf16

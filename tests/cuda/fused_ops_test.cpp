@@ -1,0 +1,146 @@
+// The CUDA backend's fused ops against the unfused op sequence they replace (each of which is tested
+// against the CPU in ops_test / attention_test): q/k prep (per-head norms + rope + KV write), the
+// gated GEMV (gate and up projections + activation), the residual add fused with a norm, and the
+// multi-matrix GEMV (q/k/v in one launch). Random data, odd shapes. Skipped without a GPU.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "cuda_test_util.h"
+
+using namespace arbor;
+using namespace arbor::cuda_test;
+
+namespace {
+
+Linear dev_linear(CudaBackend& gpu, std::mt19937& rng, int64_t N, int64_t K, bool bias, std::vector<std::vector<float>>& keep) {
+  keep.push_back(random_bf16(rng, size_t(N * K), 0.1f));
+  std::vector<uint16_t> h = to_bf16(keep.back());
+  Linear l;
+  l.w = gpu.load_weight(Tensor(h.data(), DType::BF16, {N, K}));
+  if (bias) {
+    keep.push_back(random_bf16(rng, size_t(N), 0.5f));
+    l.bias = gpu.load_weight(Tensor(keep.back().data(), DType::F32, {N}));
+  }
+  gpu.synchronize();  // the staging buffers are reused
+  return l;
+}
+
+TEST(CudaFused, GatedGemvMatchesLinearThenActivation) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(21);
+  CudaBackend gpu(0);
+  std::vector<std::vector<float>> keep;
+  for (ActOp op : {ActOp::SiLU, ActOp::GeLU, ActOp::GeLUTanh})
+    for (auto [T, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 37, 64}, {3, 256, 200}, {8, 1000, 512}, {5, 3, 4096}}) {
+      SCOPED_TRACE(::testing::Message() << "act " << int(op) << " T " << T << " N " << N << " K " << K);
+      Linear g = dev_linear(gpu, rng, N, K, K == 200, keep), u = dev_linear(gpu, rng, N, K, K == 200, keep);
+      Tensor x = dev_bf16(gpu, random_bf16(rng, size_t(T * K)), {T, K});
+      Tensor gate = gpu.alloc(DType::BF16, {T, N}), up = gpu.alloc(DType::BF16, {T, N});
+      Tensor fused = gpu.alloc(DType::BF16, {T, N}), ref = gpu.alloc(DType::BF16, {T, N});
+      gpu.gated_up(x, g, u, op, gate, up, fused);
+      gpu.linear(x, g, gate);
+      gpu.linear(x, u, up);
+      gpu.activation(op, gate, up, ref);
+      const auto a = host_f32(gpu, fused), b = host_f32(gpu, ref);
+      EXPECT_LE(max_diff(a, b), 1e-2f * max_abs(b) + 1e-6f);
+    }
+}
+
+TEST(CudaFused, MultiGemvMatchesSeparateLinears) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(22);
+  CudaBackend gpu(0);
+  std::vector<std::vector<float>> keep;
+  for (auto [T, K] : std::vector<std::pair<int64_t, int64_t>>{{1, 128}, {2, 72}, {7, 4096}, {8, 100}}) {
+    SCOPED_TRACE(::testing::Message() << "T " << T << " K " << K);
+    const int64_t Ns[3] = {96, 33, 33};
+    Linear l[3];
+    Tensor y[3], r[3];
+    for (int i = 0; i < 3; ++i) {
+      l[i] = dev_linear(gpu, rng, Ns[i], K, i == 1, keep);
+      y[i] = gpu.alloc(DType::BF16, {T, Ns[i]}), r[i] = gpu.alloc(DType::BF16, {T, Ns[i]});
+    }
+    Tensor x = dev_bf16(gpu, random_bf16(rng, size_t(T * K)), {T, K});
+    const Backend::LinearOut outs[3] = {{&l[0], y[0]}, {&l[1], y[1]}, {&l[2], y[2]}};
+    gpu.linear_multi(x, outs, 3);
+    for (int i = 0; i < 3; ++i) {
+      gpu.linear(x, l[i], r[i]);
+      // The K split may differ (it follows the launch's total rows), so the sums' order may too.
+      const auto a = host_f32(gpu, y[i]), e = host_f32(gpu, r[i]);
+      EXPECT_LE(max_diff(a, e), 1e-2f * max_abs(e)) << "matrix " << i;
+    }
+  }
+}
+
+TEST(CudaFused, AddNormMatchesAddThenNorm) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(23);
+  CudaBackend gpu(0);
+  for (NormOp op : {NormOp::RMS, NormOp::RMSPlusOne, NormOp::LayerNorm})
+    for (auto [R, C] : std::vector<std::pair<int64_t, int64_t>>{{1, 7}, {5, 100}, {3, 4096}}) {
+      std::vector<float> x = random_bf16(rng, size_t(R * C), 2.0f), o = random_bf16(rng, size_t(R * C), 1.0f);
+      std::vector<float> w = random_bf16(rng, size_t(C), 0.5f, 1.0f), bias = random_bf16(rng, size_t(C), 0.3f);
+      Tensor wg = gpu.load_weight(Tensor(w.data(), DType::F32, {C})), bg = gpu.load_weight(Tensor(bias.data(), DType::F32, {C}));
+      Tensor x1 = dev_bf16(gpu, x, {R, C}), x2 = dev_bf16(gpu, x, {R, C}), og = dev_bf16(gpu, o, {R, C});
+      Tensor h1 = gpu.alloc(DType::BF16, {R, C}), h2 = gpu.alloc(DType::BF16, {R, C});
+      const Tensor b = op == NormOp::LayerNorm ? bg : Tensor{};
+      gpu.add_norm(op, x1, og, 0.7f, wg, b, 1e-5f, h1);
+      gpu.add_scaled(x2, og, 0.7f);
+      gpu.norm(op, x2, wg, b, 1e-5f, h2);
+      EXPECT_EQ(host_f32(gpu, x1), host_f32(gpu, x2));
+      EXPECT_EQ(host_f32(gpu, h1), host_f32(gpu, h2));
+    }
+}
+
+// q/k prep against head_norm + rope + kv_write on the same paged batch: q, k and both KV pools.
+TEST(CudaFused, QKPrepMatchesNormRopeKVWrite) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(24);
+  struct Case {
+    int64_t D, Hq, Hkv, rot;
+    bool norm, plus_one, rope;
+  };
+  for (Case cs : std::vector<Case>{{64, 4, 2, 64, true, false, true},
+                                   {128, 8, 1, 128, false, false, true},
+                                   {256, 2, 1, 256, true, true, true},
+                                   {96, 3, 3, 72, false, false, true},
+                                   {32, 5, 1, 24, true, false, true},
+                                   {64, 2, 2, 64, true, false, false}}) {
+    SCOPED_TRACE(::testing::Message() << "D " << cs.D << " heads " << cs.Hq << "/" << cs.Hkv << " rot " << cs.rot);
+    int64_t n_blocks = 0;
+    BatchInfo b = paged_batch({40, 17, 5}, {3, 17, 1}, 16, rng, &n_blocks);
+    const int64_t T = b.n_tokens();
+    KVLayout kv;
+    kv.n_layers = 1, kv.n_blocks = n_blocks, kv.block_size = 16, kv.n_kv_heads = cs.Hkv, kv.head_dim = cs.D;
+    CudaBackend a(0), r(0);
+    a.alloc_kv(kv), r.alloc_kv(kv);
+    std::vector<float> q = random_bf16(rng, size_t(T * cs.Hq * cs.D)), k = random_bf16(rng, size_t(T * cs.Hkv * cs.D));
+    std::vector<float> v = random_bf16(rng, size_t(T * cs.Hkv * cs.D)), nw = random_bf16(rng, size_t(cs.D), 0.5f, cs.plus_one ? 0.0f : 1.0f);
+    const int64_t half = cs.rot / 2, n_pos = 64;
+    std::vector<float> cosv(size_t(n_pos * half)), sinv(cosv.size());
+    for (int64_t p = 0; p < n_pos; ++p)
+      for (int64_t j = 0; j < half; ++j) {
+        const double th = double(p) * std::pow(10000.0, -2.0 * double(j) / double(cs.rot));
+        cosv[size_t(p * half + j)] = float(std::cos(th)), sinv[size_t(p * half + j)] = float(std::sin(th));
+      }
+    auto run = [&](CudaBackend& g, bool fused) {
+      g.begin_batch(b);
+      Tensor qd = dev_bf16(g, q, {T, cs.Hq * cs.D}), kd = dev_bf16(g, k, {T, cs.Hkv * cs.D}), vd = dev_bf16(g, v, {T, cs.Hkv * cs.D});
+      Tensor w = g.load_weight(Tensor(nw.data(), DType::F32, {cs.D}));
+      Tensor c = g.upload_table(cosv, {n_pos, half}), s = g.upload_table(sinv, {n_pos, half});
+      Backend::QKPrep p;
+      p.norm = cs.plus_one ? NormOp::RMSPlusOne : NormOp::RMS, p.eps = 1e-6f;
+      p.n_heads = cs.Hq, p.n_kv_heads = cs.Hkv, p.head_dim = cs.D, p.rot_dim = cs.rot;
+      if (cs.norm) p.q_norm = &w, p.k_norm = &w;
+      if (cs.rope) p.cos = &c, p.sin = &s;
+      if (fused) g.qk_prep_kv_write(0, qd, kd, vd, p);
+      else g.Backend::qk_prep_kv_write(0, qd, kd, vd, p);  // the separate ops
+      return std::vector<std::vector<float>>{host_f32(g, qd), host_f32(g, kd), host_f32(g, g.k_pool(0)), host_f32(g, g.v_pool(0))};
+    };
+    auto fa = run(a, true), ra = run(r, false);
+    const char* names[4] = {"q", "k", "k pool", "v pool"};
+    for (int i = 0; i < 4; ++i) EXPECT_LE(max_diff(fa[size_t(i)], ra[size_t(i)]), 1e-2f * max_abs(ra[size_t(i)])) << names[i];
+  }
+}
+
+}  // namespace
