@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <thread>
 
 #include "core/error.h"
 
@@ -172,17 +173,19 @@ ModelWeights bind_weights(const ModelConfig& c, const ArchDescriptor& a, const s
 }
 
 void fill_dummy(const TensorSpec& s, const ArchDescriptor& a, DType dtype, void* out) {
-  // SplitMix64 seeded by the tensor's name: the same name always gets the same values.
-  uint64_t state = 0x9E3779B97F4A7C15ull;
-  for (char ch : s.name) state = (state ^ uint8_t(ch)) * 0x100000001B3ull;
-  auto next = [&]() {
-    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  // SplitMix64 seeded by the tensor's name: the same name always gets the same values. Value i
+  // depends only on (seed, i), so large tensors are filled by several threads in chunks.
+  uint64_t seed = 0x9E3779B97F4A7C15ull;
+  for (char ch : s.name) seed = (seed ^ uint8_t(ch)) * 0x100000001B3ull;
+  auto value_bits = [seed](int64_t i) {
+    uint64_t z = seed + uint64_t(i + 1) * 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
   };
   int64_t n = 1;
   for (auto d : s.shape) n *= d;
+  if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16) fail("dummy weights: unsupported dtype {}", dtype_name(dtype));
   const bool is_bias = s.name.size() > 5 && s.name.compare(s.name.size() - 5, 5, ".bias") == 0;
   float center = 0.0f, half_width;
   if (s.shape.size() == 1) {
@@ -191,17 +194,24 @@ void fill_dummy(const TensorSpec& s, const ArchDescriptor& a, DType dtype, void*
   } else {
     half_width = 1.0f / std::sqrt(float(s.shape[1]));
   }
-  for (int64_t i = 0; i < n; ++i) {
-    float u = float(next() >> 40) * (1.0f / float(1 << 24));  // [0, 1)
-    float v = center + (2 * u - 1) * half_width;
-    if (v == 0.0f) v = half_width * 0.5f;
-    switch (dtype) {
-      case DType::F32: static_cast<float*>(out)[i] = v; break;
-      case DType::BF16: static_cast<uint16_t*>(out)[i] = f32_to_bf16(v); break;
-      case DType::F16: static_cast<uint16_t*>(out)[i] = f32_to_f16(v); break;
-      default: fail("dummy weights: unsupported dtype {}", dtype_name(dtype));
+  auto fill = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      float u = float(value_bits(i) >> 40) * (1.0f / float(1 << 24));  // [0, 1)
+      float v = center + (2 * u - 1) * half_width;
+      if (v == 0.0f) v = half_width * 0.5f;
+      if (dtype == DType::F32) static_cast<float*>(out)[i] = v;
+      else if (dtype == DType::BF16) static_cast<uint16_t*>(out)[i] = f32_to_bf16(v);
+      else static_cast<uint16_t*>(out)[i] = f32_to_f16(v);
     }
+  };
+  const int64_t workers = std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()), std::max<int64_t>(1, n >> 20));
+  if (workers <= 1) {
+    fill(0, n);
+    return;
   }
+  std::vector<std::thread> threads;
+  for (int64_t w = 0; w < workers; ++w) threads.emplace_back(fill, n * w / workers, n * (w + 1) / workers);
+  for (auto& t : threads) t.join();
 }
 
 }  // namespace arbor

@@ -40,6 +40,8 @@ function qwen3Fixture() {
 // Starts `arbor serve` on a free port; resolves once /health answers 200.
 export async function startServer(extra = [], { model = testModel(), env = {} } = {}) {
   // model null: the caller passes --config/--dummy-weights/--tokenizer in extra.
+  // ARBOR_START_TIMEOUT_S: seconds to wait for the server to listen (large dummy models take longer).
+  const startSeconds = Number(process.env.ARBOR_START_TIMEOUT_S ?? 60);
   const args = ['serve', ...(model ? ['--model', model] : []), '--port', '0', ...(extra.includes('--threads') ? [] : ['--threads', '1']), ...extra];
   const proc = spawn(ARBOR, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
   let log = '';
@@ -54,7 +56,7 @@ export async function startServer(extra = [], { model = testModel(), env = {} } 
   proc.stderr.on('data', onData);
   const exited = new Promise((res) => proc.on('exit', (code, sig) => res({ code, sig })));
   const port = await Promise.race([portP, exited.then((e) => { throw new Error(`arbor serve exited early (${JSON.stringify(e)}):\n${log}`); }),
-    new Promise((_, rej) => setTimeout(() => rej(new Error(`arbor serve did not start in 60 s:\n${log}`)), 60000).unref())]);
+    new Promise((_, rej) => setTimeout(() => rej(new Error(`arbor serve did not start in ${startSeconds} s:\n${log}`)), startSeconds * 1000).unref())]);
   const url = `http://127.0.0.1:${port}`;
   for (let i = 0; i < 200; i++) {
     try {

@@ -1,6 +1,6 @@
 // Load driver and server-overhead benchmark (prints numbers; not a CTest test).
 //   node tests/e2e/load_bench.mjs [--clients 1,4,8] [--requests 4] [--max-tokens 32] [--prompt-tokens 64]
-//        [--model DIR | --config FILE --tokenizer DIR] [--threads 1] [--overhead]
+//        [--model DIR | --config FILE --tokenizer DIR] [--threads 1] [--device cpu|cuda] [--overhead]
 // Starts `arbor serve` (ARBOR_BIN) on a free port, runs N concurrent streaming clients (each sends
 // --requests requests back to back, raw fetch + SSE parsing), and reports throughput, TTFT p50/p99,
 // inter-token latency p50/p99, failures and the server's RSS before and after. --overhead compares one
@@ -17,9 +17,10 @@ const maxTokens = Number(opt('max-tokens', '32'));
 const temperature = Number(opt('temperature', '1.0'));
 const promptTokens = Number(opt('prompt-tokens', '64'));
 const threads = opt('threads', '1');
+const device = opt('device', 'cpu');
 const config = opt('config', null);
 const model = config ? null : opt('model', null) ?? testModel();
-const genArgs = config ? ['--config', config, '--dummy-weights'] : ['--model', model];  // what `arbor generate` takes
+const genArgs = [...(config ? ['--config', config, '--dummy-weights'] : ['--model', model]), '--device', device];  // what `arbor generate` takes
 const modelArgs = config ? [...genArgs, '--tokenizer', opt('tokenizer', testModel())] : genArgs;
 
 const pct = (xs, p) => { if (!xs.length) return NaN; const s = [...xs].sort((a, b) => a - b); return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))]; };
@@ -75,10 +76,10 @@ async function load(server, n) {
 }
 
 const maxBatch = Math.max(...clients);
-const server = await startServer([...(config ? modelArgs : []), '--max-batch', String(maxBatch), '--threads', threads, '--max-queue', '256'],
+const server = await startServer([...(config ? modelArgs : []), '--device', device, '--max-batch', String(maxBatch), '--threads', threads, '--max-queue', '256'],
   { model: config ? null : model });
 console.log(`machine: ${fs.readFileSync('/proc/cpuinfo', 'utf8').match(/model name\s*:\s*(.*)/)[1]}, ${(await import('node:os')).cpus().length} cpus`);
-console.log(`model: ${config ?? model}; prompt ${promptTokens} tokens, max_tokens ${maxTokens}, temperature ${temperature}, ${perClient} requests per client, --threads ${threads}`);
+console.log(`model: ${config ?? model} on ${device}; prompt ${promptTokens} tokens, max_tokens ${maxTokens}, temperature ${temperature}, ${perClient} requests per client, --threads ${threads}`);
 await one(server.baseURL, 1);  // warm-up
 const rss0 = rss(server.proc.pid);
 for (const n of clients) console.log(JSON.stringify({ ...(await load(server, n)), server_rss_mib: +rss(server.proc.pid).toFixed(1) }));
