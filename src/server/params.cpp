@@ -56,7 +56,7 @@ std::optional<int64_t> opt_int(const json& j, const char* name, int64_t lo, int6
   if (!v) return std::nullopt;
   if (v->is_number_unsigned()) {
     uint64_t u = v->get<uint64_t>();
-    if (u > uint64_t(hi)) bad_request(name, "must be between {} and {}, got {}", lo, hi, u);
+    if (u > uint64_t(hi) || (lo > 0 && u < uint64_t(lo))) bad_request(name, "must be between {} and {}, got {}", lo, hi, u);
     return int64_t(u);
   }
   if (v->is_number_integer()) {
