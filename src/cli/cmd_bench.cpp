@@ -75,15 +75,15 @@ int bench_cuda(const Args& a) {
               gemm * 1e-12);
 
   // GEMV alone on this model's shapes (weights rotated past L2), at 1 and 8 rows, for three K-split
-  // targets and the default whole-wave choice: where the decode step's time goes, layer by layer.
+  // occupancy targets: where the decode step's time goes, layer by layer.
   const std::vector<std::tuple<const char*, int64_t, int64_t>> shapes = {
       {"q", c.q_dim(), c.hidden_size}, {"k/v", c.kv_dim(), c.hidden_size}, {"o", c.hidden_size, c.q_dim()},
       {"gate/up", c.intermediate_size, c.hidden_size}, {"down", c.hidden_size, c.intermediate_size}, {"lm_head", c.vocab_size, c.hidden_size}};
-  if (!decode_only) std::printf("gemv       shape: GB/s (fraction of copy bw) for warps/SM target 32 | 64 | 128 | whole waves (default)\n");
+  if (!decode_only) std::printf("gemv       shape: GB/s (fraction of copy bw) for warps/SM target 32 (default) | 64 | 128\n");
   for (auto [name, N, K] : decode_only ? decltype(shapes){} : shapes)
     for (int64_t T : {1, 8}) {
       std::printf("  %-8s [%lld x %lld] T=%lld:", name, (long long)N, (long long)K, (long long)T);
-      for (int w : {32, 64, 128, 0}) {
+      for (int w : {32, 64, 128}) {
         const double sec = cuda_time_gemv(N, K, T, w), gbs = double(N * K * 2) / sec;
         std::printf("  %7.0f (%4.1f%%, %.1f us)", gbs * 1e-9, 100.0 * gbs / bw, sec * 1e6);
       }

@@ -21,7 +21,7 @@ const device = opt('device', 'cpu');
 const config = opt('config', null);
 const model = config ? null : opt('model', null) ?? testModel();
 const genArgs = [...(config ? ['--config', config, '--dummy-weights'] : ['--model', model]), '--device', device];  // what `arbor generate` takes
-const modelArgs = config ? [...genArgs, '--tokenizer', opt('tokenizer', testModel())] : genArgs;
+const modelArgs = config ? [...genArgs, '--tokenizer', opt('tokenizer', null) ?? testModel()] : genArgs;
 
 const pct = (xs, p) => { if (!xs.length) return NaN; const s = [...xs].sort((a, b) => a - b); return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))]; };
 const rss = (pid) => Number(fs.readFileSync(`/proc/${pid}/status`, 'utf8').match(/VmRSS:\s+(\d+)/)[1]) / 1024;

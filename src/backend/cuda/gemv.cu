@@ -6,8 +6,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cmath>
-
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.h"
@@ -200,26 +198,7 @@ void launch_nr(bool f16, dim3 grid, cudaStream_t s, const GemvSegments& segs, co
   ARBOR_LAUNCH_CHECK("gemv_kernel");
 }
 
-// Resident blocks per SM of the kernel for T rows (registers decide it), asked once per variant.
-int blocks_per_sm(int T, bool f16) {
-  static int cache[2][4] = {};
-  const int ti = T == 1 ? 0 : T == 2 ? 1 : T <= 4 ? 2 : 3;
-  int& c = cache[f16][ti];
-  if (c == 0) {
-    auto ask = [&](auto kernel) {
-      int n = 0;
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, 0) != cudaSuccess) cudaGetLastError(), n = 1;
-      return n < 1 ? 1 : n;
-    };
-    if (ti == 0) c = f16 ? ask(gemv_kernel<1, true>) : ask(gemv_kernel<1, false>);
-    else if (ti == 1) c = f16 ? ask(gemv_kernel<2, true>) : ask(gemv_kernel<2, false>);
-    else if (ti == 2) c = f16 ? ask(gemv_kernel<4, true>) : ask(gemv_kernel<4, false>);
-    else c = f16 ? ask(gemv_kernel<8, true>) : ask(gemv_kernel<8, false>);
-  }
-  return c;
-}
-
-int g_warps_per_sm = 0;  // 0: choose the K split by whole waves (below)
+int g_warps_per_sm = 32;
 
 void launch(const GemvSegments& segs, int64_t pairs, DType w_dtype, const uint16_t* x, DType y_dtype, int64_t T, int64_t K, int n_sms,
             bool vec, int gated_act, cudaStream_t s) {
@@ -227,21 +206,11 @@ void launch(const GemvSegments& segs, int64_t pairs, DType w_dtype, const uint16
   ARBOR_CU_CHECK(w_dtype == DType::BF16 || w_dtype == DType::F16, "cuda: gemv: weight dtype %s (BF16 or F16)", dtype_name(w_dtype).data());
   ARBOR_CU_CHECK(y_dtype == DType::BF16 || y_dtype == DType::F32, "cuda: gemv: output dtype %s (BF16 or F32)", dtype_name(y_dtype).data());
   const bool f16 = w_dtype == DType::F16, f32 = y_dtype == DType::F32;
-  // K split (wpr warps per row pair). With a warps/SM target: the fewest warps that reach it. By
-  // default: at least 32 warps per SM, then the split whose grid ends closest to a whole number of
-  // waves of resident blocks (a last partial wave leaves SMs idle while it drains).
+  // K split: the fewest warps per row pair that give about half the SMs' warp slots (64 per SM) work;
+  // more than that only queue up. (Splitting further to end on whole waves of blocks measured slower:
+  // docs/cuda-notes.md.)
   int wpr = 1;
-  const int target = g_warps_per_sm > 0 ? g_warps_per_sm : 32;
-  while (wpr < kWarps && pairs * wpr < int64_t(n_sms) * target) wpr *= 2;
-  if (g_warps_per_sm == 0) {
-    const double wave = double(blocks_per_sm(int(T), f16)) * n_sms;
-    double best = 0;
-    for (int w = wpr; w <= kWarps; w *= 2) {
-      const double blocks = double((pairs + kWarps / w - 1) / (kWarps / w)), waves = blocks / wave;
-      const double eff = waves / std::ceil(waves - 1e-9);
-      if (eff > best + 0.02) best = eff, wpr = w;
-    }
-  }
+  while (wpr < kWarps && pairs * wpr < int64_t(n_sms) * g_warps_per_sm) wpr *= 2;
   const int64_t pairs_per_block = kWarps / wpr;
   dim3 grid(unsigned((pairs + pairs_per_block - 1) / pairs_per_block));
   const int t = int(T);
@@ -253,7 +222,7 @@ void launch(const GemvSegments& segs, int64_t pairs, DType w_dtype, const uint16
 
 }  // namespace
 
-void set_gemv_warps_per_sm(int w) { g_warps_per_sm = w < 0 ? 0 : w; }
+void set_gemv_warps_per_sm(int w) { g_warps_per_sm = w < 1 ? 1 : w; }
 
 void launch_gemv_multi(const GemvOut* outs, int n, DType w_dtype, const uint16_t* x, DType y_dtype, int64_t T, int64_t K, int n_sms,
                        cudaStream_t s) {

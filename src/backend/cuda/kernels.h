@@ -94,8 +94,7 @@ struct GemvSegments {
   int64_t pair0[kGemvMaxSegments];
   int n;
 };
-// Target warps per SM when splitting K across warps for small N; 0 (the default): at least 32, then the
-// split that ends closest to whole waves of resident blocks (bench compares them).
+// Target warps per SM when splitting K across warps for small N (default 32; bench sweeps it).
 void set_gemv_warps_per_sm(int w);
 
 // ---- attention_*.cu -------------------------------------------------------------------------------
