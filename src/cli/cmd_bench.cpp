@@ -199,6 +199,7 @@ int bench_cuda(const Args& a) {
   for (bool graph : {true, false}) {
     if (decode_only && !graph) break;
     auto runs = std::vector<std::pair<int64_t, int64_t>>{{1, batch_ctx}, {1, long_ctx}, {8, batch_ctx}, {32, batch_ctx}, {64, batch_ctx}};
+    if (graph) runs.insert(runs.begin() + 2, {{2, batch_ctx}, {4, batch_ctx}});
     if (decode_only) runs.resize(1);
     for (auto [B, ctx] : runs)
       guarded(fmt::format("decode b={} ctx={}", B, ctx), [&] { decode(B, ctx, graph); });

@@ -87,12 +87,16 @@ TEST(CudaOps, LinearEveryPathDtypeAndShape) {
   CudaBackend gpu(0);
   CpuBackend cpu(2, WeightPlacement::Copy);
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{17, 40}, {64, 64}, {130, 264}, {96, 37}, {1000, 512}, {3, 1024}};
+  // GEMV for every row count it takes (up to 8), then cuBLASLt for the small ones too.
+  for (int64_t gemv_rows : {int64_t(8), int64_t(0)})
   for (auto [N, K] : shapes)
     for (int64_t T : {1, 2, 3, 5, 8, 9, 33})
       for (DType wt : {DType::BF16, DType::F16, DType::F32})
         for (bool with_bias : {false, true})
           for (DType yt : {DType::BF16, DType::F32}) {
             if ((T > 2 && T < 8) && (wt != DType::BF16 || yt != DType::BF16)) continue;  // keep the matrix small
+            if (gemv_rows == 0 && T > 8) continue;
+            gpu.set_gemv_max_rows(gemv_rows);
             std::vector<float> wf = random_bf16(rng, size_t(N * K), 1.0f / std::sqrt(float(K)) * 2);
             std::vector<uint16_t> w16(wf.size());
             if (wt == DType::F16)
@@ -111,7 +115,7 @@ TEST(CudaOps, LinearEveryPathDtypeAndShape) {
             gpu.linear(xg, lg, yg);
             cpu.linear(host_view(x, {T, K}), lc, host_view(yc, {T, N}));
             EXPECT_LE(max_diff(host_f32(gpu, yg), yc), 1e-2f * max_abs(yc))
-                << "N " << N << " K " << K << " T " << T << " w " << dtype_name(wt) << " bias " << with_bias << " y " << dtype_name(yt);
+                << "gemv rows " << gemv_rows << " N " << N << " K " << K << " T " << T << " w " << dtype_name(wt) << " bias " << with_bias << " y " << dtype_name(yt);
           }
 }
 

@@ -65,36 +65,47 @@ __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, in
     for (int e = 0; e < 8; ++e) acc[i][e] = 0.0f;
   }
 
-  // The loop bound is uniform per warp (shuffles below need every lane); `live` masks the tail.
-  for (int32_t base = k_begin + warp * KPW; base < k_end; base += NSG) {
-    const int32_t kp = base + sub;
-    const bool live = kp < k_end;
-    uint4 kq = make_uint4(0, 0, 0, 0), vq = kq;
-    if (live) {
-      const int64_t slot = kv_slot(a, table, kp);
-      const int64_t off = slot * kvrow + int64_t(g) * D + sl * 8;
-      kq = *reinterpret_cast<const uint4*>(a.k_pool + off);
-      vq = *reinterpret_cast<const uint4*>(a.v_pool + off);
+  // The loop bound is uniform per warp (shuffles below need every lane); `live` masks the tail. Each
+  // lane loads U key rows (K and V) before it uses the first, so U loads per lane are in flight
+  // instead of one memory latency per key.
+  constexpr int U = kHeads == 8 ? 2 : 4;
+  for (int32_t base = k_begin + warp * KPW; base < k_end; base += NSG * U) {
+    uint4 kq[U], vq[U];
+    bool live[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int32_t kp = base + u * NSG + sub;
+      live[u] = kp < k_end;
+      kq[u] = make_uint4(0, 0, 0, 0), vq[u] = kq[u];
+      if (live[u]) {
+        const int64_t slot = kv_slot(a, table, kp);
+        const int64_t off = slot * kvrow + int64_t(g) * D + sl * 8;
+        kq[u] = *reinterpret_cast<const uint4*>(a.k_pool + off);
+        vq[u] = *reinterpret_cast<const uint4*>(a.v_pool + off);
+      }
     }
-    float kf[8], vf[8];
-    unpack8(kq, kf);
-    unpack8(vq, vf);
 #pragma unroll
-    for (int i = 0; i < kHeads; ++i) {
-      if (i >= nh) break;
-      float s = 0;
+    for (int u = 0; u < U; ++u) {
+      float kf[8], vf[8];
+      unpack8(kq[u], kf);
+      unpack8(vq[u], vf);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) s = fmaf(q[i][e], kf[e], s);
+      for (int i = 0; i < kHeads; ++i) {
+        if (i >= nh) break;
+        float s = 0;
 #pragma unroll
-      for (int o = LPK / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-      if (!live) continue;
-      if (a.softcap > 0) s = a.softcap * tanhf(s / a.softcap);
-      const float mn = fmaxf(m[i], s);
-      const float corr = __expf(m[i] - mn), p = __expf(s - mn);
-      l[i] = l[i] * corr + p;
+        for (int e = 0; e < 8; ++e) s = fmaf(q[i][e], kf[e], s);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[i][e] = fmaf(acc[i][e], corr, p * vf[e]);
-      m[i] = mn;
+        for (int o = LPK / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (!live[u]) continue;
+        if (a.softcap > 0) s = a.softcap * tanhf(s / a.softcap);
+        const float mn = fmaxf(m[i], s);
+        const float corr = __expf(m[i] - mn), p = __expf(s - mn);
+        l[i] = l[i] * corr + p;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[i][e] = fmaf(acc[i][e], corr, p * vf[e]);
+        m[i] = mn;
+      }
     }
   }
 

@@ -107,6 +107,7 @@ CudaBackend::CudaBackend(int device)
   cudaDeviceProp prop{};
   ARBOR_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   n_sms_ = prop.multiProcessorCount;
+  if (const char* env = std::getenv("ARBOR_CUDA_GEMV_MAX_ROWS")) set_gemv_max_rows(std::atoi(env));
   device_name_ = fmt::format("{} (sm_{}{}, {} SMs, {:.0f} GiB)", prop.name, prop.major, prop.minor, n_sms_,
                              double(prop.totalGlobalMem) / double(1 << 30));
   cudaStream_t s;
@@ -403,7 +404,7 @@ void CudaBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
               dtype_name(l.w.dtype));
   if (T == 0) return;
   const float* bias = l.bias.empty() ? nullptr : l.bias.as<float>();
-  if (T <= kGemvMaxRows) {
+  if (T <= gemv_max_rows_) {
     launch_gemv(l.w.data, l.w.dtype, x.as<uint16_t>(), bias, y.data, y.dtype, T, N, K, n_sms_, st(stream_));
     return;
   }
@@ -428,7 +429,7 @@ void CudaBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
 void CudaBackend::linear_multi(const Tensor& x, const LinearOut* outs, int n) {
   // One GEMV launch over every matrix's rows when the step is GEMV-sized and the matrices agree on
   // K and dtype; otherwise (prefill: cuBLASLt) one linear() each.
-  bool one = n >= 1 && n <= kGemvMaxSegments && x.rows() >= 1 && x.rows() <= kGemvMaxRows && x.dtype == DType::BF16;
+  bool one = n >= 1 && n <= kGemvMaxSegments && x.rows() >= 1 && x.rows() <= gemv_max_rows_ && x.dtype == DType::BF16;
   for (int i = 0; one && i < n; ++i) {
     const Linear& l = *outs[i].l;
     one = l.w.dtype == outs[0].l->w.dtype && (l.w.dtype == DType::BF16 || l.w.dtype == DType::F16) && l.in_features() == x.cols() &&
@@ -515,7 +516,7 @@ void CudaBackend::qk_prep_kv_write(int64_t layer, Tensor q, Tensor k, const Tens
 }
 
 void CudaBackend::gated_up(const Tensor& x, const Linear& wg, const Linear& wu, ActOp op, Tensor gate, Tensor up, Tensor out) {
-  const bool one = x.rows() >= 1 && x.rows() <= kGemvMaxRows && x.dtype == DType::BF16 && out.dtype == DType::BF16 &&
+  const bool one = x.rows() >= 1 && x.rows() <= gemv_max_rows_ && x.dtype == DType::BF16 && out.dtype == DType::BF16 &&
                    wg.w.dtype == wu.w.dtype && (wg.w.dtype == DType::BF16 || wg.w.dtype == DType::F16) && wg.in_features() == x.cols() &&
                    wu.in_features() == x.cols() && wg.out_features() == wu.out_features() && out.cols() == wg.out_features() &&
                    out.rows() == x.rows();

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
 #include "core/dtype.h"
 
 namespace arbor::cuda {
@@ -70,7 +71,7 @@ void launch_fill_random_bf16(uint16_t* p, int64_t n, uint64_t seed, cudaStream_t
 // y [T, N] = x [T, K] · w[N, K]ᵀ (+ bias f32 [N]) for T in 1..8; w bf16 or f16, x bf16, y bf16 or f32.
 void launch_gemv(const void* w, DType w_dtype, const uint16_t* x, const float* bias, void* y, DType y_dtype, int64_t T,
                  int64_t N, int64_t K, int n_sms, cudaStream_t s);
-constexpr int64_t kGemvMaxRows = 8;
+constexpr int64_t kGemvMaxRows = kGemvMaxRowsCap;
 // Several matrices over the same x [T, K] in one launch: y_i [T, N_i] = x · w_iᵀ (+ bias_i).
 struct GemvOut {
   const void* w;
