@@ -45,8 +45,11 @@ int bench_cuda(const Args& a) {
   const int64_t steps = a.get_int("decode-tokens", 64);
   const int reps = int(a.get_int("reps", 3));
   if (steps < 1 || reps < 1) fail("arguments: --decode-tokens and --reps must be >= 1");
-  // --decode-only: just batch-1 decode at context 512 (graph replay), e.g. under a profiler.
+  // --decode-only: one decode figure (graph replay), batch --decode-batch (1) at context 512, e.g.
+  // under a profiler or to compare settings.
   const bool decode_only = a.has("decode-only");
+  const int64_t only_batch = a.get_int("decode-batch", 1);
+  if (only_batch < 1 || only_batch > 64) fail("arguments: --decode-batch must be in 1..64, got {}", only_batch);
   const std::vector<int64_t> prefills = decode_only ? std::vector<int64_t>{} : std::vector<int64_t>{512, 2048, 8192};
   const std::vector<int64_t> batches = {8, 32, 64};
   const int64_t batch_ctx = 512, long_ctx = 8192;
@@ -200,7 +203,7 @@ int bench_cuda(const Args& a) {
     if (decode_only && !graph) break;
     auto runs = std::vector<std::pair<int64_t, int64_t>>{{1, batch_ctx}, {1, long_ctx}, {8, batch_ctx}, {32, batch_ctx}, {64, batch_ctx}};
     if (graph) runs.insert(runs.begin() + 2, {{2, batch_ctx}, {4, batch_ctx}});
-    if (decode_only) runs.resize(1);
+    if (decode_only) runs = {{only_batch, batch_ctx}};
     for (auto [B, ctx] : runs)
       guarded(fmt::format("decode b={} ctx={}", B, ctx), [&] { decode(B, ctx, graph); });
   }
@@ -215,7 +218,7 @@ int bench_cuda(const Args& a) {
 
 int cmd_bench(const std::vector<std::string>& args) {
   auto vf = model_value_flags();
-  vf.insert({"prompt-tokens", "decode-tokens", "chunk", "reps"});
+  vf.insert({"prompt-tokens", "decode-tokens", "chunk", "reps", "decode-batch"});
   auto bf = model_bool_flags();
   bf.insert("decode-only");
   Args a(args, vf, bf);

@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 
 #include <cfloat>
+#include <cstdlib>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
@@ -27,7 +28,7 @@ __device__ __forceinline__ void unpack8(const uint4& q, float* f) {
   }
 }
 
-template <int D, int kHeads>
+template <int D, int kHeads, int U>
 __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, int n_splits, int head_chunks, float* scratch) {
   pdl_trigger();
   pdl_wait();
@@ -68,7 +69,6 @@ __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, in
   // The loop bound is uniform per warp (shuffles below need every lane); `live` masks the tail. Each
   // lane loads U key rows (K and V) before it uses the first, so U loads per lane are in flight
   // instead of one memory latency per key.
-  constexpr int U = kHeads == 8 ? 2 : 4;
   for (int32_t base = k_begin + warp * KPW; base < k_end; base += NSG * U) {
     uint4 kq[U], vq[U];
     bool live[U];
@@ -163,14 +163,26 @@ __global__ void attn_combine_kernel(const float* scratch, int n_splits, int D, i
   }
 }
 
+// Key rows in flight per lane: 4 (2 with 8 query heads per block, for registers); ARBOR_CUDA_ATTN_UNROLL=1
+// keeps one (for comparisons).
+int unroll() {
+  static const int u = [] {
+    const char* e = std::getenv("ARBOR_CUDA_ATTN_UNROLL");
+    return e && std::atoi(e) == 1 ? 1 : 4;
+  }();
+  return u;
+}
+
 template <int D>
 void launch_d(const AttnArgs& a, int64_t T, int n_splits, float* scratch, cudaStream_t s) {
   const int G = a.n_heads / a.n_kv_heads, hb = G <= 4 ? 4 : 8, chunks = (G + hb - 1) / hb;
   dim3 grid(unsigned(n_splits), unsigned(a.n_kv_heads * chunks), unsigned(T));
   if (hb == 4)
-    pdl_launch(attn_decode_kernel<D, 4>, grid, kWarps * 32, 0, s, a, n_splits, chunks, scratch);
+    if (unroll() == 1) pdl_launch(attn_decode_kernel<D, 4, 1>, grid, kWarps * 32, 0, s, a, n_splits, chunks, scratch);
+    else pdl_launch(attn_decode_kernel<D, 4, 4>, grid, kWarps * 32, 0, s, a, n_splits, chunks, scratch);
   else
-    pdl_launch(attn_decode_kernel<D, 8>, grid, kWarps * 32, 0, s, a, n_splits, chunks, scratch);
+    if (unroll() == 1) pdl_launch(attn_decode_kernel<D, 8, 1>, grid, kWarps * 32, 0, s, a, n_splits, chunks, scratch);
+    else pdl_launch(attn_decode_kernel<D, 8, 2>, grid, kWarps * 32, 0, s, a, n_splits, chunks, scratch);
   ARBOR_LAUNCH_CHECK("attn_decode_kernel");
 }
 

@@ -108,6 +108,7 @@ CudaBackend::CudaBackend(int device)
   ARBOR_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   n_sms_ = prop.multiProcessorCount;
   if (const char* env = std::getenv("ARBOR_CUDA_GEMV_MAX_ROWS")) set_gemv_max_rows(std::atoi(env));
+  if (const char* env = std::getenv("ARBOR_CUDA_FUSED")) fused_ = std::atoi(env) != 0;
   device_name_ = fmt::format("{} (sm_{}{}, {} SMs, {:.0f} GiB)", prop.name, prop.major, prop.minor, n_sms_,
                              double(prop.totalGlobalMem) / double(1 << 30));
   cudaStream_t s;
@@ -429,7 +430,7 @@ void CudaBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
 void CudaBackend::linear_multi(const Tensor& x, const LinearOut* outs, int n) {
   // One GEMV launch over every matrix's rows when the step is GEMV-sized and the matrices agree on
   // K and dtype; otherwise (prefill: cuBLASLt) one linear() each.
-  bool one = n >= 1 && n <= kGemvMaxSegments && x.rows() >= 1 && x.rows() <= gemv_max_rows_ && x.dtype == DType::BF16;
+  bool one = fused_ && n >= 1 && n <= kGemvMaxSegments && x.rows() >= 1 && x.rows() <= gemv_max_rows_ && x.dtype == DType::BF16;
   for (int i = 0; one && i < n; ++i) {
     const Linear& l = *outs[i].l;
     one = l.w.dtype == outs[0].l->w.dtype && (l.w.dtype == DType::BF16 || l.w.dtype == DType::F16) && l.in_features() == x.cols() &&
@@ -448,6 +449,10 @@ void CudaBackend::linear_multi(const Tensor& x, const LinearOut* outs, int n) {
 }
 
 void CudaBackend::add_norm(NormOp op, Tensor x, const Tensor& o, float scale, const Tensor& w, const Tensor& b, float eps, Tensor out) {
+  if (!fused_) {
+    Backend::add_norm(op, x, o, scale, w, b, eps, out);
+    return;
+  }
   ARBOR_CHECK(x.numel() == o.numel() && out.numel() == x.numel(), "add_norm: {} += {} into {}", x.shape_str(), o.shape_str(),
               out.shape_str());
   ARBOR_CHECK(w.numel() == x.cols(), "norm: weight has {} elements, rows have {}", w.numel(), x.cols());
@@ -490,7 +495,7 @@ void CudaBackend::kv_write(int64_t layer, const Tensor& k, const Tensor& v) {
 
 void CudaBackend::qk_prep_kv_write(int64_t layer, Tensor q, Tensor k, const Tensor& v, const QKPrep& p) {
   const auto& b = batch();
-  const bool fusable = p.norm != NormOp::LayerNorm && p.head_dim <= 256 && p.head_dim == kv_.head_dim && p.n_kv_heads == kv_.n_kv_heads &&
+  const bool fusable = fused_ && p.norm != NormOp::LayerNorm && p.head_dim <= 256 && p.head_dim == kv_.head_dim && p.n_kv_heads == kv_.n_kv_heads &&
                        q.dtype == DType::BF16 && k.dtype == DType::BF16 && v.dtype == DType::BF16 && q.cols() == p.n_heads * p.head_dim;
   if (!fusable) {
     Backend::qk_prep_kv_write(layer, q, k, v, p);
@@ -516,7 +521,7 @@ void CudaBackend::qk_prep_kv_write(int64_t layer, Tensor q, Tensor k, const Tens
 }
 
 void CudaBackend::gated_up(const Tensor& x, const Linear& wg, const Linear& wu, ActOp op, Tensor gate, Tensor up, Tensor out) {
-  const bool one = x.rows() >= 1 && x.rows() <= gemv_max_rows_ && x.dtype == DType::BF16 && out.dtype == DType::BF16 &&
+  const bool one = fused_ && x.rows() >= 1 && x.rows() <= gemv_max_rows_ && x.dtype == DType::BF16 && out.dtype == DType::BF16 &&
                    wg.w.dtype == wu.w.dtype && (wg.w.dtype == DType::BF16 || wg.w.dtype == DType::F16) && wg.in_features() == x.cols() &&
                    wu.in_features() == x.cols() && wg.out_features() == wu.out_features() && out.cols() == wg.out_features() &&
                    out.rows() == x.rows();

@@ -94,8 +94,8 @@ class CudaBackend : public Backend {
   void gated_up(const Tensor& x, const Linear& wg, const Linear& wu, ActOp op, Tensor gate, Tensor up, Tensor out) override;
   void qk_prep_kv_write(int64_t layer, Tensor q, Tensor k, const Tensor& v, const QKPrep& p) override;
 
-  // Linear layers over at most this many rows use the GEMV kernels, larger ones cuBLASLt (default 4:
-  // at 8 rows the GEMV, which reads every activation row from L1 per weight load, is slower than
+  // Linear layers over at most this many rows use the GEMV kernels, larger ones cuBLASLt (default 2:
+  // from 4 rows on the GEMV, which reads every activation row from L1 per weight load, is slower than
   // cuBLASLt; docs/cuda-notes.md). ARBOR_CUDA_GEMV_MAX_ROWS overrides it; 0 sends everything to cuBLASLt.
   void set_gemv_max_rows(int64_t n) { gemv_max_rows_ = std::clamp<int64_t>(n, 0, cuda::kGemvMaxRowsCap); }
   int64_t gemv_max_rows() const { return gemv_max_rows_; }
@@ -134,7 +134,8 @@ class CudaBackend : public Backend {
   KVLayout kv_;
   std::vector<void*> k_pools_, v_pools_;
   AttentionPath attn_path_ = AttentionPath::Auto;
-  int64_t gemv_max_rows_ = 4;
+  int64_t gemv_max_rows_ = 2;
+  bool fused_ = true;  // fused ops (ARBOR_CUDA_FUSED=0: the op sequences they replace, for comparisons)
   bool graphs_on_ = true, capturing_ = false;
   uint64_t graph_key_ = 0;  // the current batch's shape key; 0: not a graph batch
   int64_t span_bucket_ = 0;  // longest context of the batch rounded up to a power of two (>= 64)
