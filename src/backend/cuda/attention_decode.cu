@@ -141,34 +141,52 @@ __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, in
   }
 }
 
-// out[t, h] = Σ_s O_s e^{M_s - M} / Σ_s L_s e^{M_s - M} over the splits s; one block per (h, t).
+// out[t, h] = Σ_s O_s e^{M_s - M} / Σ_s L_s e^{M_s - M} over the splits s; one block per (h, t). The
+// splits' (M, L) are read in parallel into shared memory and turned into weights once, so each output
+// dim's loads over the splits are independent (not a chain of dependent round trips).
+constexpr int kMaxSplits = 512;
 __global__ void attn_combine_kernel(const float* scratch, int n_splits, int D, int n_heads, uint16_t* out) {
+  __shared__ float wgt[kMaxSplits];
+  __shared__ float red[2];
   pdl_trigger();
   pdl_wait();
   const int h = blockIdx.x;
   const int64_t t = blockIdx.y;
   const float* p = scratch + (t * n_heads + h) * n_splits * (D + 2);
-  float M = -INFINITY;
-  for (int s = 0; s < n_splits; ++s) M = fmaxf(M, p[s * (D + 2) + D]);
+  for (int s = threadIdx.x; s < n_splits; s += blockDim.x) wgt[s] = p[s * (D + 2) + D];
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float M = -INFINITY;
+    for (int s = 0; s < n_splits; ++s) M = fmaxf(M, wgt[s]);
+    red[0] = M;
+  }
+  __syncthreads();
+  const float M = red[0];
+  for (int s = threadIdx.x; s < n_splits; s += blockDim.x) wgt[s] = wgt[s] == -INFINITY ? 0.0f : __expf(wgt[s] - M);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float L = 0;
+#pragma unroll 8
+    for (int s = 0; s < n_splits; ++s) L += wgt[s] * p[s * (D + 2) + D + 1];
+    red[1] = L;
+  }
+  __syncthreads();
+  const float L = red[1];
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float L = 0, O = 0;
-    for (int s = 0; s < n_splits; ++s) {
-      const float ms = p[s * (D + 2) + D];
-      if (ms == -INFINITY) continue;
-      const float w = __expf(ms - M);
-      L += p[s * (D + 2) + D + 1] * w;
-      O += p[s * (D + 2) + d] * w;
-    }
+    float O = 0;
+#pragma unroll 8
+    for (int s = 0; s < n_splits; ++s) O += p[s * (D + 2) + d] * wgt[s];
     out[(t * n_heads + h) * D + d] = __bfloat16_as_ushort(__float2bfloat16(L > 0 ? O / L : 0.0f));
   }
 }
 
-// Key rows in flight per lane: 4 (2 with 8 query heads per block, for registers); ARBOR_CUDA_ATTN_UNROLL=1
-// keeps one (for comparisons).
+// Key rows in flight per lane: one by default; ARBOR_CUDA_ATTN_UNROLL=4 loads four (two with 8 query
+// heads per block) before using the first. Measured slower at batch 64 (117 vs 84 us per layer on the
+// H200, docs/cuda-notes.md), so it stays a switch for comparisons.
 int unroll() {
   static const int u = [] {
     const char* e = std::getenv("ARBOR_CUDA_ATTN_UNROLL");
-    return e && std::atoi(e) == 1 ? 1 : 4;
+    return e && std::atoi(e) == 4 ? 4 : 1;
   }();
   return u;
 }
@@ -200,6 +218,7 @@ void launch_attention_decode(const AttnArgs& a, int64_t T, int n_splits, float* 
     default: fail_printf("cuda: decode attention: head_dim %d is not supported (32, 64, 128, 256)", a.head_dim);
   }
   if (n_splits > 1) {
+    ARBOR_CU_CHECK(n_splits <= kMaxSplits, "cuda: attention decode: %d splits (at most %d)", n_splits, kMaxSplits);
     dim3 grid(unsigned(a.n_heads), unsigned(T));
     pdl_launch(attn_combine_kernel, grid, 64, 0, s, scratch, n_splits, a.head_dim, a.n_heads, a.out);
     ARBOR_LAUNCH_CHECK("attn_combine_kernel");

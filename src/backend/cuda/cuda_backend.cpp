@@ -558,9 +558,10 @@ void CudaBackend::attention(int64_t layer, const Tensor& q, const AttentionParam
     // Splits from the bucketed context (begin_batch): each token cuts its own key range into
     // n_splits parts in the kernel, so the launch shape depends only on the bucket.
     const int64_t span = p.window > 0 ? std::min<int64_t>(span_bucket_, p.window) : span_bucket_;
-    // Enough blocks for about two waves over the SMs, at least 64 keys per block.
+    // Enough blocks for about two waves over the SMs, at least 16 keys per block (a batch-1 step at a
+    // short context has few (kv head, split) blocks; fewer keys each keeps more SMs streaming).
     const int64_t blocks = T * p.n_kv_heads * ((G + 7) / 8);
-    const int64_t max_splits = (span + 63) / 64;
+    const int64_t max_splits = (span + 15) / 16;
     const int64_t n_splits = std::clamp<int64_t>((2 * n_sms_ + blocks - 1) / blocks, 1, max_splits);
     if (n_splits > 1) ensure(scratch_, scratch_cap_, size_t(T * p.n_heads * n_splits * (p.head_dim + 2)) * 4);
     launch_attention_decode(a, T, int(n_splits), static_cast<float*>(scratch_), st(stream_));
