@@ -142,6 +142,9 @@ class Backend {
   virtual Tensor upload_table(const std::vector<float>& host, std::initializer_list<int64_t> shape) = 0;
   // Device logits [R, vocab] to host float32.
   virtual void read_logits(const Tensor& logits, float* host) = 0;
+  // Greedy ids of device logits [R, vocab] f32 (ties: lowest id) without copying the logits to the
+  // host; false when the backend has no such path (the caller reads the logits and picks on the host).
+  virtual bool argmax_rows(const Tensor& logits, int32_t* host_ids) { return false; }
 
   // Step graphs: a backend that can record the ops of a decode step once and replay them (CUDA graphs)
   // says so here; the decoder then pads decode batches to buckets of tokens (positions, sequences

@@ -212,9 +212,26 @@ void Scheduler::step() {
     }
     b.ctx_len.push_back(int32_t(p.start + p.n));
   }
-  logits_.resize(b.logit_rows.size() * size_t(V));
+  // Every row greedy with nothing to apply to its logits (no penalties, bias, logprobs): the backend
+  // may pick the ids where the logits are (a GPU), instead of copying [rows, vocab] floats to the host.
+  const int64_t R = int64_t(b.logit_rows.size());
+  bool device_greedy = R > 0 && R <= model_.logit_capacity() && model_.backend().device() != Device::CPU;
+  for (auto& p : parts)
+    if (p.wants_logits && (p.a->sampler.params().temperature > 0.0f || p.a->req->processing.active() || p.a->req->logprobs))
+      device_greedy = false;
+  greedy_ids_.resize(size_t(R));
   try {
-    model_.forward(b, logits_.data());
+    bool on_device = false;  // the step ran with its logits left on the backend
+    if (device_greedy) {
+      model_.forward(b, nullptr);
+      on_device = true;
+      device_greedy = model_.backend().argmax_rows(model_.device_logits(R), greedy_ids_.data());
+    }
+    if (!device_greedy) {
+      logits_.resize(size_t(R) * size_t(V));
+      if (on_device) model_.backend().read_logits(model_.device_logits(R), logits_.data());
+      else model_.forward(b, logits_.data());
+    }
   } catch (const std::exception& e) {
     log_info("scheduler: forward failed: {}", e.what());
     for (auto& p : parts) retire(*p.a, FinishReason::Error, fmt::format("internal error in the forward pass: {}", e.what()));
@@ -234,17 +251,21 @@ void Scheduler::step() {
     // The step computed these positions' KV: full blocks among them can now serve other requests.
     if (opt_.prefix_cache) a.kv.publish(pool_, a.req->prompt, a.generated);
     if (!p.wants_logits) continue;
-    const float* lr = logits_.data() + row++ * size_t(V);
     Request& r = *a.req;
     TokenEvent ev;
-    const float* sample_row = lr;
-    if (r.processing.active()) {
-      scratch_.assign(lr, lr + V);
-      apply_logit_processing(r.processing, r.prompt, a.generated, scratch_.data(), V);
-      sample_row = scratch_.data();
+    if (device_greedy) {
+      ev.id = greedy_ids_[row++];
+    } else {
+      const float* lr = logits_.data() + row++ * size_t(V);
+      const float* sample_row = lr;
+      if (r.processing.active()) {
+        scratch_.assign(lr, lr + V);
+        apply_logit_processing(r.processing, r.prompt, a.generated, scratch_.data(), V);
+        sample_row = scratch_.data();
+      }
+      ev.id = a.sampler.sample(sample_row, V);
+      if (r.logprobs) compute_logprobs(lr, V, ev.id, r.top_logprobs, ev.logprob, ev.top);
     }
-    ev.id = a.sampler.sample(sample_row, V);
-    if (r.logprobs) compute_logprobs(lr, V, ev.id, r.top_logprobs, ev.logprob, ev.top);
     a.generated.push_back(ev.id);
     a.next = ev.id;
     generated_tokens_ += 1;

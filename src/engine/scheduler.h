@@ -105,6 +105,7 @@ class Scheduler {
   std::atomic<int64_t> busy_us_{0};
 
   std::vector<float> logits_;   // [rows, vocab]
+  std::vector<int32_t> greedy_ids_;  // ids picked on the backend (all-greedy steps)
   std::vector<float> scratch_;  // [vocab] one processed row
   std::mutex join_mu_;
   std::thread thread_;

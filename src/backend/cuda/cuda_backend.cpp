@@ -622,7 +622,7 @@ void CudaBackend::read_logits(const Tensor& logits, float* host) {
   ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
 }
 
-void CudaBackend::argmax_rows(const Tensor& logits, int32_t* host_ids) {
+bool CudaBackend::argmax_rows(const Tensor& logits, int32_t* host_ids) {
   ARBOR_CHECK(logits.dtype == DType::F32 && logits.device == Device::CUDA, "cuda: argmax_rows: device F32 logits expected");
   not_capturing(__func__);
   const int64_t R = logits.rows();
@@ -632,6 +632,7 @@ void CudaBackend::argmax_rows(const Tensor& logits, int32_t* host_ids) {
   launch_argmax(logits.as<float>(), R, logits.cols(), d_ids_, st(stream_));
   ARBOR_CUDA_CHECK(cudaMemcpyAsync(host_ids, d_ids_, size_t(R) * 4, cudaMemcpyDeviceToHost, st(stream_)));
   ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
+  return true;
 }
 
 void CudaBackend::sample_rows(const Tensor& logits, const GpuSampling& p, uint64_t step, int32_t* host_ids) {

@@ -69,7 +69,7 @@ class CudaBackend : public Backend {
   // Sampling on the GPU over device logits [R, vocab] f32 (e.g. the model's logits buffer): writes R
   // ids to host_ids (one synchronisation). sample_rows draws with a hash of (seed, step, row), so the
   // caller advances `step` once per generated token.
-  void argmax_rows(const Tensor& logits, int32_t* host_ids);
+  bool argmax_rows(const Tensor& logits, int32_t* host_ids) override;
   void sample_rows(const Tensor& logits, const GpuSampling& p, uint64_t step, int32_t* host_ids);
 
   // Which attention kernel runs: Auto picks decode (split-K) when no sequence has more than
