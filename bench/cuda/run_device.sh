@@ -28,7 +28,7 @@ for step in $STEPS; do
       rc=$?
       tail -4 "$OUT/memcheck.log"
       summary+=("memcheck rc=$rc")
-      timeout 60 compute-sanitizer --tool racecheck --error-exitcode 3 "$D/test_cuda" --gtest_filter='CudaAttention.HeadDims*' > "$OUT/racecheck.log" 2>&1
+      timeout 60 compute-sanitizer --tool racecheck --error-exitcode 3 "$D/test_cuda" --gtest_filter="${RACECHECK_FILTER:-CudaAttention.HeadDims*}" > "$OUT/racecheck.log" 2>&1
       rc=$?
       tail -4 "$OUT/racecheck.log"
       summary+=("racecheck rc=$rc")

@@ -220,7 +220,7 @@ void launch_attention_decode(const AttnArgs& a, int64_t T, int n_splits, float* 
   if (n_splits > 1) {
     ARBOR_CU_CHECK(n_splits <= kMaxSplits, "cuda: attention decode: %d splits (at most %d)", n_splits, kMaxSplits);
     dim3 grid(unsigned(a.n_heads), unsigned(T));
-    pdl_launch(attn_combine_kernel, grid, 64, 0, s, scratch, n_splits, a.head_dim, a.n_heads, a.out);
+    pdl_launch(attn_combine_kernel, grid, unsigned(a.head_dim), 0, s, scratch, n_splits, a.head_dim, a.n_heads, a.out);
     ARBOR_LAUNCH_CHECK("attn_combine_kernel");
   }
 }

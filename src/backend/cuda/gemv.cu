@@ -190,12 +190,12 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvSegments segs, co
   }
 }
 
-// bf16 weights at 1-2 rows keep 8 loads per row in flight (16 per lane); ARBOR_CUDA_GEMV_UNROLL=4
-// goes back to 4 (for comparisons). More rows (and f16 weights) keep 4: registers grow with the rows.
+// Loads per row in flight: 4. ARBOR_CUDA_GEMV_UNROLL=8 keeps 8 at 1-2 rows of bf16 weights, for
+// comparisons: it measured slower on the H200 (8B decode 4.98 vs 4.71 ms/step; docs/cuda-notes.md).
 bool wide_unroll() {
   static const bool w = [] {
     const char* e = std::getenv("ARBOR_CUDA_GEMV_UNROLL");
-    return !(e && std::atoi(e) == 4);
+    return e && std::atoi(e) == 8;
   }();
   return w;
 }
