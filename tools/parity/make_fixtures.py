@@ -57,7 +57,7 @@ FIXTURES = {
                                    rope_local_base_freq=10000.0, rope_scaling={"rope_type": "linear", "factor": 8.0},
                                    sliding_window=5, sliding_window_pattern=2, query_pre_attn_scalar=256,
                                    max_position_embeddings=131072), True),
-    "gemma3_v5": ("gemma3_text", dict(hidden_size=64, intermediate_size=160, num_hidden_layers=3, num_attention_heads=2,
+    "gemma3_v5": ("gemma3_text", dict(hidden_size=32, intermediate_size=96, num_hidden_layers=3, num_attention_heads=2,
                                       num_key_value_heads=1, head_dim=256, rms_norm_eps=1e-6, rope_theta=1000000.0,
                                       rope_local_base_freq=10000.0, sliding_window=8, sliding_window_pattern=3,
                                       query_pre_attn_scalar=256, max_position_embeddings=32768), False),
