@@ -99,6 +99,14 @@ std::string stop_reason(const ChoiceResult& r, bool tool_calls) {
 
 std::string tool_use_id(const std::string& call_id) { return "toolu_" + call_id.substr(5); }
 
+// Anthropic's usage: input_tokens counts the prompt tokens that were not read from the cache, so
+// input_tokens + cache_read_input_tokens is the whole prompt (nothing is ever "written" to a cache
+// that costs anything here: cache_creation_input_tokens is 0).
+json usage(const Generation& g) {
+  return {{"input_tokens", g.prompt_tokens() - g.cached_tokens()}, {"cache_creation_input_tokens", 0},
+          {"cache_read_input_tokens", g.cached_tokens()}, {"output_tokens", g.completion_tokens()}};
+}
+
 }  // namespace
 
 void handle_messages(ServerContext& ctx, const http::Request& req, http::ResponseWriter& w) {
@@ -176,8 +184,7 @@ void handle_messages(ServerContext& ctx, const http::Request& req, http::Respons
     send_json(w, 200, {{"id", id}, {"type", "message"}, {"role", "assistant"}, {"model", ctx.model_id}, {"content", content},
                        {"stop_reason", stop_reason(r, !calls.empty())},
                        {"stop_sequence", r.stop_sequence.empty() ? json(nullptr) : json(r.stop_sequence)},
-                       {"usage", {{"input_tokens", g.prompt_tokens()}, {"output_tokens", g.completion_tokens()},
-                                  {"cache_read_input_tokens", g.cached_tokens()}}}});
+                       {"usage", usage(g)}});
     return;
   }
 
@@ -239,7 +246,7 @@ void handle_messages(ServerContext& ctx, const http::Request& req, http::Respons
     tail += sse_event("message_delta", {{"type", "message_delta"},
                                         {"delta", {{"stop_reason", stop_reason(r, any_calls)},
                                                    {"stop_sequence", r.stop_sequence.empty() ? json(nullptr) : json(r.stop_sequence)}}},
-                                        {"usage", {{"output_tokens", g.completion_tokens()}}}});
+                                        {"usage", usage(g)}});
     tail += sse_event("message_stop", {{"type", "message_stop"}});
     w.write_chunk(tail);
   } catch (const ApiError& e) {

@@ -79,6 +79,7 @@ void handle_metrics(ServerContext& ctx, const http::Request&, http::ResponseWrit
   metric("arbor_requests_waiting", "gauge", "Sequences waiting for a batch slot or KV blocks (queue depth).", double(s.waiting));
   metric("arbor_kv_blocks_total", "gauge", "KV cache blocks in the pool.", double(s.kv_blocks_total));
   metric("arbor_kv_blocks_used", "gauge", "KV cache blocks held by sequences.", double(s.kv_blocks_used));
+  metric("arbor_kv_blocks_cached", "gauge", "KV blocks kept for the prefix cache (unused, evictable).", double(s.kv_blocks_cached));
   metric("arbor_kv_usage_ratio", "gauge", "Fraction of KV blocks in use.",
          s.kv_blocks_total ? double(s.kv_blocks_used) / double(s.kv_blocks_total) : 0.0);
   metric("arbor_sequences_admitted_total", "counter", "Sequences admitted to the batch.", double(s.requests_admitted));

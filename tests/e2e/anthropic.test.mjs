@@ -71,10 +71,12 @@ test('tool_use / tool_result round trip and thinking switch', async () => {
   ];
   const second = await post(url, { ...base, tools, messages: convo });
   assert.equal(second.status, 200, second.text);
-  assert.ok(second.body.usage.input_tokens > first.body.usage.input_tokens + 20);
+  // The whole prompt is input_tokens + cache_read_input_tokens (the prefix cache serves shared blocks).
+  const prompt = (u) => u.input_tokens + (u.cache_read_input_tokens ?? 0);
+  assert.ok(prompt(second.body.usage) > prompt(first.body.usage) + 20);
   const off = await post(url, { ...base, thinking: { type: 'disabled' } });
   const on = await post(url, { ...base, thinking: { type: 'enabled', budget_tokens: 1024 } });
-  assert.ok(off.body.usage.input_tokens > on.body.usage.input_tokens);  // the empty <think></think> block
+  assert.ok(prompt(off.body.usage) > prompt(on.body.usage));  // the empty <think></think> block
 });
 
 test('Anthropic error shape', async () => {

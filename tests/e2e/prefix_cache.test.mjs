@@ -72,6 +72,9 @@ test('Anthropic usage reports cache_read_input_tokens', async () => {
   const b = await anthropic.messages.create(req);
   assert.ok(b.usage.cache_read_input_tokens >= 2 * BLOCK, JSON.stringify(b.usage));
   assert.equal(b.usage.cache_read_input_tokens % BLOCK, 0);
+  // Anthropic's input_tokens leaves out what was read from the cache: the two add up to the prompt.
+  assert.equal(b.usage.input_tokens + b.usage.cache_read_input_tokens, a.usage.input_tokens + a.usage.cache_read_input_tokens);
+  assert.ok(b.usage.input_tokens < a.usage.input_tokens + a.usage.cache_read_input_tokens);
   assert.deepEqual(b.content, a.content);
 });
 
@@ -82,4 +85,7 @@ test('/metrics counts prefix-cache hits', async () => {
   assert.ok(r.usage.prompt_tokens_details.cached_tokens > 0);
   assert.equal(after - before, r.usage.prompt_tokens_details.cached_tokens);
   assert.equal((await metrics(plain.url)).arbor_prefix_cache_hit_tokens_total, 0);
+  // Finished requests leave their full blocks cached; the server without the cache keeps none.
+  assert.ok((await metrics(server.url)).arbor_kv_blocks_cached > 0);
+  assert.equal((await metrics(plain.url)).arbor_kv_blocks_cached, 0);
 });
