@@ -206,6 +206,10 @@ void CudaBackend::step_graph_end() {
       if (g) cudaGraphDestroy(g);
     }
   } guard{g};
+  if (int64_t(graphs_->exec.size()) >= kMaxGraphs) {  // bounded host/device memory: start over (rare)
+    ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
+    graphs_->clear();
+  }
   cudaGraphExec_t e = nullptr;
   ARBOR_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
   graphs_->exec.emplace(graph_key_, e);

@@ -86,6 +86,7 @@ class CudaBackend : public Backend {
   bool step_graphs() const { return graphs_on_; }
   int64_t graphs_recorded() const;
   static constexpr int64_t kGraphMaxTokens = 64;
+  static constexpr int64_t kMaxGraphs = 256;  // recordings kept; more drops them all and starts over
   int64_t max_graph_tokens() const override { return graphs_on_ ? kGraphMaxTokens : 0; }
   bool step_graph_begin() override;
   void step_graph_end() override;
