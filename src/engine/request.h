@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/json_constraint.h"
 #include "engine/sampler.h"
 
 namespace arbor {
@@ -24,8 +25,10 @@ struct LogitProcessing {
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
   std::map<int32_t, float> logit_bias;
+  std::optional<JsonConstraint> json;  // this request's own state (copies are independent)
   bool active() const {
-    return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f || !logit_bias.empty();
+    return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f || !logit_bias.empty() ||
+           json.has_value();
   }
 };
 

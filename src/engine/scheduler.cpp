@@ -261,15 +261,25 @@ void Scheduler::step() {
       if (r.processing.active()) {
         scratch_.assign(lr, lr + V);
         apply_logit_processing(r.processing, r.prompt, a.generated, scratch_.data(), V);
+        if (r.processing.json && r.processing.json->mask(scratch_.data(), V) == 0) {
+          retire(a, FinishReason::Error, "response_format: no token of the vocabulary can continue the JSON");
+          continue;
+        }
         sample_row = scratch_.data();
       }
       ev.id = a.sampler.sample(sample_row, V);
+      if (r.processing.json && !r.processing.json->advance(ev.id)) {  // cannot happen after mask(); checked anyway
+        retire(a, FinishReason::Error, fmt::format("response_format: sampled token {} does not continue the JSON", ev.id));
+        continue;
+      }
       if (r.logprobs) compute_logprobs(lr, V, ev.id, r.top_logprobs, ev.logprob, ev.top);
     }
     a.generated.push_back(ev.id);
     a.next = ev.id;
     generated_tokens_ += 1;
-    const bool stop = std::find(r.stop_ids.begin(), r.stop_ids.end(), ev.id) != r.stop_ids.end();
+    // A JSON response ends with its value (the mask allows EOS only then, and only whitespace may follow).
+    const bool stop = std::find(r.stop_ids.begin(), r.stop_ids.end(), ev.id) != r.stop_ids.end() ||
+                      (r.processing.json && r.processing.json->complete());
     r.push(std::move(ev));
     // As generate(): the token is reported, then the request ends at a stop id, at max_tokens, or when the
     // cache holds all the tokens it may (the last sampled token is never fed).

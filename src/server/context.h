@@ -51,6 +51,9 @@ struct ServerContext {
   int64_t created = 0;   // unix seconds, for /v1/models
   std::atomic<bool> ready{false};
   Metrics metrics;
+  // Token bytes for response_format (constrained JSON), built on the first request that asks for it.
+  std::once_flag json_table_once;
+  std::shared_ptr<const JsonTokenTable> json_table;
 };
 
 struct GenParams {

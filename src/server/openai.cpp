@@ -55,6 +55,7 @@ void handle_chat_completions(ServerContext& ctx, const http::Request& req, http:
   }
   ojson kwargs = template_kwargs(b, ctx);
   GenParams p = parse_sampling(b, ctx);
+  if (auto rf = b.find("response_format"); rf != b.end()) p.processing.json = parse_response_format(ctx, *rf, "response_format", false);
   if (parse_tools && ctx.chat_format.markers_are_special()) p.skip_special_tokens = false;
   p.logprobs = opt_bool(b, "logprobs").value_or(false);
   p.top_logprobs = opt_int(b, "top_logprobs", 0, 20).value_or(0);
@@ -72,7 +73,10 @@ void handle_chat_completions(ServerContext& ctx, const http::Request& req, http:
   const std::string id = random_id("chatcmpl-");
   const int64_t created = unix_now();
   std::vector<ChatChoice> choices;
-  for (int64_t i = 0; i < p.n; ++i) choices.push_back({ChatOutputParser(ctx.chat_format, opens_reasoning, parse_tools), {}, {}, json::array()});
+  // A JSON response is content from its first token: no reasoning block, no tool-call markup.
+  const bool json_out = p.processing.json.has_value();
+  for (int64_t i = 0; i < p.n; ++i)
+    choices.push_back({ChatOutputParser(ctx.chat_format, opens_reasoning && !json_out, parse_tools && !json_out), {}, {}, json::array()});
 
   auto chunk = [&](int index, json delta, json finish, json logprobs) {
     json c = {{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", ctx.model_id},

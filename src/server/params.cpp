@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "server/api_error.h"
+#include "text/tokenizer/token_bytes.h"
 
 namespace arbor::server {
 namespace {
@@ -139,6 +140,43 @@ GenParams parse_sampling(const json& b, const ServerContext& ctx) {
   auto mct = opt_int(b, "max_completion_tokens", 1, INT64_MAX);
   p.max_tokens = mct ? *mct : mt ? *mt : -1;  // max_completion_tokens wins
   return p;
+}
+
+std::optional<JsonConstraint> parse_response_format(ServerContext& ctx, const json& rf, const std::string& field, bool flat) {
+  if (rf.is_null()) return std::nullopt;
+  if (!rf.is_object()) bad_request(field, "must be an object, got {}", type_name(rf));
+  auto t = rf.find("type");
+  if (t == rf.end() || !t->is_string()) bad_request(field + ".type", "is required and must be a string");
+  const std::string type = t->get<std::string>();
+  std::shared_ptr<const JsonSchema> schema;
+  if (type == "text") return std::nullopt;
+  if (type == "json_object") {
+    schema = JsonSchema::any_of_type(JsonSchema::Object);
+  } else if (type == "json_schema") {
+    const json* js = &rf;
+    std::string where = field;
+    if (!flat) {
+      where += ".json_schema";
+      auto it = rf.find("json_schema");
+      if (it == rf.end() || it->is_null()) bad_request(where, "is required when type is 'json_schema'");
+      if (!it->is_object()) bad_request(where, "must be an object, got {}", type_name(*it));
+      js = &*it;
+    }
+    opt_string(*js, "name");  // type checks only: neither changes what is enforced
+    opt_bool(*js, "strict");
+    auto sc = js->find("schema");
+    if (sc == js->end() || sc->is_null()) bad_request(where + ".schema", "is required");
+    if (!sc->is_object()) bad_request(where + ".schema", "must be a JSON Schema object, got {}", type_name(*sc));
+    try {
+      schema = JsonSchema::compile(*sc);
+    } catch (const JsonSchemaError& e) {
+      bad_request(e.path.empty() ? where + ".schema" : where + ".schema." + e.path, "{}", e.what());
+    }
+  } else {
+    bad_request(field + ".type", "must be 'text', 'json_object' or 'json_schema', got '{}'", type.substr(0, 40));
+  }
+  std::call_once(ctx.json_table_once, [&] { ctx.json_table = std::make_shared<JsonTokenTable>(token_bytes(*ctx.tok), ctx.eos_ids); });
+  return JsonConstraint(ctx.json_table, schema);
 }
 
 nlohmann::ordered_json normalize_messages(const json& msgs) {

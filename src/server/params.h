@@ -21,6 +21,11 @@ std::optional<std::string> opt_string(const json& j, const char* name);
 // logit_bias, stop, n, max_tokens / max_completion_tokens) with the server defaults applied.
 GenParams parse_sampling(const json& body, const ServerContext& ctx);
 
+// response_format (chat: {"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema",
+// "strict"}}) or the Responses API's text.format (flat: {"type": "json_schema", "name", "schema", "strict"}):
+// the JSON constraint to decode with, nullopt for plain text. `field` names the member in 400 errors.
+std::optional<JsonConstraint> parse_response_format(ServerContext& ctx, const json& rf, const std::string& field, bool flat);
+
 // The request's chat messages as the template expects them: content parts joined into one string, the
 // developer role mapped to system, tool-call arguments given as JSON text turned into objects. 400 for an
 // empty list, an unknown role, a wrong type, or an image part (the served model is text-only).

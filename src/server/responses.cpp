@@ -242,6 +242,14 @@ void handle_responses(ServerContext& ctx, const http::Request& req, http::Respon
     oai["max_tokens"] = b["max_output_tokens"];
   }
   GenParams p = parse_sampling(oai, ctx);
+  json text_format = {{"type", "text"}};  // echoed in the response object
+  if (auto t = b.find("text"); t != b.end() && !t->is_null()) {
+    if (!t->is_object()) bad_request("text", "must be an object");
+    if (auto f = t->find("format"); f != t->end() && !f->is_null()) {
+      p.processing.json = parse_response_format(ctx, *f, "text.format", true);
+      text_format = *f;
+    }
+  }
   if (parse_tools && ctx.chat_format.markers_are_special()) p.skip_special_tokens = false;
   json kw_src = json::object();
   if (auto r = b.find("reasoning"); r != b.end() && !r->is_null()) {
@@ -254,7 +262,8 @@ void handle_responses(ServerContext& ctx, const http::Request& req, http::Respon
   bool opens_reasoning = false;
   std::vector<int32_t> prompt = render_chat_prompt(ctx, messages, tools, kwargs, opens_reasoning);
   Generation g(ctx, std::move(prompt), p);
-  ChatOutputParser parser(ctx.chat_format, opens_reasoning, parse_tools);
+  const bool json_out = p.processing.json.has_value();  // JSON is content from its first token
+  ChatOutputParser parser(ctx.chat_format, opens_reasoning && !json_out, parse_tools && !json_out);
   const std::string id = random_id("resp_");
   const int64_t created = unix_now();
 
@@ -264,7 +273,7 @@ void handle_responses(ServerContext& ctx, const http::Request& req, http::Respon
               {"instructions", b.value("instructions", json(nullptr))}, {"max_output_tokens", b.value("max_output_tokens", json(nullptr))},
               {"model", ctx.model_id}, {"output", output}, {"parallel_tool_calls", b.value("parallel_tool_calls", json(true))},
               {"previous_response_id", nullptr}, {"reasoning", {{"effort", kw_src.value("reasoning_effort", json(nullptr))}, {"summary", nullptr}}},
-              {"store", false}, {"temperature", p.sampling.temperature}, {"text", {{"format", {{"type", "text"}}}}},
+              {"store", false}, {"temperature", p.sampling.temperature}, {"text", {{"format", text_format}}},
               {"tool_choice", b.value("tool_choice", json(choice))}, {"tools", tools_echo}, {"top_p", p.sampling.top_p},
               {"truncation", "disabled"}, {"usage", nullptr}, {"user", b.value("user", json(nullptr))},
               {"metadata", b.value("metadata", json::object())}};
