@@ -1,8 +1,11 @@
 // Flash attention for prefill over the paged bf16 KV cache, on tensor cores (mma.sync m16n8k16,
 // bf16 in, f32 accumulators), with online softmax. A block owns 64 query rows = (tokens of one
 // sequence) x (the query heads of one GQA group), so the group shares every K/V tile it loads; each
-// of its 4 warps owns 16 rows. K/V tiles are gathered block by block through the block table.
+// of its 4 warps owns 16 rows. K/V tiles are gathered block by block through the block table, the next
+// tile's copy (cp.async, double-buffered) overlapping this tile's math.
 #include <cuda_bf16.h>
+
+#include <cstdlib>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
@@ -28,20 +31,34 @@ __device__ __forceinline__ void ldmatrix_x4_trans(const void* p, uint32_t& r0, u
                : "r"(addr));
 }
 
+// 16 bytes global -> shared without passing through registers (sm_80+); valid == false zero-fills.
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src, bool valid) {
+  const uint32_t d = uint32_t(__cvta_generic_to_shared(smem_dst));
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(gmem_src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
 // D: head_dim; KT: keys per tile. Shared rows are padded by 8 elements (16 bytes) so the 8 rows a
-// fragment load touches fall in distinct banks.
-template <int D, int KT>
+// fragment load touches fall in distinct banks. PIPE: K/V tiles are double-buffered and fetched with
+// cp.async, the next tile's copy in flight while the tensor cores work on this one; otherwise each
+// tile is loaded (through registers) between two barriers.
+template <int D, int KT, bool PIPE>
 __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnArgs a, const int32_t* tiles) {
-  constexpr int LD = D + 8;
+  constexpr int LD = D + 8, NB = PIPE ? 2 : 1;
   extern __shared__ __align__(16) uint16_t smem[];
-  uint16_t* Qs = smem;             // [kRows][LD]
-  uint16_t* Ks = Qs + kRows * LD;  // [KT][LD]
-  uint16_t* Vs = Ks + KT * LD;     // [KT][LD]
+  uint16_t* Qs = smem;                  // [kRows][LD]
+  uint16_t* Ks = Qs + kRows * LD;       // [NB][KT][LD]
+  uint16_t* Vs = Ks + NB * KT * LD;     // [NB][KT][LD]
 
   const int32_t* tile = tiles + blockIdx.x * 8;
   const int32_t tok0 = tile[0], ntok = tile[1], seq = tile[2], min_pos = tile[3], max_pos = tile[4];
@@ -68,22 +85,51 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnArgs a, cons
   for (int d = 0; d < D / 8; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
   float mA = -INFINITY, mB = -INFINITY, lA = 0.0f, lB = 0.0f;
 
-  for (int32_t kt = kv_lo; kt < kv_hi; kt += KT) {
-    __syncthreads();  // the previous tile's readers are done (and Qs is written, first time round)
+  // Copies K/V tile [kt, kt + KT) into Kd/Vd with cp.async (keys past kv_hi are zero-filled: V rows
+  // of masked keys must be finite, P = 0 times them must stay 0).
+  auto fetch = [&](uint16_t* Kd, uint16_t* Vd, int32_t kt) {
     for (int idx = threadIdx.x; idx < KT * (D / 8); idx += kThreads) {
       const int j = idx / (D / 8), c = idx % (D / 8);
       const int32_t kp = kt + j;
-      uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
-      if (kp < kv_hi) {
-        const int64_t slot = kv_slot(a, table, kp);
-        const int64_t off = slot * kvrow + int64_t(g) * D + c * 8;
-        kv = *reinterpret_cast<const uint4*>(a.k_pool + off);
-        vv = *reinterpret_cast<const uint4*>(a.v_pool + off);
-      }
-      *reinterpret_cast<uint4*>(Ks + j * LD + c * 8) = kv;
-      *reinterpret_cast<uint4*>(Vs + j * LD + c * 8) = vv;
+      const bool ok = kp < kv_hi;
+      const int64_t off = ok ? kv_slot(a, table, kp) * kvrow + int64_t(g) * D + c * 8 : 0;
+      cp_async16(Kd + j * LD + c * 8, a.k_pool + off, ok);
+      cp_async16(Vd + j * LD + c * 8, a.v_pool + off, ok);
     }
-    __syncthreads();
+  };
+  if constexpr (PIPE) {
+    if (kv_lo < kv_hi) fetch(Ks, Vs, kv_lo);
+    cp_async_commit();
+  }
+  int step = 0;
+  for (int32_t kt = kv_lo; kt < kv_hi; kt += KT, ++step) {
+    const uint16_t* Kc = Ks;
+    const uint16_t* Vc = Vs;
+    if constexpr (PIPE) {
+      const int buf = step & 1;
+      Kc = Ks + buf * KT * LD, Vc = Vs + buf * KT * LD;
+      // The other buffer was read in the previous step, which ended with a barrier.
+      if (kt + KT < kv_hi) fetch(Ks + (buf ^ 1) * KT * LD, Vs + (buf ^ 1) * KT * LD, kt + KT);
+      cp_async_commit();
+      cp_async_wait<1>();  // every group but the one just committed: this step's tile is in
+      __syncthreads();     // ... for every thread's copies (and Qs is written, first time round)
+    } else {
+      __syncthreads();  // the previous tile's readers are done (and Qs is written, first time round)
+      for (int idx = threadIdx.x; idx < KT * (D / 8); idx += kThreads) {
+        const int j = idx / (D / 8), c = idx % (D / 8);
+        const int32_t kp = kt + j;
+        uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
+        if (kp < kv_hi) {
+          const int64_t slot = kv_slot(a, table, kp);
+          const int64_t off = slot * kvrow + int64_t(g) * D + c * 8;
+          kv = *reinterpret_cast<const uint4*>(a.k_pool + off);
+          vv = *reinterpret_cast<const uint4*>(a.v_pool + off);
+        }
+        *reinterpret_cast<uint4*>(Ks + j * LD + c * 8) = kv;
+        *reinterpret_cast<uint4*>(Vs + j * LD + c * 8) = vv;
+      }
+      __syncthreads();
+    }
 
     // S = Q Kᵀ for this warp's 16 rows and the tile's KT keys.
     float sc[KT / 8][4];
@@ -97,7 +143,7 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnArgs a, cons
       const uint32_t a3 = *reinterpret_cast<const uint32_t*>(Qs + rB * LD + kk * 16 + 8 + 2 * tq);
 #pragma unroll
       for (int j = 0; j < KT / 8; ++j) {
-        const uint16_t* kr = Ks + (j * 8 + gq) * LD + kk * 16 + 2 * tq;
+        const uint16_t* kr = Kc + (j * 8 + gq) * LD + kk * 16 + 2 * tq;
         mma_bf16(sc[j], a0, a1, a2, a3, *reinterpret_cast<const uint32_t*>(kr), *reinterpret_cast<const uint32_t*>(kr + 8));
       }
     }
@@ -144,11 +190,12 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnArgs a, cons
 #pragma unroll
       for (int d = 0; d < D / 8; d += 2) {
         uint32_t b0, b1, b2, b3;
-        ldmatrix_x4_trans(Vs + (kk * 16 + (lane & 15)) * LD + d * 8 + (lane >= 16 ? 8 : 0), b0, b1, b2, b3);
+        ldmatrix_x4_trans(Vc + (kk * 16 + (lane & 15)) * LD + d * 8 + (lane >= 16 ? 8 : 0), b0, b1, b2, b3);
         mma_bf16(o[d], a0, a1, a2, a3, b0, b1);
         mma_bf16(o[d + 1], a0, a1, a2, a3, b2, b3);
       }
     }
+    if constexpr (PIPE) __syncthreads();  // this buffer is refilled two steps on
   }
 
 #pragma unroll
@@ -167,17 +214,33 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnArgs a, cons
   }
 }
 
-template <int D, int KT>
-void launch_p(const AttnArgs& a, const int32_t* tiles, int64_t n_tiles, cudaStream_t s) {
-  constexpr size_t smem = size_t(kRows + 2 * KT) * (D + 8) * 2;
+template <int D, int KT, bool PIPE>
+void launch_pk(const AttnArgs& a, const int32_t* tiles, int64_t n_tiles, cudaStream_t s) {
+  constexpr size_t smem = size_t(kRows + (PIPE ? 4 : 2) * KT) * (D + 8) * 2;
   static bool attr_set = false;  // once per instantiation (the limit is a property of the function)
   if (!attr_set) {
-    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_kernel<D, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_kernel<D, KT, PIPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     attr_set = true;
   }
   dim3 grid(unsigned(n_tiles), unsigned(a.n_kv_heads));
-  attn_prefill_kernel<D, KT><<<grid, kThreads, smem, s>>>(a, tiles);
+  attn_prefill_kernel<D, KT, PIPE><<<grid, kThreads, smem, s>>>(a, tiles);
   ARBOR_LAUNCH_CHECK("attn_prefill_kernel");
+}
+
+// The cp.async double-buffered kernel by default; ARBOR_CUDA_PREFILL_PIPE=0 runs the synchronous one
+// (for comparisons).
+bool pipelined() {
+  static const bool p = [] {
+    const char* e = std::getenv("ARBOR_CUDA_PREFILL_PIPE");
+    return !(e && std::atoi(e) == 0);
+  }();
+  return p;
+}
+
+template <int D, int KT>
+void launch_p(const AttnArgs& a, const int32_t* tiles, int64_t n_tiles, cudaStream_t s) {
+  if (pipelined()) launch_pk<D, KT, true>(a, tiles, n_tiles, s);
+  else launch_pk<D, KT, false>(a, tiles, n_tiles, s);
 }
 
 }  // namespace
