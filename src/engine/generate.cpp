@@ -69,6 +69,7 @@ GenerateResult generate(Model& model, BlockPool& pool, const GenerateRequest& re
   res.prefill_tokens = int64_t(req.prompt.size());
   res.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
 
+  const bool device_greedy = req.sampling.temperature <= 0.0f && !req.keep_logits && model.backend().device() != Device::CPU;
   auto t1 = clock::now();
   while (req.max_tokens > 0) {
     res.tokens.push_back(next);
@@ -76,11 +77,20 @@ GenerateResult generate(Model& model, BlockPool& pool, const GenerateRequest& re
     bool stop = std::find(req.stop_ids.begin(), req.stop_ids.end(), next) != req.stop_ids.end();
     if (!go_on || stop || int64_t(res.tokens.size()) >= req.max_tokens || seq.length >= limit) break;
     BatchInfo b = make_batch({{next}}, {seq.length}, {&seq}, false);
-    logits.resize(size_t(V));
-    model.forward(b, logits.data());
-    if (req.keep_logits) res.logits.insert(res.logits.end(), logits.begin(), logits.end());
     seq.length += 1;
     res.decode_steps += 1;
+    // Greedy without --logits-out: the backend may pick the id where the logits are (GPU argmax), as
+    // the server does, instead of copying the row to the host.
+    if (device_greedy) {
+      model.forward(b, nullptr);
+      if (model.backend().argmax_rows(model.device_logits(1), &next)) continue;
+      logits.resize(size_t(V));
+      model.backend().read_logits(model.device_logits(1), logits.data());
+    } else {
+      logits.resize(size_t(V));
+      model.forward(b, logits.data());
+    }
+    if (req.keep_logits) res.logits.insert(res.logits.end(), logits.begin(), logits.end());
     next = sampler.sample(logits.data(), V);
   }
   res.decode_seconds = std::chrono::duration<double>(clock::now() - t1).count();

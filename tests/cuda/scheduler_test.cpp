@@ -1,12 +1,13 @@
-// The scheduler on the CUDA backend: when every row of a step is plain greedy, the ids are picked on the
-// GPU (the logits never leave it); they must equal the ids the host path picks from the same logits
-// (forced by asking for logprobs). The shipped default model, several requests decoding together.
-// Skipped without a GPU.
+// The scheduler and generate() on the CUDA backend: when every row of a step is plain greedy, the ids
+// are picked on the GPU (the logits never leave it); they must equal the ids the host path picks from
+// the same logits (forced by asking for logprobs / keeping the logits). The shipped default model,
+// several requests decoding together. Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 
 #include "cuda_test_util.h"
+#include "engine/generate.h"
 #include "engine/scheduler.h"
 
 using namespace arbor;
@@ -55,6 +56,26 @@ TEST(CudaScheduler, GreedyIdsPickedOnTheGpuMatchTheHostPath) {
   auto device = run(s, prompts, false), host = run(s, prompts, true);
   EXPECT_EQ(device, host);
   for (auto& ids : device) EXPECT_EQ(ids.size(), 24u);
+}
+
+TEST(CudaGenerate, GreedyIdsPickedOnTheGpuMatchTheHostPath) {
+  ARBOR_REQUIRE_GPU();
+  const char* src = std::getenv("ARBOR_SOURCE_DIR");
+  LoadOptions o;
+  o.model_dir = std::string(src ? src : ARBOR_SOURCE_DIR) + "/models/arbor-tiny-sotu";
+  o.ctx_size = 256, o.kv_blocks = 32, o.max_step_tokens = 64, o.show_progress = false;
+  CudaBackend gpu(0);
+  Model m(o, gpu);
+  BlockPool pool(gpu.kv_layout().n_blocks, gpu.kv_layout().block_size);
+  GenerateRequest req;
+  for (int i = 0; i < 20; ++i) req.prompt.push_back(int32_t((i * 53 + 7) % 8000));
+  req.max_tokens = 40;
+  req.sampling.temperature = 0.0f;
+  const auto device = generate(m, pool, req, nullptr);
+  req.keep_logits = true;  // the host path: every logits row comes back
+  const auto host = generate(m, pool, req, nullptr);
+  EXPECT_EQ(device.tokens, host.tokens);
+  EXPECT_EQ(device.tokens.size(), 40u);
 }
 
 }  // namespace
