@@ -38,16 +38,7 @@ void handle_chat_completions(ServerContext& ctx, const http::Request& req, http:
   bool parse_tools = false;
   if (auto t = b.find("tools"); t != b.end() && !t->is_null()) {
     ojson list = normalize_tools(ojson::parse(req.body)["tools"]);  // the body parsed again, keeping key order
-    std::string choice = "auto";
-    if (auto tc = b.find("tool_choice"); tc != b.end() && !tc->is_null()) {
-      if (tc->is_string()) {
-        choice = tc->get<std::string>();
-        if (choice != "none" && choice != "auto" && choice != "required")
-          bad_request("tool_choice", "must be 'none', 'auto', 'required' or an object naming a function; got '{}'", choice.substr(0, 40));
-      } else if (!tc->is_object()) {
-        bad_request("tool_choice", "must be a string or an object");
-      }
-    }
+    const std::string choice = parse_tool_choice(b);
     if (!list.empty() && choice != "none") {
       tools = list;
       parse_tools = true;

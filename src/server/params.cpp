@@ -288,6 +288,20 @@ nlohmann::ordered_json normalize_tools(const nlohmann::ordered_json& otools) {
   return out;
 }
 
+std::string parse_tool_choice(const json& b) {
+  std::string choice = "auto";
+  if (auto tc = b.find("tool_choice"); tc != b.end() && !tc->is_null()) {
+    if (tc->is_string()) {
+      choice = tc->get<std::string>();
+      if (choice != "none" && choice != "auto" && choice != "required")
+        bad_request("tool_choice", "must be 'none', 'auto', 'required' or an object naming a function; got '{}'", choice.substr(0, 40));
+    } else if (!tc->is_object()) {
+      bad_request("tool_choice", "must be a string or an object");
+    }
+  }
+  return choice;
+}
+
 nlohmann::ordered_json template_kwargs(const json& body, const ServerContext& ctx) {
   nlohmann::ordered_json kw = nlohmann::ordered_json::object();
   if (ctx.thinking == "on") kw["enable_thinking"] = true;

@@ -34,6 +34,10 @@ nlohmann::ordered_json normalize_messages(const json& messages);
 // prints the client's key order, as transformers does.
 nlohmann::ordered_json normalize_tools(const nlohmann::ordered_json& tools);
 
+// tool_choice: "none", "auto" (also when absent), "required", or "auto" for an object naming a function
+// (the call is not forced); 400 for anything else.
+std::string parse_tool_choice(const json& body);
+
 // Template kwargs from chat_template_kwargs, reasoning_effort and the server's --thinking default.
 nlohmann::ordered_json template_kwargs(const json& body, const ServerContext& ctx);
 
