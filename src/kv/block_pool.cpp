@@ -5,20 +5,10 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/hash.h"
 
 namespace arbor {
 
-namespace {
-// splitmix64's finalizer: a bijection that spreads every input bit over the output.
-inline uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebull;
-  x ^= x >> 31;
-  return x;
-}
-}  // namespace
 
 BlockPool::BlockPool(int64_t n_blocks, int64_t block_size) : n_blocks_(n_blocks), block_size_(block_size) {
   ARBOR_CHECK(n_blocks > 0 && block_size > 0, "kv: need a positive block count and size, got {} x {}", n_blocks, block_size);
@@ -89,8 +79,8 @@ void BlockPool::release(std::vector<int32_t>& blocks) {
 }
 
 BlockPool::Hash BlockPool::chain_hash(Hash prev, const int32_t* tokens) const {
-  uint64_t h = mix64(prev ^ 0x9e3779b97f4a7c15ull);
-  for (int64_t i = 0; i < block_size_; ++i) h = mix64(h ^ (uint64_t(uint32_t(tokens[i])) + 0x632be59bd9b4e019ull * uint64_t(i + 1)));
+  uint64_t h = splitmix64_mix(prev ^ 0x9e3779b97f4a7c15ull);
+  for (int64_t i = 0; i < block_size_; ++i) h = splitmix64_mix(h ^ (uint64_t(uint32_t(tokens[i])) + 0x632be59bd9b4e019ull * uint64_t(i + 1)));
   return h;
 }
 

@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/hash.h"
+
 namespace arbor {
 
 inline uint64_t hash_bytes(std::string_view s) {
@@ -22,12 +24,7 @@ inline uint64_t hash_bytes(std::string_view s) {
   uint64_t tail = 0;
   for (size_t k = 0; i + k < s.size(); ++k) tail |= uint64_t(static_cast<unsigned char>(s[i + k])) << (8 * k);
   h = (h ^ tail) * 0x100000001b3ull;
-  h ^= h >> 30;
-  h *= 0xbf58476d1ce4e5b9ull;
-  h ^= h >> 27;
-  h *= 0x94d049bb133111ebull;
-  h ^= h >> 31;
-  return h;
+  return splitmix64_mix(h);
 }
 
 inline uint64_t mix64(uint64_t x) {
