@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/thread_pool.h"
 #include "io/checkpoint.h"
 
 namespace arbor {
@@ -52,13 +53,15 @@ Model::Model(const LoadOptions& opt, Backend& backend) : backend_(backend) {
   // Weights: from the checkpoint (every tensor consumed, shapes checked) or generated.
   std::map<std::string, uint64_t> dtype_bytes;
   std::function<Tensor(const TensorSpec&)> get;
+  std::unique_ptr<ThreadPool> fill_pool;  // all cores generate dummy weights (an 8B model: 39 -> 9 s)
   if (opt.dummy_weights) {
+    fill_pool = std::make_unique<ThreadPool>(0);
     get = [&](const TensorSpec& s) {
       int64_t n = 1;
       for (auto d : s.shape) n *= d;
       size_t bytes = size_t(n) * dtype_size(opt.dummy_dtype);
       dummy_.emplace_back(new uint8_t[bytes]);
-      fill_dummy(s, a, opt.dummy_dtype, dummy_.back().get());
+      fill_dummy(s, a, opt.dummy_dtype, dummy_.back().get(), fill_pool.get());
       Tensor t(dummy_.back().get(), opt.dummy_dtype, {});
       t.ndim = int(s.shape.size());
       for (size_t i = 0; i < s.shape.size(); ++i) t.shape[i] = s.shape[i];
@@ -168,7 +171,7 @@ int64_t Model::graph_bucket(int64_t T) const {
   return b <= graph_max_ ? b : 0;
 }
 
-// A decode step (one token per sequence, every row's logits wanted) becomes a graph batch: padded to
+// A decode step (token i of sequence i, every row's logits wanted) becomes a graph batch: padded to
 // its bucket with tokens that sit at position 0 of their own sequence, whose block table points at
 // the backend's spare block (index n_blocks), and block tables widened to a power of two.
 bool Model::make_graph_batch(const BatchInfo& b) {
@@ -176,12 +179,8 @@ bool Model::make_graph_batch(const BatchInfo& b) {
   if (graph_max_ == 0 || T > graph_max_ || b.n_seqs() != T || int64_t(b.logit_rows.size()) != T) return false;
   const int64_t B = graph_bucket(T);
   if (B == 0 || B > max_step_tokens_) return false;
-  std::vector<char> seen(size_t(T), 0);
-  for (int64_t i = 0; i < T; ++i) {
-    const int32_t s = b.seq[size_t(i)];
-    if (s < 0 || s >= T || seen[size_t(s)]) return false;
-    seen[size_t(s)] = 1;
-  }
+  for (int64_t i = 0; i < T; ++i)  // token i is sequence i (how make_batch and the scheduler lay out decode steps)
+    if (b.seq[size_t(i)] != i) return false;
   int32_t mb = 1;
   while (mb < b.max_blocks) mb *= 2;
   BatchInfo& g = graph_batch_;

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "io/safetensors.h"
 #include "model/archs.h"
 #include "model/weights.h"
@@ -40,6 +41,7 @@ SynthStats write_synthetic_checkpoint(const json& config_json, const std::string
   }
   SynthStats st;
   json weight_map = json::object();
+  ThreadPool pool(0);  // all cores fill the tensors
   for (size_t si = 0; si < shards.size(); ++si) {
     std::string file = shards.size() == 1 ? "model.safetensors"
                                           : fmt::format("model-{:05d}-of-{:05d}.safetensors", si + 1, shards.size());
@@ -48,7 +50,7 @@ SynthStats write_synthetic_checkpoint(const json& config_json, const std::string
     for (size_t i : shards[si]) {
       uint64_t b = bytes_of(specs[i]);
       data.emplace_back(new uint8_t[b]);
-      fill_dummy(specs[i], a, dtype, data.back().get());
+      fill_dummy(specs[i], a, dtype, data.back().get(), &pool);
       out.push_back({specs[i].name, dtype, specs[i].shape, data.back().get(), size_t(b)});
       weight_map[specs[i].name] = file;
       st.tensors++, st.bytes += b;

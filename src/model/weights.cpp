@@ -4,9 +4,10 @@
 #include <fmt/format.h>
 
 #include <cmath>
-#include <thread>
 
 #include "core/error.h"
+#include "core/hash.h"
+#include "core/thread_pool.h"
 
 namespace arbor {
 
@@ -172,17 +173,12 @@ ModelWeights bind_weights(const ModelConfig& c, const ArchDescriptor& a, const s
   return m;
 }
 
-void fill_dummy(const TensorSpec& s, const ArchDescriptor& a, DType dtype, void* out) {
+void fill_dummy(const TensorSpec& s, const ArchDescriptor& a, DType dtype, void* out, ThreadPool* pool) {
   // SplitMix64 seeded by the tensor's name: the same name always gets the same values. Value i
-  // depends only on (seed, i), so large tensors are filled by several threads in chunks.
+  // depends only on (seed, i), so large tensors can be filled in chunks by the pool.
   uint64_t seed = 0x9E3779B97F4A7C15ull;
   for (char ch : s.name) seed = (seed ^ uint8_t(ch)) * 0x100000001B3ull;
-  auto value_bits = [seed](int64_t i) {
-    uint64_t z = seed + uint64_t(i + 1) * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  };
+  auto value_bits = [seed](int64_t i) { return splitmix64_mix(seed + uint64_t(i + 1) * 0x9E3779B97F4A7C15ull); };
   int64_t n = 1;
   for (auto d : s.shape) n *= d;
   if (dtype != DType::F32 && dtype != DType::BF16 && dtype != DType::F16) fail("dummy weights: unsupported dtype {}", dtype_name(dtype));
@@ -204,14 +200,8 @@ void fill_dummy(const TensorSpec& s, const ArchDescriptor& a, DType dtype, void*
       else static_cast<uint16_t*>(out)[i] = f32_to_f16(v);
     }
   };
-  const int64_t workers = std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()), std::max<int64_t>(1, n >> 20));
-  if (workers <= 1) {
-    fill(0, n);
-    return;
-  }
-  std::vector<std::thread> threads;
-  for (int64_t w = 0; w < workers; ++w) threads.emplace_back(fill, n * w / workers, n * (w + 1) / workers);
-  for (auto& t : threads) t.join();
+  if (pool && n >= (int64_t(1) << 20)) pool->parallel_for(n, int64_t(1) << 16, [&](int, int64_t b, int64_t e) { fill(b, e); });
+  else fill(0, n);
 }
 
 }  // namespace arbor

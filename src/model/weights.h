@@ -14,6 +14,8 @@
 
 namespace arbor {
 
+class ThreadPool;
+
 struct TensorSpec {
   std::string name;
   std::vector<int64_t> shape;
@@ -46,7 +48,8 @@ ModelWeights bind_weights(const ModelConfig& c, const ArchDescriptor& a, const s
                           Backend& backend);
 
 // Deterministic pseudo-random weights for a spec: matrices ~ U(-a, a) with a = 1/sqrt(fan_in), norm
-// weights near their identity value (1, or 0 for (1 + w) norms), biases small. Never zero.
-void fill_dummy(const TensorSpec& s, const ArchDescriptor& a, DType dtype, void* out);
+// weights near their identity value (1, or 0 for (1 + w) norms), biases small. Never zero. Value i
+// depends only on (tensor name, i), so `pool` (optional) may fill large tensors in parallel.
+void fill_dummy(const TensorSpec& s, const ArchDescriptor& a, DType dtype, void* out, ThreadPool* pool = nullptr);
 
 }  // namespace arbor
