@@ -1,10 +1,11 @@
-// Shared helpers for the CUDA tests: the GPU skip, random bf16-exact data, and moving host f32
+// Shared helpers for the CUDA tests: the GPU skip, the source tree, random bf16-exact data, and moving host f32
 // arrays to and from device bf16/f32 tensors. Every test compares against the CPU backend.
 #pragma once
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -21,6 +22,13 @@ namespace arbor::cuda_test {
     std::string why_;                                                                  \
     if (!::arbor::cuda_device_available(&why_)) GTEST_SKIP() << "no CUDA GPU: " << why_; \
   } while (0)
+
+// The source tree: ARBOR_SOURCE_DIR from the environment when set (the binary may run from a copy of the
+// tree, as on the GPU machine), else the one it was built from.
+inline std::string source_dir() {
+  const char* env = std::getenv("ARBOR_SOURCE_DIR");
+  return env ? env : ARBOR_SOURCE_DIR;
+}
 
 // Values in [-scale, scale), rounded to bf16 so the CPU (f32) and the GPU (bf16) see the same inputs.
 inline std::vector<float> random_bf16(std::mt19937& rng, size_t n, float scale = 1.0f, float center = 0.0f) {

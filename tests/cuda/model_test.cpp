@@ -5,11 +5,11 @@
 // compare_model). Skipped without a GPU.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <random>
 
 #include "core/error.h"
+#include "../model/mixed_batches.h"
 #include "cuda_test_util.h"
 #include "engine/generate.h"
 #include "engine/sampler.h"
@@ -173,37 +173,12 @@ TEST(CudaModel, BatchedDecodeGraphsMatchTheCpu) {
       streams[size_t(s)].resize(size_t(6 + 3 * s));  // 6..60 tokens: decode steps end at different times
       for (auto& t : streams[size_t(s)]) t = int32_t(rng() % uint32_t(V));
     }
+    // Step 0: every stream's first 5 tokens (prefill); then one token per unfinished stream.
     auto run = [&](Model& m, Backend& be) {
       BlockPool pool(be.kv_layout().n_blocks, be.kv_layout().block_size);
-      std::vector<SequenceKV> kv(S);
-      for (int s = 0; s < S; ++s) EXPECT_TRUE(kv[size_t(s)].reserve(pool, int64_t(streams[size_t(s)].size())));
       std::vector<std::vector<float>> out(S);
-      std::vector<int64_t> done(S, 0);
-      // Step 0: every stream's first 5 tokens (prefill); then one token per unfinished stream.
-      for (int step = 0;; ++step) {
-        std::vector<std::vector<int32_t>> toks;
-        std::vector<int64_t> start;
-        std::vector<const SequenceKV*> views;
-        std::vector<int> who;
-        for (int s = 0; s < S; ++s) {
-          const int64_t len = int64_t(streams[size_t(s)].size()), n = step == 0 ? 5 : 1;
-          if (done[size_t(s)] >= len) continue;
-          toks.emplace_back(streams[size_t(s)].begin() + done[size_t(s)], streams[size_t(s)].begin() + done[size_t(s)] + n);
-          start.push_back(done[size_t(s)]), views.push_back(&kv[size_t(s)]), who.push_back(s);
-        }
-        if (toks.empty()) break;
-        BatchInfo b = make_batch(toks, start, views, true);
-        std::vector<float> l(b.logit_rows.size() * size_t(V));
-        m.forward(b, l.data());
-        size_t row = 0;
-        for (size_t i = 0; i < toks.size(); ++i) {
-          auto& o = out[size_t(who[i])];
-          o.insert(o.end(), l.begin() + int64_t(row * size_t(V)), l.begin() + int64_t((row + toks[i].size()) * size_t(V)));
-          row += toks[i].size();
-          done[size_t(who[i])] += int64_t(toks[i].size());
-        }
-      }
-      for (auto& q : kv) q.release(pool);
+      test::run_mixed_batches(m, pool, streams, std::vector<std::vector<int64_t>>(S, {5, 1}),
+                              [&](int s, int64_t, const float* row) { out[size_t(s)].insert(out[size_t(s)].end(), row, row + V); });
       return out;
     };
     auto rc = run(mc, cpu), rg = run(mg, gpu);
@@ -218,9 +193,7 @@ TEST(CudaModel, BatchedDecodeGraphsMatchTheCpu) {
 
 TEST(CudaModel, FixturesMatchTheCpu) {
   ARBOR_REQUIRE_GPU();
-  // ARBOR_SOURCE_DIR in the environment wins: the binary may run from a copy of the tree (device runs).
-  const char* src = std::getenv("ARBOR_SOURCE_DIR");
-  const fs::path dir = fs::path(src ? src : ARBOR_SOURCE_DIR) / "tests" / "fixtures" / "models";
+  const fs::path dir = fs::path(source_dir()) / "tests" / "fixtures" / "models";
   if (!fs::exists(dir)) GTEST_SKIP() << "no fixtures at " << dir.string();
   int n = 0;
   for (auto& e : fs::directory_iterator(dir)) {

@@ -4,8 +4,6 @@
 // several requests decoding together. Skipped without a GPU.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-
 #include "cuda_test_util.h"
 #include "engine/generate.h"
 #include "engine/scheduler.h"
@@ -38,16 +36,23 @@ std::vector<std::vector<int32_t>> run(Scheduler& s, const std::vector<std::vecto
   return out;
 }
 
+// The shipped default model on the GPU with a KV pool of its own.
+struct TinyOnGpu {
+  static LoadOptions options() {
+    LoadOptions o;
+    o.model_dir = source_dir() + "/models/arbor-tiny-sotu";
+    o.ctx_size = 256, o.kv_blocks = 64, o.max_step_tokens = 64, o.show_progress = false;
+    return o;
+  }
+  CudaBackend gpu{0};
+  Model m{options(), gpu};
+  BlockPool pool{gpu.kv_layout().n_blocks, gpu.kv_layout().block_size};
+};
+
 TEST(CudaScheduler, GreedyIdsPickedOnTheGpuMatchTheHostPath) {
   ARBOR_REQUIRE_GPU();
-  const char* src = std::getenv("ARBOR_SOURCE_DIR");
-  LoadOptions o;
-  o.model_dir = std::string(src ? src : ARBOR_SOURCE_DIR) + "/models/arbor-tiny-sotu";
-  o.ctx_size = 256, o.kv_blocks = 64, o.max_step_tokens = 64, o.show_progress = false;
-  CudaBackend gpu(0);
-  Model m(o, gpu);
-  BlockPool pool(gpu.kv_layout().n_blocks, gpu.kv_layout().block_size);
-  Scheduler s(m, pool, {4, 16, false});
+  TinyOnGpu t;
+  Scheduler s(t.m, t.pool, {4, 16, false});
   std::vector<std::vector<int32_t>> prompts;
   for (int k = 0; k < 4; ++k) {
     prompts.emplace_back();
@@ -60,20 +65,14 @@ TEST(CudaScheduler, GreedyIdsPickedOnTheGpuMatchTheHostPath) {
 
 TEST(CudaGenerate, GreedyIdsPickedOnTheGpuMatchTheHostPath) {
   ARBOR_REQUIRE_GPU();
-  const char* src = std::getenv("ARBOR_SOURCE_DIR");
-  LoadOptions o;
-  o.model_dir = std::string(src ? src : ARBOR_SOURCE_DIR) + "/models/arbor-tiny-sotu";
-  o.ctx_size = 256, o.kv_blocks = 32, o.max_step_tokens = 64, o.show_progress = false;
-  CudaBackend gpu(0);
-  Model m(o, gpu);
-  BlockPool pool(gpu.kv_layout().n_blocks, gpu.kv_layout().block_size);
+  TinyOnGpu t;
   GenerateRequest req;
   for (int i = 0; i < 20; ++i) req.prompt.push_back(int32_t((i * 53 + 7) % 8000));
   req.max_tokens = 40;
   req.sampling.temperature = 0.0f;
-  const auto device = generate(m, pool, req, nullptr);
+  const auto device = generate(t.m, t.pool, req, nullptr);
   req.keep_logits = true;  // the host path: every logits row comes back
-  const auto host = generate(m, pool, req, nullptr);
+  const auto host = generate(t.m, t.pool, req, nullptr);
   EXPECT_EQ(device.tokens, host.tokens);
   EXPECT_EQ(device.tokens.size(), 40u);
 }

@@ -54,6 +54,32 @@ std::vector<char> allowed_bytes(const JsonRecognizer& r) {
 }
 
 // A reference check of the enforced subset (types, properties, required, additionalProperties, items, enum).
+// A random walk over the bytes r accepts, up to max_len bytes or until the value completes: a byte from
+// `preferred` (when one is allowed) except one time in `odds`, else any allowed byte. A dead end (no byte
+// allowed before completion) or a refused allowed byte is a fatal failure (the caller checks
+// HasFatalFailure()).
+std::string random_walk(JsonRecognizer& r, std::mt19937& rng, int max_len, std::string_view preferred, unsigned odds) {
+  std::string text;
+  for (int k = 0; k < max_len && !r.complete(); ++k) {
+    auto ok = allowed_bytes(r);
+    if (ok.empty()) {
+      [&] { FAIL() << "dead end after " << text; }();
+      return text;
+    }
+    std::vector<char> pref;
+    for (char c : ok)
+      if (preferred.find(c) != std::string_view::npos) pref.push_back(c);
+    const auto& pick = !pref.empty() && rng() % odds ? pref : ok;
+    const char c = pick[rng() % pick.size()];
+    if (!feed_all(r, std::string(1, c))) {
+      [&] { FAIL() << "allowed byte " << int(c) << " refused after " << text; }();
+      return text;
+    }
+    text += c;
+  }
+  return text;
+}
+
 bool fits(const json& v, const json& s) {
   if (s.contains("enum")) {
     for (const auto& e : s["enum"])
@@ -142,20 +168,9 @@ TEST(JsonRecognizer, RandomTextsThatCompleteAreValidJson) {
   int completed = 0;
   for (int t = 0; t < 3000; ++t) {
     JsonRecognizer r(any.get());
-    std::string text;
-    // Random walk over accepted bytes, often picking from the alphabet (structure, escapes, numbers) so
-    // values close.
-    for (int k = 0; k < 300 && !r.complete(); ++k) {
-      auto ok = allowed_bytes(r);
-      ASSERT_FALSE(ok.empty()) << "dead end after " << text;
-      std::vector<char> pref;
-      for (char c : ok)
-        if (kAlphabet.find(c) != std::string::npos) pref.push_back(c);
-      const auto& pick = !pref.empty() && rng() % 4 ? pref : ok;
-      char c = pick[rng() % pick.size()];
-      ASSERT_TRUE(feed_all(r, std::string(1, c)));
-      text += c;
-    }
+    // Often picking from the alphabet (structure, escapes, numbers) so values close.
+    const std::string text = random_walk(r, rng, 300, kAlphabet, 4);
+    if (::testing::Test::HasFatalFailure()) return;
     if (!r.complete()) continue;
     ++completed;
     ASSERT_TRUE(accept(text)) << text;
@@ -180,19 +195,9 @@ TEST(JsonRecognizer, SchemaRandomWalksFitTheSchema) {
   int completed = 0;
   for (int t = 0; t < 3000; ++t) {
     JsonRecognizer r(schema.get());
-    std::string text;
-    for (int k = 0; k < 400 && !r.complete(); ++k) {
-      auto ok = allowed_bytes(r);
-      ASSERT_FALSE(ok.empty()) << "dead end after " << text;
-      // Prefer structure and quotes so strings and numbers end.
-      std::vector<char> pref;
-      for (char c : ok)
-        if (std::string_view("{}[]\":,tfn").find(c) != std::string_view::npos) pref.push_back(c);
-      const auto& pick = !pref.empty() && rng() % 3 ? pref : ok;
-      char c = pick[rng() % pick.size()];
-      ASSERT_TRUE(feed_all(r, std::string(1, c)));
-      text += c;
-    }
+    // Prefer structure and quotes so strings and numbers end.
+    const std::string text = random_walk(r, rng, 400, "{}[]\":,tfn", 3);
+    if (::testing::Test::HasFatalFailure()) return;
     if (!r.complete()) continue;
     ++completed;
     ASSERT_TRUE(accept(text)) << text;
