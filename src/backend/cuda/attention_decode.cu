@@ -5,7 +5,6 @@
 #include <cuda_bf16.h>
 
 #include <cfloat>
-#include <cstdlib>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
@@ -28,7 +27,7 @@ __device__ __forceinline__ void unpack8(const uint4& q, float* f) {
   }
 }
 
-template <int D, int kHeads, int U>
+template <int D, int kHeads>
 __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, int n_splits, int head_chunks, float* scratch) {
   pdl_trigger();
   pdl_wait();
@@ -66,46 +65,36 @@ __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, in
     for (int e = 0; e < 8; ++e) acc[i][e] = 0.0f;
   }
 
-  // The loop bound is uniform per warp (shuffles below need every lane); `live` masks the tail. Each
-  // lane loads U key rows (K and V) before it uses the first, so U loads per lane are in flight
-  // instead of one memory latency per key.
-  for (int32_t base = k_begin + warp * KPW; base < k_end; base += NSG * U) {
-    uint4 kq[U], vq[U];
-    bool live[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int32_t kp = base + u * NSG + sub;
-      live[u] = kp < k_end;
-      kq[u] = make_uint4(0, 0, 0, 0), vq[u] = kq[u];
-      if (live[u]) {
-        const int64_t slot = kv_slot(a, table, kp);
-        const int64_t off = slot * kvrow + int64_t(g) * D + sl * 8;
-        kq[u] = *reinterpret_cast<const uint4*>(a.k_pool + off);
-        vq[u] = *reinterpret_cast<const uint4*>(a.v_pool + off);
-      }
+  // The loop bound is uniform per warp (shuffles below need every lane); `live` masks the tail.
+  for (int32_t base = k_begin + warp * KPW; base < k_end; base += NSG) {
+    const int32_t kp = base + sub;
+    const bool live = kp < k_end;
+    uint4 kq = make_uint4(0, 0, 0, 0), vq = kq;
+    if (live) {
+      const int64_t slot = kv_slot(a, table, kp);
+      const int64_t off = slot * kvrow + int64_t(g) * D + sl * 8;
+      kq = *reinterpret_cast<const uint4*>(a.k_pool + off);
+      vq = *reinterpret_cast<const uint4*>(a.v_pool + off);
     }
+    float kf[8], vf[8];
+    unpack8(kq, kf);
+    unpack8(vq, vf);
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      float kf[8], vf[8];
-      unpack8(kq[u], kf);
-      unpack8(vq[u], vf);
+    for (int i = 0; i < kHeads; ++i) {
+      if (i >= nh) break;
+      float s = 0;
 #pragma unroll
-      for (int i = 0; i < kHeads; ++i) {
-        if (i >= nh) break;
-        float s = 0;
+      for (int e = 0; e < 8; ++e) s = fmaf(q[i][e], kf[e], s);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) s = fmaf(q[i][e], kf[e], s);
+      for (int o = LPK / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      if (!live) continue;
+      if (a.softcap > 0) s = a.softcap * tanhf(s / a.softcap);
+      const float mn = fmaxf(m[i], s);
+      const float corr = __expf(m[i] - mn), p = __expf(s - mn);
+      l[i] = l[i] * corr + p;
 #pragma unroll
-        for (int o = LPK / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (!live[u]) continue;
-        if (a.softcap > 0) s = a.softcap * tanhf(s / a.softcap);
-        const float mn = fmaxf(m[i], s);
-        const float corr = __expf(m[i] - mn), p = __expf(s - mn);
-        l[i] = l[i] * corr + p;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[i][e] = fmaf(acc[i][e], corr, p * vf[e]);
-        m[i] = mn;
-      }
+      for (int e = 0; e < 8; ++e) acc[i][e] = fmaf(acc[i][e], corr, p * vf[e]);
+      m[i] = mn;
     }
   }
 
@@ -180,27 +169,14 @@ __global__ void attn_combine_kernel(const float* scratch, int n_splits, int D, i
   }
 }
 
-// Key rows in flight per lane: one by default; ARBOR_CUDA_ATTN_UNROLL=4 loads four (two with 8 query
-// heads per block) before using the first. Measured slower at batch 64 (117 vs 84 us per layer on the
-// H200, docs/cuda-notes.md), so it stays a switch for comparisons.
-int unroll() {
-  static const int u = [] {
-    const char* e = std::getenv("ARBOR_CUDA_ATTN_UNROLL");
-    return e && std::atoi(e) == 4 ? 4 : 1;
-  }();
-  return u;
-}
-
 template <int D>
 void launch_d(const AttnArgs& a, int64_t T, int n_splits, float* scratch, cudaStream_t s) {
   const int G = a.n_heads / a.n_kv_heads, hb = G <= 4 ? 4 : 8, chunks = (G + hb - 1) / hb;
   dim3 grid(unsigned(n_splits), unsigned(a.n_kv_heads * chunks), unsigned(T));
   if (hb == 4)
-    if (unroll() == 1) pdl_launch(attn_decode_kernel<D, 4, 1>, grid, kWarps * 32, 0, s, a, n_splits, chunks, scratch);
-    else pdl_launch(attn_decode_kernel<D, 4, 4>, grid, kWarps * 32, 0, s, a, n_splits, chunks, scratch);
+    pdl_launch(attn_decode_kernel<D, 4>, grid, kWarps * 32, 0, s, a, n_splits, chunks, scratch);
   else
-    if (unroll() == 1) pdl_launch(attn_decode_kernel<D, 8, 1>, grid, kWarps * 32, 0, s, a, n_splits, chunks, scratch);
-    else pdl_launch(attn_decode_kernel<D, 8, 2>, grid, kWarps * 32, 0, s, a, n_splits, chunks, scratch);
+    pdl_launch(attn_decode_kernel<D, 8>, grid, kWarps * 32, 0, s, a, n_splits, chunks, scratch);
   ARBOR_LAUNCH_CHECK("attn_decode_kernel");
 }
 

@@ -5,8 +5,6 @@
 // tile's copy (cp.async, double-buffered) overlapping this tile's math.
 #include <cuda_bf16.h>
 
-#include <cstdlib>
-
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 
@@ -49,16 +47,15 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 }
 
 // D: head_dim; KT: keys per tile. Shared rows are padded by 8 elements (16 bytes) so the 8 rows a
-// fragment load touches fall in distinct banks. PIPE: K/V tiles are double-buffered and fetched with
-// cp.async, the next tile's copy in flight while the tensor cores work on this one; otherwise each
-// tile is loaded (through registers) between two barriers.
-template <int D, int KT, bool PIPE>
+// fragment load touches fall in distinct banks. K/V tiles are double-buffered and fetched with
+// cp.async, the next tile's copy in flight while the tensor cores work on this one.
+template <int D, int KT>
 __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnArgs a, const int32_t* tiles) {
-  constexpr int LD = D + 8, NB = PIPE ? 2 : 1;
+  constexpr int LD = D + 8;
   extern __shared__ __align__(16) uint16_t smem[];
   uint16_t* Qs = smem;                  // [kRows][LD]
-  uint16_t* Ks = Qs + kRows * LD;       // [NB][KT][LD]
-  uint16_t* Vs = Ks + NB * KT * LD;     // [NB][KT][LD]
+  uint16_t* Ks = Qs + kRows * LD;       // [2][KT][LD]
+  uint16_t* Vs = Ks + 2 * KT * LD;      // [2][KT][LD]
 
   const int32_t* tile = tiles + blockIdx.x * 8;
   const int32_t tok0 = tile[0], ntok = tile[1], seq = tile[2], min_pos = tile[3], max_pos = tile[4];
@@ -97,39 +94,18 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnArgs a, cons
       cp_async16(Vd + j * LD + c * 8, a.v_pool + off, ok);
     }
   };
-  if constexpr (PIPE) {
-    if (kv_lo < kv_hi) fetch(Ks, Vs, kv_lo);
-    cp_async_commit();
-  }
+  if (kv_lo < kv_hi) fetch(Ks, Vs, kv_lo);
+  cp_async_commit();
   int step = 0;
   for (int32_t kt = kv_lo; kt < kv_hi; kt += KT, ++step) {
-    const uint16_t* Kc = Ks;
-    const uint16_t* Vc = Vs;
-    if constexpr (PIPE) {
-      const int buf = step & 1;
-      Kc = Ks + buf * KT * LD, Vc = Vs + buf * KT * LD;
-      // The other buffer was read in the previous step, which ended with a barrier.
-      if (kt + KT < kv_hi) fetch(Ks + (buf ^ 1) * KT * LD, Vs + (buf ^ 1) * KT * LD, kt + KT);
-      cp_async_commit();
-      cp_async_wait<1>();  // every group but the one just committed: this step's tile is in
-      __syncthreads();     // ... for every thread's copies (and Qs is written, first time round)
-    } else {
-      __syncthreads();  // the previous tile's readers are done (and Qs is written, first time round)
-      for (int idx = threadIdx.x; idx < KT * (D / 8); idx += kThreads) {
-        const int j = idx / (D / 8), c = idx % (D / 8);
-        const int32_t kp = kt + j;
-        uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
-        if (kp < kv_hi) {
-          const int64_t slot = kv_slot(a, table, kp);
-          const int64_t off = slot * kvrow + int64_t(g) * D + c * 8;
-          kv = *reinterpret_cast<const uint4*>(a.k_pool + off);
-          vv = *reinterpret_cast<const uint4*>(a.v_pool + off);
-        }
-        *reinterpret_cast<uint4*>(Ks + j * LD + c * 8) = kv;
-        *reinterpret_cast<uint4*>(Vs + j * LD + c * 8) = vv;
-      }
-      __syncthreads();
-    }
+    const int buf = step & 1;
+    const uint16_t* Kc = Ks + buf * KT * LD;
+    const uint16_t* Vc = Vs + buf * KT * LD;
+    // The other buffer was read in the previous step, which ended with a barrier.
+    if (kt + KT < kv_hi) fetch(Ks + (buf ^ 1) * KT * LD, Vs + (buf ^ 1) * KT * LD, kt + KT);
+    cp_async_commit();
+    cp_async_wait<1>();  // every group but the one just committed: this step's tile is in
+    __syncthreads();     // ... for every thread's copies (and Qs is written, first time round)
 
     // S = Q Kᵀ for this warp's 16 rows and the tile's KT keys.
     float sc[KT / 8][4];
@@ -195,7 +171,7 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnArgs a, cons
         mma_bf16(o[d + 1], a0, a1, a2, a3, b2, b3);
       }
     }
-    if constexpr (PIPE) __syncthreads();  // this buffer is refilled two steps on
+    __syncthreads();  // this buffer is refilled two steps on
   }
 
 #pragma unroll
@@ -214,33 +190,17 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnArgs a, cons
   }
 }
 
-template <int D, int KT, bool PIPE>
-void launch_pk(const AttnArgs& a, const int32_t* tiles, int64_t n_tiles, cudaStream_t s) {
-  constexpr size_t smem = size_t(kRows + (PIPE ? 4 : 2) * KT) * (D + 8) * 2;
+template <int D, int KT>
+void launch_p(const AttnArgs& a, const int32_t* tiles, int64_t n_tiles, cudaStream_t s) {
+  constexpr size_t smem = size_t(kRows + 4 * KT) * (D + 8) * 2;  // Q, then K and V twice
   static bool attr_set = false;  // once per instantiation (the limit is a property of the function)
   if (!attr_set) {
-    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_kernel<D, KT, PIPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_kernel<D, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     attr_set = true;
   }
   dim3 grid(unsigned(n_tiles), unsigned(a.n_kv_heads));
-  attn_prefill_kernel<D, KT, PIPE><<<grid, kThreads, smem, s>>>(a, tiles);
+  attn_prefill_kernel<D, KT><<<grid, kThreads, smem, s>>>(a, tiles);
   ARBOR_LAUNCH_CHECK("attn_prefill_kernel");
-}
-
-// The cp.async double-buffered kernel by default; ARBOR_CUDA_PREFILL_PIPE=0 runs the synchronous one
-// (for comparisons).
-bool pipelined() {
-  static const bool p = [] {
-    const char* e = std::getenv("ARBOR_CUDA_PREFILL_PIPE");
-    return !(e && std::atoi(e) == 0);
-  }();
-  return p;
-}
-
-template <int D, int KT>
-void launch_p(const AttnArgs& a, const int32_t* tiles, int64_t n_tiles, cudaStream_t s) {
-  if (pipelined()) launch_pk<D, KT, true>(a, tiles, n_tiles, s);
-  else launch_pk<D, KT, false>(a, tiles, n_tiles, s);
 }
 
 }  // namespace

@@ -367,10 +367,11 @@ void CudaBackend::begin_batch(const BatchInfo& b) {
   d_tokens_ = base, d_pos_ = base + nt, d_seq_ = base + 2 * nt, d_tables_ = base + 3 * nt, d_logit_rows_ = base + 3 * nt + nb;
   // The attention split reads the longest context rounded up (so that the launch shape, and a
   // recording of it, serve every step until the context crosses the next power of two).
-  int64_t span = 64;
-  for (auto p : b.pos) span = std::max<int64_t>(span, int64_t(p) + 1);
+  min_pos_ = INT32_MAX, max_pos_ = -1;
+  for (auto p : b.pos) min_pos_ = std::min(min_pos_, p), max_pos_ = std::max(max_pos_, p);
   span_bucket_ = 64;
-  while (span_bucket_ < span) span_bucket_ *= 2;
+  while (span_bucket_ < int64_t(max_pos_) + 1) span_bucket_ *= 2;
+  slots_checked_ = false;
   // A decode step (one token per sequence, every row's logits) may run as a recorded graph: its
   // kernels read tokens, positions and tables from meta_, whose layout the key pins down.
   const bool decode_step = T > 0 && T <= kGraphMaxTokens && max_run_ == 1 && b.n_seqs() == T &&
@@ -467,18 +468,25 @@ void CudaBackend::add_norm(NormOp op, Tensor x, const Tensor& o, float scale, co
 
 void CudaBackend::rope(Tensor x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const Tensor& cos, const Tensor& sin) {
   const auto& b = batch();
-  const int64_t n_pos = cos.shape[0];
-  for (auto p : b.pos) ARBOR_CHECK(p >= 0 && p < n_pos, "rope: position {} outside the table ({} positions)", p, n_pos);
+  check_rope_positions(cos.shape[0]);
   ARBOR_CHECK(rot_dim % 2 == 0 && rot_dim <= head_dim && cos.cols() == rot_dim / 2, "rope: rot_dim {} for head_dim {}, table {}",
               rot_dim, head_dim, cos.shape_str());
   launch_rope(x.as<uint16_t>(), d_pos_, b.n_tokens(), n_heads, head_dim, rot_dim, cos.as<float>(), sin.as<float>(), st(stream_));
 }
 
-void CudaBackend::check_kv_slots(int64_t layer, const Tensor& k, const Tensor& v) const {
+void CudaBackend::check_rope_positions(int64_t n_pos) const {
+  const auto& b = batch();
+  if (b.pos.empty()) return;
+  const int32_t bad = min_pos_ < 0 ? min_pos_ : max_pos_;
+  ARBOR_CHECK(min_pos_ >= 0 && max_pos_ < n_pos, "rope: position {} outside the table ({} positions)", bad, n_pos);
+}
+
+void CudaBackend::check_kv_slots(int64_t layer, const Tensor& k, const Tensor& v) {
   const auto& b = batch();
   const int64_t row = kv_.n_kv_heads * kv_.head_dim, bs = kv_.block_size;
   ARBOR_CHECK(layer >= 0 && layer < kv_.n_layers, "kv: layer {} outside the pools ({})", layer, kv_.n_layers);
   ARBOR_CHECK(k.cols() == row && v.cols() == row, "kv: rows of {} / {} values, the cache holds {}", k.cols(), v.cols(), row);
+  if (slots_checked_) return;  // the batch's slots are the same for every layer
   for (int64_t t = 0; t < b.n_tokens(); ++t) {
     const int32_t s = b.seq[size_t(t)], p = b.pos[size_t(t)];
     ARBOR_CHECK(s >= 0 && s < b.n_seqs() && p >= 0 && p / bs < b.max_blocks, "kv: token {} (sequence {}, position {}) outside the block tables",
@@ -487,6 +495,7 @@ void CudaBackend::check_kv_slots(int64_t layer, const Tensor& k, const Tensor& v
     // Block n_blocks is the spare one padding tokens of decode graphs write to (alloc_kv adds it).
     ARBOR_CHECK(block >= 0 && block <= kv_.n_blocks, "kv: sequence {} position {} has no valid block ({})", s, p, block);
   }
+  slots_checked_ = true;
 }
 
 void CudaBackend::kv_write(int64_t layer, const Tensor& k, const Tensor& v) {
@@ -509,8 +518,7 @@ void CudaBackend::qk_prep_kv_write(int64_t layer, Tensor q, Tensor k, const Tens
   if (p.q_norm) ARBOR_CHECK(p.q_norm->numel() == p.head_dim && p.k_norm && p.k_norm->numel() == p.head_dim, "head_norm: weights for {} dims", p.head_dim);
   QKPrepArgs a;
   if (p.cos) {
-    const int64_t n_pos = p.cos->shape[0];
-    for (auto pos : b.pos) ARBOR_CHECK(pos >= 0 && pos < n_pos, "rope: position {} outside the table ({} positions)", pos, n_pos);
+    check_rope_positions(p.cos->shape[0]);
     ARBOR_CHECK(p.rot_dim % 2 == 0 && p.rot_dim <= p.head_dim && p.cos->cols() == p.rot_dim / 2, "rope: rot_dim {} for head_dim {}, table {}",
                 p.rot_dim, p.head_dim, p.cos->shape_str());
     a.cos = p.cos->as<float>(), a.sin = p.sin->as<float>(), a.half = int(p.rot_dim / 2);

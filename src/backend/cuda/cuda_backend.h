@@ -122,7 +122,9 @@ class CudaBackend : public Backend {
   void stage_copy(void* dst, const void* src, size_t bytes, bool f32_to_bf16);
   void upload_meta(const std::vector<int32_t>& host, void*& dev, size_t& cap);
   const BatchInfo& batch() const;
-  void check_kv_slots(int64_t layer, const Tensor& k, const Tensor& v) const;  // kv_write's host-side checks
+  // Host-side checks of the ops against the current batch; the per-token parts run once per batch.
+  void check_kv_slots(int64_t layer, const Tensor& k, const Tensor& v);
+  void check_rope_positions(int64_t n_pos) const;
   void not_capturing(const char* what);  // fails (and drops the recording) when called inside a capture
   void drop_graphs();                    // after a buffer the recordings point into moved
 
@@ -140,6 +142,8 @@ class CudaBackend : public Backend {
   bool graphs_on_ = true, capturing_ = false;
   uint64_t graph_key_ = 0;  // the current batch's shape key; 0: not a graph batch
   int64_t span_bucket_ = 0;  // longest context of the batch rounded up to a power of two (>= 64)
+  int32_t min_pos_ = 0, max_pos_ = -1;  // the batch's position range
+  bool slots_checked_ = false;          // check_kv_slots has checked this batch's tokens
   struct Graphs;
   std::unique_ptr<Graphs> graphs_;  // executable graphs by shape key
 

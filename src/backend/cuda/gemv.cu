@@ -6,8 +6,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cstdlib>
-
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.h"
@@ -17,6 +15,7 @@ namespace arbor::cuda {
 namespace {
 
 constexpr int kWarps = 8;   // per block (256 threads)
+constexpr int kUnroll = 4;  // 16-byte loads per lane per row before the first use (8 measured slower)
 
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
   uint4 v;
@@ -47,8 +46,7 @@ __device__ __forceinline__ float w_at(const uint16_t* w, int64_t i) {
 
 // Block: kWarps warps; `wpr` consecutive warps share one pair of output rows, each summing a
 // contiguous part of K. acc[j][r]: output row (row0 + j), activation row r.
-// kUnroll: 16-byte loads per lane per row issued before the first is used.
-template <int NR, bool F16, int kUnroll>
+template <int NR, bool F16>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvSegments segs, const uint16_t* __restrict__ x, bool y_f32, int T,
                                                            int64_t K, int wpr, bool vec, int gated_act) {
   __shared__ float red[kWarps][2][NR];
@@ -190,31 +188,13 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(GemvSegments segs, co
   }
 }
 
-// Loads per row in flight: 4. ARBOR_CUDA_GEMV_UNROLL=8 keeps 8 at 1-2 rows of bf16 weights, for
-// comparisons: it measured slower on the H200 (8B decode 4.98 vs 4.71 ms/step; docs/cuda-notes.md).
-bool wide_unroll() {
-  static const bool w = [] {
-    const char* e = std::getenv("ARBOR_CUDA_GEMV_UNROLL");
-    return e && std::atoi(e) == 8;
-  }();
-  return w;
-}
-
 template <int NR>
 void launch_nr(bool f16, dim3 grid, cudaStream_t s, const GemvSegments& segs, const uint16_t* x, bool y_f32, int T, int64_t K, int wpr,
                bool vec, int gated_act) {
-  if (f16) {
-    pdl_launch(gemv_kernel<NR, true, 4>, grid, kWarps * 32, 0, s, segs, x, y_f32, T, K, wpr, vec, gated_act);
-  } else {
-    if constexpr (NR <= 2) {
-      if (wide_unroll()) {
-        pdl_launch(gemv_kernel<NR, false, 8>, grid, kWarps * 32, 0, s, segs, x, y_f32, T, K, wpr, vec, gated_act);
-        ARBOR_LAUNCH_CHECK("gemv_kernel");
-        return;
-      }
-    }
-    pdl_launch(gemv_kernel<NR, false, 4>, grid, kWarps * 32, 0, s, segs, x, y_f32, T, K, wpr, vec, gated_act);
-  }
+  if (f16)
+    pdl_launch(gemv_kernel<NR, true>, grid, kWarps * 32, 0, s, segs, x, y_f32, T, K, wpr, vec, gated_act);
+  else
+    pdl_launch(gemv_kernel<NR, false>, grid, kWarps * 32, 0, s, segs, x, y_f32, T, K, wpr, vec, gated_act);
   ARBOR_LAUNCH_CHECK("gemv_kernel");
 }
 
