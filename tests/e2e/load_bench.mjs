@@ -28,11 +28,12 @@ const rss = (pid) => Number(fs.readFileSync(`/proc/${pid}/status`, 'utf8').match
 const promptVocab = Number(opt("prompt-vocab", "8000"));  // prompt ids are drawn below this
 const prompt = Array.from({ length: promptTokens }, (_, i) => 100 + ((i * 7919) % (promptVocab - 100)));
 
-// One streaming completion; returns {ttft, itl[], tokens} in ms.
-async function one(baseURL, seed) {
+// One streaming completion (`extra` overrides body fields); returns {ttft, itl[], tokens, first, last}: times
+// in ms, first/last the arrival of the first and last content chunk, tokens from the usage chunk.
+async function one(baseURL, seed, extra = {}) {
   const t0 = performance.now();
   const r = await fetch(`${baseURL}/completions`, { method: 'POST', headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ prompt, max_tokens: maxTokens, temperature, seed, stream: true, stream_options: { include_usage: true } }) });
+    body: JSON.stringify({ prompt, max_tokens: maxTokens, temperature, seed, stream: true, stream_options: { include_usage: true }, ...extra }) });
   if (r.status !== 200) throw new Error(`status ${r.status}: ${await r.text()}`);
   const dec = new TextDecoder();
   let buf = '', first = null, last = null, tokens = 0;
@@ -54,7 +55,7 @@ async function one(baseURL, seed) {
       }
     }
   }
-  return { ttft: first - t0, itl, tokens };
+  return { ttft: first - t0, itl, tokens, first, last };
 }
 
 async function load(server, n) {
@@ -92,40 +93,19 @@ if (argv.includes('--overhead')) {
   // the usage chunk (no logprobs: they would add work generate does not do).
   let best = null;
   for (let i = 0; i < 3; i++) {
-    const t0 = performance.now();
-    const r = await fetch(`${server.baseURL}/completions`, { method: 'POST', headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ prompt, max_tokens: maxTokens, temperature: 0, stream: true, stream_options: { include_usage: true },
-        ignore_eos: true }) });
-    const chunkTimes = [];
-    let nTokens = 0;
-    const dec = new TextDecoder();
-    let buf = '';
-    for await (const chunk of r.body) {
-      buf += dec.decode(chunk, { stream: true });
-      let j;
-      while ((j = buf.indexOf('\n\n')) >= 0) {
-        const ev = buf.slice(0, j); buf = buf.slice(j + 2);
-        if (!ev.startsWith('data: ') || ev === 'data: [DONE]') continue;
-        const d = JSON.parse(ev.slice(6));
-        if (d.usage) nTokens = d.usage.completion_tokens;
-        if (d.choices?.[0]?.text) chunkTimes.push(performance.now());
-      }
-    }
-    const times = { first: chunkTimes[0], last: chunkTimes.at(-1) };
-    const ttft = times.first - t0, decode = (nTokens - 1) / ((times.last - times.first) / 1000);
-    if (!best || decode > best.decode) best = { ttft, decode, n: nTokens };
+    const r = await one(server.baseURL, 0, { temperature: 0, ignore_eos: true });
+    const decode = (r.tokens - 1) / ((r.last - r.first) / 1000);
+    if (!best || decode > best.decode) best = { ttft: r.ttft, decode, n: r.tokens };
   }
-  // TTFT without logprobs (first text chunk), and the bare HTTP round trip of this client for scale.
+  // TTFT (first text chunk) at the run's temperature, and the bare HTTP round trip of this client for scale.
   let ttft = Infinity, rtt = Infinity, clientSum = 0;
   const m0 = await metricsOf(server.url);
   for (let i = 0; i < 5; i++) {
     const t0 = performance.now();
     await (await fetch(`${server.url}/health`)).text();
     rtt = Math.min(rtt, performance.now() - t0);
-    const saved = temperature;
     const r = await one(server.baseURL, 7).catch(() => null);
-    if (r && saved !== undefined) ttft = Math.min(ttft, r.ttft);
-    if (r) clientSum += r.ttft;
+    if (r) ttft = Math.min(ttft, r.ttft), clientSum += r.ttft;
   }
   // The engine's own TTFT (submit -> first token) for the same 5 requests, from /metrics: the difference
   // to what the client sees is what HTTP, JSON and SSE add.
