@@ -50,7 +50,14 @@ int bench_cuda(const Args& a) {
   const bool decode_only = a.has("decode-only");
   const int64_t only_batch = a.get_int("decode-batch", 1);
   if (only_batch < 1 || only_batch > 64) fail("arguments: --decode-batch must be in 1..64, got {}", only_batch);
-  const std::vector<int64_t> prefills = decode_only ? std::vector<int64_t>{} : std::vector<int64_t>{512, 2048, 8192};
+  // --prefill-only P: one prefill figure of P tokens (no GEMV table, no decode), e.g. under a profiler.
+  const int64_t prefill_only = a.get_int("prefill-only", 0);
+  if (prefill_only < 0 || prefill_only > 8192) fail("arguments: --prefill-only must be in 1..8192, got {}", prefill_only);
+  if (prefill_only > 0 && decode_only) fail("arguments: --prefill-only and --decode-only exclude each other");
+  const bool one_figure = decode_only || prefill_only > 0;
+  const std::vector<int64_t> prefills = decode_only    ? std::vector<int64_t>{}
+                                        : prefill_only ? std::vector<int64_t>{prefill_only}
+                                                       : std::vector<int64_t>{512, 2048, 8192};
   const std::vector<int64_t> batches = {8, 32, 64};
   const int64_t batch_ctx = 512, long_ctx = 8192;
   LoadOptions opt;
@@ -82,8 +89,8 @@ int bench_cuda(const Args& a) {
   const std::vector<std::tuple<const char*, int64_t, int64_t>> shapes = {
       {"q", c.q_dim(), c.hidden_size}, {"k/v", c.kv_dim(), c.hidden_size}, {"o", c.hidden_size, c.q_dim()},
       {"gate/up", c.intermediate_size, c.hidden_size}, {"down", c.hidden_size, c.intermediate_size}, {"lm_head", c.vocab_size, c.hidden_size}};
-  if (!decode_only) std::printf("gemv       shape: GB/s (fraction of copy bw) for warps/SM target 32 (default) | 64 | 128\n");
-  for (auto [name, N, K] : decode_only ? decltype(shapes){} : shapes)
+  if (!one_figure) std::printf("gemv       shape: GB/s (fraction of copy bw) for warps/SM target 32 (default) | 64 | 128\n");
+  for (auto [name, N, K] : one_figure ? decltype(shapes){} : shapes)
     for (int64_t T : {1, 8}) {
       std::printf("  %-8s [%lld x %lld] T=%lld:", name, (long long)N, (long long)K, (long long)T);
       for (int w : {32, 64, 128}) {
@@ -200,7 +207,7 @@ int bench_cuda(const Args& a) {
   };
   // Each decode figure with the decode step replayed as a CUDA graph (the default), then eagerly.
   for (bool graph : {true, false}) {
-    if (decode_only && !graph) break;
+    if (prefill_only > 0 || (decode_only && !graph)) break;
     auto runs = std::vector<std::pair<int64_t, int64_t>>{{1, batch_ctx}, {1, long_ctx}, {8, batch_ctx}, {32, batch_ctx}, {64, batch_ctx}};
     if (graph) runs.insert(runs.begin() + 2, {{2, batch_ctx}, {4, batch_ctx}});
     if (decode_only) runs = {{only_batch, batch_ctx}};
@@ -218,7 +225,7 @@ int bench_cuda(const Args& a) {
 
 int cmd_bench(const std::vector<std::string>& args) {
   auto vf = model_value_flags();
-  vf.insert({"prompt-tokens", "decode-tokens", "chunk", "reps", "decode-batch"});
+  vf.insert({"prompt-tokens", "decode-tokens", "chunk", "reps", "decode-batch", "prefill-only"});
   auto bf = model_bool_flags();
   bf.insert("decode-only");
   Args a(args, vf, bf);
