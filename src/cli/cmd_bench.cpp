@@ -100,6 +100,7 @@ int bench_cuda(const Args& a) {
       std::printf("\n");
     }
   std::fflush(stdout);
+  if (a.has("gemv-only")) return 0;
 
   const int64_t V = c.vocab_size;
   const uint64_t embed_bytes = uint64_t(c.vocab_size * c.hidden_size) * (m.weight_bytes() / std::max<uint64_t>(1, m.parameter_count()));
@@ -228,6 +229,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   vf.insert({"prompt-tokens", "decode-tokens", "chunk", "reps", "decode-batch", "prefill-only"});
   auto bf = model_bool_flags();
   bf.insert("decode-only");
+  bf.insert("gemv-only");
   Args a(args, vf, bf);
   if (a.get_or("device", "cpu") == "cuda") {
 #ifdef ARBOR_HAS_CUDA

@@ -32,9 +32,11 @@ TEST(CudaFused, GatedGemvMatchesLinearThenActivation) {
   gpu.set_gemv_max_rows(8);  // the fused GEMV at every row count it takes
   std::vector<std::vector<float>> keep;
   for (ActOp op : {ActOp::SiLU, ActOp::GeLU, ActOp::GeLUTanh})
-    for (auto [T, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 37, 64}, {3, 256, 200}, {8, 1000, 512}, {5, 3, 4096}}) {
+    for (auto [T, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 37, 64}, {3, 256, 200}, {8, 1000, 512}, {5, 3, 4096}, {1, 2500, 512}, {2, 300, 1024}}) {
+      // (1, 2500, 512) and (2, 300, 1024) take the streaming kernel (K % 256 == 0, at most 2 rows).
       SCOPED_TRACE(::testing::Message() << "act " << int(op) << " T " << T << " N " << N << " K " << K);
-      Linear g = dev_linear(gpu, rng, N, K, K == 200, keep), u = dev_linear(gpu, rng, N, K, K == 200, keep);
+      const bool bias = K == 200 || K == 1024;
+      Linear g = dev_linear(gpu, rng, N, K, bias, keep), u = dev_linear(gpu, rng, N, K, bias, keep);
       Tensor x = dev_bf16(gpu, random_bf16(rng, size_t(T * K)), {T, K});
       Tensor gate = gpu.alloc(DType::BF16, {T, N}), up = gpu.alloc(DType::BF16, {T, N});
       Tensor fused = gpu.alloc(DType::BF16, {T, N}), ref = gpu.alloc(DType::BF16, {T, N});
@@ -53,9 +55,10 @@ TEST(CudaFused, MultiGemvMatchesSeparateLinears) {
   CudaBackend gpu(0);
   gpu.set_gemv_max_rows(8);
   std::vector<std::vector<float>> keep;
-  for (auto [T, K] : std::vector<std::pair<int64_t, int64_t>>{{1, 128}, {2, 72}, {7, 4096}, {8, 100}}) {
+  // K 512 / 1024 at 1-2 rows: the streaming kernel, whose warps' row runs cross matrix boundaries.
+  for (auto [T, K] : std::vector<std::pair<int64_t, int64_t>>{{1, 128}, {2, 72}, {7, 4096}, {8, 100}, {1, 512}, {2, 1024}}) {
     SCOPED_TRACE(::testing::Message() << "T " << T << " K " << K);
-    const int64_t Ns[3] = {96, 33, 33};
+    const int64_t Ns[3] = {K >= 1024 ? 2048 : 96, K >= 1024 ? 513 : 33, 33};
     Linear l[3];
     Tensor y[3], r[3];
     for (int i = 0; i < 3; ++i) {

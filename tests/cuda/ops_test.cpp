@@ -86,17 +86,22 @@ TEST(CudaOps, LinearEveryPathDtypeAndShape) {
   std::mt19937 rng(4);
   CudaBackend gpu(0);
   CpuBackend cpu(2, WeightPlacement::Copy);
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {{17, 40}, {64, 64}, {130, 264}, {96, 37}, {1000, 512}, {3, 1024}};
-  // GEMV for every row count it takes (up to 8), then cuBLASLt for the small ones too.
-  for (int64_t gemv_rows : {int64_t(8), int64_t(0)})
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{17, 40},   {64, 64},   {130, 264}, {96, 37},
+                                                           {1000, 512}, {3, 1024}, {2113, 256}, {37, 768}};
+  // GEMV for every row count it takes (up to 8; at 1-2 rows with K % 256 == 0 the streaming kernel,
+  // then the register kernel), then cuBLASLt for the small ones too.
+  for (int mode : {0, 1, 2})
   for (auto [N, K] : shapes)
     for (int64_t T : {1, 2, 3, 5, 8, 9, 33})
       for (DType wt : {DType::BF16, DType::F16, DType::F32})
         for (bool with_bias : {false, true})
           for (DType yt : {DType::BF16, DType::F32}) {
             if ((T > 2 && T < 8) && (wt != DType::BF16 || yt != DType::BF16)) continue;  // keep the matrix small
+            const int64_t gemv_rows = mode == 2 ? 0 : 8;
             if (gemv_rows == 0 && T > 8) continue;
+            if (mode == 1 && (T > 2 || K % 256 != 0)) continue;  // the register kernel where streaming would run
             gpu.set_gemv_max_rows(gemv_rows);
+            CudaBackend::set_gemv_stream(mode == 0);
             std::vector<float> wf = random_bf16(rng, size_t(N * K), 1.0f / std::sqrt(float(K)) * 2);
             std::vector<uint16_t> w16(wf.size());
             if (wt == DType::F16)
@@ -115,8 +120,9 @@ TEST(CudaOps, LinearEveryPathDtypeAndShape) {
             gpu.linear(xg, lg, yg);
             cpu.linear(host_view(x, {T, K}), lc, host_view(yc, {T, N}));
             EXPECT_LE(max_diff(host_f32(gpu, yg), yc), 1e-2f * max_abs(yc))
-                << "gemv rows " << gemv_rows << " N " << N << " K " << K << " T " << T << " w " << dtype_name(wt) << " bias " << with_bias << " y " << dtype_name(yt);
+                << "mode " << mode << " N " << N << " K " << K << " T " << T << " w " << dtype_name(wt) << " bias " << with_bias << " y " << dtype_name(yt);
           }
+  CudaBackend::set_gemv_stream(true);
 }
 
 TEST(CudaOps, RopeFullAndPartial) {

@@ -99,6 +99,8 @@ bool pdl_enabled() {
 
 std::unique_ptr<Backend> make_cuda_backend(int index) { return std::make_unique<CudaBackend>(index); }
 
+void CudaBackend::set_gemv_stream(bool on) { cuda::set_gemv_stream(on); }
+
 CudaBackend::CudaBackend(int device)
     : device_(device), staging_(std::make_unique<Staging>()), graphs_(std::make_unique<Graphs>()) {
   std::string why;
@@ -109,6 +111,7 @@ CudaBackend::CudaBackend(int device)
   n_sms_ = prop.multiProcessorCount;
   if (const char* env = std::getenv("ARBOR_CUDA_GEMV_MAX_ROWS")) set_gemv_max_rows(std::atoi(env));
   if (const char* env = std::getenv("ARBOR_CUDA_FUSED")) fused_ = std::atoi(env) != 0;
+  if (const char* env = std::getenv("ARBOR_CUDA_GEMV_STREAM")) set_gemv_stream(std::atoi(env) != 0);
   device_name_ = fmt::format("{} (sm_{}{}, {} SMs, {:.0f} GiB)", prop.name, prop.major, prop.minor, n_sms_,
                              double(prop.totalGlobalMem) / double(1 << 30));
   cudaStream_t s;

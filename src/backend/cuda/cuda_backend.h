@@ -100,6 +100,9 @@ class CudaBackend : public Backend {
   // cuBLASLt; docs/cuda-notes.md). ARBOR_CUDA_GEMV_MAX_ROWS overrides it; 0 sends everything to cuBLASLt.
   void set_gemv_max_rows(int64_t n) { gemv_max_rows_ = std::clamp<int64_t>(n, 0, cuda::kGemvMaxRowsCap); }
   int64_t gemv_max_rows() const { return gemv_max_rows_; }
+  // GEMVs of 1-2 rows with K % 256 == 0 stream through shared memory (gemv.cu); off: the register
+  // kernel for every GEMV. Process-wide; ARBOR_CUDA_GEMV_STREAM=0 turns it off (A/B runs, tests).
+  static void set_gemv_stream(bool on);
 
   // Copies for tests and tools (synchronous).
   void upload(const void* host, const Tensor& dev);

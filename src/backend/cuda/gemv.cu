@@ -3,6 +3,13 @@
 // keeps 2 rows x 4 loads = 128 bytes in flight, and small N is split along K over up to 8 warps so
 // the grid still fills every SM. Up to three matrices with the same K (q/k/v, gate/up) run as one
 // launch: their row pairs are numbered consecutively and each warp finds its matrix from its pair.
+//
+// For 1-2 activation rows and K a multiple of 256 a second kernel streams instead (gemv_stream_kernel):
+// two persistent blocks of 16 warps per SM, each warp owning a contiguous run of output rows (gated:
+// of gate/up row pairs) and pulling its weights through a private cp.async ring in shared memory,
+// kStages x 512 bytes deep, filled before griddepcontrol.wait (so with programmatic dependent launch
+// the weights start streaming while the previous kernel finishes); x is copied to shared memory once
+// per block after the wait.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -198,6 +205,200 @@ void launch_nr(bool f16, dim3 grid, cudaStream_t s, const GemvSegments& segs, co
   ARBOR_LAUNCH_CHECK("gemv_kernel");
 }
 
+
+// ---- streaming kernel ------------------------------------------------------------------------------
+constexpr int kStreamWarps = 16;  // 512 threads per block
+// Stages in flight per warp, blocks per SM, the largest x kept in shared memory: measured on the H200
+// (docs/cuda-notes.md, session 3): x from shared memory instead of L1 was the big step (o/q GEMV 64 ->
+// 78%), then 2 blocks of 4 stages beat 1 block of 8, 12 or 16.
+constexpr int kStages = 4;
+constexpr int kStreamBlocksPerSm = 2;
+constexpr int64_t kStreamMaxXBytes = 64 * 1024;
+
+__device__ __forceinline__ void cp_async16(uint32_t smem_addr, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Unit u of the launch: one output row (plain: the matrices' rows numbered consecutively, row0[i] the
+// first of matrix i) or one gate/up row pair (gated). q picks the gate (0) or up (1) row.
+template <int RPU>
+__device__ __forceinline__ int stream_seg(const GemvSegments& segs, int64_t u) {
+  return RPU == 2 ? 0 : segs.n > 2 && u >= segs.pair0[2] ? 2 : segs.n > 1 && u >= segs.pair0[1] ? 1 : 0;
+}
+// segs' arrays indexed by selects, not by a runtime index (which would copy the struct to the stack).
+template <typename V>
+__device__ __forceinline__ V pick(const V (&a)[kGemvMaxSegments], int i) {
+  return i == 0 ? a[0] : i == 1 ? a[1] : a[2];
+}
+template <int RPU>
+__device__ __forceinline__ const uint16_t* stream_row(const GemvSegments& segs, int64_t u, int64_t K, int q) {
+  if (RPU == 2) return (q == 0 ? segs.w[0] : segs.w[1]) + u * K;
+  const int si = stream_seg<RPU>(segs, u);
+  return pick(segs.w, si) + (u - pick(segs.pair0, si)) * K;
+}
+
+// RPU: weight rows per unit (1 plain, 2 gated); NR: activation rows (1 or 2). pair0 here holds each
+// matrix's first row (not row pair). Every lane reads its own ring slots only, so the ring needs no
+// barrier: cp.async.wait_group orders a thread's copies before its own reads.
+template <int RPU, int NR, bool F16, bool XS>
+__global__ void __launch_bounds__(kStreamWarps * 32, 2) gemv_stream_kernel(GemvSegments segs, const uint16_t* __restrict__ x,
+                                                                             bool y_f32, int64_t K, int64_t units, int gated_act) {
+  extern __shared__ __align__(16) uint4 ring[];  // [kStages][RPU][kStreamWarps * 32]
+  const int tid = threadIdx.x, lane = tid % 32;
+  const int64_t warps = int64_t(gridDim.x) * kStreamWarps, gw = int64_t(blockIdx.x) * kStreamWarps + tid / 32;
+  const int64_t u_beg = units * gw / warps, u_end = units * (gw + 1) / warps;
+  const int chunks = int(K / 256);  // 512-byte stages per row
+  const uint32_t ring0 = uint32_t(__cvta_generic_to_shared(ring)) + uint32_t(tid) * 16u;
+  constexpr uint32_t kSlot = kStreamWarps * 32 * 16, kStageBytes = kSlot * RPU;
+
+  // Issue side: the next stage to fetch is chunk ic of unit iu, into ring slot islot.
+  int64_t iu = u_beg;
+  int ic = 0, islot = 0;
+  const uint16_t* p0 = iu < u_end ? stream_row<RPU>(segs, iu, K, 0) + lane * 8 : nullptr;
+  const uint16_t* p1 = RPU == 2 && iu < u_end ? stream_row<RPU>(segs, iu, K, 1) + lane * 8 : nullptr;
+  auto issue = [&] {
+    if (iu < u_end) {
+      const uint32_t dst = ring0 + uint32_t(islot) * kStageBytes;
+      cp_async16(dst, p0 + ic * 256);
+      if (RPU == 2) cp_async16(dst + kSlot, p1 + ic * 256);
+      if (++ic == chunks) {
+        ic = 0;
+        if (++iu < u_end) {
+          p0 = stream_row<RPU>(segs, iu, K, 0) + lane * 8;
+          if (RPU == 2) p1 = stream_row<RPU>(segs, iu, K, 1) + lane * 8;
+        }
+      }
+    }
+    cp_async_commit();  // empty groups keep the count uniform
+    if (++islot == kStages) islot = 0;
+  };
+#pragma unroll 1
+  for (int j = 0; j < kStages; ++j) issue();
+  pdl_trigger();
+  pdl_wait();  // x is written by the previous kernel; the weights above did not wait for it
+
+  const int64_t nv = K / 8;
+  const uint4* xv = reinterpret_cast<const uint4*>(x) + lane;
+  if (XS) {
+    uint4* xs = ring + kStages * RPU * kStreamWarps * 32;
+    for (int64_t i = tid; i < NR * nv; i += kStreamWarps * 32) xs[i] = reinterpret_cast<const uint4*>(x)[i];
+    __syncthreads();
+    xv = xs + lane;
+  }
+  float acc[RPU][NR];
+#pragma unroll
+  for (int q = 0; q < RPU; ++q)
+#pragma unroll
+    for (int r = 0; r < NR; ++r) acc[q][r] = 0.0f;
+  int cslot = 0;
+#pragma unroll 1
+  for (int64_t u = u_beg; u < u_end; ++u) {
+#pragma unroll 1
+    for (int c = 0; c < chunks; ++c) {
+      cp_async_wait<kStages - 1>();  // this stage has landed
+      const uint4* slot = ring + cslot * (RPU * kStreamWarps * 32) + tid;
+      uint4 wq[RPU];
+#pragma unroll
+      for (int q = 0; q < RPU; ++q) wq[q] = slot[q * kStreamWarps * 32];
+      if (++cslot == kStages) cslot = 0;
+      issue();  // the slot is free once read into registers
+#pragma unroll
+      for (int r = 0; r < NR; ++r) {
+        float xf[8];
+        unpack8<false>(XS ? xv[r * nv + c * 32] : __ldg(xv + r * nv + c * 32), xf);
+#pragma unroll
+        for (int q = 0; q < RPU; ++q) {
+          float f[8];
+          unpack8<F16>(wq[q], f);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[q][r] = fmaf(f[e], xf[e], acc[q][r]);
+        }
+      }
+    }
+    // The unit's last chunk: reduce over the warp, lane 0 writes, start the next unit.
+#pragma unroll
+    for (int q = 0; q < RPU; ++q)
+#pragma unroll
+      for (int r = 0; r < NR; ++r)
+        for (int o = 16; o > 0; o >>= 1) acc[q][r] += __shfl_xor_sync(0xffffffffu, acc[q][r], o);
+    if (lane == 0) {
+      const int si = stream_seg<RPU>(segs, u);
+      const int64_t N = pick(segs.N, si), n = RPU == 2 ? u : u - pick(segs.pair0, si);
+      const float* bias = pick(segs.bias, si);
+      void* y = pick(segs.y, si);
+      const float b0 = bias ? bias[n] : 0.0f;
+#pragma unroll
+      for (int r = 0; r < NR; ++r) {
+        if (RPU == 2) {  // act(gate) * up, each rounded to bf16 first as the unfused ops store them
+          const float b1 = segs.bias[1] ? segs.bias[1][n] : 0.0f;
+          const float g = __bfloat162float(__float2bfloat16(acc[0][r] + b0));
+          const float up = __bfloat162float(__float2bfloat16(acc[RPU - 1][r] + b1));
+          static_cast<__nv_bfloat16*>(y)[r * N + n] = __float2bfloat16(act_value(gated_act, g) * up);
+        } else if (y_f32) {
+          static_cast<float*>(y)[r * N + n] = acc[0][r] + b0;
+        } else {
+          static_cast<__nv_bfloat16*>(y)[r * N + n] = __float2bfloat16(acc[0][r] + b0);
+        }
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < RPU; ++q)
+#pragma unroll
+      for (int r = 0; r < NR; ++r) acc[q][r] = 0.0f;
+  }
+  cp_async_wait<0>();  // nothing may be in flight into shared memory when the block exits
+}
+
+bool g_stream = true;
+
+template <int RPU, int NR, bool F16>
+void launch_stream_t(dim3 grid, size_t smem, cudaStream_t s, const GemvSegments& segs, const uint16_t* x, bool y_f32, int64_t K,
+                     int64_t units, int gated_act) {
+  static bool attr_set = false;  // once per instantiation
+  const size_t x_bytes = size_t(NR * K * 2);
+  const bool xs = int64_t(x_bytes) <= kStreamMaxXBytes;
+  if (!attr_set) {
+    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(gemv_stream_kernel<RPU, NR, F16, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          int(smem + kStreamMaxXBytes)));
+    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(gemv_stream_kernel<RPU, NR, F16, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    attr_set = true;
+  }
+  if (xs)
+    pdl_launch(gemv_stream_kernel<RPU, NR, F16, true>, grid, kStreamWarps * 32, smem + x_bytes, s, segs, x, y_f32, K, units, gated_act);
+  else
+    pdl_launch(gemv_stream_kernel<RPU, NR, F16, false>, grid, kStreamWarps * 32, smem, s, segs, x, y_f32, K, units, gated_act);
+  ARBOR_LAUNCH_CHECK("gemv_stream_kernel");
+}
+
+// True when it launched: 1-2 rows, K a multiple of 256, 16-byte aligned weights and x. segs.pair0
+// holds row pairs on entry (the register kernel's numbering) and is rewritten to first rows.
+bool launch_stream(GemvSegments segs, int64_t units, bool f16, const uint16_t* x, bool y_f32, int64_t T, int64_t K, int n_sms, bool vec,
+                   int gated_act, cudaStream_t s) {
+  if (!g_stream || !vec || T > 2 || K % 256 != 0) return false;
+  if (gated_act < 0)
+    for (int i = 0; i < segs.n; ++i) segs.pair0[i] = i == 0 ? 0 : segs.pair0[i - 1] + segs.N[i - 1];
+  const int rpu = gated_act >= 0 ? 2 : 1;
+  // Every warp gets at least one unit: fewer blocks than SMs for small matrices.
+  const int64_t blocks = std::min<int64_t>(int64_t(n_sms) * kStreamBlocksPerSm, (units + kStreamWarps - 1) / kStreamWarps);
+  const dim3 grid(unsigned(std::max<int64_t>(blocks, 1)));
+  const size_t smem = size_t(kStages) * rpu * kStreamWarps * 32 * 16;
+#define ARBOR_STREAM(R, N, F) launch_stream_t<R, N, F>(grid, smem, s, segs, x, y_f32, K, units, gated_act)
+  if (rpu == 2) {
+    if (T == 1) f16 ? ARBOR_STREAM(2, 1, true) : ARBOR_STREAM(2, 1, false);
+    else f16 ? ARBOR_STREAM(2, 2, true) : ARBOR_STREAM(2, 2, false);
+  } else {
+    if (T == 1) f16 ? ARBOR_STREAM(1, 1, true) : ARBOR_STREAM(1, 1, false);
+    else f16 ? ARBOR_STREAM(1, 2, true) : ARBOR_STREAM(1, 2, false);
+  }
+#undef ARBOR_STREAM
+  return true;
+}
+
 int g_warps_per_sm = 32;
 
 void launch(const GemvSegments& segs, int64_t pairs, DType w_dtype, const uint16_t* x, DType y_dtype, int64_t T, int64_t K, int n_sms,
@@ -206,6 +407,9 @@ void launch(const GemvSegments& segs, int64_t pairs, DType w_dtype, const uint16
   ARBOR_CU_CHECK(w_dtype == DType::BF16 || w_dtype == DType::F16, "cuda: gemv: weight dtype %s (BF16 or F16)", dtype_name(w_dtype).data());
   ARBOR_CU_CHECK(y_dtype == DType::BF16 || y_dtype == DType::F32, "cuda: gemv: output dtype %s (BF16 or F32)", dtype_name(y_dtype).data());
   const bool f16 = w_dtype == DType::F16, f32 = y_dtype == DType::F32;
+  int64_t units = segs.N[0];
+  for (int i = 1; gated_act < 0 && i < segs.n; ++i) units += segs.N[i];
+  if (launch_stream(segs, units, f16, x, f32, T, K, n_sms, vec, gated_act, s)) return;
   // K split: the fewest warps per row pair that give about half the SMs' warp slots (64 per SM) work;
   // more than that only queue up. (Splitting further to end on whole waves of blocks measured slower:
   // docs/cuda-notes.md.)
@@ -223,6 +427,7 @@ void launch(const GemvSegments& segs, int64_t pairs, DType w_dtype, const uint16
 }  // namespace
 
 void set_gemv_warps_per_sm(int w) { g_warps_per_sm = w < 1 ? 1 : w; }
+void set_gemv_stream(bool on) { g_stream = on; }
 
 void launch_gemv_multi(const GemvOut* outs, int n, DType w_dtype, const uint16_t* x, DType y_dtype, int64_t T, int64_t K, int n_sms,
                        cudaStream_t s) {

@@ -97,6 +97,8 @@ struct GemvSegments {
 };
 // Target warps per SM when splitting K across warps for small N (default 32; bench sweeps it).
 void set_gemv_warps_per_sm(int w);
+// The streaming kernel for 1-2 rows with K % 256 == 0 (default on; off: the register kernel for all).
+void set_gemv_stream(bool on);
 
 // ---- attention_*.cu -------------------------------------------------------------------------------
 #ifdef __CUDACC__
