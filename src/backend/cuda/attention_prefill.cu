@@ -1,9 +1,16 @@
 // Flash attention for prefill over the paged bf16 KV cache, on tensor cores (mma.sync m16n8k16,
-// bf16 in, f32 accumulators), with online softmax. A block owns 64 query rows = (tokens of one
-// sequence) x (the query heads of one GQA group), so the group shares every K/V tile it loads; each
-// of its 4 warps owns 16 rows. K/V tiles are gathered block by block through the block table, the next
-// tile's copy (cp.async, double-buffered) overlapping this tile's math.
+// bf16 in, f32 accumulators), with online softmax in base 2 (exp2, the scale folded with log2 e).
+// A block owns kPrefillRows (128) query rows = (tokens of one sequence) x (the query heads of one GQA
+// group), so the group shares every K/V tile it loads; each of its 8 warps owns 16 rows. Q fragments
+// are loaded once (into registers up to head_dim 128; head_dim 256 reads them from shared memory each
+// tile), K and V fragments come through ldmatrix. K/V tiles are gathered block by block through the
+// block table, the next tile's copy (cp.async, double-buffered) overlapping this tile's math. A warp
+// skips tiles none of its rows can see and masks per element only on tiles some row sees in part
+// (the causal diagonal, the window's edge). Blocks take the tiles last to first (the longest key
+// ranges first under a causal mask), so the short ones fill the tail of the grid.
 #include <cuda_bf16.h>
+
+#include <climits>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
@@ -12,8 +19,11 @@ namespace arbor::cuda {
 
 namespace {
 
-constexpr int kRows = kPrefillRows;  // 64
-constexpr int kThreads = 128;
+constexpr int kRows = kPrefillRows;  // 128
+constexpr int kWarps = kRows / 16;   // 16 rows per warp (one m16 tile)
+constexpr int kThreads = kWarps * 32;
+static_assert(kRows % 16 == 0, "prefill rows per tile come in m16 tiles, one per warp");
+constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ void mma_bf16(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -22,18 +32,26 @@ __device__ __forceinline__ void mma_bf16(float* c, uint32_t a0, uint32_t a1, uin
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ void ldmatrix_x4_trans(const void* p, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-  const uint32_t addr = uint32_t(__cvta_generic_to_shared(p));
+// Four 8x8 b16 matrices from shared memory (a 32-bit shared address): lanes 8i..8i+7 give the row
+// addresses of matrix i; register i gets matrix i's (row lane/4, columns 2(lane%4), +1).
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+// The same, each matrix transposed (register i gets matrix i's (rows 2(lane%4), +1; column lane/4)).
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                : "r"(addr));
 }
 
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
 // 16 bytes global -> shared without passing through registers (sm_80+); valid == false zero-fills.
 __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src, bool valid) {
-  const uint32_t d = uint32_t(__cvta_generic_to_shared(smem_dst));
   const int n = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(gmem_src), "r"(n));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem_dst)), "l"(gmem_src), "r"(n));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -41,137 +59,211 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// 2^x in one MUFU op (2^-inf = 0).
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// D: head_dim; KT: keys per tile. Shared rows are padded by 8 elements (16 bytes) so the 8 rows a
-// fragment load touches fall in distinct banks. K/V tiles are double-buffered and fetched with
-// cp.async, the next tile's copy in flight while the tensor cores work on this one.
+// D: head_dim; KT: keys per tile. Shared rows are padded by 8 elements (16 bytes) so the 8 rows an
+// ldmatrix reads fall in distinct banks. K/V tiles are double-buffered and fetched with cp.async, the
+// next tile's copy in flight while the tensor cores work on this one.
 template <int D, int KT>
-__global__ void __launch_bounds__(kThreads) attn_prefill_kernel(AttnArgs a, const int32_t* tiles) {
+__global__ void __launch_bounds__(kThreads, (D <= 32 ? 2 : 1)) attn_prefill_kernel(AttnArgs a, const int32_t* tiles) {
   constexpr int LD = D + 8;
+  constexpr bool kQRegs = D <= 128;  // Q fragments in registers (D/4 of them); 256 would spill
+  constexpr int kChunks = KT * (D / 8) / kThreads;  // 16-byte K (and V) copies per thread per tile
+  static_assert(D % 32 == 0 && KT % 16 == 0 && (KT * (D / 8)) % kThreads == 0 && (kRows * (D / 8)) % kThreads == 0,
+                "prefill attention tile shape");
   extern __shared__ __align__(16) uint16_t smem[];
   uint16_t* Qs = smem;                  // [kRows][LD]
   uint16_t* Ks = Qs + kRows * LD;       // [2][KT][LD]
   uint16_t* Vs = Ks + 2 * KT * LD;      // [2][KT][LD]
 
-  const int32_t* tile = tiles + blockIdx.x * 8;
+  // Block order: kv heads fastest, tiles last to first.
+  const unsigned lin = blockIdx.y * gridDim.x + blockIdx.x;
+  const int g = int(lin % gridDim.y);
+  const int32_t* tile = tiles + int64_t(gridDim.x - 1 - lin / gridDim.y) * 8;
   const int32_t tok0 = tile[0], ntok = tile[1], seq = tile[2], min_pos = tile[3], max_pos = tile[4];
-  const int g = blockIdx.y, G = a.n_heads / a.n_kv_heads;
+  const int G = a.n_heads / a.n_kv_heads;
   const int64_t qrow = int64_t(a.n_heads) * D, kvrow = int64_t(a.n_kv_heads) * D;
   const int32_t* table = a.block_tables + int64_t(seq) * a.max_blocks;
+  const int32_t kv_lo = a.window > 0 ? max(0, min_pos - a.window + 1) : 0, kv_hi = max_pos + 1;
 
-  for (int idx = threadIdx.x; idx < kRows * (D / 8); idx += kThreads) {
-    const int r = idx / (D / 8), c = idx % (D / 8), ti = r / G, hi = r % G;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (ti < ntok) v = *reinterpret_cast<const uint4*>(a.q + int64_t(tok0 + ti) * qrow + int64_t(g * G + hi) * D + c * 8);
-    *reinterpret_cast<uint4*>(Qs + r * LD + c * 8) = v;
+  // Q rows (padding rows zero-filled), as the first cp.async group.
+#pragma unroll
+  for (int i = 0; i < kRows * (D / 8) / kThreads; ++i) {
+    const int idx = threadIdx.x + i * kThreads, r = idx / (D / 8), c = idx % (D / 8), ti = r / G, hi = r % G;
+    const bool ok = ti < ntok;
+    const uint16_t* src = ok ? a.q + int64_t(tok0 + ti) * qrow + int64_t(g * G + hi) * D + c * 8 : a.q;
+    cp_async16(Qs + r * LD + c * 8, src, ok);
   }
+  cp_async_commit();
+
+  // Copies K/V tile [kt, kt + KT) into buffer buf with cp.async (keys past kv_hi are zero-filled: V
+  // rows of masked keys must be finite, P = 0 times them must stay 0). The slots are looked up first,
+  // so the block-table reads overlap.
+  auto fetch = [&](int buf, int32_t kt) {
+    int64_t off[kChunks];
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      const int idx = threadIdx.x + i * kThreads, j = idx / (D / 8), c = idx % (D / 8);
+      const int32_t kp = kt + j;
+      off[i] = kp < kv_hi ? kv_slot(a, table, kp) * kvrow + int64_t(g) * D + c * 8 : -1;
+    }
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      const int idx = threadIdx.x + i * kThreads, j = idx / (D / 8), c = idx % (D / 8);
+      const bool ok = off[i] >= 0;
+      const int64_t o = ok ? off[i] : 0;
+      cp_async16(Ks + (buf * KT + j) * LD + c * 8, a.k_pool + o, ok);
+      cp_async16(Vs + (buf * KT + j) * LD + c * 8, a.v_pool + o, ok);
+    }
+  };
+  if (kv_lo < kv_hi) fetch(0, kv_lo);
+  cp_async_commit();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane >> 2, tq = lane & 3;
   const int rA = warp * 16 + gq, rB = rA + 8;
   const bool validA = rA / G < ntok, validB = rB / G < ntok;
   const int32_t posA = validA ? a.pos[tok0 + rA / G] : -1, posB = validB ? a.pos[tok0 + rB / G] : -1;
   const int32_t loA = a.window > 0 ? posA - a.window + 1 : 0, loB = a.window > 0 ? posB - a.window + 1 : 0;
-  const int32_t kv_lo = a.window > 0 ? max(0, min_pos - a.window + 1) : 0, kv_hi = max_pos + 1;
+  // The warp's position range over its valid rows (none valid: wmax = -1, every tile skipped).
+  const int32_t wmin = __reduce_min_sync(0xffffffffu, min(validA ? posA : INT_MAX, validB ? posB : INT_MAX));
+  const int32_t wmax = __reduce_max_sync(0xffffffffu, max(posA, posB));
+  // The lowest and the highest first visible key over those rows (0 without a window).
+  const int32_t wlo_min = a.window > 0 ? wmin - (a.window - 1) : 0, wlo_max = a.window > 0 ? wmax - (a.window - 1) : 0;
+
+  // Scores go to the exponent in base 2: without softcap the raw q.k is kept and scaled by
+  // scale * log2 e inside the exp2 (one FFMA); with softcap the capped score s = cap tanh(scale q.k / cap)
+  // is stored times log2 e and the exp2 factor is 1.
+  const bool capped = a.softcap > 0;
+  const float mul = capped ? 1.0f : a.scale * kLog2e;
+  const float cap_l2 = a.softcap * kLog2e, inv_cap = capped ? 1.0f / a.softcap : 0.0f;
+
+  // Per-lane ldmatrix offsets (bytes). Q/A fragment: lanes 0-15 rows 0-15 at column 0, lanes 16-31
+  // rows 0-15 at column 8. K/B fragments (non-transposed, key-major tile): lanes 0-7 keys 0-7 dims
+  // 0-7, 8-15 keys 0-7 dims 8-15, 16-23 keys 8-15 dims 0-7, 24-31 keys 8-15 dims 8-15 -> (b0, b1) of
+  // key octet 0, then of key octet 1. V/B fragments (transposed): lanes 0-15 keys 0-15 at dim 0, 16-31
+  // at dim 8 -> (b0, b1) of dim octet 0, then of dim octet 1.
+  const uint32_t q_addr = smem_addr(Qs) + uint32_t(((warp * 16 + (lane & 15)) * LD + (lane >> 4) * 8) * 2);
+  const uint32_t k_addr = smem_addr(Ks) + uint32_t((((lane & 7) + ((lane >> 4) << 3)) * LD + ((lane >> 3) & 1) * 8) * 2);
+  const uint32_t v_addr = smem_addr(Vs) + uint32_t(((lane & 15) * LD + (lane >> 4) * 8) * 2);
+
+  cp_async_wait<1>();  // Q is in (the first K/V tile may still be in flight)
+  __syncthreads();
+  uint32_t q[kQRegs ? D / 16 : 1][4];
+  if constexpr (kQRegs) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) ldsm_x4(q_addr + kk * 32, q[kk][0], q[kk][1], q[kk][2], q[kk][3]);
+  }
 
   float o[D / 8][4];
 #pragma unroll
   for (int d = 0; d < D / 8; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
   float mA = -INFINITY, mB = -INFINITY, lA = 0.0f, lB = 0.0f;
 
-  // Copies K/V tile [kt, kt + KT) into Kd/Vd with cp.async (keys past kv_hi are zero-filled: V rows
-  // of masked keys must be finite, P = 0 times them must stay 0).
-  auto fetch = [&](uint16_t* Kd, uint16_t* Vd, int32_t kt) {
-    for (int idx = threadIdx.x; idx < KT * (D / 8); idx += kThreads) {
-      const int j = idx / (D / 8), c = idx % (D / 8);
-      const int32_t kp = kt + j;
-      const bool ok = kp < kv_hi;
-      const int64_t off = ok ? kv_slot(a, table, kp) * kvrow + int64_t(g) * D + c * 8 : 0;
-      cp_async16(Kd + j * LD + c * 8, a.k_pool + off, ok);
-      cp_async16(Vd + j * LD + c * 8, a.v_pool + off, ok);
-    }
-  };
-  if (kv_lo < kv_hi) fetch(Ks, Vs, kv_lo);
-  cp_async_commit();
   int step = 0;
   for (int32_t kt = kv_lo; kt < kv_hi; kt += KT, ++step) {
     const int buf = step & 1;
-    const uint16_t* Kc = Ks + buf * KT * LD;
-    const uint16_t* Vc = Vs + buf * KT * LD;
-    // The other buffer was read in the previous step, which ended with a barrier.
-    if (kt + KT < kv_hi) fetch(Ks + (buf ^ 1) * KT * LD, Vs + (buf ^ 1) * KT * LD, kt + KT);
+    cp_async_wait<0>();  // this step's tile (the only group in flight) is in, for this thread's copies
+    __syncthreads();     // ... and every thread's; every warp is also done with the previous step's tile,
+    // so its buffer can take the next one, copied while this one is worked on.
+    if (kt + KT < kv_hi) fetch(buf ^ 1, kt + KT);
     cp_async_commit();
-    cp_async_wait<1>();  // every group but the one just committed: this step's tile is in
-    __syncthreads();     // ... for every thread's copies (and Qs is written, first time round)
 
-    // S = Q Kᵀ for this warp's 16 rows and the tile's KT keys.
-    float sc[KT / 8][4];
+    // Warp-uniform: no row of the warp sees a key of the tile -> nothing to do (exactly what an
+    // all-masked tile would give); every row sees every key -> no per-element mask.
+    if (kt <= wmax && kt + KT - 1 >= wlo_min) {
+      const bool full = kt + KT - 1 <= wmin && kt >= wlo_max;
+      const uint32_t kc = k_addr + uint32_t(buf * KT * LD * 2), vc = v_addr + uint32_t(buf * KT * LD * 2);
+
+      // S = Q Kᵀ for this warp's 16 rows and the tile's KT keys.
+      float sc[KT / 8][4];
 #pragma unroll
-    for (int j = 0; j < KT / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+      for (int j = 0; j < KT / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t a0 = *reinterpret_cast<const uint32_t*>(Qs + rA * LD + kk * 16 + 2 * tq);
-      const uint32_t a1 = *reinterpret_cast<const uint32_t*>(Qs + rB * LD + kk * 16 + 2 * tq);
-      const uint32_t a2 = *reinterpret_cast<const uint32_t*>(Qs + rA * LD + kk * 16 + 8 + 2 * tq);
-      const uint32_t a3 = *reinterpret_cast<const uint32_t*>(Qs + rB * LD + kk * 16 + 8 + 2 * tq);
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a0, a1, a2, a3;
+        if constexpr (kQRegs) {
+          a0 = q[kk][0], a1 = q[kk][1], a2 = q[kk][2], a3 = q[kk][3];
+        } else {
+          ldsm_x4(q_addr + kk * 32, a0, a1, a2, a3);
+        }
+#pragma unroll
+        for (int j = 0; j < KT / 8; j += 2) {
+          uint32_t b0, b1, b2, b3;
+          ldsm_x4(kc + uint32_t((j * 8 * LD + kk * 16) * 2), b0, b1, b2, b3);
+          mma_bf16(sc[j], a0, a1, a2, a3, b0, b1);
+          mma_bf16(sc[j + 1], a0, a1, a2, a3, b2, b3);
+        }
+      }
+
+      // Softcap (applies to the scaled score, before the mask), mask (causal, window, padding rows)
+      // on partly visible tiles, then the online softmax update.
+      if (capped) {
+#pragma unroll
+        for (int j = 0; j < KT / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sc[j][e] = cap_l2 * tanhf(sc[j][e] * a.scale * inv_cap);
+      }
+      if (!full) {
+#pragma unroll
+        for (int j = 0; j < KT / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int32_t key = kt + j * 8 + 2 * tq + (e & 1);
+            const bool ok = e < 2 ? (key >= loA && key <= posA) : (key >= loB && key <= posB);
+            if (!ok) sc[j][e] = -INFINITY;
+          }
+      }
+      float mxA = -INFINITY, mxB = -INFINITY;
 #pragma unroll
       for (int j = 0; j < KT / 8; ++j) {
-        const uint16_t* kr = Kc + (j * 8 + gq) * LD + kk * 16 + 2 * tq;
-        mma_bf16(sc[j], a0, a1, a2, a3, *reinterpret_cast<const uint32_t*>(kr), *reinterpret_cast<const uint32_t*>(kr + 8));
+        mxA = fmaxf(mxA, fmaxf(sc[j][0], sc[j][1]));
+        mxB = fmaxf(mxB, fmaxf(sc[j][2], sc[j][3]));
       }
-    }
+#pragma unroll
+      for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+        mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, o2));
+        mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, o2));
+      }
+      const float nA = fmaxf(mA, mxA), nB = fmaxf(mB, mxB);
+      // Base-2 exponent offsets (0 while a row has seen no key: its p are all 0).
+      const float bA = nA == -INFINITY ? 0.0f : nA * mul, bB = nB == -INFINITY ? 0.0f : nB * mul;
+      const float cA = exp2_approx(mA * mul - bA), cB = exp2_approx(mB * mul - bB);
+      mA = nA, mB = nB;
+      float sA = 0.0f, sB = 0.0f;
+#pragma unroll
+      for (int j = 0; j < KT / 8; ++j) {
+        sc[j][0] = exp2_approx(fmaf(sc[j][0], mul, -bA)), sc[j][1] = exp2_approx(fmaf(sc[j][1], mul, -bA));
+        sc[j][2] = exp2_approx(fmaf(sc[j][2], mul, -bB)), sc[j][3] = exp2_approx(fmaf(sc[j][3], mul, -bB));
+        sA += sc[j][0] + sc[j][1], sB += sc[j][2] + sc[j][3];
+      }
+      lA = lA * cA + sA, lB = lB * cB + sB;
+#pragma unroll
+      for (int d = 0; d < D / 8; ++d) o[d][0] *= cA, o[d][1] *= cA, o[d][2] *= cB, o[d][3] *= cB;
 
-    // Scale, softcap, mask (causal, window, padding rows), then the online softmax update.
-    float mxA = -INFINITY, mxB = -INFINITY;
+      // O += P V: P's accumulator layout is the A-fragment layout of the next mma (two key octets).
 #pragma unroll
-    for (int j = 0; j < KT / 8; ++j)
+      for (int kk = 0; kk < KT / 16; ++kk) {
+        const uint32_t a0 = pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), a1 = pack_bf16(sc[2 * kk][2], sc[2 * kk][3]);
+        const uint32_t a2 = pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]), a3 = pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int32_t key = kt + j * 8 + 2 * tq + (e & 1);
-        float s = sc[j][e] * a.scale;
-        if (a.softcap > 0) s = a.softcap * tanhf(s / a.softcap);
-        const bool ok = e < 2 ? (key >= loA && key <= posA) : (key >= loB && key <= posB);
-        sc[j][e] = ok ? s : -INFINITY;
-        if (e < 2) mxA = fmaxf(mxA, sc[j][e]);
-        else mxB = fmaxf(mxB, sc[j][e]);
-      }
-#pragma unroll
-    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-      mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, o2));
-      mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, o2));
-    }
-    const float nA = fmaxf(mA, mxA), nB = fmaxf(mB, mxB);
-    const float bA = nA == -INFINITY ? 0.0f : nA, bB = nB == -INFINITY ? 0.0f : nB;
-    const float cA = __expf(mA - bA), cB = __expf(mB - bB);
-    mA = nA, mB = nB;
-    float sA = 0.0f, sB = 0.0f;
-#pragma unroll
-    for (int j = 0; j < KT / 8; ++j) {
-      sc[j][0] = __expf(sc[j][0] - bA), sc[j][1] = __expf(sc[j][1] - bA);
-      sc[j][2] = __expf(sc[j][2] - bB), sc[j][3] = __expf(sc[j][3] - bB);
-      sA += sc[j][0] + sc[j][1], sB += sc[j][2] + sc[j][3];
-    }
-    lA = lA * cA + sA, lB = lB * cB + sB;
-#pragma unroll
-    for (int d = 0; d < D / 8; ++d) o[d][0] *= cA, o[d][1] *= cA, o[d][2] *= cB, o[d][3] *= cB;
-
-    // O += P V: P's accumulator layout is the A-fragment layout of the next mma (two key octets).
-#pragma unroll
-    for (int kk = 0; kk < KT / 16; ++kk) {
-      const uint32_t a0 = pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), a1 = pack_bf16(sc[2 * kk][2], sc[2 * kk][3]);
-      const uint32_t a2 = pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]), a3 = pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
-#pragma unroll
-      for (int d = 0; d < D / 8; d += 2) {
-        uint32_t b0, b1, b2, b3;
-        ldmatrix_x4_trans(Vc + (kk * 16 + (lane & 15)) * LD + d * 8 + (lane >= 16 ? 8 : 0), b0, b1, b2, b3);
-        mma_bf16(o[d], a0, a1, a2, a3, b0, b1);
-        mma_bf16(o[d + 1], a0, a1, a2, a3, b2, b3);
+        for (int d = 0; d < D / 8; d += 2) {
+          uint32_t b0, b1, b2, b3;
+          ldsm_x4_trans(vc + uint32_t((kk * 16 * LD + d * 8) * 2), b0, b1, b2, b3);
+          mma_bf16(o[d], a0, a1, a2, a3, b0, b1);
+          mma_bf16(o[d + 1], a0, a1, a2, a3, b2, b3);
+        }
       }
     }
-    __syncthreads();  // this buffer is refilled two steps on
   }
 
 #pragma unroll

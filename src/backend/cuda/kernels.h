@@ -139,9 +139,9 @@ __device__ __forceinline__ int64_t kv_slot(const AttnArgs& a, const int32_t* tab
 void launch_attention_decode(const AttnArgs& a, int64_t T, int n_splits, float* scratch, cudaStream_t s);
 // Flash attention over tiles of query rows (tokens x the GQA group's heads) with tensor cores
 // (mma.sync m16n8k16 bf16, f32 accumulators) and online softmax. tiles [n_tiles, 8] int32:
-// {first token, n tokens, seq, min pos, max pos, 0, 0, 0}; each tile has at most 64 / group tokens.
+// {first token, n tokens, seq, min pos, max pos, 0, 0, 0}; each tile has at most kPrefillRows / group tokens.
 void launch_attention_prefill(const AttnArgs& a, const int32_t* tiles, int64_t n_tiles, cudaStream_t s);
-constexpr int kPrefillRows = 64;  // query rows (token x head) per prefill tile
+constexpr int kPrefillRows = 128;  // query rows (token x head) per prefill tile
 
 // ---- sampling.cu ----------------------------------------------------------------------------------
 // ids[r] = argmax of logits row r (ties: lowest id, as torch.argmax); logits [rows, vocab] f32.
