@@ -22,7 +22,7 @@ namespace fs = std::filesystem;
 namespace {
 
 json base_config(const char* type, const char* arch) {
-  return json{{"model_type", type}, {"architectures", {arch}}, {"vocab_size", 300}, {"hidden_size", 128}, {"intermediate_size", 192},
+  return json{{"model_type", type}, {"architectures", {arch}}, {"vocab_size", 300}, {"hidden_size", 256}, {"intermediate_size", 512},
               {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 64},
               {"rms_norm_eps", 1e-5}, {"max_position_embeddings", 512}, {"tie_word_embeddings", false}, {"rope_theta", 10000.0}};
 }
@@ -40,6 +40,7 @@ std::vector<std::pair<std::string, json>> synthetic_models() {
   m.push_back({"gemma2", g2});
   json phi = base_config("phi3", "Phi3ForCausalLM");
   phi["sliding_window"] = 16;
+  phi["hidden_size"] = 128, phi["intermediate_size"] = 192;  // rows the streaming GEMV does not take
   m.push_back({"phi3", phi});
   json sc = base_config("starcoder2", "Starcoder2ForCausalLM");
   sc["use_bias"] = true, sc["norm_epsilon"] = 1e-5, sc["sliding_window"] = 24, sc["hidden_act"] = "gelu_pytorch_tanh";
@@ -134,6 +135,23 @@ TEST(CudaModel, F32AndF16CheckpointsMatchTheCpu) {
     opt.ctx_size = 128, opt.max_step_tokens = 64, opt.show_progress = false;
     compare_model(std::string("llama ") + std::string(dtype_name(dt)), opt);
   }
+}
+
+// Norms deferred into the GEMV that reads them (off by default; CudaBackend::set_defer_norms): the
+// decode steps of a plain (RMS) and a Gemma (RMS(1 + w), sandwich norms) model, graphs and eager.
+TEST(CudaModel, DeferredNormsMatchTheCpu) {
+  ARBOR_REQUIRE_GPU();
+  setenv("ARBOR_CUDA_DEFER_NORM", "1", 1);
+  for (auto& [name, cfg] : synthetic_models()) {
+    if (name != "llama" && name != "gemma2") continue;
+    LoadOptions opt;
+    opt.model_dir = temp_dir(name + "_defer");
+    write_synthetic_checkpoint(cfg, opt.model_dir, DType::BF16);
+    opt.ctx_size = 128, opt.max_step_tokens = 64, opt.show_progress = false;
+    compare_model(name + " deferred norms", opt);
+    compare_model(name + " deferred norms eager", opt, false);
+  }
+  unsetenv("ARBOR_CUDA_DEFER_NORM");
 }
 
 // The same models with every decode step issued op by op (the tests above replay recorded graphs).
