@@ -102,6 +102,20 @@ TEST(CudaAttention, HeadDimsAndGqaRatios) {
       run_case({hd, h, kvh, 0, 0.0f, {33, 17}, {33, 1}}, rng);
 }
 
+// Decode's split merge both ways (by the last split block / by a second kernel), whichever the GQA
+// group would pick by default.
+TEST(CudaAttention, DecodeSplitMergeInKernelAndSeparate) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(15);
+  for (const char* merge : {"1", "0"}) {
+    SCOPED_TRACE(merge);
+    setenv("ARBOR_CUDA_ATTN_MERGE", merge, 1);
+    for (auto [h, kvh] : std::vector<std::pair<int64_t, int64_t>>{{2, 2}, {8, 2}, {8, 1}})
+      run_case({128, h, kvh, 0, 0.0f, {300, 45}, {1, 1}}, rng);
+  }
+  unsetenv("ARBOR_CUDA_ATTN_MERGE");
+}
+
 // Small test models (head_dim 32) and Phi-3-mini's 96.
 TEST(CudaAttention, HeadDims32And96) {
   ARBOR_REQUIRE_GPU();

@@ -1,7 +1,9 @@
 // Split-K flash-decoding over the paged bf16 KV cache. One block per (key range, kv head, token):
 // each lane holds 8 dims (16 bytes) of a key row, D/8 lanes cover a row, so a warp walks 256/D keys
-// at once; the GQA group's query heads (up to 8 per block) share every K and V load. Partial
-// (o, max, sum) per range are merged by a second kernel when a token's keys span several blocks.
+// at once; the GQA group's query heads (up to 8 per block) share every K and V load. When a token's
+// keys span several blocks, each writes its partial (o, max, sum) to scratch, and either the last of
+// them to finish (a counter per (token, head block), reset by that block) merges them (one launch per
+// layer) or a second kernel does (the launcher chooses by passing counters or not).
 #include <cuda_bf16.h>
 
 #include <cfloat>
@@ -28,7 +30,8 @@ __device__ __forceinline__ void unpack8(const uint4& q, float* f) {
 }
 
 template <int D, int kHeads>
-__global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, int n_splits, int head_chunks, float* scratch) {
+__global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, int n_splits, int head_chunks, float* scratch,
+                                                                  unsigned* counters) {
   pdl_trigger();
   pdl_wait();
   constexpr int LPK = D / 8;         // lanes per key row
@@ -128,12 +131,76 @@ __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, in
       if (d == 0) p[D] = M, p[D + 1] = L;
     }
   }
+  if (n_splits == 1 || !counters) return;
+
+  // The last block of this (token, head block) merges every split's partial:
+  // out = Σ_s O_s e^{M_s - M} / Σ_s L_s e^{M_s - M}.
+  __shared__ bool last;
+  __shared__ float Ms[kHeads], Ls[kHeads];
+  __threadfence();  // this block's partials are visible before it is counted
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned* c = counters + t * gridDim.y + blockIdx.y;
+    last = atomicAdd(c, 1u) == unsigned(n_splits - 1);
+    if (last) *c = 0;  // ready for the next launch
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // Weights and sums of every split in the shared memory sm_o held (kHeads x 1024 floats >= 2 x
+  // kHeads x n_splits: the launcher caps n_splits at 512).
+  float* mw = &sm_o[0][0][0];
+  float* lw = mw + nh * n_splits;
+  const float* base = scratch + (t * a.n_heads + h0) * n_splits * (D + 2);
+  for (int idx = threadIdx.x; idx < nh * n_splits; idx += blockDim.x) {
+    const float* p = base + int64_t(idx) * (D + 2);  // head idx / n_splits, split idx % n_splits
+    mw[idx] = __ldcg(p + D), lw[idx] = __ldcg(p + D + 1);
+  }
+  __syncthreads();
+  // Per head: the largest max and the weighted sum, one warp per head (lanes over the splits).
+  for (int i = warp; i < nh; i += kWarps) {
+    float M = -INFINITY, L = 0;
+    for (int s = lane; s < n_splits; s += 32) M = fmaxf(M, mw[i * n_splits + s]);
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    if (M > -INFINITY)
+      for (int s = lane; s < n_splits; s += 32) L += lw[i * n_splits + s] * __expf(mw[i * n_splits + s] - M);
+    for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+    if (lane == 0) Ms[i] = M, Ls[i] = L;
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < nh * n_splits; idx += blockDim.x) {
+    const float m_s = mw[idx], M = Ms[idx / n_splits];
+    mw[idx] = m_s == -INFINITY ? 0.0f : __expf(m_s - M);
+  }
+  __syncthreads();
+  // Each thread sums J outputs (head, dim) at once over the splits: J independent loads in flight per split.
+  constexpr int J = (kHeads * D + kWarps * 32 - 1) / (kWarps * 32);
+  float O[J];
+#pragma unroll
+  for (int j = 0; j < J; ++j) O[j] = 0.0f;
+#pragma unroll 2
+  for (int s = 0; s < n_splits; ++s) {
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const int idx = threadIdx.x + j * kWarps * 32, i = idx / D, d = idx % D;
+      if (i < nh) O[j] += __ldcg(base + (int64_t(i) * n_splits + s) * (D + 2) + d) * mw[i * n_splits + s];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int idx = threadIdx.x + j * kWarps * 32, i = idx / D, d = idx % D;
+    if (i >= nh) continue;
+    const float L = Ls[i];
+    a.out[t * qrow + int64_t(h0 + i) * D + d] = __bfloat16_as_ushort(__float2bfloat16(L > 0 ? O[j] / L : 0.0f));
+  }
 }
 
-// out[t, h] = Σ_s O_s e^{M_s - M} / Σ_s L_s e^{M_s - M} over the splits s; one block per (h, t). The
-// splits' (M, L) are read in parallel into shared memory and turned into weights once, so each output
-// dim's loads over the splits are independent (not a chain of dependent round trips).
 constexpr int kMaxSplits = 512;
+
+// The merge as a second kernel (when the launcher is given no counters): out[t, h] = Σ_s O_s e^{M_s - M}
+// / Σ_s L_s e^{M_s - M} over the splits s; one block per (h, t). The splits' (M, L) are read in parallel
+// into shared memory and turned into weights once, so each output dim's loads over the splits are
+// independent (not a chain of dependent round trips).
 __global__ void attn_combine_kernel(const float* scratch, int n_splits, int D, int n_heads, uint16_t* out) {
   __shared__ float wgt[kMaxSplits];
   __shared__ float red[2];
@@ -170,31 +237,31 @@ __global__ void attn_combine_kernel(const float* scratch, int n_splits, int D, i
 }
 
 template <int D>
-void launch_d(const AttnArgs& a, int64_t T, int n_splits, float* scratch, cudaStream_t s) {
+void launch_d(const AttnArgs& a, int64_t T, int n_splits, float* scratch, unsigned* counters, cudaStream_t s) {
   const int G = a.n_heads / a.n_kv_heads, hb = G <= 4 ? 4 : 8, chunks = (G + hb - 1) / hb;
   dim3 grid(unsigned(n_splits), unsigned(a.n_kv_heads * chunks), unsigned(T));
   if (hb == 4)
-    pdl_launch(attn_decode_kernel<D, 4>, grid, kWarps * 32, 0, s, a, n_splits, chunks, scratch);
+    pdl_launch(attn_decode_kernel<D, 4>, grid, kWarps * 32, 0, s, a, n_splits, chunks, scratch, counters);
   else
-    pdl_launch(attn_decode_kernel<D, 8>, grid, kWarps * 32, 0, s, a, n_splits, chunks, scratch);
+    pdl_launch(attn_decode_kernel<D, 8>, grid, kWarps * 32, 0, s, a, n_splits, chunks, scratch, counters);
   ARBOR_LAUNCH_CHECK("attn_decode_kernel");
 }
 
 }  // namespace
 
-void launch_attention_decode(const AttnArgs& a, int64_t T, int n_splits, float* scratch, cudaStream_t s) {
+void launch_attention_decode(const AttnArgs& a, int64_t T, int n_splits, float* scratch, unsigned* counters, cudaStream_t s) {
   if (T == 0) return;
-  ARBOR_CU_CHECK(T <= 65535 && a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0 && n_splits >= 1 && (n_splits == 1 || scratch),
-                 "cuda: attention decode: T %lld, heads %d/%d, splits %d", (long long)T, a.n_heads, a.n_kv_heads, n_splits);
+  ARBOR_CU_CHECK(T <= 65535 && a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0 && n_splits >= 1 && n_splits <= kMaxSplits &&
+                     (n_splits == 1 || scratch),
+                 "cuda: attention decode: T %lld, heads %d/%d, splits %d (1..%d)", (long long)T, a.n_heads, a.n_kv_heads, n_splits, kMaxSplits);
   switch (a.head_dim) {
-    case 32: launch_d<32>(a, T, n_splits, scratch, s); break;
-    case 64: launch_d<64>(a, T, n_splits, scratch, s); break;
-    case 128: launch_d<128>(a, T, n_splits, scratch, s); break;
-    case 256: launch_d<256>(a, T, n_splits, scratch, s); break;
+    case 32: launch_d<32>(a, T, n_splits, scratch, counters, s); break;
+    case 64: launch_d<64>(a, T, n_splits, scratch, counters, s); break;
+    case 128: launch_d<128>(a, T, n_splits, scratch, counters, s); break;
+    case 256: launch_d<256>(a, T, n_splits, scratch, counters, s); break;
     default: fail_printf("cuda: decode attention: head_dim %d is not supported (32, 64, 128, 256)", a.head_dim);
   }
-  if (n_splits > 1) {
-    ARBOR_CU_CHECK(n_splits <= kMaxSplits, "cuda: attention decode: %d splits (at most %d)", n_splits, kMaxSplits);
+  if (n_splits > 1 && !counters) {
     dim3 grid(unsigned(a.n_heads), unsigned(T));
     pdl_launch(attn_combine_kernel, grid, unsigned(a.head_dim), 0, s, scratch, n_splits, a.head_dim, a.n_heads, a.out);
     ARBOR_LAUNCH_CHECK("attn_combine_kernel");

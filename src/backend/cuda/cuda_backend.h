@@ -201,6 +201,9 @@ class CudaBackend : public Backend {
   int64_t tiles_group_ = 0, n_tiles_ = 0;
   void* scratch_ = nullptr;                        // split-K partials, f16-GEMM operands
   size_t scratch_cap_ = 0;
+  int attn_merge_ = -1;  // decode attention's split merge: -1 by GQA group (attention()), 1 by the last block, 0 a second kernel (ARBOR_CUDA_ATTN_MERGE)
+  void* attn_counters_ = nullptr;                  // decode attention's merge counters (zero between launches)
+  size_t attn_counters_cap_ = 0;
   void* scratch2_ = nullptr;
   size_t scratch2_cap_ = 0;
   void* workspace_ = nullptr;                      // cuBLASLt
