@@ -649,7 +649,7 @@ void CudaBackend::attention(int64_t layer, const Tensor& q, const AttentionParam
     return;
   }
   if (tiles_serial_ != batch_serial_ || tiles_group_ != G) {
-    // Tiles of up to 64/G tokens of one run, with each tile's position range (keys it may need).
+    // Tiles of up to kPrefillRows/G tokens of one run, with each tile's position range (keys it may need).
     const int64_t per_tile = kPrefillRows / G;
     ARBOR_CHECK(per_tile >= 1, "cuda: attention: GQA group of {} exceeds {} rows per tile", G, kPrefillRows);
     std::vector<int32_t> tiles;
