@@ -137,23 +137,6 @@ TEST(CudaModel, F32AndF16CheckpointsMatchTheCpu) {
   }
 }
 
-// Norms deferred into the GEMV that reads them (off by default; CudaBackend::set_defer_norms): the
-// decode steps of a plain (RMS) and a Gemma (RMS(1 + w), sandwich norms) model, graphs and eager.
-TEST(CudaModel, DeferredNormsMatchTheCpu) {
-  ARBOR_REQUIRE_GPU();
-  setenv("ARBOR_CUDA_DEFER_NORM", "1", 1);
-  for (auto& [name, cfg] : synthetic_models()) {
-    if (name != "llama" && name != "gemma2") continue;
-    LoadOptions opt;
-    opt.model_dir = temp_dir(name + "_defer");
-    write_synthetic_checkpoint(cfg, opt.model_dir, DType::BF16);
-    opt.ctx_size = 128, opt.max_step_tokens = 64, opt.show_progress = false;
-    compare_model(name + " deferred norms", opt);
-    compare_model(name + " deferred norms eager", opt, false);
-  }
-  unsetenv("ARBOR_CUDA_DEFER_NORM");
-}
-
 // The same models with every decode step issued op by op (the tests above replay recorded graphs).
 TEST(CudaModel, EagerDecodeMatchesTheCpu) {
   ARBOR_REQUIRE_GPU();

@@ -112,7 +112,6 @@ CudaBackend::CudaBackend(int device)
   if (const char* env = std::getenv("ARBOR_CUDA_GEMV_MAX_ROWS")) set_gemv_max_rows(std::atoi(env));
   if (const char* env = std::getenv("ARBOR_CUDA_FUSED")) fused_ = std::atoi(env) != 0;
   if (const char* env = std::getenv("ARBOR_CUDA_GEMV_STREAM")) set_gemv_stream(std::atoi(env) != 0);
-  if (const char* env = std::getenv("ARBOR_CUDA_DEFER_NORM")) defer_norms_ = std::atoi(env) != 0;
   if (const char* env = std::getenv("ARBOR_CUDA_ATTN_MERGE")) attn_merge_ = std::atoi(env) != 0 ? 1 : 0;
   device_name_ = fmt::format("{} (sm_{}{}, {} SMs, {:.0f} GiB)", prop.name, prop.major, prop.minor, n_sms_,
                              double(prop.totalGlobalMem) / double(1 << 30));
@@ -124,8 +123,6 @@ CudaBackend::CudaBackend(int device)
   lt_ = lt;
   workspace_ = device_alloc(kWorkspaceBytes);
   workspace_bytes_ = kWorkspaceBytes;
-  d_norm_counter_ = static_cast<unsigned*>(device_alloc(sizeof(unsigned)));
-  ARBOR_CUDA_CHECK(cudaMemset(d_norm_counter_, 0, sizeof(unsigned)));
   for (int i = 0; i < kStageSlots; ++i) {
     ARBOR_CUDA_CHECK(cudaMallocHost(&staging_->weight[i], kStageBytes));
     ARBOR_CUDA_CHECK(cudaEventCreateWithFlags(&staging_->weight_done[i], cudaEventDisableTiming));
@@ -181,9 +178,8 @@ void CudaBackend::drop_graphs() {
 void CudaBackend::not_capturing(const char* what) {
   if (!capturing_) return;
   capturing_ = false;
-  pending_norm_.on = false;  // the recording is dropped, and whatever it deferred with it
   cudaGraph_t g = nullptr;
-  cudaStreamEndCapture(stream_, &g);
+  cudaStreamEndCapture(st(stream_), &g);
   if (g) cudaGraphDestroy(g);
   cudaGetLastError();
   fail("cuda: internal error: {} inside a decode-step recording (the step's ops must not upload, allocate or wait)", what);
@@ -194,11 +190,11 @@ bool CudaBackend::step_graph_begin() {
   if (!graphs_on_ || graph_key_ == 0) return false;
   auto it = graphs_->exec.find(graph_key_);
   if (it != graphs_->exec.end()) {
-    ARBOR_CUDA_CHECK(cudaGraphLaunch(it->second, op_stream()));
+    ARBOR_CUDA_CHECK(cudaGraphLaunch(it->second, st(stream_)));
     return true;
   }
   if (graphs_->seen.insert(graph_key_).second) return false;  // first sighting: eager
-  ARBOR_CUDA_CHECK(cudaStreamBeginCapture(op_stream(), cudaStreamCaptureModeThreadLocal));
+  ARBOR_CUDA_CHECK(cudaStreamBeginCapture(st(stream_), cudaStreamCaptureModeThreadLocal));
   capturing_ = true;
   return false;
 }
@@ -207,7 +203,7 @@ void CudaBackend::step_graph_end() {
   if (!capturing_) return;
   capturing_ = false;
   cudaGraph_t g = nullptr;
-  ARBOR_CUDA_CHECK(cudaStreamEndCapture(op_stream(), &g));
+  ARBOR_CUDA_CHECK(cudaStreamEndCapture(st(stream_), &g));
   struct GraphGuard {
     cudaGraph_t g;
     ~GraphGuard() {
@@ -215,13 +211,13 @@ void CudaBackend::step_graph_end() {
     }
   } guard{g};
   if (int64_t(graphs_->exec.size()) >= kMaxGraphs) {  // bounded host/device memory: start over (rare)
-    ARBOR_CUDA_CHECK(cudaStreamSynchronize(op_stream()));
+    ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
     graphs_->clear();
   }
   cudaGraphExec_t e = nullptr;
   ARBOR_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
   graphs_->exec.emplace(graph_key_, e);
-  ARBOR_CUDA_CHECK(cudaGraphLaunch(e, op_stream()));
+  ARBOR_CUDA_CHECK(cudaGraphLaunch(e, st(stream_)));
 }
 
 void CudaBackend::ensure(void*& buf, size_t& cap, size_t bytes) {
@@ -267,8 +263,8 @@ void CudaBackend::stage_copy(void* dst, const void* src, size_t bytes, bool f32_
       std::memcpy(s.weight[slot], from, n_in);
     }
     char* to = static_cast<char*>(dst) + off / in_unit * out_unit;
-    ARBOR_CUDA_CHECK(cudaMemcpyAsync(to, s.weight[slot], n_out, cudaMemcpyHostToDevice, op_stream()));
-    ARBOR_CUDA_CHECK(cudaEventRecord(s.weight_done[slot], op_stream()));
+    ARBOR_CUDA_CHECK(cudaMemcpyAsync(to, s.weight[slot], n_out, cudaMemcpyHostToDevice, st(stream_)));
+    ARBOR_CUDA_CHECK(cudaEventRecord(s.weight_done[slot], st(stream_)));
   }
 }
 
@@ -301,8 +297,8 @@ void CudaBackend::alloc_kv(const KVLayout& layout) {
   for (int64_t l = 0; l < layout.n_layers; ++l) {
     k_pools_.push_back(device_alloc(per_layer));
     v_pools_.push_back(device_alloc(per_layer));
-    ARBOR_CUDA_CHECK(cudaMemsetAsync(k_pools_.back(), 0, per_layer, op_stream()));
-    ARBOR_CUDA_CHECK(cudaMemsetAsync(v_pools_.back(), 0, per_layer, op_stream()));
+    ARBOR_CUDA_CHECK(cudaMemsetAsync(k_pools_.back(), 0, per_layer, st(stream_)));
+    ARBOR_CUDA_CHECK(cudaMemsetAsync(v_pools_.back(), 0, per_layer, st(stream_)));
   }
 }
 
@@ -333,8 +329,8 @@ void CudaBackend::upload_meta(const std::vector<int32_t>& host, void*& dev, size
   s.next_meta = (slot + 1) % kMetaSlots;
   ARBOR_CUDA_CHECK(cudaEventSynchronize(s.meta_done[slot]));
   std::memcpy(s.meta[slot], host.data(), bytes);
-  ARBOR_CUDA_CHECK(cudaMemcpyAsync(dev, s.meta[slot], bytes, cudaMemcpyHostToDevice, op_stream()));
-  ARBOR_CUDA_CHECK(cudaEventRecord(s.meta_done[slot], op_stream()));
+  ARBOR_CUDA_CHECK(cudaMemcpyAsync(dev, s.meta[slot], bytes, cudaMemcpyHostToDevice, st(stream_)));
+  ARBOR_CUDA_CHECK(cudaEventRecord(s.meta_done[slot], st(stream_)));
 }
 
 const BatchInfo& CudaBackend::batch() const {
@@ -393,63 +389,19 @@ void CudaBackend::embed(const Tensor& table, Tensor out, float scale) {
   for (size_t t = 0; t < b.tokens.size(); ++t)
     ARBOR_CHECK(b.tokens[t] >= 0 && b.tokens[t] < V, "embed: token id {} at batch row {} is outside the vocabulary ({})", b.tokens[t],
                 t, V);
-  launch_embed(table.data, table.dtype, d_tokens_, b.n_tokens(), table.shape[1], scale, out.as<uint16_t>(), op_stream());
-}
-
-bool CudaBackend::defer_norm(NormOp op, const Tensor& x, const Tensor* o, float scale, const Tensor& w, const Tensor& b, float eps,
-                             const Tensor& out) {
-  const int64_t R = x.rows(), C = x.cols();
-  const bool ok = fused_ && defer_norms_ && (op == NormOp::RMS || op == NormOp::RMSPlusOne) && b.empty() && R <= gemv_max_rows_ &&
-                  gemv_takes_norm(R, C) && out.numel() == x.numel() && out.data != x.data && (!o || out.data != o->data) &&
-                  w.dtype == DType::F32;
-  if (!ok) return false;
-  flush_norm();
-  GemvNormIn& in = pending_norm_.in;
-  in.resid = static_cast<uint16_t*>(x.data), in.delta = o ? o->as<uint16_t>() : nullptr, in.scale = scale;
-  in.w = w.as<float>(), in.plus_one = op == NormOp::RMSPlusOne, in.eps = eps;
-  in.out = out.as<uint16_t>(), in.counter = d_norm_counter_;
-  pending_norm_.rows = R, pending_norm_.cols = C, pending_norm_.on = true;
-  return true;
-}
-
-const GemvNormIn* CudaBackend::take_norm(const Tensor& x, GemvNormIn& buf) {
-  if (!pending_norm_.on) return nullptr;
-  if (x.data != pending_norm_.in.out || x.rows() != pending_norm_.rows || x.cols() != pending_norm_.cols) {
-    flush_norm();
-    return nullptr;
-  }
-  pending_norm_.on = false;
-  buf = pending_norm_.in;
-  return &buf;
-}
-
-void CudaBackend::flush_norm() {
-  if (!pending_norm_.on) return;
-  pending_norm_.on = false;
-  const GemvNormIn& in = pending_norm_.in;
-  const NormOp op = in.plus_one ? NormOp::RMSPlusOne : NormOp::RMS;
-  if (in.delta)
-    launch_add_norm(op, in.resid, in.delta, in.scale, in.w, nullptr, in.eps, pending_norm_.rows, pending_norm_.cols, in.out, st(stream_));
-  else
-    launch_norm(op, in.resid, in.w, nullptr, in.eps, pending_norm_.rows, pending_norm_.cols, in.out, st(stream_));
-}
-
-CUstream_st* CudaBackend::op_stream() {
-  flush_norm();
-  return stream_;
+  launch_embed(table.data, table.dtype, d_tokens_, b.n_tokens(), table.shape[1], scale, out.as<uint16_t>(), st(stream_));
 }
 
 void CudaBackend::norm(NormOp op, const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor out) {
   ARBOR_CHECK(w.numel() == x.cols(), "norm: weight has {} elements, rows have {}", w.numel(), x.cols());
   ARBOR_CHECK(x.dtype == DType::BF16 && out.dtype == DType::BF16, "cuda: norm: activations must be BF16 (got {})", dtype_name(x.dtype));
-  if (defer_norm(op, x, nullptr, 1.0f, w, b, eps, out)) return;
   launch_norm(op, x.as<uint16_t>(), w.as<float>(), b.empty() ? nullptr : b.as<float>(), eps, x.rows(), x.cols(), out.as<uint16_t>(),
-              op_stream());
+              st(stream_));
 }
 
 void CudaBackend::head_norm(NormOp op, Tensor x, int64_t head_dim, const Tensor& w, float eps) {
   ARBOR_CHECK(w.numel() == head_dim, "head_norm: weight has {} elements, heads have {}", w.numel(), head_dim);
-  launch_norm(op, x.as<uint16_t>(), w.as<float>(), nullptr, eps, x.numel() / head_dim, head_dim, x.as<uint16_t>(), op_stream());
+  launch_norm(op, x.as<uint16_t>(), w.as<float>(), nullptr, eps, x.numel() / head_dim, head_dim, x.as<uint16_t>(), st(stream_));
 }
 
 void CudaBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
@@ -463,27 +415,25 @@ void CudaBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
   if (T == 0) return;
   const float* bias = l.bias.empty() ? nullptr : l.bias.as<float>();
   if (T <= gemv_max_rows_) {
-    GemvNormIn buf;
-    const GemvNormIn* pn = take_norm(x, buf);
-    launch_gemv(l.w.data, l.w.dtype, x.as<uint16_t>(), bias, y.data, y.dtype, T, N, K, n_sms_, op_stream(), pn);
+    launch_gemv(l.w.data, l.w.dtype, x.as<uint16_t>(), bias, y.data, y.dtype, T, N, K, n_sms_, st(stream_));
     return;
   }
   if (l.w.dtype == DType::BF16) {
-    lt_gemm(lt_, l.w.data, x.data, DType::BF16, y.data, y.dtype, T, N, K, workspace_, workspace_bytes_, op_stream());
-    if (bias) launch_add_bias(y.data, y.dtype, bias, T, N, op_stream());
+    lt_gemm(lt_, l.w.data, x.data, DType::BF16, y.data, y.dtype, T, N, K, workspace_, workspace_bytes_, st(stream_));
+    if (bias) launch_add_bias(y.data, y.dtype, bias, T, N, st(stream_));
     return;
   }
   // f16 weights: cuBLASLt wants both operands f16 and gives f32 (then bias + conversion to y's dtype).
   ensure(scratch2_, scratch2_cap_, size_t(T * K) * 2);
-  launch_bf16_to_f16(x.as<uint16_t>(), T * K, static_cast<uint16_t*>(scratch2_), op_stream());
+  launch_bf16_to_f16(x.as<uint16_t>(), T * K, static_cast<uint16_t*>(scratch2_), st(stream_));
   if (y.dtype == DType::F32) {
-    lt_gemm(lt_, l.w.data, scratch2_, DType::F16, y.data, DType::F32, T, N, K, workspace_, workspace_bytes_, op_stream());
-    if (bias) launch_add_bias(y.data, y.dtype, bias, T, N, op_stream());
+    lt_gemm(lt_, l.w.data, scratch2_, DType::F16, y.data, DType::F32, T, N, K, workspace_, workspace_bytes_, st(stream_));
+    if (bias) launch_add_bias(y.data, y.dtype, bias, T, N, st(stream_));
     return;
   }
   ensure(scratch_, scratch_cap_, size_t(T * N) * 4);
-  lt_gemm(lt_, l.w.data, scratch2_, DType::F16, scratch_, DType::F32, T, N, K, workspace_, workspace_bytes_, op_stream());
-  launch_finish_f32(static_cast<float*>(scratch_), bias, T, N, y.data, y.dtype, op_stream());
+  lt_gemm(lt_, l.w.data, scratch2_, DType::F16, scratch_, DType::F32, T, N, K, workspace_, workspace_bytes_, st(stream_));
+  launch_finish_f32(static_cast<float*>(scratch_), bias, T, N, y.data, y.dtype, st(stream_));
 }
 
 void CudaBackend::linear_multi(const Tensor& x, const LinearOut* outs, int n) {
@@ -504,9 +454,7 @@ void CudaBackend::linear_multi(const Tensor& x, const LinearOut* outs, int n) {
     const Linear& l = *outs[i].l;
     g[i] = {l.w.data, l.bias.empty() ? nullptr : l.bias.as<float>(), outs[i].y.data, l.out_features()};
   }
-  GemvNormIn buf;
-  const GemvNormIn* pn = take_norm(x, buf);
-  launch_gemv_multi(g, n, outs[0].l->w.dtype, x.as<uint16_t>(), outs[0].y.dtype, x.rows(), x.cols(), n_sms_, op_stream(), pn);
+  launch_gemv_multi(g, n, outs[0].l->w.dtype, x.as<uint16_t>(), outs[0].y.dtype, x.rows(), x.cols(), n_sms_, st(stream_));
 }
 
 void CudaBackend::add_norm(NormOp op, Tensor x, const Tensor& o, float scale, const Tensor& w, const Tensor& b, float eps, Tensor out) {
@@ -518,9 +466,8 @@ void CudaBackend::add_norm(NormOp op, Tensor x, const Tensor& o, float scale, co
               out.shape_str());
   ARBOR_CHECK(w.numel() == x.cols(), "norm: weight has {} elements, rows have {}", w.numel(), x.cols());
   ARBOR_CHECK(x.dtype == DType::BF16 && o.dtype == DType::BF16 && out.dtype == DType::BF16, "cuda: add_norm: activations must be BF16");
-  if (defer_norm(op, x, &o, scale, w, b, eps, out)) return;
   launch_add_norm(op, x.as<uint16_t>(), o.as<uint16_t>(), scale, w.as<float>(), b.empty() ? nullptr : b.as<float>(), eps, x.rows(),
-                  x.cols(), out.as<uint16_t>(), op_stream());
+                  x.cols(), out.as<uint16_t>(), st(stream_));
 }
 
 void CudaBackend::rope(Tensor x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const Tensor& cos, const Tensor& sin) {
@@ -528,7 +475,7 @@ void CudaBackend::rope(Tensor x, int64_t n_heads, int64_t head_dim, int64_t rot_
   check_rope_positions(cos.shape[0]);
   ARBOR_CHECK(rot_dim % 2 == 0 && rot_dim <= head_dim && cos.cols() == rot_dim / 2, "rope: rot_dim {} for head_dim {}, table {}",
               rot_dim, head_dim, cos.shape_str());
-  launch_rope(x.as<uint16_t>(), d_pos_, b.n_tokens(), n_heads, head_dim, rot_dim, cos.as<float>(), sin.as<float>(), op_stream());
+  launch_rope(x.as<uint16_t>(), d_pos_, b.n_tokens(), n_heads, head_dim, rot_dim, cos.as<float>(), sin.as<float>(), st(stream_));
 }
 
 void CudaBackend::check_rope_positions(int64_t n_pos) const {
@@ -560,7 +507,7 @@ void CudaBackend::kv_write(int64_t layer, const Tensor& k, const Tensor& v) {
   check_kv_slots(layer, k, v);
   const int64_t row = kv_.n_kv_heads * kv_.head_dim;
   launch_kv_write(k.as<uint16_t>(), v.as<uint16_t>(), d_pos_, d_seq_, d_tables_, b.max_blocks, b.n_tokens(), row, kv_.block_size,
-                  static_cast<uint16_t*>(k_pools_[size_t(layer)]), static_cast<uint16_t*>(v_pools_[size_t(layer)]), op_stream());
+                  static_cast<uint16_t*>(k_pools_[size_t(layer)]), static_cast<uint16_t*>(v_pools_[size_t(layer)]), st(stream_));
 }
 
 void CudaBackend::qk_prep_kv_write(int64_t layer, Tensor q, Tensor k, const Tensor& v, const QKPrep& p) {
@@ -586,7 +533,7 @@ void CudaBackend::qk_prep_kv_write(int64_t layer, Tensor q, Tensor k, const Tens
   a.pos = d_pos_, a.seq = d_seq_, a.tables = d_tables_, a.max_blocks = b.max_blocks, a.block_size = int32_t(kv_.block_size);
   a.k_pool = static_cast<uint16_t*>(k_pools_[size_t(layer)]), a.v_pool = static_cast<uint16_t*>(v_pools_[size_t(layer)]);
   a.T = int(b.n_tokens()), a.n_heads = int(p.n_heads), a.n_kv_heads = int(p.n_kv_heads), a.head_dim = int(p.head_dim);
-  launch_qk_prep(a, op_stream());
+  launch_qk_prep(a, st(stream_));
 }
 
 void CudaBackend::gated_up(const Tensor& x, const Linear& wg, const Linear& wu, ActOp op, Tensor gate, Tensor up, Tensor out) {
@@ -600,9 +547,7 @@ void CudaBackend::gated_up(const Tensor& x, const Linear& wg, const Linear& wu, 
   }
   const GemvOut g{wg.w.data, wg.bias.empty() ? nullptr : wg.bias.as<float>(), nullptr, wg.out_features()};
   const GemvOut u{wu.w.data, wu.bias.empty() ? nullptr : wu.bias.as<float>(), nullptr, wu.out_features()};
-  GemvNormIn buf;
-  const GemvNormIn* pn = take_norm(x, buf);
-  launch_gemv_gated(g, u, op, wg.w.dtype, x.as<uint16_t>(), out.as<uint16_t>(), x.rows(), x.cols(), n_sms_, op_stream(), pn);
+  launch_gemv_gated(g, u, op, wg.w.dtype, x.as<uint16_t>(), out.as<uint16_t>(), x.rows(), x.cols(), n_sms_, st(stream_));
 }
 
 void CudaBackend::attention(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out) {
@@ -638,14 +583,14 @@ void CudaBackend::attention(int64_t layer, const Tensor& q, const AttentionParam
       ensure(scratch_, scratch_cap_, size_t(T * p.n_heads * n_splits * (p.head_dim + 2)) * 4);
       const size_t had = attn_counters_cap_;  // the merge counters start at zero (the kernel leaves them so)
       ensure(attn_counters_, attn_counters_cap_, size_t(T * p.n_heads) * 4);
-      if (attn_counters_cap_ != had) ARBOR_CUDA_CHECK(cudaMemsetAsync(attn_counters_, 0, attn_counters_cap_, op_stream()));
+      if (attn_counters_cap_ != had) ARBOR_CUDA_CHECK(cudaMemsetAsync(attn_counters_, 0, attn_counters_cap_, st(stream_)));
     }
     // Splits merged by their last block (one launch) for GQA groups of 1-2 heads per block, by a second
     // kernel otherwise: measured on the H200, Qwen3-0.6B (2 heads per block) decodes 958 tok/s merged in
     // the kernel vs 850 with the second kernel, Llama-3.1-8B (4 heads) 233 vs 241 (docs/cuda-notes.md).
     const bool merge_in_kernel = attn_merge_ >= 0 ? attn_merge_ == 1 : G <= 2;
     launch_attention_decode(a, T, int(n_splits), static_cast<float*>(scratch_),
-                            merge_in_kernel ? static_cast<unsigned*>(attn_counters_) : nullptr, op_stream());
+                            merge_in_kernel ? static_cast<unsigned*>(attn_counters_) : nullptr, st(stream_));
     return;
   }
   if (tiles_serial_ != batch_serial_ || tiles_group_ != G) {
@@ -664,21 +609,21 @@ void CudaBackend::attention(int64_t layer, const Tensor& q, const AttentionParam
     n_tiles_ = int64_t(tiles.size() / 8);
     tiles_serial_ = batch_serial_, tiles_group_ = G;
   }
-  launch_attention_prefill(a, static_cast<const int32_t*>(tiles_), n_tiles_, op_stream());
+  launch_attention_prefill(a, static_cast<const int32_t*>(tiles_), n_tiles_, st(stream_));
 }
 
 void CudaBackend::activation(ActOp op, const Tensor& gate, const Tensor& up, Tensor out) {
-  launch_activation(op, gate.empty() ? nullptr : gate.as<uint16_t>(), up.as<uint16_t>(), up.numel(), out.as<uint16_t>(), op_stream());
+  launch_activation(op, gate.empty() ? nullptr : gate.as<uint16_t>(), up.as<uint16_t>(), up.numel(), out.as<uint16_t>(), st(stream_));
 }
 
 void CudaBackend::add_scaled(Tensor y, const Tensor& x, float scale) {
   ARBOR_CHECK(y.numel() == x.numel(), "add_scaled: {} += {}", y.shape_str(), x.shape_str());
-  launch_add_scaled(y.as<uint16_t>(), x.as<uint16_t>(), y.numel(), scale, op_stream());
+  launch_add_scaled(y.as<uint16_t>(), x.as<uint16_t>(), y.numel(), scale, st(stream_));
 }
 
 void CudaBackend::scale_softcap(Tensor x, float scale, float cap) {
   if (scale == 1.0f && cap <= 0) return;
-  launch_scale_softcap(x.data, x.dtype, x.numel(), scale, cap, op_stream());
+  launch_scale_softcap(x.data, x.dtype, x.numel(), scale, cap, st(stream_));
 }
 
 void CudaBackend::gather_logit_rows(const Tensor& x, Tensor out) {
@@ -686,7 +631,7 @@ void CudaBackend::gather_logit_rows(const Tensor& x, Tensor out) {
   for (auto r : b.logit_rows) ARBOR_CHECK(r >= 0 && r < x.rows(), "gather_logit_rows: row {} outside {}", r, x.shape_str());
   ARBOR_CHECK(out.dtype == x.dtype && out.cols() == x.cols(), "gather_logit_rows: {} rows into {}", x.shape_str(), out.shape_str());
   launch_gather_rows(x.data, x.cols() * int64_t(dtype_size(x.dtype)), d_logit_rows_, int64_t(b.logit_rows.size()), out.data,
-                     op_stream());
+                     st(stream_));
 }
 
 Tensor CudaBackend::upload_table(const std::vector<float>& host, std::initializer_list<int64_t> shape) {
@@ -699,8 +644,8 @@ Tensor CudaBackend::upload_table(const std::vector<float>& host, std::initialize
 void CudaBackend::read_logits(const Tensor& logits, float* host) {
   not_capturing(__func__);
   ARBOR_CHECK(logits.dtype == DType::F32, "cuda: read_logits: logits are {} (F32 expected)", dtype_name(logits.dtype));
-  ARBOR_CUDA_CHECK(cudaMemcpyAsync(host, logits.data, logits.nbytes(), cudaMemcpyDeviceToHost, op_stream()));
-  ARBOR_CUDA_CHECK(cudaStreamSynchronize(op_stream()));
+  ARBOR_CUDA_CHECK(cudaMemcpyAsync(host, logits.data, logits.nbytes(), cudaMemcpyDeviceToHost, st(stream_)));
+  ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
 }
 
 bool CudaBackend::argmax_rows(const Tensor& logits, int32_t* host_ids) {
@@ -710,9 +655,9 @@ bool CudaBackend::argmax_rows(const Tensor& logits, int32_t* host_ids) {
   void* ids = d_ids_;
   ensure(ids, ids_cap_, size_t(R) * 4);
   d_ids_ = static_cast<int32_t*>(ids);
-  launch_argmax(logits.as<float>(), R, logits.cols(), d_ids_, op_stream());
-  ARBOR_CUDA_CHECK(cudaMemcpyAsync(host_ids, d_ids_, size_t(R) * 4, cudaMemcpyDeviceToHost, op_stream()));
-  ARBOR_CUDA_CHECK(cudaStreamSynchronize(op_stream()));
+  launch_argmax(logits.as<float>(), R, logits.cols(), d_ids_, st(stream_));
+  ARBOR_CUDA_CHECK(cudaMemcpyAsync(host_ids, d_ids_, size_t(R) * 4, cudaMemcpyDeviceToHost, st(stream_)));
+  ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
   return true;
 }
 
@@ -725,21 +670,21 @@ void CudaBackend::sample_rows(const Tensor& logits, const GpuSampling& p, uint64
   void* ids = d_ids_;
   ensure(ids, ids_cap_, size_t(R) * 4);
   d_ids_ = static_cast<int32_t*>(ids);
-  launch_sample(logits.as<float>(), R, logits.cols(), p.temperature, p.top_k, p.top_p, p.min_p, p.seed, step, d_ids_, op_stream());
-  ARBOR_CUDA_CHECK(cudaMemcpyAsync(host_ids, d_ids_, size_t(R) * 4, cudaMemcpyDeviceToHost, op_stream()));
-  ARBOR_CUDA_CHECK(cudaStreamSynchronize(op_stream()));
+  launch_sample(logits.as<float>(), R, logits.cols(), p.temperature, p.top_k, p.top_p, p.min_p, p.seed, step, d_ids_, st(stream_));
+  ARBOR_CUDA_CHECK(cudaMemcpyAsync(host_ids, d_ids_, size_t(R) * 4, cudaMemcpyDeviceToHost, st(stream_)));
+  ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
 }
 
 void CudaBackend::upload(const void* host, const Tensor& dev) {
   not_capturing(__func__);
-  ARBOR_CUDA_CHECK(cudaMemcpyAsync(dev.data, host, dev.nbytes(), cudaMemcpyHostToDevice, op_stream()));
-  ARBOR_CUDA_CHECK(cudaStreamSynchronize(op_stream()));
+  ARBOR_CUDA_CHECK(cudaMemcpyAsync(dev.data, host, dev.nbytes(), cudaMemcpyHostToDevice, st(stream_)));
+  ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
 }
 
 void CudaBackend::download(const Tensor& dev, void* host) {
   not_capturing(__func__);
-  ARBOR_CUDA_CHECK(cudaMemcpyAsync(host, dev.data, dev.nbytes(), cudaMemcpyDeviceToHost, op_stream()));
-  ARBOR_CUDA_CHECK(cudaStreamSynchronize(op_stream()));
+  ARBOR_CUDA_CHECK(cudaMemcpyAsync(host, dev.data, dev.nbytes(), cudaMemcpyDeviceToHost, st(stream_)));
+  ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
 }
 
 void CudaBackend::timer_start() {
@@ -750,13 +695,13 @@ void CudaBackend::timer_start() {
       ARBOR_CUDA_CHECK(cudaEventCreate(&ev));
       e = ev;
     }
-  ARBOR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(timer_events_[0]), op_stream()));
+  ARBOR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(timer_events_[0]), st(stream_)));
 }
 
 double CudaBackend::timer_stop_ms() {
   not_capturing(__func__);
   ARBOR_CHECK(timer_events_[1], "cuda: timer_stop_ms without timer_start");
-  ARBOR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(timer_events_[1]), op_stream()));
+  ARBOR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(timer_events_[1]), st(stream_)));
   ARBOR_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(timer_events_[1])));
   float ms = 0;
   ARBOR_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(timer_events_[0]), static_cast<cudaEvent_t>(timer_events_[1])));
@@ -765,7 +710,7 @@ double CudaBackend::timer_stop_ms() {
 
 void CudaBackend::synchronize() {
   not_capturing(__func__);
-  ARBOR_CUDA_CHECK(cudaStreamSynchronize(op_stream()));
+  ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
 }
 
 }  // namespace arbor

@@ -17,21 +17,7 @@ struct cublasLtContext;  // cublasLtHandle_t
 namespace arbor {
 namespace cuda {
 constexpr int64_t kGemvMaxRowsCap = 8;  // rows the GEMV kernels take (kernels.h: kGemvMaxRows)
-// An add + RMS norm computed by the GEMV that reads its result, instead of a kernel of its own
-// (CudaBackend defers add_norm/norm into the next GEMV): x = norm(resid (+= delta * scale)) * w,
-// both the stored resid and `out` as launch_add_norm leaves them. Launchers given one run it
-// themselves first (launch_add_norm / launch_norm) where the streaming kernel does not take it.
-struct GemvNormIn {
-  uint16_t* resid = nullptr;        // [T, K]; with delta, the last block to finish stores resid + delta * scale
-  const uint16_t* delta = nullptr;  // [T, K] or null (a plain norm of resid)
-  float scale = 1.0f;
-  const float* w = nullptr;  // [K] f32
-  bool plus_one = false;     // RMS with (1 + w) (Gemma)
-  float eps = 0;
-  uint16_t* out = nullptr;    // [T, K]: the norm's output (= the GEMV's x), written by the last block
-  unsigned* counter = nullptr;  // zero between launches; the last block resets it
-};
-}  // namespace cuda
+}
 
 // True when a CUDA device can be used; otherwise *why says what is missing (no driver, no device).
 bool cuda_device_available(std::string* why);
@@ -117,9 +103,6 @@ class CudaBackend : public Backend {
   // GEMVs of 1-2 rows with K % 256 == 0 stream through shared memory (gemv.cu); off: the register
   // kernel for every GEMV. Process-wide; ARBOR_CUDA_GEMV_STREAM=0 turns it off (A/B runs, tests).
   static void set_gemv_stream(bool on);
-  // Decode-sized RMS norms computed in the prologue of the GEMV that reads them instead of as their own
-  // kernels (default off: measured slower on the H200 so far, docs/cuda-notes.md; ARBOR_CUDA_DEFER_NORM=1).
-  void set_defer_norms(bool on) { defer_norms_ = on; }
 
   // Copies for tests and tools (synchronous).
   void upload(const void* host, const Tensor& dev);
@@ -146,19 +129,6 @@ class CudaBackend : public Backend {
   void check_kv_slots(int64_t layer, const Tensor& k, const Tensor& v);
   void check_rope_positions(int64_t n_pos) const;
   void not_capturing(const char* what);  // fails (and drops the recording) when called inside a capture
-  // A decode-sized add_norm/norm is not launched at once but handed to the GEMV that reads its output
-  // (which computes it in its prologue, gemv.cu): defer_norm() records it; take_norm(x, buf) gives it
-  // to a GEMV over x (or launches it, when x is something else); the stream every other op
-  // launches on (op_stream()), launches a deferred norm first, so no op sees its output missing.
-  struct PendingNorm {
-    bool on = false;
-    cuda::GemvNormIn in;
-    int64_t rows = 0, cols = 0;
-  };
-  bool defer_norm(NormOp op, const Tensor& x, const Tensor* o, float scale, const Tensor& w, const Tensor& b, float eps, const Tensor& out);
-  const cuda::GemvNormIn* take_norm(const Tensor& x, cuda::GemvNormIn& buf);
-  void flush_norm();
-  CUstream_st* op_stream();
   void drop_graphs();                    // after a buffer the recordings point into moved
 
   int device_ = 0, n_sms_ = 0;
@@ -172,9 +142,6 @@ class CudaBackend : public Backend {
   AttentionPath attn_path_ = AttentionPath::Auto;
   int64_t gemv_max_rows_ = 2;
   bool fused_ = true;  // fused ops (ARBOR_CUDA_FUSED=0: the op sequences they replace, for comparisons)
-  PendingNorm pending_norm_;
-  bool defer_norms_ = false;  // ARBOR_CUDA_DEFER_NORM=1: norms computed inside the next GEMV (measured slower so far)
-  unsigned* d_norm_counter_ = nullptr;  // the deferred norm's last-block counter (gemv.cu)
   bool graphs_on_ = true, capturing_ = false;
   uint64_t graph_key_ = 0;  // the current batch's shape key; 0: not a graph batch
   int64_t span_bucket_ = 0;  // longest context of the batch rounded up to a power of two (>= 64)

@@ -243,78 +243,12 @@ __device__ __forceinline__ const uint16_t* stream_row(const GemvSegments& segs, 
   return pick(segs.w, si) + (u - pick(segs.pair0, si)) * K;
 }
 
-// x for the GEMV computed in shared memory from the deferred add + RMS norm (GemvNormIn): every block
-// computes the whole [NR, K] (a few KB from L2); the last block to get here stores the op's outputs
-// (resid + delta, the normed rows), after every block has read resid.
-__device__ __forceinline__ uint4 add_rows8(const uint4& a, const uint4* b, float scale) {
-  if (!b) return a;
-  const uint4 bq = *b;
-  const __nv_bfloat16* ab = reinterpret_cast<const __nv_bfloat16*>(&a);
-  const __nv_bfloat16* bb = reinterpret_cast<const __nv_bfloat16*>(&bq);
-  uint4 r;
-  __nv_bfloat16* rb = reinterpret_cast<__nv_bfloat16*>(&r);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) rb[i] = __float2bfloat16(__bfloat162float(ab[i]) + __bfloat162float(bb[i]) * scale);
-  return r;
-}
-template <int NR>
-__device__ __forceinline__ void norm_prologue(const GemvNormIn& pn, uint4* xs, int64_t nv) {
-  __shared__ float red[kStreamWarps];
-  __shared__ float inv_s;
-  __shared__ bool last_s;
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const uint4* resid = reinterpret_cast<const uint4*>(pn.resid);
-  const uint4* delta = reinterpret_cast<const uint4*>(pn.delta);
-  for (int r = 0; r < NR; ++r) {
-    float ss = 0;
-    for (int64_t i = tid; i < nv; i += kStreamWarps * 32) {
-      const uint4 v = add_rows8(resid[r * nv + i], delta ? delta + r * nv + i : nullptr, pn.scale);
-      xs[r * nv + i] = v;
-      const __nv_bfloat16* vb = reinterpret_cast<const __nv_bfloat16*>(&v);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) ss += __bfloat162float(vb[e]) * __bfloat162float(vb[e]);
-    }
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if (lane == 0) red[warp] = ss;
-    __syncthreads();
-    if (warp == 0) {
-      float t = lane < kStreamWarps ? red[lane] : 0.0f;
-      for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-      if (lane == 0) inv_s = rsqrtf(t / float(nv * 8) + pn.eps);
-    }
-    __syncthreads();
-    const float inv = inv_s;
-    for (int64_t i = tid; i < nv; i += kStreamWarps * 32) {
-      uint4 v = xs[r * nv + i];
-      __nv_bfloat16* vb = reinterpret_cast<__nv_bfloat16*>(&v);
-      const float4 w0 = reinterpret_cast<const float4*>(pn.w)[2 * i], w1 = reinterpret_cast<const float4*>(pn.w)[2 * i + 1];
-      const float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-#pragma unroll
-      for (int e = 0; e < 8; ++e) vb[e] = __float2bfloat16(__bfloat162float(vb[e]) * inv * (pn.plus_one ? 1.0f + wv[e] : wv[e]));
-      xs[r * nv + i] = v;
-    }
-    __syncthreads();  // red / inv_s are reused by the next row
-  }
-  if (tid == 0) {
-    __threadfence();
-    last_s = atomicAdd(pn.counter, 1u) == gridDim.x - 1;
-  }
-  __syncthreads();
-  if (!last_s) return;
-  for (int64_t i = tid; i < NR * nv; i += kStreamWarps * 32) {
-    if (delta) reinterpret_cast<uint4*>(pn.resid)[i] = add_rows8(resid[i], delta + i, pn.scale);
-    reinterpret_cast<uint4*>(pn.out)[i] = xs[i];
-  }
-  if (tid == 0) *pn.counter = 0;
-}
-
 // RPU: weight rows per unit (1 plain, 2 gated); NR: activation rows (1 or 2). pair0 here holds each
 // matrix's first row (not row pair). Every lane reads its own ring slots only, so the ring needs no
 // barrier: cp.async.wait_group orders a thread's copies before its own reads.
-template <int RPU, int NR, bool F16, bool XS, bool NORM>
+template <int RPU, int NR, bool F16, bool XS>
 __global__ void __launch_bounds__(kStreamWarps * 32, 2) gemv_stream_kernel(GemvSegments segs, const uint16_t* __restrict__ x,
-                                                                             bool y_f32, int64_t K, int64_t units, int gated_act,
-                                                                             GemvNormIn pn) {
+                                                                             bool y_f32, int64_t K, int64_t units, int gated_act) {
   extern __shared__ __align__(16) uint4 ring[];  // [kStages][RPU][kStreamWarps * 32]
   const int tid = threadIdx.x, lane = tid % 32;
   const int64_t warps = int64_t(gridDim.x) * kStreamWarps, gw = int64_t(blockIdx.x) * kStreamWarps + tid / 32;
@@ -324,18 +258,10 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 2) gemv_stream_kernel(GemvS
   constexpr uint32_t kSlot = kStreamWarps * 32 * 16, kStageBytes = kSlot * RPU;
 
   // Issue side: the next stage to fetch is chunk ic of unit iu, into ring slot islot.
-  int64_t iu;
-  int ic, islot;
-  const uint16_t* p0 = nullptr;
-  const uint16_t* p1 = nullptr;
-  auto seek = [&](int j) {  // to stage j of this warp's stream
-    iu = u_beg + j / chunks, ic = j % chunks, islot = j % kStages;
-    if (iu < u_end) {
-      p0 = stream_row<RPU>(segs, iu, K, 0) + lane * 8;
-      if (RPU == 2) p1 = stream_row<RPU>(segs, iu, K, 1) + lane * 8;
-    }
-  };
-  seek(0);
+  int64_t iu = u_beg;
+  int ic = 0, islot = 0;
+  const uint16_t* p0 = iu < u_end ? stream_row<RPU>(segs, iu, K, 0) + lane * 8 : nullptr;
+  const uint16_t* p1 = RPU == 2 && iu < u_end ? stream_row<RPU>(segs, iu, K, 1) + lane * 8 : nullptr;
   auto issue = [&] {
     if (iu < u_end) {
       const uint32_t dst = ring0 + uint32_t(islot) * kStageBytes;
@@ -361,11 +287,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 2) gemv_stream_kernel(GemvS
   const uint4* xv = reinterpret_cast<const uint4*>(x) + lane;
   if (XS) {
     uint4* xs = ring + kStages * RPU * kStreamWarps * 32;
-    if constexpr (NORM) {
-      norm_prologue<NR>(pn, xs, nv);
-      seek(kStages);  // recomputed, so the issue state need not live through the prologue
-    } else
-      for (int64_t i = tid; i < NR * nv; i += kStreamWarps * 32) xs[i] = reinterpret_cast<const uint4*>(x)[i];
+    for (int64_t i = tid; i < NR * nv; i += kStreamWarps * 32) xs[i] = reinterpret_cast<const uint4*>(x)[i];
     __syncthreads();
     xv = xs + lane;
   }
@@ -437,33 +359,28 @@ bool g_stream = true;
 
 template <int RPU, int NR, bool F16>
 void launch_stream_t(dim3 grid, size_t smem, cudaStream_t s, const GemvSegments& segs, const uint16_t* x, bool y_f32, int64_t K,
-                     int64_t units, int gated_act, const GemvNormIn* pn) {
+                     int64_t units, int gated_act) {
   static bool attr_set = false;  // once per instantiation
   const size_t x_bytes = size_t(NR * K * 2);
   const bool xs = int64_t(x_bytes) <= kStreamMaxXBytes;
   if (!attr_set) {
     // Every instantiation may use up to kStreamSmemLimit, whatever this launch needs.
-    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(gemv_stream_kernel<RPU, NR, F16, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStreamSmemLimit));
-    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(gemv_stream_kernel<RPU, NR, F16, true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStreamSmemLimit));
-    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(gemv_stream_kernel<RPU, NR, F16, false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStreamSmemLimit));
+    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(gemv_stream_kernel<RPU, NR, F16, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStreamSmemLimit));
+    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(gemv_stream_kernel<RPU, NR, F16, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStreamSmemLimit));
     attr_set = true;
   }
-  if (pn)  // (launch_stream checked that x fits in shared memory)
-    pdl_launch(gemv_stream_kernel<RPU, NR, F16, true, true>, grid, kStreamWarps * 32, smem + x_bytes, s, segs, x, y_f32, K, units, gated_act, *pn);
-  else if (xs)
-    pdl_launch(gemv_stream_kernel<RPU, NR, F16, true, false>, grid, kStreamWarps * 32, smem + x_bytes, s, segs, x, y_f32, K, units, gated_act,
-               GemvNormIn{});
+  if (xs)
+    pdl_launch(gemv_stream_kernel<RPU, NR, F16, true>, grid, kStreamWarps * 32, smem + x_bytes, s, segs, x, y_f32, K, units, gated_act);
   else
-    pdl_launch(gemv_stream_kernel<RPU, NR, F16, false, false>, grid, kStreamWarps * 32, smem, s, segs, x, y_f32, K, units, gated_act, GemvNormIn{});
+    pdl_launch(gemv_stream_kernel<RPU, NR, F16, false>, grid, kStreamWarps * 32, smem, s, segs, x, y_f32, K, units, gated_act);
   ARBOR_LAUNCH_CHECK("gemv_stream_kernel");
 }
 
 // True when it launched: 1-2 rows, K a multiple of 256, 16-byte aligned weights and x. segs.pair0
 // holds row pairs on entry (the register kernel's numbering) and is rewritten to first rows.
 bool launch_stream(GemvSegments segs, int64_t units, bool f16, const uint16_t* x, bool y_f32, int64_t T, int64_t K, int n_sms, bool vec,
-                   int gated_act, const GemvNormIn* pn, cudaStream_t s) {
+                   int gated_act, cudaStream_t s) {
   if (!g_stream || !vec || T > 2 || K % 256 != 0) return false;
-  if (pn && !gemv_takes_norm(T, K)) return false;
   if (gated_act < 0)
     for (int i = 0; i < segs.n; ++i) segs.pair0[i] = i == 0 ? 0 : segs.pair0[i - 1] + segs.N[i - 1];
   const int rpu = gated_act >= 0 ? 2 : 1;
@@ -471,7 +388,7 @@ bool launch_stream(GemvSegments segs, int64_t units, bool f16, const uint16_t* x
   const int64_t blocks = std::min<int64_t>(int64_t(n_sms) * kStreamBlocksPerSm, (units + kStreamWarps - 1) / kStreamWarps);
   const dim3 grid(unsigned(std::max<int64_t>(blocks, 1)));
   const size_t smem = size_t(kStages) * rpu * kStreamWarps * 32 * 16;
-#define ARBOR_STREAM(R, N, F) launch_stream_t<R, N, F>(grid, smem, s, segs, x, y_f32, K, units, gated_act, pn)
+#define ARBOR_STREAM(R, N, F) launch_stream_t<R, N, F>(grid, smem, s, segs, x, y_f32, K, units, gated_act)
   if (rpu == 2) {
     if (T == 1) f16 ? ARBOR_STREAM(2, 1, true) : ARBOR_STREAM(2, 1, false);
     else f16 ? ARBOR_STREAM(2, 2, true) : ARBOR_STREAM(2, 2, false);
@@ -486,19 +403,14 @@ bool launch_stream(GemvSegments segs, int64_t units, bool f16, const uint16_t* x
 int g_warps_per_sm = 32;
 
 void launch(const GemvSegments& segs, int64_t pairs, DType w_dtype, const uint16_t* x, DType y_dtype, int64_t T, int64_t K, int n_sms,
-            bool vec, int gated_act, const GemvNormIn* pn, cudaStream_t s) {
+            bool vec, int gated_act, cudaStream_t s) {
   ARBOR_CU_CHECK(T >= 1 && T <= kGemvMaxRows, "cuda: gemv: %lld rows (1..%lld supported)", (long long)T, (long long)kGemvMaxRows);
   ARBOR_CU_CHECK(w_dtype == DType::BF16 || w_dtype == DType::F16, "cuda: gemv: weight dtype %s (BF16 or F16)", dtype_name(w_dtype).data());
   ARBOR_CU_CHECK(y_dtype == DType::BF16 || y_dtype == DType::F32, "cuda: gemv: output dtype %s (BF16 or F32)", dtype_name(y_dtype).data());
   const bool f16 = w_dtype == DType::F16, f32 = y_dtype == DType::F32;
   int64_t units = segs.N[0];
   for (int i = 1; gated_act < 0 && i < segs.n; ++i) units += segs.N[i];
-  if (launch_stream(segs, units, f16, x, f32, T, K, n_sms, vec, gated_act, pn, s)) return;
-  if (pn) {  // the norm the streaming kernel would have computed, as its own kernel
-    const NormOp op = pn->plus_one ? NormOp::RMSPlusOne : NormOp::RMS;
-    if (pn->delta) launch_add_norm(op, pn->resid, pn->delta, pn->scale, pn->w, nullptr, pn->eps, T, K, pn->out, s);
-    else launch_norm(op, pn->resid, pn->w, nullptr, pn->eps, T, K, pn->out, s);
-  }
+  if (launch_stream(segs, units, f16, x, f32, T, K, n_sms, vec, gated_act, s)) return;
   // K split: the fewest warps per row pair that give about half the SMs' warp slots (64 per SM) work;
   // more than that only queue up. (Splitting further to end on whole waves of blocks measured slower:
   // docs/cuda-notes.md.)
@@ -518,10 +430,9 @@ void launch(const GemvSegments& segs, int64_t pairs, DType w_dtype, const uint16
 void set_gemv_warps_per_sm(int w) { g_warps_per_sm = w < 1 ? 1 : w; }
 void set_gemv_stream(bool on) { g_stream = on; }
 
-bool gemv_takes_norm(int64_t T, int64_t K) { return g_stream && T >= 1 && T <= 2 && K % 256 == 0 && T * K * 2 <= kStreamMaxXBytes; }
 
 void launch_gemv_multi(const GemvOut* outs, int n, DType w_dtype, const uint16_t* x, DType y_dtype, int64_t T, int64_t K, int n_sms,
-                       cudaStream_t s, const GemvNormIn* norm_in) {
+                       cudaStream_t s) {
   ARBOR_CU_CHECK(n >= 1 && n <= kGemvMaxSegments, "cuda: gemv: %d matrices in one launch (1..%d)", n, kGemvMaxSegments);
   bool vec = K % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   GemvSegments segs{};
@@ -533,17 +444,17 @@ void launch_gemv_multi(const GemvOut* outs, int n, DType w_dtype, const uint16_t
     segs.N[i] = outs[i].N, segs.pair0[i] = pairs;
     pairs += (outs[i].N + 1) / 2;
   }
-  launch(segs, pairs, w_dtype, x, y_dtype, T, K, n_sms, vec, -1, norm_in, s);
+  launch(segs, pairs, w_dtype, x, y_dtype, T, K, n_sms, vec, -1, s);
 }
 
 void launch_gemv(const void* w, DType w_dtype, const uint16_t* x, const float* bias, void* y, DType y_dtype, int64_t T, int64_t N,
-                 int64_t K, int n_sms, cudaStream_t s, const GemvNormIn* norm_in) {
+                 int64_t K, int n_sms, cudaStream_t s) {
   const GemvOut one{w, bias, y, N};
-  launch_gemv_multi(&one, 1, w_dtype, x, y_dtype, T, K, n_sms, s, norm_in);
+  launch_gemv_multi(&one, 1, w_dtype, x, y_dtype, T, K, n_sms, s);
 }
 
 void launch_gemv_gated(const GemvOut& gate, const GemvOut& up, ActOp act, DType w_dtype, const uint16_t* x, uint16_t* y, int64_t T,
-                       int64_t K, int n_sms, cudaStream_t s, const GemvNormIn* norm_in) {
+                       int64_t K, int n_sms, cudaStream_t s) {
   ARBOR_CU_CHECK(gate.N == up.N, "cuda: gated gemv: gate has %lld rows, up %lld", (long long)gate.N, (long long)up.N);
   const bool vec = K % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(gate.w) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(up.w) % 16 == 0;
@@ -551,7 +462,7 @@ void launch_gemv_gated(const GemvOut& gate, const GemvOut& up, ActOp act, DType 
   segs.n = 2;
   segs.w[0] = static_cast<const uint16_t*>(gate.w), segs.w[1] = static_cast<const uint16_t*>(up.w);
   segs.bias[0] = gate.bias, segs.bias[1] = up.bias, segs.y[0] = y, segs.N[0] = gate.N;
-  launch(segs, gate.N, w_dtype, x, DType::BF16, T, K, n_sms, vec, int(act), norm_in, s);
+  launch(segs, gate.N, w_dtype, x, DType::BF16, T, K, n_sms, vec, int(act), s);
 }
 
 }  // namespace arbor::cuda

@@ -68,11 +68,9 @@ void launch_bf16_to_f16(const uint16_t* x, int64_t n, uint16_t* out, cudaStream_
 void launch_fill_random_bf16(uint16_t* p, int64_t n, uint64_t seed, cudaStream_t s);
 
 // ---- gemv.cu --------------------------------------------------------------------------------------
-// GemvNormIn (cuda_backend.h): an add + RMS norm the streaming GEMV computes in its prologue.
 // y [T, N] = x [T, K] · w[N, K]ᵀ (+ bias f32 [N]) for T in 1..8; w bf16 or f16, x bf16, y bf16 or f32.
-// With norm_in, x is norm_in->out, computed first (see GemvNormIn).
 void launch_gemv(const void* w, DType w_dtype, const uint16_t* x, const float* bias, void* y, DType y_dtype, int64_t T,
-                 int64_t N, int64_t K, int n_sms, cudaStream_t s, const GemvNormIn* norm_in = nullptr);
+                 int64_t N, int64_t K, int n_sms, cudaStream_t s);
 constexpr int64_t kGemvMaxRows = kGemvMaxRowsCap;
 // Several matrices over the same x [T, K] in one launch: y_i [T, N_i] = x · w_iᵀ (+ bias_i).
 struct GemvOut {
@@ -83,13 +81,11 @@ struct GemvOut {
 };
 constexpr int kGemvMaxSegments = 3;
 void launch_gemv_multi(const GemvOut* outs, int n, DType w_dtype, const uint16_t* x, DType y_dtype, int64_t T, int64_t K, int n_sms,
-                       cudaStream_t s, const GemvNormIn* norm_in = nullptr);
+                       cudaStream_t s);
 // Gated MLP input in one launch: y [T, N] = act(x · gateᵀ + b) * (x · upᵀ + b), both rounded to bf16
 // before the product (the numbers linear + activation give).
 void launch_gemv_gated(const GemvOut& gate, const GemvOut& up, ActOp act, DType w_dtype, const uint16_t* x, uint16_t* y, int64_t T,
-                       int64_t K, int n_sms, cudaStream_t s, const GemvNormIn* norm_in = nullptr);
-// Whether a norm over rows of K elements can run inside the streaming GEMV (what CudaBackend defers).
-bool gemv_takes_norm(int64_t T, int64_t K);
+                       int64_t K, int n_sms, cudaStream_t s);
 // The kernel's view of them: matrix i owns row pairs [pair0[i], pair0[i + 1]).
 struct GemvSegments {
   const uint16_t* w[kGemvMaxSegments];
