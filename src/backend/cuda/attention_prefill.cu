@@ -12,6 +12,7 @@
 
 #include <climits>
 
+#include "backend/cuda/cp_async.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 
@@ -44,19 +45,6 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t& r0, uint3
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                : "r"(addr));
-}
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-
-// 16 bytes global -> shared without passing through registers (sm_80+); valid == false zero-fills.
-__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src, bool valid) {
-  const int n = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem_dst)), "l"(gmem_src), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 // 2^x in one MUFU op (2^-inf = 0).
@@ -102,7 +90,7 @@ __global__ void __launch_bounds__(kThreads, (D <= 32 ? 2 : 1)) attn_prefill_kern
     const int idx = threadIdx.x + i * kThreads, r = idx / (D / 8), c = idx % (D / 8), ti = r / G, hi = r % G;
     const bool ok = ti < ntok;
     const uint16_t* src = ok ? a.q + int64_t(tok0 + ti) * qrow + int64_t(g * G + hi) * D + c * 8 : a.q;
-    cp_async16(Qs + r * LD + c * 8, src, ok);
+    cp_async16_zfill(smem_addr(Qs + r * LD + c * 8), src, ok);
   }
   cp_async_commit();
 
@@ -122,8 +110,8 @@ __global__ void __launch_bounds__(kThreads, (D <= 32 ? 2 : 1)) attn_prefill_kern
       const int idx = threadIdx.x + i * kThreads, j = idx / (D / 8), c = idx % (D / 8);
       const bool ok = off[i] >= 0;
       const int64_t o = ok ? off[i] : 0;
-      cp_async16(Ks + (buf * KT + j) * LD + c * 8, a.k_pool + o, ok);
-      cp_async16(Vs + (buf * KT + j) * LD + c * 8, a.v_pool + o, ok);
+      cp_async16_zfill(smem_addr(Ks + (buf * KT + j) * LD + c * 8), a.k_pool + o, ok);
+      cp_async16_zfill(smem_addr(Vs + (buf * KT + j) * LD + c * 8), a.v_pool + o, ok);
     }
   };
   if (kv_lo < kv_hi) fetch(0, kv_lo);

@@ -13,6 +13,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "backend/cuda/cp_async.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.h"
@@ -216,15 +217,6 @@ constexpr int kStreamBlocksPerSm = 2;
 constexpr int64_t kStreamMaxXBytes = 64 * 1024;
 constexpr int kStreamSmemLimit = 200 * 1024;  // every stream kernel's shared-memory limit (as all variants were measured)
 
-__device__ __forceinline__ void cp_async16(uint32_t smem_addr, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 // Unit u of the launch: one output row (plain: the matrices' rows numbered consecutively, row0[i] the
 // first of matrix i) or one gate/up row pair (gated). q picks the gate (0) or up (1) row.
 template <int RPU>
@@ -254,7 +246,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 2) gemv_stream_kernel(GemvS
   const int64_t warps = int64_t(gridDim.x) * kStreamWarps, gw = int64_t(blockIdx.x) * kStreamWarps + tid / 32;
   const int64_t u_beg = units * gw / warps, u_end = units * (gw + 1) / warps;
   const int chunks = int(K / 256);  // 512-byte stages per row
-  const uint32_t ring0 = uint32_t(__cvta_generic_to_shared(ring)) + uint32_t(tid) * 16u;
+  const uint32_t ring0 = smem_addr(ring) + uint32_t(tid) * 16u;
   constexpr uint32_t kSlot = kStreamWarps * 32 * 16, kStageBytes = kSlot * RPU;
 
   // Issue side: the next stage to fetch is chunk ic of unit iu, into ring slot islot.
