@@ -148,7 +148,8 @@ __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, in
   if (!last) return;
   __threadfence();
   // Weights and sums of every split in the shared memory sm_o held (kHeads x 1024 floats >= 2 x
-  // kHeads x n_splits: the launcher caps n_splits at 512).
+  // kHeads x n_splits: n_splits <= kDecodeMaxSplits).
+  static_assert(NSG * D >= 2 * kDecodeMaxSplits, "the merge's weights must fit in sm_o");
   float* mw = &sm_o[0][0][0];
   float* lw = mw + nh * n_splits;
   const float* base = scratch + (t * a.n_heads + h0) * n_splits * (D + 2);
@@ -195,14 +196,12 @@ __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, in
   }
 }
 
-constexpr int kMaxSplits = 512;
-
 // The merge as a second kernel (when the launcher is given no counters): out[t, h] = Σ_s O_s e^{M_s - M}
 // / Σ_s L_s e^{M_s - M} over the splits s; one block per (h, t). The splits' (M, L) are read in parallel
 // into shared memory and turned into weights once, so each output dim's loads over the splits are
 // independent (not a chain of dependent round trips).
 __global__ void attn_combine_kernel(const float* scratch, int n_splits, int D, int n_heads, uint16_t* out) {
-  __shared__ float wgt[kMaxSplits];
+  __shared__ float wgt[kDecodeMaxSplits];
   __shared__ float red[2];
   pdl_trigger();
   pdl_wait();
@@ -251,9 +250,9 @@ void launch_d(const AttnArgs& a, int64_t T, int n_splits, float* scratch, unsign
 
 void launch_attention_decode(const AttnArgs& a, int64_t T, int n_splits, float* scratch, unsigned* counters, cudaStream_t s) {
   if (T == 0) return;
-  ARBOR_CU_CHECK(T <= 65535 && a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0 && n_splits >= 1 && n_splits <= kMaxSplits &&
+  ARBOR_CU_CHECK(T <= 65535 && a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0 && n_splits >= 1 && n_splits <= kDecodeMaxSplits &&
                      (n_splits == 1 || scratch),
-                 "cuda: attention decode: T %lld, heads %d/%d, splits %d (1..%d)", (long long)T, a.n_heads, a.n_kv_heads, n_splits, kMaxSplits);
+                 "cuda: attention decode: T %lld, heads %d/%d, splits %d (1..%d)", (long long)T, a.n_heads, a.n_kv_heads, n_splits, kDecodeMaxSplits);
   switch (a.head_dim) {
     case 32: launch_d<32>(a, T, n_splits, scratch, counters, s); break;
     case 64: launch_d<64>(a, T, n_splits, scratch, counters, s); break;

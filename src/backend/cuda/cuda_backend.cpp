@@ -578,17 +578,17 @@ void CudaBackend::attention(int64_t layer, const Tensor& q, const AttentionParam
     // short context has few (kv head, split) blocks; fewer keys each keeps more SMs streaming).
     const int64_t blocks = T * p.n_kv_heads * ((G + 7) / 8);
     const int64_t max_splits = (span + 15) / 16;
-    const int64_t n_splits = std::clamp<int64_t>((2 * n_sms_ + blocks - 1) / blocks, 1, std::min<int64_t>(max_splits, 512));
-    if (n_splits > 1) {
-      ensure(scratch_, scratch_cap_, size_t(T * p.n_heads * n_splits * (p.head_dim + 2)) * 4);
+    const int64_t n_splits = std::clamp<int64_t>((2 * n_sms_ + blocks - 1) / blocks, 1, std::min<int64_t>(max_splits, kDecodeMaxSplits));
+    // Splits merged by their last block (one launch) for GQA groups of 1-2 heads per block, by a second
+    // kernel otherwise: measured on the H200, Qwen3-0.6B (2 heads per block) decodes 958 tok/s merged in
+    // the kernel vs 850 with the second kernel, Llama-3.1-8B (4 heads) 233 vs 241 (docs/cuda-notes.md).
+    const bool merge_in_kernel = n_splits > 1 && (attn_merge_ >= 0 ? attn_merge_ == 1 : G <= 2);
+    if (n_splits > 1) ensure(scratch_, scratch_cap_, size_t(T * p.n_heads * n_splits * (p.head_dim + 2)) * 4);
+    if (merge_in_kernel) {
       const size_t had = attn_counters_cap_;  // the merge counters start at zero (the kernel leaves them so)
       ensure(attn_counters_, attn_counters_cap_, size_t(T * p.n_heads) * 4);
       if (attn_counters_cap_ != had) ARBOR_CUDA_CHECK(cudaMemsetAsync(attn_counters_, 0, attn_counters_cap_, st(stream_)));
     }
-    // Splits merged by their last block (one launch) for GQA groups of 1-2 heads per block, by a second
-    // kernel otherwise: measured on the H200, Qwen3-0.6B (2 heads per block) decodes 958 tok/s merged in
-    // the kernel vs 850 with the second kernel, Llama-3.1-8B (4 heads) 233 vs 241 (docs/cuda-notes.md).
-    const bool merge_in_kernel = attn_merge_ >= 0 ? attn_merge_ == 1 : G <= 2;
     launch_attention_decode(a, T, int(n_splits), static_cast<float*>(scratch_),
                             merge_in_kernel ? static_cast<unsigned*>(attn_counters_) : nullptr, st(stream_));
     return;

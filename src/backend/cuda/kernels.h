@@ -137,7 +137,8 @@ __device__ __forceinline__ int64_t kv_slot(const AttnArgs& a, const int32_t* tab
 // results (o, m, l) go to scratch [T, n_heads, n_splits, head_dim + 2] f32; with counters [T * n_kv_heads
 // * head chunks] (zero before the launch, left zero) the last block of each (token, head chunk) merges
 // them, without (null) a second kernel does. A range may be empty (m = -inf), which the merge skips.
-// n_splits <= 512.
+// n_splits <= kDecodeMaxSplits.
+constexpr int kDecodeMaxSplits = 512;
 void launch_attention_decode(const AttnArgs& a, int64_t T, int n_splits, float* scratch, unsigned* counters, cudaStream_t s);
 // Flash attention over tiles of query rows (tokens x the GQA group's heads) with tensor cores
 // (mma.sync m16n8k16 bf16, f32 accumulators) and online softmax. tiles [n_tiles, 8] int32:
