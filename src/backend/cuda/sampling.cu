@@ -40,31 +40,10 @@ struct MaxIdx {
 
 __device__ __forceinline__ MaxIdx better(MaxIdx a, MaxIdx b) { return (b.v > a.v || (b.v == a.v && b.i < a.i)) ? b : a; }
 
-// (max, lowest index of the max) of row[0..n). Aligned rows are read as float4, four loads in flight
-// per thread (one block reads a whole row: a 128k vocabulary took 58 us with scalar loads).
+// (max, lowest index of the max) of row[0..n)
 __device__ MaxIdx row_argmax(const float* row, int64_t n, MaxIdx* red) {
   MaxIdx best{-INFINITY, INT32_MAX};
-  int64_t done = 0;
-  if (reinterpret_cast<uintptr_t>(row) % 16 == 0) {
-    constexpr int U = 4;
-    const float4* r4 = reinterpret_cast<const float4*>(row);
-    const int64_t n4 = n / 4, stride = blockDim.x;
-    for (int64_t i0 = threadIdx.x; i0 < n4; i0 += stride * U) {
-      float4 v[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) v[u] = i0 + u * stride < n4 ? __ldg(r4 + i0 + u * stride) : make_float4(0, 0, 0, 0);
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t i = i0 + u * stride;
-        if (i >= n4) break;
-        const int32_t e = int32_t(i * 4);
-        best = better(best, MaxIdx{v[u].x, e}), best = better(best, MaxIdx{v[u].y, e + 1});
-        best = better(best, MaxIdx{v[u].z, e + 2}), best = better(best, MaxIdx{v[u].w, e + 3});
-      }
-    }
-    done = n4 * 4;
-  }
-  for (int64_t i = done + threadIdx.x; i < n; i += blockDim.x) best = better(best, MaxIdx{row[i], int32_t(i)});
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) best = better(best, MaxIdx{row[i], int32_t(i)});
   for (int o = 16; o > 0; o >>= 1) {
     MaxIdx other{__shfl_xor_sync(0xffffffffu, best.v, o), __shfl_xor_sync(0xffffffffu, best.i, o)};
     best = better(best, other);
