@@ -89,7 +89,9 @@ int bench_cuda(const Args& a) {
   const std::vector<std::tuple<const char*, int64_t, int64_t>> shapes = {
       {"q", c.q_dim(), c.hidden_size}, {"k/v", c.kv_dim(), c.hidden_size}, {"o", c.hidden_size, c.q_dim()},
       {"gate/up", c.intermediate_size, c.hidden_size}, {"down", c.hidden_size, c.intermediate_size}, {"lm_head", c.vocab_size, c.hidden_size}};
-  if (!one_figure) std::printf("gemv       shape: GB/s (fraction of copy bw) for warps/SM target 32 (default) | 64 | 128\n");
+  if (!one_figure)
+    std::printf("gemv       shape: GB/s (fraction of copy bw) for warps/SM target 32 (default) | 64 | 128 (the register kernel's K\n"
+                "           split; at T=1 with K %% 256 == 0 the streaming kernel runs, the same in each column)\n");
   for (auto [name, N, K] : one_figure ? decltype(shapes){} : shapes)
     for (int64_t T : {1, 8}) {
       std::printf("  %-8s [%lld x %lld] T=%lld:", name, (long long)N, (long long)K, (long long)T);
