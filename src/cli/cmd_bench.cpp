@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <tuple>
 
@@ -50,14 +51,27 @@ int bench_cuda(const Args& a) {
   const bool decode_only = a.has("decode-only");
   const int64_t only_batch = a.get_int("decode-batch", 1);
   if (only_batch < 1 || only_batch > 64) fail("arguments: --decode-batch must be in 1..64, got {}", only_batch);
-  // --prefill-only P: one prefill figure of P tokens (no GEMV table, no decode), e.g. under a profiler.
-  const int64_t prefill_only = a.get_int("prefill-only", 0);
-  if (prefill_only < 0 || prefill_only > 8192) fail("arguments: --prefill-only must be in 1..8192, got {}", prefill_only);
-  if (prefill_only > 0 && decode_only) fail("arguments: --prefill-only and --decode-only exclude each other");
-  const bool one_figure = decode_only || prefill_only > 0;
-  const std::vector<int64_t> prefills = decode_only    ? std::vector<int64_t>{}
-                                        : prefill_only ? std::vector<int64_t>{prefill_only}
-                                                       : std::vector<int64_t>{512, 2048, 8192};
+  // --prefill-only P[,P...]: prefill figures of P tokens only (no GEMV table, no decode), e.g. under
+  // a profiler or to compare settings.
+  std::vector<int64_t> prefill_only;
+  if (a.has("prefill-only")) {
+    const std::string list = a.get_or("prefill-only", "");
+    for (size_t i = 0; i <= list.size();) {
+      const size_t j = std::min(list.find(',', i), list.size());
+      const std::string item = list.substr(i, j - i);
+      char* end = nullptr;
+      const long long P = std::strtoll(item.c_str(), &end, 10);
+      if (item.empty() || *end != '\0' || P < 1 || P > 8192)
+        fail("arguments: --prefill-only takes token counts in 1..8192 separated by commas, got '{}'", list);
+      prefill_only.push_back(P);
+      i = j + 1;
+    }
+  }
+  if (!prefill_only.empty() && decode_only) fail("arguments: --prefill-only and --decode-only exclude each other");
+  const bool one_figure = decode_only || !prefill_only.empty();
+  const std::vector<int64_t> prefills = decode_only            ? std::vector<int64_t>{}
+                                        : !prefill_only.empty() ? prefill_only
+                                                                : std::vector<int64_t>{512, 2048, 8192};
   const std::vector<int64_t> batches = {8, 32, 64};
   const int64_t batch_ctx = 512, long_ctx = 8192;
   LoadOptions opt;
@@ -210,7 +224,7 @@ int bench_cuda(const Args& a) {
   };
   // Each decode figure with the decode step replayed as a CUDA graph (the default), then eagerly.
   for (bool graph : {true, false}) {
-    if (prefill_only > 0 || (decode_only && !graph)) break;
+    if (!prefill_only.empty() || (decode_only && !graph)) break;
     auto runs = std::vector<std::pair<int64_t, int64_t>>{{1, batch_ctx}, {1, long_ctx}, {8, batch_ctx}, {32, batch_ctx}, {64, batch_ctx}};
     if (graph) runs.insert(runs.begin() + 2, {{2, batch_ctx}, {4, batch_ctx}});
     if (decode_only) runs = {{only_batch, batch_ctx}};

@@ -1,6 +1,8 @@
 // CUDA ops against the CPU backend on random data: embed, norms, head norms, linear (GEMV and
 // cuBLASLt; bf16, f16 and f32 weights; bias; f32 output), rope, activations, residual add,
 // softcap, row gather. Shapes include odd sizes. Skipped without a GPU.
+#include <tuple>
+
 #include <gtest/gtest.h>
 
 #include "core/error.h"
@@ -150,15 +152,23 @@ TEST(CudaOps, ActivationsResidualSoftcapGather) {
   CudaBackend gpu(0);
   CpuBackend cpu(1, WeightPlacement::Copy);
   const int64_t R = 7, C = 301;
-  std::vector<float> g = random_bf16(rng, size_t(R * C), 4.0f), u = random_bf16(rng, size_t(R * C), 2.0f);
-  Tensor gg = dev_bf16(gpu, g, {R, C}), ug = dev_bf16(gpu, u, {R, C}), og = gpu.alloc(DType::BF16, {R, C});
-  for (ActOp op : {ActOp::SiLU, ActOp::GeLU, ActOp::GeLUTanh})
-    for (bool gated : {true, false}) {
-      std::vector<float> oc(g.size());
-      gpu.activation(op, gated ? gg : Tensor{}, ug, og);
-      cpu.activation(op, gated ? host_view(g, {R, C}) : Tensor{}, host_view(u, {R, C}), host_view(oc, {R, C}));
-      EXPECT_LE(max_diff(host_f32(gpu, og), oc), 1e-2f * max_abs(oc)) << int(op) << " gated " << gated;
-    }
+  // Activations: 16-byte vectors with a scalar tail (7 x 301), whole vectors (3 x 4096), fewer
+  // elements than one vector (1 x 5), and a view 2 bytes off alignment (the scalar kernel).
+  for (auto [ar, ac, off] : {std::tuple<int64_t, int64_t, int64_t>{7, 301, 0}, {3, 4096, 0}, {1, 5, 0}, {3, 37, 1}}) {
+    std::vector<float> g = random_bf16(rng, size_t(ar * ac + off), 4.0f), u = random_bf16(rng, size_t(ar * ac + off), 2.0f);
+    Tensor gg = dev_bf16(gpu, g, {ar * ac + off}), ug = dev_bf16(gpu, u, {ar * ac + off}), og = gpu.alloc(DType::BF16, {ar * ac + off});
+    const auto view = [&](Tensor t) { return Tensor(static_cast<uint16_t*>(t.data) + off, DType::BF16, {ar, ac}, Device::CUDA); };
+    g.erase(g.begin(), g.begin() + off), u.erase(u.begin(), u.begin() + off);
+    for (ActOp op : {ActOp::SiLU, ActOp::GeLU, ActOp::GeLUTanh})
+      for (bool gated : {true, false}) {
+        std::vector<float> oc(g.size());
+        gpu.activation(op, gated ? view(gg) : Tensor{}, view(ug), view(og));
+        cpu.activation(op, gated ? host_view(g, {ar, ac}) : Tensor{}, host_view(u, {ar, ac}), host_view(oc, {ar, ac}));
+        std::vector<float> got = host_f32(gpu, og);
+        got.erase(got.begin(), got.begin() + off);
+        EXPECT_LE(max_diff(got, oc), 1e-2f * max_abs(oc)) << int(op) << " gated " << gated << " " << ar << "x" << ac << "+" << off;
+      }
+  }
   for (float scale : {1.0f, 0.7f}) {
     std::vector<float> y = random_bf16(rng, size_t(R * C)), x = random_bf16(rng, size_t(R * C));
     Tensor yg = dev_bf16(gpu, y, {R, C}), xg = dev_bf16(gpu, x, {R, C});

@@ -214,11 +214,37 @@ __global__ void qk_prep_kernel(QKPrepArgs a) {
     for (int j = lane; j < D; j += 32) a.v_pool[kslot * row + int64_t(hh) * D + j] = a.v[(t * a.n_kv_heads + hh) * D + j];
 }
 
+__device__ __forceinline__ float act_at(int op, const uint16_t* gate, const uint16_t* up, int64_t i) {
+  return gate ? act_value(op, ld(gate, i)) * ld(up, i) : act_value(op, ld(up, i));
+}
 __global__ void activation_kernel(int op, const uint16_t* gate, const uint16_t* up, int64_t n, uint16_t* out) {
   pdl_trigger();
   pdl_wait();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    st(out, i, gate ? act_value(op, ld(gate, i)) * ld(up, i) : act_value(op, ld(up, i)));
+    st(out, i, act_at(op, gate, up, i));
+}
+// The same with 16-byte loads and stores (8 elements per thread and step; gate, up and out 16-byte
+// aligned): the scalar kernel's 2-byte accesses ran at 1.2 TB/s in a 2048-token prefill. The last
+// n % 8 elements go element by element.
+__global__ void activation_vec_kernel(int op, const uint16_t* gate, const uint16_t* up, int64_t n, uint16_t* out) {
+  pdl_trigger();
+  pdl_wait();
+  const int64_t nv = n / 8, stride = int64_t(gridDim.x) * blockDim.x, first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  for (int64_t v = first; v < nv; v += stride) {
+    const uint4 uq = reinterpret_cast<const uint4*>(up)[v];
+    const uint4 gq = gate ? reinterpret_cast<const uint4*>(gate)[v] : uq;
+    const bf16* ue = reinterpret_cast<const bf16*>(&uq);
+    const bf16* ge = reinterpret_cast<const bf16*>(&gq);
+    uint4 oq;
+    bf16* oe = reinterpret_cast<bf16*>(&oq);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float a = act_value(op, __bfloat162float(ge[e]));
+      oe[e] = __float2bfloat16(gate ? a * __bfloat162float(ue[e]) : a);
+    }
+    reinterpret_cast<uint4*>(out)[v] = oq;
+  }
+  if (first < n - nv * 8) st(out, nv * 8 + first, act_at(op, gate, up, nv * 8 + first));
 }
 
 __global__ void add_scaled_kernel(uint16_t* y, const uint16_t* x, int64_t n, float scale) {
@@ -374,7 +400,11 @@ void launch_kv_write(const uint16_t* k, const uint16_t* v, const int32_t* pos, c
 
 void launch_activation(ActOp op, const uint16_t* gate, const uint16_t* up, int64_t n, uint16_t* out, cudaStream_t s) {
   if (n == 0) return;
-  pdl_launch(activation_kernel, flat_grid(n), kThreads, 0, s, int(op), gate, up, n, out);
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (aligned(up) && aligned(out) && (!gate || aligned(gate)))
+    pdl_launch(activation_vec_kernel, flat_grid((n + 7) / 8), kThreads, 0, s, int(op), gate, up, n, out);
+  else
+    pdl_launch(activation_kernel, flat_grid(n), kThreads, 0, s, int(op), gate, up, n, out);
   ARBOR_LAUNCH_CHECK("activation_kernel");
 }
 
