@@ -1,16 +1,22 @@
 // Flash attention for prefill over the paged bf16 KV cache, on tensor cores (mma.sync m16n8k16,
 // bf16 in, f32 accumulators), with online softmax in base 2 (exp2, the scale folded with log2 e).
 // A block owns kPrefillRows (128) query rows = (tokens of one sequence) x (the query heads of one GQA
-// group), so the group shares every K/V tile it loads; each of its 8 warps owns 16 rows. Q fragments
-// are loaded once (into registers up to head_dim 128; head_dim 256 reads them from shared memory each
-// tile), K and V fragments come through ldmatrix. K/V tiles are gathered block by block through the
-// block table, the next tile's copy (cp.async, double-buffered) overlapping this tile's math. A warp
+// group), so the group shares every K/V tile it loads. Two kernels, ARBOR_CUDA_ATTN_PREFILL_WARP_ROWS
+// picking (read once; 32 by default): the 16-row kernel, 8 warps of 16 rows, Q fragments loaded once
+// (into registers up to head_dim 128; head_dim 256 reads them from shared memory each tile), K/V
+// tiles of 64 keys (32 at head_dim 256) double-buffered; and the 32-row kernel (head_dim 32-128; 256
+// takes the 16-row kernel either way), 4 warps of 32 rows (two m16 tiles, so each K and V fragment
+// feeds two mma's: half the shared-memory reads per FLOP), 2-4 blocks per SM, K/V tiles of 32 keys
+// in three buffers, Q fragments in registers for one or both row tiles (the rest read from shared
+// memory each tile). K and V fragments come through ldmatrix. K/V tiles are gathered block by block
+// through the block table with cp.async, the next tiles' copies overlapping this tile's math. A warp
 // skips tiles none of its rows can see and masks per element only on tiles some row sees in part
 // (the causal diagonal, the window's edge). Blocks take the tiles last to first (the longest key
 // ranges first under a causal mask), so the short ones fill the tail of the grid.
 #include <cuda_bf16.h>
 
 #include <climits>
+#include <cstdlib>
 
 #include "backend/cuda/cp_async.h"
 #include "backend/cuda/cuda_check.h"
@@ -270,6 +276,293 @@ __global__ void __launch_bounds__(kThreads, (D <= 32 ? 2 : 1)) attn_prefill_kern
   }
 }
 
+// The 32-row kernel: each warp owns 32 query rows (two m16 row tiles), so every K and V fragment an
+// ldmatrix brings feeds two mma's. Shared-memory reads per 64 keys for a block's 128 rows at head_dim
+// 128: the 16-row kernel's 8 warps read the K and V tile (32 KB) each, 256 KB (~2048 clocks at 128
+// B/clock) against 1024 mma's (~1024 clocks of tensor work); here 4 warps read K, V and one row tile's
+// Q (40 KB) each, 160 KB, for the same 1024 mma's.
+// Shape: the host builds tiles of kPrefillRows (128) rows, so a block is 4 warps (128 threads), with
+// MinBlocks blocks per SM (2 at head_dim 96-128: 8 warps as in the 16-row kernel; 3 at 64, 4 at 32),
+// one block's barrier and copy waits overlapping another's math (256 rows per block, 8 warps of 32,
+// would need tiles of 256 rows). Registers (at most 255 a thread with 2 blocks of 128 threads): the
+// output accumulators are D floats (128 at head_dim 128) and the scores KT. At head_dim 128, 64-key
+// tiles spill (ptxas 13.0), whether Q comes from registers (64 more) or from shared memory; so KT =
+// 32, and QRegs of the two row tiles keep their Q fragments in registers, the others read them from
+// shared memory each tile (QRegs 1 at head_dim 96-128: 4 KB per warp per 32 keys, besides 16 KB of K
+// and V). The shorter tiles get NBUF (3) buffers, two tiles' copies in flight while one is worked on.
+// Shared memory: (128 + 2 NBUF KT)(D + 8) x 2 bytes, 85 KB at head_dim 128, so two blocks fit the SM's
+// 228 KB. head_dim 256 stays on the 16-row kernel (its accumulators alone would be 256 registers).
+constexpr int kWarps32 = kRows / 32;
+constexpr int kThreads32 = kWarps32 * 32;
+static_assert(kRows % 32 == 0, "prefill rows per tile come in pairs of m16 tiles, one pair per warp");
+
+template <int D, int KT, int QRegs, int NBUF, int MinBlocks>
+__global__ void __launch_bounds__(kThreads32, MinBlocks) attn_prefill32_kernel(AttnArgs a, const int32_t* tiles) {
+  constexpr int LD = D + 8;
+  constexpr int kChunks = KT * (D / 8) / kThreads32;  // 16-byte K (and V) copies per thread per tile
+  static_assert(D % 32 == 0 && KT % 16 == 0 && (KT * (D / 8)) % kThreads32 == 0 && (kRows * (D / 8)) % kThreads32 == 0 &&
+                    NBUF >= 2 && QRegs >= 0 && QRegs <= 2,
+                "prefill attention tile shape");
+  extern __shared__ __align__(16) uint16_t smem[];
+  uint16_t* Qs = smem;                  // [kRows][LD]
+  uint16_t* Ks = Qs + kRows * LD;       // [NBUF][KT][LD]
+  uint16_t* Vs = Ks + NBUF * KT * LD;   // [NBUF][KT][LD]
+
+  // Block order: kv heads fastest, tiles last to first.
+  const unsigned lin = blockIdx.y * gridDim.x + blockIdx.x;
+  const int g = int(lin % gridDim.y);
+  const int32_t* tile = tiles + int64_t(gridDim.x - 1 - lin / gridDim.y) * 8;
+  const int32_t tok0 = tile[0], ntok = tile[1], seq = tile[2], min_pos = tile[3], max_pos = tile[4];
+  const int G = a.n_heads / a.n_kv_heads;
+  const int64_t qrow = int64_t(a.n_heads) * D, kvrow = int64_t(a.n_kv_heads) * D;
+  const int32_t* table = a.block_tables + int64_t(seq) * a.max_blocks;
+  const int32_t kv_lo = a.window > 0 ? max(0, min_pos - a.window + 1) : 0, kv_hi = max_pos + 1;
+
+  // Q rows (padding rows zero-filled), as the first cp.async group.
+#pragma unroll
+  for (int i = 0; i < kRows * (D / 8) / kThreads32; ++i) {
+    const int idx = threadIdx.x + i * kThreads32, r = idx / (D / 8), c = idx % (D / 8), ti = r / G, hi = r % G;
+    const bool ok = ti < ntok;
+    const uint16_t* src = ok ? a.q + int64_t(tok0 + ti) * qrow + int64_t(g * G + hi) * D + c * 8 : a.q;
+    cp_async16_zfill(smem_addr(Qs + r * LD + c * 8), src, ok);
+  }
+  cp_async_commit();
+
+  // K/V tile [kt, kt + KT) into buffer buf, as in the 16-row kernel (keys past kv_hi zero-filled).
+  // Where the block's threads cover whole key rows (D / 8 divides 128), a thread copies one 16-byte
+  // column of key rows frow + i * kRowStep: one shared and one global offset for all its copies, so
+  // few registers stay live across the key loop.
+  constexpr int kCols = D / 8;
+  constexpr bool kFixedCol = kThreads32 % kCols == 0;
+  constexpr int kRowStep = kThreads32 / kCols;
+  const int fcol = threadIdx.x % kCols, frow = threadIdx.x / kCols;
+  const int32_t kvrow32 = a.n_kv_heads * D, gcol = g * D + fcol * 8;
+  auto fetch = [&](int buf, int32_t kt) {
+    int64_t off[kChunks];
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      if constexpr (kFixedCol) {
+        const int32_t kp = kt + frow + i * kRowStep;
+        off[i] = kp < kv_hi ? kv_slot(a, table, kp) * kvrow32 + gcol : -1;
+      } else {
+        const int idx = threadIdx.x + i * kThreads32, j = idx / kCols, c = idx % kCols;
+        const int32_t kp = kt + j;
+        off[i] = kp < kv_hi ? kv_slot(a, table, kp) * kvrow + int64_t(g) * D + c * 8 : -1;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+      const bool ok = off[i] >= 0;
+      const int64_t o = ok ? off[i] : 0;
+      uint32_t dst;  // K's shared address; V's is NBUF KT rows further
+      if constexpr (kFixedCol) {
+        dst = smem_addr(Ks) + uint32_t(((buf * KT + frow + i * kRowStep) * LD + fcol * 8) * 2);
+      } else {
+        const int idx = threadIdx.x + i * kThreads32, j = idx / kCols, c = idx % kCols;
+        dst = smem_addr(Ks) + uint32_t(((buf * KT + j) * LD + c * 8) * 2);
+      }
+      cp_async16_zfill(dst, a.k_pool + o, ok);
+      cp_async16_zfill(dst + uint32_t(NBUF * KT * LD * 2), a.v_pool + o, ok);
+    }
+  };
+  // The first NBUF - 1 tiles, one cp.async group each (empty past the range).
+#pragma unroll
+  for (int i = 0; i < NBUF - 1; ++i) {
+    if (kv_lo + i * KT < kv_hi) fetch(i, kv_lo + i * KT);
+    cp_async_commit();
+  }
+
+  // The lane's four rows, h = 0..3: row tile h / 2 (16 rows each), half h % 2 (accumulator elements
+  // 0-1: row gq, 2-3: row gq + 8): row warp * 32 + 16 (h / 2) + 8 (h % 2) + gq.
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gq = lane >> 2, tq = lane & 3;
+  // Key k is visible to a row at position p iff 0 <= p - k < win (unsigned: k > p wraps past win; a
+  // padding row has p = -1 and sees nothing).
+  const uint32_t win = a.window > 0 ? uint32_t(a.window) : uint32_t(INT_MAX);
+  int32_t pos[4];
+  int32_t pmin = INT_MAX, pmax = -1;
+#pragma unroll
+  for (int h = 0; h < 4; ++h) {
+    const int r = warp * 32 + (h >> 1) * 16 + (h & 1) * 8 + gq;
+    const bool valid = r / G < ntok;
+    pos[h] = valid ? a.pos[tok0 + r / G] : -1;
+    if (valid) pmin = min(pmin, pos[h]);
+    pmax = max(pmax, pos[h]);
+  }
+  // The warp's position range over its valid rows (none valid: wmax = -1, every tile skipped).
+  const int32_t wmin = __reduce_min_sync(0xffffffffu, pmin), wmax = __reduce_max_sync(0xffffffffu, pmax);
+  // The lowest and the highest first visible key over those rows (0 without a window).
+  const int32_t wlo_min = a.window > 0 ? wmin - (a.window - 1) : 0, wlo_max = a.window > 0 ? wmax - (a.window - 1) : 0;
+
+  // Base-2 scores as in the 16-row kernel.
+  const bool capped = a.softcap > 0;
+  const float mul = capped ? 1.0f : a.scale * kLog2e;
+  const float cap_l2 = a.softcap * kLog2e, inv_cap = capped ? 1.0f / a.softcap : 0.0f;
+
+  // Per-lane ldmatrix offsets (bytes), as in the 16-row kernel; row tile t's Q fragment is 16 rows
+  // (16 LD elements) further.
+  const uint32_t q_addr = smem_addr(Qs) + uint32_t(((warp * 32 + (lane & 15)) * LD + (lane >> 4) * 8) * 2);
+  const uint32_t k_addr = smem_addr(Ks) + uint32_t((((lane & 7) + ((lane >> 4) << 3)) * LD + ((lane >> 3) & 1) * 8) * 2);
+  const uint32_t v_addr = smem_addr(Vs) + uint32_t(((lane & 15) * LD + (lane >> 4) * 8) * 2);
+  constexpr uint32_t kQTile = 16 * LD * 2;
+
+  cp_async_wait<NBUF - 1>();  // Q is in (the first K/V tiles may still be in flight)
+  __syncthreads();
+  uint32_t q[QRegs > 0 ? QRegs : 1][QRegs > 0 ? D / 16 : 1][4];
+#pragma unroll
+  for (int t = 0; t < QRegs; ++t)
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) ldsm_x4(q_addr + t * kQTile + kk * 32, q[t][kk][0], q[t][kk][1], q[t][kk][2], q[t][kk][3]);
+
+  float o[2][D / 8][4];
+#pragma unroll
+  for (int t = 0; t < 2; ++t)
+#pragma unroll
+    for (int d = 0; d < D / 8; ++d) o[t][d][0] = o[t][d][1] = o[t][d][2] = o[t][d][3] = 0.0f;
+  float m[4], l[4];
+#pragma unroll
+  for (int h = 0; h < 4; ++h) m[h] = -INFINITY, l[h] = 0.0f;
+
+  // Step i works on buffer i % NBUF and first refills buffer (i - 1) % NBUF with tile i + NBUF - 1.
+  int buf = 0;
+  for (int32_t kt = kv_lo; kt < kv_hi; kt += KT) {
+    cp_async_wait<NBUF - 2>();  // this step's tile is in, for this thread's copies (later ones may be in flight)
+    __syncthreads();  // ... and every thread's; every warp is done with the previous step's buffer
+    const int refill = buf == 0 ? NBUF - 1 : buf - 1;
+    if (kt + (NBUF - 1) * KT < kv_hi) fetch(refill, kt + (NBUF - 1) * KT);
+    cp_async_commit();
+
+    // Warp-uniform skip / no-mask decisions over the warp's 32 rows.
+    if (kt <= wmax && kt + KT - 1 >= wlo_min) {
+      const bool full = kt + KT - 1 <= wmin && kt >= wlo_max;
+      const uint32_t kc = k_addr + uint32_t(buf * KT * LD * 2), vc = v_addr + uint32_t(buf * KT * LD * 2);
+
+      // S = Q Kᵀ for the warp's two row tiles: each K fragment feeds both.
+      float sc[2][KT / 8][4];
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int j = 0; j < KT / 8; ++j) sc[t][j][0] = sc[t][j][1] = sc[t][j][2] = sc[t][j][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t qa[2][4];
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+          if (t < QRegs) {
+            const int tr = t < QRegs ? t : 0;  // t (in bounds where the branch is dead too)
+            qa[t][0] = q[tr][kk][0], qa[t][1] = q[tr][kk][1], qa[t][2] = q[tr][kk][2], qa[t][3] = q[tr][kk][3];
+          } else {
+            ldsm_x4(q_addr + t * kQTile + kk * 32, qa[t][0], qa[t][1], qa[t][2], qa[t][3]);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < KT / 8; j += 2) {
+          uint32_t b0, b1, b2, b3;
+          ldsm_x4(kc + uint32_t((j * 8 * LD + kk * 16) * 2), b0, b1, b2, b3);
+#pragma unroll
+          for (int t = 0; t < 2; ++t) {
+            mma_bf16(sc[t][j], qa[t][0], qa[t][1], qa[t][2], qa[t][3], b0, b1);
+            mma_bf16(sc[t][j + 1], qa[t][0], qa[t][1], qa[t][2], qa[t][3], b2, b3);
+          }
+        }
+      }
+
+      // Softcap, mask (on partly visible tiles), online softmax: element e of sc[t][j] is row
+      // h = 2t + e / 2, key kt + 8j + 2tq + e % 2.
+      if (capped) {
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+          for (int j = 0; j < KT / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sc[t][j][e] = cap_l2 * tanhf(sc[t][j][e] * a.scale * inv_cap);
+      }
+      if (!full) {
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+          for (int j = 0; j < KT / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int32_t key = kt + j * 8 + 2 * tq + (e & 1);
+              if (uint32_t(pos[2 * t + (e >> 1)] - key) >= win) sc[t][j][e] = -INFINITY;
+            }
+      }
+      float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int j = 0; j < KT / 8; ++j) {
+          mx[2 * t] = fmaxf(mx[2 * t], fmaxf(sc[t][j][0], sc[t][j][1]));
+          mx[2 * t + 1] = fmaxf(mx[2 * t + 1], fmaxf(sc[t][j][2], sc[t][j][3]));
+        }
+      float b[4], c[4], s[4];
+#pragma unroll
+      for (int h = 0; h < 4; ++h) {
+#pragma unroll
+        for (int o2 = 1; o2 <= 2; o2 <<= 1) mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], o2));
+        const float n = fmaxf(m[h], mx[h]);
+        // Base-2 exponent offset (0 while the row has seen no key: its p are all 0).
+        b[h] = n == -INFINITY ? 0.0f : n * mul;
+        c[h] = exp2_approx(m[h] * mul - b[h]);
+        m[h] = n, s[h] = 0.0f;
+      }
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int j = 0; j < KT / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sc[t][j][e] = exp2_approx(fmaf(sc[t][j][e], mul, -b[2 * t + (e >> 1)]));
+          s[2 * t] += sc[t][j][0] + sc[t][j][1], s[2 * t + 1] += sc[t][j][2] + sc[t][j][3];
+        }
+#pragma unroll
+      for (int h = 0; h < 4; ++h) l[h] = l[h] * c[h] + s[h];
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int d = 0; d < D / 8; ++d) {
+          o[t][d][0] *= c[2 * t], o[t][d][1] *= c[2 * t];
+          o[t][d][2] *= c[2 * t + 1], o[t][d][3] *= c[2 * t + 1];
+        }
+
+      // O += P V: each V fragment feeds both row tiles.
+#pragma unroll
+      for (int kk = 0; kk < KT / 16; ++kk) {
+        uint32_t pa[2][4];
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+          pa[t][0] = pack_bf16(sc[t][2 * kk][0], sc[t][2 * kk][1]), pa[t][1] = pack_bf16(sc[t][2 * kk][2], sc[t][2 * kk][3]);
+          pa[t][2] = pack_bf16(sc[t][2 * kk + 1][0], sc[t][2 * kk + 1][1]), pa[t][3] = pack_bf16(sc[t][2 * kk + 1][2], sc[t][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int d = 0; d < D / 8; d += 2) {
+          uint32_t b0, b1, b2, b3;
+          ldsm_x4_trans(vc + uint32_t((kk * 16 * LD + d * 8) * 2), b0, b1, b2, b3);
+#pragma unroll
+          for (int t = 0; t < 2; ++t) {
+            mma_bf16(o[t][d], pa[t][0], pa[t][1], pa[t][2], pa[t][3], b0, b1);
+            mma_bf16(o[t][d + 1], pa[t][0], pa[t][1], pa[t][2], pa[t][3], b2, b3);
+          }
+        }
+      }
+    }
+    buf = buf == NBUF - 1 ? 0 : buf + 1;
+  }
+
+#pragma unroll
+  for (int h = 0; h < 4; ++h) {
+#pragma unroll
+    for (int o2 = 1; o2 <= 2; o2 <<= 1) l[h] += __shfl_xor_sync(0xffffffffu, l[h], o2);
+    const float inv = l[h] > 0 ? 1.0f / l[h] : 0.0f;
+    const int r = warp * 32 + (h >> 1) * 16 + (h & 1) * 8 + gq, t = h >> 1, e0 = (h & 1) * 2;
+    if (pos[h] >= 0) {  // a valid row (padding rows have pos -1)
+      uint16_t* out = a.out + int64_t(tok0 + r / G) * qrow + int64_t(g * G + r % G) * D;
+#pragma unroll
+      for (int d = 0; d < D / 8; ++d)
+        *reinterpret_cast<uint32_t*>(out + d * 8 + 2 * tq) = pack_bf16(o[t][d][e0] * inv, o[t][d][e0 + 1] * inv);
+    }
+  }
+}
+
 template <int D, int KT>
 void launch_p(const AttnArgs& a, const int32_t* tiles, int64_t n_tiles, cudaStream_t s) {
   constexpr size_t smem = size_t(kRows + 4 * KT) * (D + 8) * 2;  // Q, then K and V twice
@@ -283,12 +576,53 @@ void launch_p(const AttnArgs& a, const int32_t* tiles, int64_t n_tiles, cudaStre
   ARBOR_LAUNCH_CHECK("attn_prefill_kernel");
 }
 
+template <int D, int KT, int QRegs, int NBUF, int MinBlocks>
+void launch_p32(const AttnArgs& a, const int32_t* tiles, int64_t n_tiles, cudaStream_t s) {
+  constexpr size_t smem = size_t(kRows + 2 * NBUF * KT) * (D + 8) * 2;  // Q, then NBUF buffers of K and of V
+  static_assert(MinBlocks * (smem + 1024) <= 228 * 1024, "prefill blocks per SM exceed shared memory");
+  static bool attr_set = false;
+  if (!attr_set) {
+    auto* k = attn_prefill32_kernel<D, KT, QRegs, NBUF, MinBlocks>;
+    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    // All of the unified L1 as shared memory (this kernel's global reads bypass L1 or are few), so
+    // MinBlocks blocks fit.
+    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared)));
+    attr_set = true;
+  }
+  dim3 grid(unsigned(n_tiles), unsigned(a.n_kv_heads));
+  attn_prefill32_kernel<D, KT, QRegs, NBUF, MinBlocks><<<grid, kThreads32, smem, s>>>(a, tiles);
+  ARBOR_LAUNCH_CHECK("attn_prefill32_kernel");
+}
+
+// ARBOR_CUDA_ATTN_PREFILL_WARP_ROWS: query rows per warp, 16 (attn_prefill_kernel) or 32
+// (attn_prefill32_kernel, for head_dim up to 128; 256 takes the 16-row kernel either way); read once.
+int prefill_warp_rows() {
+  static const int rows = [] {
+    const char* env = std::getenv("ARBOR_CUDA_ATTN_PREFILL_WARP_ROWS");
+    return env ? std::atoi(env) : 32;
+  }();
+  return rows;
+}
+
 }  // namespace
 
 void launch_attention_prefill(const AttnArgs& a, const int32_t* tiles, int64_t n_tiles, cudaStream_t s) {
   if (n_tiles == 0) return;
   ARBOR_CU_CHECK(a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0 && a.n_heads / a.n_kv_heads <= kRows,
                  "cuda: attention prefill: %d query heads over %d kv heads (groups up to %d)", a.n_heads, a.n_kv_heads, kRows);
+  const int warp_rows = prefill_warp_rows();
+  ARBOR_CU_CHECK(warp_rows == 16 || warp_rows == 32, "cuda: ARBOR_CUDA_ATTN_PREFILL_WARP_ROWS is %d (16 or 32)", warp_rows);
+  if (warp_rows == 32) {
+    // <head_dim, keys per tile, row tiles with Q in registers, K/V buffers, blocks per SM>: the largest
+    // that ptxas (13.0, sm_90a) compiles without spills: 128 / 168 / 254 / 254 registers.
+    switch (a.head_dim) {
+      case 32: launch_p32<32, 32, 2, 3, 4>(a, tiles, n_tiles, s); return;
+      case 64: launch_p32<64, 32, 2, 3, 3>(a, tiles, n_tiles, s); return;
+      case 96: launch_p32<96, 32, 1, 3, 2>(a, tiles, n_tiles, s); return;
+      case 128: launch_p32<128, 32, 1, 3, 2>(a, tiles, n_tiles, s); return;
+      default: break;  // 256: the 16-row kernel
+    }
+  }
   switch (a.head_dim) {
     case 32: launch_p<32, 64>(a, tiles, n_tiles, s); break;
     case 64: launch_p<64, 64>(a, tiles, n_tiles, s); break;
