@@ -117,6 +117,12 @@ class Backend {
   }
   // out [T, n_heads*head_dim] = softmax(q·Kᵀ·scale (+softcap, causal/window mask)) · V over the cache.
   virtual void attention(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out) = 0;
+  // qk_prep_kv_write, then attention (a backend may fuse the two; q and k are then left as they came).
+  virtual void prep_attention(int64_t layer, Tensor q, Tensor k, const Tensor& v, const QKPrep& prep, const AttentionParams& p,
+                              Tensor out) {
+    qk_prep_kv_write(layer, q, k, v, prep);
+    attention(layer, q, p, out);
+  }
   // out = act(gate) * up (gated MLP), or act(up) when gate is empty.
   virtual void activation(ActOp op, const Tensor& gate, const Tensor& up, Tensor out) = 0;
   // The gated MLP's first half: out = act(x · Wgᵀ) * (x · Wuᵀ). gate and up [T, ffn] are scratch the

@@ -149,6 +149,10 @@ TEST(CudaAttention, SlidingWindowSoftcapLongContext) {
   run_case({128, 32, 8, 0, 0.0f, {1500}, {1}}, rng);
   run_case({64, 8, 1, 0, 0.0f, {900, 1200}, {1, 1}}, rng);
   run_case({128, 8, 2, 300, 0.0f, {1000}, {3}}, rng);
+  // Spans long enough for the eight-wave split rule (over 100 splits; merged by a second kernel for
+  // 4 heads per block, in the kernel for 2), with a key count no split size divides.
+  run_case({128, 32, 8, 0, 0.0f, {5001}, {1}}, rng);
+  run_case({128, 16, 8, 0, 0.0f, {4099}, {1}}, rng);
 }
 
 }  // namespace

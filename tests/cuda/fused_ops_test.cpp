@@ -1,7 +1,8 @@
 // The CUDA backend's fused ops against the unfused op sequence they replace (each of which is tested
 // against the CPU in ops_test / attention_test): q/k prep (per-head norms + rope + KV write), the
-// gated GEMV (gate and up projections + activation), the residual add fused with a norm, and the
-// multi-matrix GEMV (q/k/v in one launch). Random data, odd shapes. Skipped without a GPU.
+// gated GEMV (gate and up projections + activation), the residual add fused with a norm, the
+// multi-matrix GEMV (q/k/v in one launch), and the q/k prep inside decode attention. Random data, odd
+// shapes. Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include "core/error.h"
@@ -145,6 +146,71 @@ TEST(CudaFused, QKPrepMatchesNormRopeKVWrite) {
     auto fa = run(a, true), ra = run(r, false);
     const char* names[4] = {"q", "k", "k pool", "v pool"};
     for (int i = 0; i < 4; ++i) EXPECT_LE(max_diff(fa[size_t(i)], ra[size_t(i)]), 1e-2f * max_abs(ra[size_t(i)])) << names[i];
+  }
+}
+
+// prep_attention with the q/k prep inside the decode-attention kernel against qk_prep_kv_write then
+// attention (set_fused_prep(false)), one token per sequence: the outputs and both KV pools.
+TEST(CudaFused, PrepInDecodeAttentionMatchesPrepThenAttention) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(25);
+  struct Case {
+    int64_t D, Hq, Hkv, rot;
+    bool norm, plus_one, rope;
+    float softcap;
+    int64_t window;
+  };
+  for (Case cs : std::vector<Case>{{128, 8, 2, 128, false, false, true, 0.0f, 0},   // Llama: rope only, 4 heads per block
+                                   {128, 16, 8, 128, true, false, true, 0.0f, 0},  // Qwen3: per-head norms, 2 heads per block
+                                   {64, 16, 1, 32, true, true, true, 30.0f, 0},    // partial rope, (1 + w), softcap, 2 head chunks
+                                   {256, 4, 2, 256, true, true, true, 0.0f, 37},   // Gemma-like, sliding window
+                                   {32, 4, 4, 32, false, false, true, 0.0f, 0},
+                                   {64, 6, 3, 64, false, false, false, 0.0f, 0}}) {  // no rope on this layer
+    SCOPED_TRACE(::testing::Message() << "D " << cs.D << " heads " << cs.Hq << "/" << cs.Hkv << " rot " << cs.rot << " window " << cs.window);
+    const std::vector<int32_t> ctx = {1, 40, 17, 300, 16};
+    int64_t n_blocks = 0;
+    BatchInfo fill = paged_batch(ctx, ctx, 16, rng, &n_blocks);
+    std::mt19937 rng_copy = rng;
+    BatchInfo query = paged_batch(ctx, std::vector<int32_t>(ctx.size(), 1), 16, rng_copy, &n_blocks);
+    query.block_tables = fill.block_tables;
+    const int64_t TF = fill.n_tokens(), T = query.n_tokens(), kv_row = cs.Hkv * cs.D, q_row = cs.Hq * cs.D;
+    KVLayout kv;
+    kv.n_layers = 1, kv.n_blocks = n_blocks, kv.block_size = 16, kv.n_kv_heads = cs.Hkv, kv.head_dim = cs.D;
+    std::vector<float> kf = random_bf16(rng, size_t(TF * kv_row)), vf = random_bf16(rng, size_t(TF * kv_row));
+    std::vector<float> q = random_bf16(rng, size_t(T * q_row)), k = random_bf16(rng, size_t(T * kv_row)), v = random_bf16(rng, size_t(T * kv_row));
+    std::vector<float> nw = random_bf16(rng, size_t(cs.D), 0.5f, cs.plus_one ? 0.0f : 1.0f);
+    const int64_t half = cs.rot / 2, n_pos = 512;
+    std::vector<float> cosv(size_t(n_pos * half)), sinv(cosv.size());
+    for (int64_t p = 0; p < n_pos; ++p)
+      for (int64_t j = 0; j < half; ++j) {
+        const double th = double(p) * std::pow(10000.0, -2.0 * double(j) / double(cs.rot));
+        cosv[size_t(p * half + j)] = float(std::cos(th)), sinv[size_t(p * half + j)] = float(std::sin(th));
+      }
+    auto run = [&](bool fused) {
+      CudaBackend g(0);
+      g.set_fused_prep(fused);
+      g.alloc_kv(kv);
+      g.begin_batch(fill);
+      g.kv_write(0, dev_bf16(g, kf, {TF, kv_row}), dev_bf16(g, vf, {TF, kv_row}));
+      g.begin_batch(query);
+      Tensor qd = dev_bf16(g, q, {T, q_row}), kd = dev_bf16(g, k, {T, kv_row}), vd = dev_bf16(g, v, {T, kv_row});
+      Tensor out = g.alloc(DType::BF16, {T, q_row});
+      Tensor w = g.load_weight(Tensor(nw.data(), DType::F32, {cs.D}));
+      Tensor c = g.upload_table(cosv, {n_pos, half}), s = g.upload_table(sinv, {n_pos, half});
+      Backend::QKPrep p;
+      p.norm = cs.plus_one ? NormOp::RMSPlusOne : NormOp::RMS, p.eps = 1e-6f;
+      p.n_heads = cs.Hq, p.n_kv_heads = cs.Hkv, p.head_dim = cs.D, p.rot_dim = cs.rot;
+      if (cs.norm) p.q_norm = &w, p.k_norm = &w;
+      if (cs.rope) p.cos = &c, p.sin = &s;
+      AttentionParams ap;
+      ap.n_heads = cs.Hq, ap.n_kv_heads = cs.Hkv, ap.head_dim = cs.D, ap.scale = 1.0f / std::sqrt(float(cs.D));
+      ap.softcap = cs.softcap, ap.window = cs.window;
+      g.prep_attention(0, qd, kd, vd, p, ap, out);
+      return std::vector<std::vector<float>>{host_f32(g, out), host_f32(g, g.k_pool(0)), host_f32(g, g.v_pool(0))};
+    };
+    auto fa = run(true), ra = run(false);
+    const char* names[3] = {"out", "k pool", "v pool"};
+    for (int i = 0; i < 3; ++i) EXPECT_LE(max_diff(fa[size_t(i)], ra[size_t(i)]), 1e-2f * max_abs(ra[size_t(i)])) << names[i];
   }
 }
 

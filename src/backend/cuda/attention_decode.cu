@@ -29,9 +29,57 @@ __device__ __forceinline__ void unpack8(const uint4& q, float* f) {
   }
 }
 
-template <int D, int kHeads>
+__device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
+
+// With the q/k prep fused (PREP): the 8 dims [8 sl, 8 sl + 8) of one q or k head row of token t held by
+// this lane, the row's other dims by the LPK - 1 lanes beside it; the per-head norm and rope of
+// qk_prep_kernel (each rounded to bf16 where that kernel stores), in place.
+template <int LPK>
+__device__ __forceinline__ void prep_row(const QKPrepArgs& pa, const float* nw, int32_t pos, int lane, int sl, float* f) {
+  constexpr int D = LPK * 8;
+  if (nw) {
+    float ss = 0;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) ss += f[e] * f[e];
+#pragma unroll
+    for (int o = LPK / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float inv = rsqrtf(ss / float(D) + pa.eps);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) f[e] = round_bf16(f[e] * inv * (pa.plus_one ? 1.0f + nw[sl * 8 + e] : nw[sl * 8 + e]));
+  }
+  if (pa.cos) {
+    // Rotated dims [0, 2 half): dim j pairs with j +- half, which is 8 dims per lane away by half / 8
+    // lanes (the launcher requires half % 8 == 0).
+    const int hl = pa.half / 8;
+    const bool rot = sl < 2 * hl, first = sl < hl;
+    const int partner = lane - sl + (!rot ? sl : first ? sl + hl : sl - hl);
+    float other[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) other[e] = __shfl_sync(0xffffffffu, f[e], partner);
+    if (rot) {
+      const int64_t c0 = int64_t(pos) * pa.half + (first ? sl : sl - hl) * 8;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float c = pa.cos[c0 + e], sn = pa.sin[c0 + e];
+        f[e] = first ? f[e] * c - other[e] * sn : f[e] * c + other[e] * sn;
+      }
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) f[e] = round_bf16(f[e]);
+}
+
+__device__ __forceinline__ uint4 pack8(const float* f) {
+  uint32_t u[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) u[i] = uint32_t(__bfloat16_as_ushort(__float2bfloat16(f[2 * i]))) |
+                                     uint32_t(__bfloat16_as_ushort(__float2bfloat16(f[2 * i + 1]))) << 16;
+  return make_uint4(u[0], u[1], u[2], u[3]);
+}
+
+template <int D, int kHeads, bool PREP>
 __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, int n_splits, int head_chunks, float* scratch,
-                                                                  unsigned* counters) {
+                                                                  unsigned* counters, QKPrepArgs pa) {
   pdl_trigger();
   pdl_wait();
   constexpr int LPK = D / 8;         // lanes per key row
@@ -61,24 +109,50 @@ __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, in
     m[i] = -INFINITY, l[i] = 0.0f;
     if (i < nh) {
       unpack8(*reinterpret_cast<const uint4*>(a.q + t * qrow + int64_t(h0 + i) * D + sl * 8), q[i]);
+      if (PREP) prep_row<LPK>(pa, pa.q_norm, pos, lane, sl, q[i]);
 #pragma unroll
       for (int e = 0; e < 8; ++e) q[i][e] *= a.scale;
     }
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[i][e] = 0.0f;
   }
+  // PREP: the token's own key and value (position pos) come from the projections, not the cache: the
+  // split that holds pos prepares the key (every lane its dims) and its first head chunk stores both.
+  uint4 k_own = make_uint4(0, 0, 0, 0), v_own = k_own;
+  const bool owner = PREP && k_begin <= pos && pos < k_end;
+  if (owner) {
+    float kf[8];
+    unpack8(*reinterpret_cast<const uint4*>(pa.k + t * kvrow + int64_t(g) * D + sl * 8), kf);
+    prep_row<LPK>(pa, pa.k_norm, pos, lane, sl, kf);
+    k_own = pack8(kf);
+    v_own = *reinterpret_cast<const uint4*>(pa.v + t * kvrow + int64_t(g) * D + sl * 8);
+    if (chunk == 0 && warp == 0 && sub == 0) {
+      const int64_t off = kv_slot(a, table, pos) * kvrow + int64_t(g) * D + sl * 8;
+      *reinterpret_cast<uint4*>(pa.k_pool + off) = k_own;
+      *reinterpret_cast<uint4*>(pa.v_pool + off) = v_own;
+    }
+  }
 
-  // The loop bound is uniform per warp (shuffles below need every lane); `live` masks the tail.
-  for (int32_t base = k_begin + warp * KPW; base < k_end; base += NSG) {
-    const int32_t kp = base + sub;
-    const bool live = kp < k_end;
-    uint4 kq = make_uint4(0, 0, 0, 0), vq = kq;
-    if (live) {
-      const int64_t slot = kv_slot(a, table, kp);
-      const int64_t off = slot * kvrow + int64_t(g) * D + sl * 8;
+  // The loop bound is uniform per warp (shuffles below need every lane); `live` masks the tail. The
+  // next step's K and V rows are loaded before this step's math (two steps in flight per warp: at
+  // long contexts a warp walks hundreds of keys, one dependent round trip per step otherwise).
+  auto load = [&](int32_t kp, uint4& kq, uint4& vq) {
+    kq = make_uint4(0, 0, 0, 0), vq = kq;
+    if (PREP && kp == pos) {
+      kq = k_own, vq = v_own;
+    } else if (kp < k_end) {
+      const int64_t off = kv_slot(a, table, kp) * kvrow + int64_t(g) * D + sl * 8;
       kq = *reinterpret_cast<const uint4*>(a.k_pool + off);
       vq = *reinterpret_cast<const uint4*>(a.v_pool + off);
     }
+  };
+  uint4 kn, vn;
+  load(k_begin + warp * KPW + sub, kn, vn);
+  for (int32_t base = k_begin + warp * KPW; base < k_end; base += NSG) {
+    const int32_t kp = base + sub;
+    const bool live = kp < k_end;
+    const uint4 kq = kn, vq = vn;
+    load(kp + NSG, kn, vn);
     float kf[8], vf[8];
     unpack8(kq, kf);
     unpack8(vq, vf);
@@ -235,29 +309,37 @@ __global__ void attn_combine_kernel(const float* scratch, int n_splits, int D, i
   }
 }
 
-template <int D>
-void launch_d(const AttnArgs& a, int64_t T, int n_splits, float* scratch, unsigned* counters, cudaStream_t s) {
+template <int D, bool PREP>
+void launch_d(const AttnArgs& a, int64_t T, int n_splits, float* scratch, unsigned* counters, const QKPrepArgs& pa, cudaStream_t s) {
   const int G = a.n_heads / a.n_kv_heads, hb = G <= 4 ? 4 : 8, chunks = (G + hb - 1) / hb;
   dim3 grid(unsigned(n_splits), unsigned(a.n_kv_heads * chunks), unsigned(T));
   if (hb == 4)
-    pdl_launch(attn_decode_kernel<D, 4>, grid, kWarps * 32, 0, s, a, n_splits, chunks, scratch, counters);
+    pdl_launch(attn_decode_kernel<D, 4, PREP>, grid, kWarps * 32, 0, s, a, n_splits, chunks, scratch, counters, pa);
   else
-    pdl_launch(attn_decode_kernel<D, 8>, grid, kWarps * 32, 0, s, a, n_splits, chunks, scratch, counters);
+    pdl_launch(attn_decode_kernel<D, 8, PREP>, grid, kWarps * 32, 0, s, a, n_splits, chunks, scratch, counters, pa);
   ARBOR_LAUNCH_CHECK("attn_decode_kernel");
+}
+template <int D>
+void launch_d(const AttnArgs& a, int64_t T, int n_splits, float* scratch, unsigned* counters, const QKPrepArgs* pa, cudaStream_t s) {
+  if (pa) launch_d<D, true>(a, T, n_splits, scratch, counters, *pa, s);
+  else launch_d<D, false>(a, T, n_splits, scratch, counters, QKPrepArgs{}, s);
 }
 
 }  // namespace
 
-void launch_attention_decode(const AttnArgs& a, int64_t T, int n_splits, float* scratch, unsigned* counters, cudaStream_t s) {
+void launch_attention_decode(const AttnArgs& a, int64_t T, int n_splits, float* scratch, unsigned* counters, cudaStream_t s,
+                             const QKPrepArgs* prep) {
   if (T == 0) return;
+  ARBOR_CU_CHECK(!prep || ((prep->half % 8 == 0) && prep->head_dim == a.head_dim),
+                 "cuda: attention decode with q/k prep: rope half %d (a multiple of 8), head_dim %d", prep ? prep->half : 0, a.head_dim);
   ARBOR_CU_CHECK(T <= 65535 && a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0 && n_splits >= 1 && n_splits <= kDecodeMaxSplits &&
                      (n_splits == 1 || scratch),
                  "cuda: attention decode: T %lld, heads %d/%d, splits %d (1..%d)", (long long)T, a.n_heads, a.n_kv_heads, n_splits, kDecodeMaxSplits);
   switch (a.head_dim) {
-    case 32: launch_d<32>(a, T, n_splits, scratch, counters, s); break;
-    case 64: launch_d<64>(a, T, n_splits, scratch, counters, s); break;
-    case 128: launch_d<128>(a, T, n_splits, scratch, counters, s); break;
-    case 256: launch_d<256>(a, T, n_splits, scratch, counters, s); break;
+    case 32: launch_d<32>(a, T, n_splits, scratch, counters, prep, s); break;
+    case 64: launch_d<64>(a, T, n_splits, scratch, counters, prep, s); break;
+    case 128: launch_d<128>(a, T, n_splits, scratch, counters, prep, s); break;
+    case 256: launch_d<256>(a, T, n_splits, scratch, counters, prep, s); break;
     default: fail_printf("cuda: decode attention: head_dim %d is not supported (32, 64, 128, 256)", a.head_dim);
   }
   if (n_splits > 1 && !counters) {

@@ -111,6 +111,7 @@ CudaBackend::CudaBackend(int device)
   n_sms_ = prop.multiProcessorCount;
   if (const char* env = std::getenv("ARBOR_CUDA_GEMV_MAX_ROWS")) set_gemv_max_rows(std::atoi(env));
   if (const char* env = std::getenv("ARBOR_CUDA_FUSED")) fused_ = std::atoi(env) != 0;
+  if (const char* env = std::getenv("ARBOR_CUDA_FUSED_PREP")) fused_prep_ = std::atoi(env) != 0;
   if (const char* env = std::getenv("ARBOR_CUDA_GEMV_STREAM")) set_gemv_stream(std::atoi(env) != 0);
   if (const char* env = std::getenv("ARBOR_CUDA_ATTN_MERGE")) attn_merge_ = std::atoi(env) != 0 ? 1 : 0;
   device_name_ = fmt::format("{} (sm_{}{}, {} SMs, {:.0f} GiB)", prop.name, prop.major, prop.minor, n_sms_,
@@ -510,30 +511,48 @@ void CudaBackend::kv_write(int64_t layer, const Tensor& k, const Tensor& v) {
                   static_cast<uint16_t*>(k_pools_[size_t(layer)]), static_cast<uint16_t*>(v_pools_[size_t(layer)]), st(stream_));
 }
 
-void CudaBackend::qk_prep_kv_write(int64_t layer, Tensor q, Tensor k, const Tensor& v, const QKPrep& p) {
+bool CudaBackend::prep_args(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const QKPrep& p, QKPrepArgs* a) {
   const auto& b = batch();
   const bool fusable = fused_ && p.norm != NormOp::LayerNorm && p.head_dim <= 256 && p.head_dim == kv_.head_dim && p.n_kv_heads == kv_.n_kv_heads &&
                        q.dtype == DType::BF16 && k.dtype == DType::BF16 && v.dtype == DType::BF16 && q.cols() == p.n_heads * p.head_dim;
-  if (!fusable) {
-    Backend::qk_prep_kv_write(layer, q, k, v, p);
-    return;
-  }
+  if (!fusable) return false;
   check_kv_slots(layer, k, v);
   if (p.q_norm) ARBOR_CHECK(p.q_norm->numel() == p.head_dim && p.k_norm && p.k_norm->numel() == p.head_dim, "head_norm: weights for {} dims", p.head_dim);
-  QKPrepArgs a;
   if (p.cos) {
     check_rope_positions(p.cos->shape[0]);
     ARBOR_CHECK(p.rot_dim % 2 == 0 && p.rot_dim <= p.head_dim && p.cos->cols() == p.rot_dim / 2, "rope: rot_dim {} for head_dim {}, table {}",
                 p.rot_dim, p.head_dim, p.cos->shape_str());
-    a.cos = p.cos->as<float>(), a.sin = p.sin->as<float>(), a.half = int(p.rot_dim / 2);
+    a->cos = p.cos->as<float>(), a->sin = p.sin->as<float>(), a->half = int(p.rot_dim / 2);
   }
-  a.q = q.as<uint16_t>(), a.k = k.as<uint16_t>(), a.v = v.as<uint16_t>();
-  a.q_norm = p.q_norm ? p.q_norm->as<float>() : nullptr, a.k_norm = p.k_norm ? p.k_norm->as<float>() : nullptr;
-  a.plus_one = p.norm == NormOp::RMSPlusOne, a.eps = p.eps;
-  a.pos = d_pos_, a.seq = d_seq_, a.tables = d_tables_, a.max_blocks = b.max_blocks, a.block_size = int32_t(kv_.block_size);
-  a.k_pool = static_cast<uint16_t*>(k_pools_[size_t(layer)]), a.v_pool = static_cast<uint16_t*>(v_pools_[size_t(layer)]);
-  a.T = int(b.n_tokens()), a.n_heads = int(p.n_heads), a.n_kv_heads = int(p.n_kv_heads), a.head_dim = int(p.head_dim);
+  a->q = const_cast<uint16_t*>(q.as<uint16_t>()), a->k = const_cast<uint16_t*>(k.as<uint16_t>()), a->v = v.as<uint16_t>();
+  a->q_norm = p.q_norm ? p.q_norm->as<float>() : nullptr, a->k_norm = p.k_norm ? p.k_norm->as<float>() : nullptr;
+  a->plus_one = p.norm == NormOp::RMSPlusOne, a->eps = p.eps;
+  a->pos = d_pos_, a->seq = d_seq_, a->tables = d_tables_, a->max_blocks = b.max_blocks, a->block_size = int32_t(kv_.block_size);
+  a->k_pool = static_cast<uint16_t*>(k_pools_[size_t(layer)]), a->v_pool = static_cast<uint16_t*>(v_pools_[size_t(layer)]);
+  a->T = int(b.n_tokens()), a->n_heads = int(p.n_heads), a->n_kv_heads = int(p.n_kv_heads), a->head_dim = int(p.head_dim);
+  return true;
+}
+
+void CudaBackend::qk_prep_kv_write(int64_t layer, Tensor q, Tensor k, const Tensor& v, const QKPrep& p) {
+  QKPrepArgs a;
+  if (!prep_args(layer, q, k, v, p, &a)) {
+    Backend::qk_prep_kv_write(layer, q, k, v, p);
+    return;
+  }
   launch_qk_prep(a, st(stream_));
+}
+
+void CudaBackend::prep_attention(int64_t layer, Tensor q, Tensor k, const Tensor& v, const QKPrep& prep, const AttentionParams& p,
+                                 Tensor out) {
+  // One token per sequence (no token reads a key another token of the launch writes), the decode
+  // kernel, whole 8-dim lanes under rope.
+  QKPrepArgs a;
+  if (fused_prep_ && max_run_ == 1 && decode_attention_path(p.head_dim) && p.head_dim == prep.head_dim &&
+      (!prep.cos || (prep.rot_dim / 2) % 8 == 0) && prep_args(layer, q, k, v, prep, &a)) {
+    attention_impl(layer, q, p, out, &a);
+    return;
+  }
+  Backend::prep_attention(layer, q, k, v, prep, p, out);
 }
 
 void CudaBackend::gated_up(const Tensor& x, const Linear& wg, const Linear& wu, ActOp op, Tensor gate, Tensor up, Tensor out) {
@@ -550,7 +569,15 @@ void CudaBackend::gated_up(const Tensor& x, const Linear& wg, const Linear& wu, 
   launch_gemv_gated(g, u, op, wg.w.dtype, x.as<uint16_t>(), out.as<uint16_t>(), x.rows(), x.cols(), n_sms_, st(stream_));
 }
 
-void CudaBackend::attention(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out) {
+bool CudaBackend::decode_attention_path(int64_t head_dim) const {
+  // head_dim 96 (Phi-3-mini) has no decode kernel (96/8 lanes per key do not tile a warp): the
+  // prefill kernel serves its decode steps too.
+  return head_dim != 96 && (attn_path_ == AttentionPath::Decode || (attn_path_ == AttentionPath::Auto && max_run_ <= kDecodeMaxRun));
+}
+
+void CudaBackend::attention(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out) { attention_impl(layer, q, p, out, nullptr); }
+
+void CudaBackend::attention_impl(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out, const QKPrepArgs* prep) {
   const auto& b = batch();
   const int64_t T = b.n_tokens();
   ARBOR_CHECK(p.n_kv_heads == kv_.n_kv_heads && p.head_dim == kv_.head_dim && p.n_heads % p.n_kv_heads == 0,
@@ -566,19 +593,18 @@ void CudaBackend::attention(int64_t layer, const Tensor& q, const AttentionParam
   a.n_heads = int32_t(p.n_heads), a.n_kv_heads = int32_t(p.n_kv_heads), a.head_dim = int32_t(p.head_dim);
   a.scale = p.scale, a.softcap = p.softcap, a.window = int32_t(p.window);
   const int64_t G = p.n_heads / p.n_kv_heads;
-  // head_dim 96 (Phi-3-mini) has no decode kernel (96/8 lanes per key do not tile a warp): the
-  // prefill kernel serves its decode steps too.
-  const bool decode_ok = p.head_dim != 96;
-  const bool decode = decode_ok && (attn_path_ == AttentionPath::Decode || (attn_path_ == AttentionPath::Auto && max_run_ <= kDecodeMaxRun));
-  if (decode) {
+  if (decode_attention_path(p.head_dim)) {
     // Splits from the bucketed context (begin_batch): each token cuts its own key range into
     // n_splits parts in the kernel, so the launch shape depends only on the bucket.
     const int64_t span = p.window > 0 ? std::min<int64_t>(span_bucket_, p.window) : span_bucket_;
     // Enough blocks for about two waves over the SMs, at least 16 keys per block (a batch-1 step at a
-    // short context has few (kv head, split) blocks; fewer keys each keeps more SMs streaming).
+    // short context has few (kv head, split) blocks; fewer keys each keeps more SMs streaming). Long
+    // spans take up to eight waves, about 64 keys per block: each block's warps have only two key
+    // steps of loads in flight, so a few resident blocks per SM cannot cover the memory latency.
     const int64_t blocks = T * p.n_kv_heads * ((G + 7) / 8);
     const int64_t max_splits = (span + 15) / 16;
-    const int64_t n_splits = std::clamp<int64_t>((2 * n_sms_ + blocks - 1) / blocks, 1, std::min<int64_t>(max_splits, kDecodeMaxSplits));
+    const int64_t waves = std::clamp<int64_t>(span / 64 * blocks / n_sms_, 2, 8);
+    const int64_t n_splits = std::clamp<int64_t>((waves * n_sms_ + blocks - 1) / blocks, 1, std::min<int64_t>(max_splits, kDecodeMaxSplits));
     // Splits merged by their last block (one launch) for GQA groups of 1-2 heads per block, by a second
     // kernel otherwise: measured on the H200, Qwen3-0.6B (2 heads per block) decodes 958 tok/s merged in
     // the kernel vs 850 with the second kernel, Llama-3.1-8B (4 heads) 233 vs 241 (docs/cuda-notes.md).
@@ -590,9 +616,10 @@ void CudaBackend::attention(int64_t layer, const Tensor& q, const AttentionParam
       if (attn_counters_cap_ != had) ARBOR_CUDA_CHECK(cudaMemsetAsync(attn_counters_, 0, attn_counters_cap_, st(stream_)));
     }
     launch_attention_decode(a, T, int(n_splits), static_cast<float*>(scratch_),
-                            merge_in_kernel ? static_cast<unsigned*>(attn_counters_) : nullptr, st(stream_));
+                            merge_in_kernel ? static_cast<unsigned*>(attn_counters_) : nullptr, st(stream_), prep);
     return;
   }
+  ARBOR_CHECK(!prep, "cuda: attention: the q/k prep is fused only into the decode kernel");
   if (tiles_serial_ != batch_serial_ || tiles_group_ != G) {
     // Tiles of up to kPrefillRows/G tokens of one run, with each tile's position range (keys it may need).
     const int64_t per_tile = kPrefillRows / G;

@@ -16,6 +16,7 @@ struct cublasLtContext;  // cublasLtHandle_t
 
 namespace arbor {
 namespace cuda {
+struct QKPrepArgs;  // kernels.h
 constexpr int64_t kGemvMaxRowsCap = 8;  // rows the GEMV kernels take (kernels.h: kGemvMaxRows)
 }
 
@@ -94,6 +95,10 @@ class CudaBackend : public Backend {
   void add_norm(NormOp op, Tensor x, const Tensor& o, float scale, const Tensor& w, const Tensor& b, float eps, Tensor out) override;
   void gated_up(const Tensor& x, const Linear& wg, const Linear& wu, ActOp op, Tensor gate, Tensor up, Tensor out) override;
   void qk_prep_kv_write(int64_t layer, Tensor q, Tensor k, const Tensor& v, const QKPrep& p) override;
+  // Batches of one token per sequence on the decode kernel: the q/k prep and KV write inside the
+  // attention kernel (one launch fewer per layer; ARBOR_CUDA_FUSED_PREP=0 turns it off).
+  void prep_attention(int64_t layer, Tensor q, Tensor k, const Tensor& v, const QKPrep& prep, const AttentionParams& p, Tensor out) override;
+  void set_fused_prep(bool on) { fused_prep_ = on; }
 
   // Linear layers over at most this many rows use the GEMV kernels, larger ones cuBLASLt (default 2:
   // from 4 rows on the GEMV, which reads every activation row from L1 per weight load, is slower than
@@ -128,6 +133,10 @@ class CudaBackend : public Backend {
   // Host-side checks of the ops against the current batch; the per-token parts run once per batch.
   void check_kv_slots(int64_t layer, const Tensor& k, const Tensor& v);
   void check_rope_positions(int64_t n_pos) const;
+  // The fused q/k prep's arguments (qk_prep_kv_write's checks included), and attention with it or without.
+  bool prep_args(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const QKPrep& p, cuda::QKPrepArgs* a);
+  void attention_impl(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out, const cuda::QKPrepArgs* prep);
+  bool decode_attention_path(int64_t head_dim) const;
   void not_capturing(const char* what);  // fails (and drops the recording) when called inside a capture
   void drop_graphs();                    // after a buffer the recordings point into moved
 
@@ -142,6 +151,7 @@ class CudaBackend : public Backend {
   AttentionPath attn_path_ = AttentionPath::Auto;
   int64_t gemv_max_rows_ = 2;
   bool fused_ = true;  // fused ops (ARBOR_CUDA_FUSED=0: the op sequences they replace, for comparisons)
+  bool fused_prep_ = true;  // prep_attention fuses (ARBOR_CUDA_FUSED_PREP=0: qk_prep_kv_write then attention)
   bool graphs_on_ = true, capturing_ = false;
   uint64_t graph_key_ = 0;  // the current batch's shape key; 0: not a graph batch
   int64_t span_bucket_ = 0;  // longest context of the batch rounded up to a power of two (>= 64)

@@ -139,7 +139,10 @@ __device__ __forceinline__ int64_t kv_slot(const AttnArgs& a, const int32_t* tab
 // them, without (null) a second kernel does. A range may be empty (m = -inf), which the merge skips.
 // n_splits <= kDecodeMaxSplits.
 constexpr int kDecodeMaxSplits = 512;
-void launch_attention_decode(const AttnArgs& a, int64_t T, int n_splits, float* scratch, unsigned* counters, cudaStream_t s);
+// With prep (QKPrepArgs of this layer; each sequence one token in the batch): the q/k prep and KV write
+// of launch_qk_prep happen inside, on q/k/v straight from the projections (q and k are left unchanged).
+void launch_attention_decode(const AttnArgs& a, int64_t T, int n_splits, float* scratch, unsigned* counters, cudaStream_t s,
+                             const QKPrepArgs* prep = nullptr);
 // Flash attention over tiles of query rows (tokens x the GQA group's heads) with tensor cores
 // (mma.sync m16n8k16 bf16, f32 accumulators) and online softmax. tiles [n_tiles, 8] int32:
 // {first token, n tokens, seq, min pos, max pos, 0, 0, 0}; each tile has at most kPrefillRows / group tokens.
