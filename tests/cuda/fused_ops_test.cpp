@@ -111,7 +111,9 @@ TEST(CudaFused, QKPrepMatchesNormRopeKVWrite) {
                                    {256, 2, 1, 256, true, true, true},
                                    {96, 3, 3, 72, false, false, true},
                                    {32, 5, 1, 24, true, false, true},
-                                   {64, 2, 2, 64, true, false, false}}) {
+                                   {64, 2, 2, 64, true, false, false},
+                                   {128, 4, 2, 64, true, false, true},     // partial rope, halves of 32 (16-byte kernel)
+                                   {32, 3, 1, 32, false, false, true}}) {  // 4 lanes per row, rows past the end
     SCOPED_TRACE(::testing::Message() << "D " << cs.D << " heads " << cs.Hq << "/" << cs.Hkv << " rot " << cs.rot);
     int64_t n_blocks = 0;
     BatchInfo b = paged_batch({40, 17, 5}, {3, 17, 1}, 16, rng, &n_blocks);
