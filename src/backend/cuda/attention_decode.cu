@@ -8,6 +8,7 @@
 
 #include <cfloat>
 
+#include "backend/cuda/cp_async.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.h"
@@ -215,42 +216,62 @@ __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, in
 }
 
 // The merge as a second kernel (when the launcher is given no counters): out[t, h] = Σ_s O_s e^{M_s - M}
-// / Σ_s L_s e^{M_s - M} over the splits s; one block per (h, t). The splits' (M, L) are read in parallel
-// into shared memory and turned into weights once, so each output dim's loads over the splits are
-// independent (not a chain of dependent round trips).
+// / Σ_s L_s e^{M_s - M} over the splits s; one block of D threads per (h, t). Every load is issued at
+// once: each split's (M, L) by one thread, and the partial outputs of up to kCombineFloats / D splits
+// at a time straight into shared memory (cp.async, 4 bytes a thread and split), so the merge costs one
+// round trip per chunk instead of one per few splits (Nsight on the previous version, which looped
+// over the splits with dependent sums: 8.3 us for 8B at 33 splits).
+constexpr int kCombineFloats = 8192;  // 32 KB of partial outputs per chunk
 __global__ void attn_combine_kernel(const float* scratch, int n_splits, int D, int n_heads, uint16_t* out) {
-  __shared__ float wgt[kDecodeMaxSplits];
-  __shared__ float red[2];
+  __shared__ float wgt[kDecodeMaxSplits], lsum[kDecodeMaxSplits];
+  __shared__ __align__(16) float part[kCombineFloats];
+  __shared__ float red[8];
   pdl_trigger();
   pdl_wait();
-  const int h = blockIdx.x;
+  const int h = blockIdx.x, d = threadIdx.x, lane = d % 32, warp = d / 32, warps = D / 32;
   const int64_t t = blockIdx.y;
   const float* p = scratch + (t * n_heads + h) * n_splits * (D + 2);
-  for (int s = threadIdx.x; s < n_splits; s += blockDim.x) wgt[s] = p[s * (D + 2) + D];
+  const int chunk = kCombineFloats / D;
+  auto fetch = [&](int s0) {
+    const int n = min(chunk, n_splits - s0);
+    for (int j = 0; j < n; ++j)
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(part + j * D + d)), "l"(p + int64_t(s0 + j) * (D + 2) + d));
+    cp_async_commit();
+  };
+  fetch(0);
+  for (int s = d; s < n_splits; s += D) wgt[s] = p[s * (D + 2) + D], lsum[s] = p[s * (D + 2) + D + 1];
   __syncthreads();
-  if (threadIdx.x == 0) {
-    float M = -INFINITY;
-    for (int s = 0; s < n_splits; ++s) M = fmaxf(M, wgt[s]);
-    red[0] = M;
+  // M: the largest split max; weights e^{M_s - M} (0 for empty splits); L = Σ weight * L_s.
+  float m = -INFINITY;
+  for (int s = d; s < n_splits; s += D) m = fmaxf(m, wgt[s]);
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (lane == 0) red[warp] = m;
+  __syncthreads();
+  float M = red[0];
+  for (int w = 1; w < warps; ++w) M = fmaxf(M, red[w]);
+  __syncthreads();  // red is reused below
+  float l = 0;
+  for (int s = d; s < n_splits; s += D) {
+    const float w = wgt[s] == -INFINITY ? 0.0f : __expf(wgt[s] - M);
+    wgt[s] = w, l += w * lsum[s];
   }
-  __syncthreads();
-  const float M = red[0];
-  for (int s = threadIdx.x; s < n_splits; s += blockDim.x) wgt[s] = wgt[s] == -INFINITY ? 0.0f : __expf(wgt[s] - M);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float L = 0;
+  for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+  if (lane == 0) red[warp] = l;
+  float O = 0;
+  for (int s0 = 0; s0 < n_splits; s0 += chunk) {
+    cp_async_wait<0>();
+    __syncthreads();  // the chunk (every thread's copies), the weights and red are in
+    const int n = min(chunk, n_splits - s0);
 #pragma unroll 8
-    for (int s = 0; s < n_splits; ++s) L += wgt[s] * p[s * (D + 2) + D + 1];
-    red[1] = L;
+    for (int j = 0; j < n; ++j) O += part[j * D + d] * wgt[s0 + j];
+    if (s0 + chunk < n_splits) {
+      __syncthreads();  // every thread is done with this chunk
+      fetch(s0 + chunk);
+    }
   }
-  __syncthreads();
-  const float L = red[1];
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float O = 0;
-#pragma unroll 8
-    for (int s = 0; s < n_splits; ++s) O += p[s * (D + 2) + d] * wgt[s];
-    out[(t * n_heads + h) * D + d] = __bfloat16_as_ushort(__float2bfloat16(L > 0 ? O / L : 0.0f));
-  }
+  float L = 0;
+  for (int w = 0; w < warps; ++w) L += red[w];
+  out[(t * n_heads + h) * D + d] = __bfloat16_as_ushort(__float2bfloat16(L > 0 ? O / L : 0.0f));
 }
 
 template <int D, bool PREP>
