@@ -26,7 +26,6 @@ template <int D, int kHeads, bool PREP>
 __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, int n_splits, int head_chunks, float* scratch,
                                                                   unsigned* counters, QKPrepArgs pa) {
   pdl_trigger();
-  pdl_wait();
   constexpr int LPK = D / 8;         // lanes per key row
   constexpr int KPW = 32 / LPK;      // keys per warp step
   constexpr int NSG = kWarps * KPW;  // key slots per block step
@@ -47,6 +46,21 @@ __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, in
   const int32_t k_begin = lo + split * split_len, k_end = min(pos + 1, k_begin + split_len);
   const int32_t* table = a.block_tables + int64_t(a.seq[t]) * a.max_blocks;
   const int64_t qrow = int64_t(a.n_heads) * D, kvrow = int64_t(a.n_kv_heads) * D;
+
+  // With PREP (one token per sequence) every cache row but this step's key was written by earlier
+  // steps, and the block table and positions by the host: the first key step's K/V loads go out
+  // before waiting on the previous kernel (which writes q and the new key and value). Without it the
+  // previous kernel writes the new keys into the cache, so the loads wait.
+  uint4 kn = make_uint4(0, 0, 0, 0), vn = kn;
+  const int32_t kp0 = k_begin + warp * KPW + sub;
+  auto load_first = [&] {
+    const int64_t off = kv_slot(a, table, kp0) * kvrow + int64_t(g) * D + sl * 8;
+    kn = *reinterpret_cast<const uint4*>(a.k_pool + off);
+    vn = *reinterpret_cast<const uint4*>(a.v_pool + off);
+  };
+  if (PREP && kp0 < k_end && kp0 != pos) load_first();
+  pdl_wait();
+  if (!PREP && kp0 < k_end) load_first();
 
   float q[kHeads][8], acc[kHeads][8], m[kHeads], l[kHeads];
 #pragma unroll
@@ -91,8 +105,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, in
       vq = *reinterpret_cast<const uint4*>(a.v_pool + off);
     }
   };
-  uint4 kn, vn;
-  load(k_begin + warp * KPW + sub, kn, vn);
+  if (PREP && kp0 == pos) kn = k_own, vn = v_own;
   for (int32_t base = k_begin + warp * KPW; base < k_end; base += NSG) {
     const int32_t kp = base + sub;
     const bool live = kp < k_end;

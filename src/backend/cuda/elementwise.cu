@@ -96,12 +96,14 @@ template <bool ADD>
 __global__ void rms_row_kernel(uint16_t* x, const uint16_t* o, float scale, const float* w, bool plus_one, float eps, int64_t C,
                                uint16_t* out) {
   __shared__ float red[32];
+  // The norm weight is no kernel's output: its load (from memory more often than not, the step's
+  // weight stream having pushed it out of L2) goes out before waiting on the previous kernel.
+  const float4 w0 = *reinterpret_cast<const float4*>(w + threadIdx.x * 8), w1 = *reinterpret_cast<const float4*>(w + threadIdx.x * 8 + 4);
   pdl_trigger();
   pdl_wait();
   const int64_t r = blockIdx.x;
   const int64_t base = r * C + int64_t(threadIdx.x) * 8;
   uint4 xq = *reinterpret_cast<const uint4*>(x + base);
-  const float4 w0 = *reinterpret_cast<const float4*>(w + threadIdx.x * 8), w1 = *reinterpret_cast<const float4*>(w + threadIdx.x * 8 + 4);
   float v[8];
   const bf16* xb = reinterpret_cast<const bf16*>(&xq);
 #pragma unroll
