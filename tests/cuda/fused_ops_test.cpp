@@ -3,6 +3,8 @@
 // gated GEMV (gate and up projections + activation), the residual add fused with a norm, the
 // multi-matrix GEMV (q/k/v in one launch), and the q/k prep inside decode attention. Random data, odd
 // shapes. Skipped without a GPU.
+#include <utility>
+
 #include <gtest/gtest.h>
 
 #include "core/error.h"
@@ -24,6 +26,30 @@ Linear dev_linear(CudaBackend& gpu, std::mt19937& rng, int64_t N, int64_t K, boo
   }
   gpu.synchronize();  // the staging buffers are reused
   return l;
+}
+
+// Rope tables [n_pos, rot / 2] (cos, sin) with base 10000.
+std::pair<std::vector<float>, std::vector<float>> rope_tables(int64_t rot, int64_t n_pos) {
+  const int64_t half = rot / 2;
+  std::vector<float> c(size_t(n_pos * half)), s(c.size());
+  for (int64_t p = 0; p < n_pos; ++p)
+    for (int64_t j = 0; j < half; ++j) {
+      const double th = double(p) * std::pow(10000.0, -2.0 * double(j) / double(rot));
+      c[size_t(p * half + j)] = float(std::cos(th)), s[size_t(p * half + j)] = float(std::sin(th));
+    }
+  return {c, s};
+}
+
+// The q/k prep of a test case (fields D, Hq, Hkv, rot, norm, plus_one, rope): w the norm weight of q
+// and k, c and s the rope tables.
+template <typename Case>
+Backend::QKPrep prep_for(const Case& cs, const Tensor& w, const Tensor& c, const Tensor& s) {
+  Backend::QKPrep p;
+  p.norm = cs.plus_one ? NormOp::RMSPlusOne : NormOp::RMS, p.eps = 1e-6f;
+  p.n_heads = cs.Hq, p.n_kv_heads = cs.Hkv, p.head_dim = cs.D, p.rot_dim = cs.rot;
+  if (cs.norm) p.q_norm = &w, p.k_norm = &w;
+  if (cs.rope) p.cos = &c, p.sin = &s;
+  return p;
 }
 
 TEST(CudaFused, GatedGemvMatchesLinearThenActivation) {
@@ -125,22 +151,13 @@ TEST(CudaFused, QKPrepMatchesNormRopeKVWrite) {
     std::vector<float> q = random_bf16(rng, size_t(T * cs.Hq * cs.D)), k = random_bf16(rng, size_t(T * cs.Hkv * cs.D));
     std::vector<float> v = random_bf16(rng, size_t(T * cs.Hkv * cs.D)), nw = random_bf16(rng, size_t(cs.D), 0.5f, cs.plus_one ? 0.0f : 1.0f);
     const int64_t half = cs.rot / 2, n_pos = 64;
-    std::vector<float> cosv(size_t(n_pos * half)), sinv(cosv.size());
-    for (int64_t p = 0; p < n_pos; ++p)
-      for (int64_t j = 0; j < half; ++j) {
-        const double th = double(p) * std::pow(10000.0, -2.0 * double(j) / double(cs.rot));
-        cosv[size_t(p * half + j)] = float(std::cos(th)), sinv[size_t(p * half + j)] = float(std::sin(th));
-      }
+    const auto [cosv, sinv] = rope_tables(cs.rot, n_pos);
     auto run = [&](CudaBackend& g, bool fused) {
       g.begin_batch(b);
       Tensor qd = dev_bf16(g, q, {T, cs.Hq * cs.D}), kd = dev_bf16(g, k, {T, cs.Hkv * cs.D}), vd = dev_bf16(g, v, {T, cs.Hkv * cs.D});
       Tensor w = g.load_weight(Tensor(nw.data(), DType::F32, {cs.D}));
       Tensor c = g.upload_table(cosv, {n_pos, half}), s = g.upload_table(sinv, {n_pos, half});
-      Backend::QKPrep p;
-      p.norm = cs.plus_one ? NormOp::RMSPlusOne : NormOp::RMS, p.eps = 1e-6f;
-      p.n_heads = cs.Hq, p.n_kv_heads = cs.Hkv, p.head_dim = cs.D, p.rot_dim = cs.rot;
-      if (cs.norm) p.q_norm = &w, p.k_norm = &w;
-      if (cs.rope) p.cos = &c, p.sin = &s;
+      const Backend::QKPrep p = prep_for(cs, w, c, s);
       if (fused) g.qk_prep_kv_write(0, qd, kd, vd, p);
       else g.Backend::qk_prep_kv_write(0, qd, kd, vd, p);  // the separate ops
       return std::vector<std::vector<float>>{host_f32(g, qd), host_f32(g, kd), host_f32(g, g.k_pool(0)), host_f32(g, g.v_pool(0))};
@@ -182,12 +199,7 @@ TEST(CudaFused, PrepInDecodeAttentionMatchesPrepThenAttention) {
     std::vector<float> q = random_bf16(rng, size_t(T * q_row)), k = random_bf16(rng, size_t(T * kv_row)), v = random_bf16(rng, size_t(T * kv_row));
     std::vector<float> nw = random_bf16(rng, size_t(cs.D), 0.5f, cs.plus_one ? 0.0f : 1.0f);
     const int64_t half = cs.rot / 2, n_pos = 512;
-    std::vector<float> cosv(size_t(n_pos * half)), sinv(cosv.size());
-    for (int64_t p = 0; p < n_pos; ++p)
-      for (int64_t j = 0; j < half; ++j) {
-        const double th = double(p) * std::pow(10000.0, -2.0 * double(j) / double(cs.rot));
-        cosv[size_t(p * half + j)] = float(std::cos(th)), sinv[size_t(p * half + j)] = float(std::sin(th));
-      }
+    const auto [cosv, sinv] = rope_tables(cs.rot, n_pos);
     auto run = [&](bool fused) {
       CudaBackend g(0);
       g.set_fused_prep(fused);
@@ -199,11 +211,7 @@ TEST(CudaFused, PrepInDecodeAttentionMatchesPrepThenAttention) {
       Tensor out = g.alloc(DType::BF16, {T, q_row});
       Tensor w = g.load_weight(Tensor(nw.data(), DType::F32, {cs.D}));
       Tensor c = g.upload_table(cosv, {n_pos, half}), s = g.upload_table(sinv, {n_pos, half});
-      Backend::QKPrep p;
-      p.norm = cs.plus_one ? NormOp::RMSPlusOne : NormOp::RMS, p.eps = 1e-6f;
-      p.n_heads = cs.Hq, p.n_kv_heads = cs.Hkv, p.head_dim = cs.D, p.rot_dim = cs.rot;
-      if (cs.norm) p.q_norm = &w, p.k_norm = &w;
-      if (cs.rope) p.cos = &c, p.sin = &s;
+      const Backend::QKPrep p = prep_for(cs, w, c, s);
       AttentionParams ap;
       ap.n_heads = cs.Hq, ap.n_kv_heads = cs.Hkv, ap.head_dim = cs.D, ap.scale = 1.0f / std::sqrt(float(cs.D));
       ap.softcap = cs.softcap, ap.window = cs.window;

@@ -65,6 +65,39 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// What a prefill block works on: the tile (block order: kv heads fastest, tiles last to first) and
+// the key range it may need; load_q copies its Q rows (padding rows zero-filled) into shared memory
+// [kRows][LD] as the first cp.async group. Shared by both prefill kernels.
+template <int D>
+struct PrefillBlock {
+  int g, G;
+  int32_t tok0, ntok, kv_lo, kv_hi;
+  int64_t qrow, kvrow;
+  const int32_t* table;
+  __device__ __forceinline__ PrefillBlock(const AttnArgs& a, const int32_t* tiles) {
+    const unsigned lin = blockIdx.y * gridDim.x + blockIdx.x;
+    g = int(lin % gridDim.y);
+    const int32_t* tile = tiles + int64_t(gridDim.x - 1 - lin / gridDim.y) * 8;
+    tok0 = tile[0], ntok = tile[1];
+    const int32_t seq = tile[2], min_pos = tile[3], max_pos = tile[4];
+    G = a.n_heads / a.n_kv_heads;
+    qrow = int64_t(a.n_heads) * D, kvrow = int64_t(a.n_kv_heads) * D;
+    table = a.block_tables + int64_t(seq) * a.max_blocks;
+    kv_lo = a.window > 0 ? max(0, min_pos - a.window + 1) : 0, kv_hi = max_pos + 1;
+  }
+  template <int THREADS, int LD>
+  __device__ __forceinline__ void load_q(const AttnArgs& a, uint16_t* Qs) const {
+#pragma unroll
+    for (int i = 0; i < kRows * (D / 8) / THREADS; ++i) {
+      const int idx = threadIdx.x + i * THREADS, r = idx / (D / 8), c = idx % (D / 8), ti = r / G, hi = r % G;
+      const bool ok = ti < ntok;
+      const uint16_t* src = ok ? a.q + int64_t(tok0 + ti) * qrow + int64_t(g * G + hi) * D + c * 8 : a.q;
+      cp_async16_zfill(smem_addr(Qs + r * LD + c * 8), src, ok);
+    }
+    cp_async_commit();
+  }
+};
+
 // D: head_dim; KT: keys per tile. Shared rows are padded by 8 elements (16 bytes) so the 8 rows an
 // ldmatrix reads fall in distinct banks. K/V tiles are double-buffered and fetched with cp.async, the
 // next tile's copy in flight while the tensor cores work on this one.
@@ -80,25 +113,12 @@ __global__ void __launch_bounds__(kThreads, (D <= 32 ? 2 : 1)) attn_prefill_kern
   uint16_t* Ks = Qs + kRows * LD;       // [2][KT][LD]
   uint16_t* Vs = Ks + 2 * KT * LD;      // [2][KT][LD]
 
-  // Block order: kv heads fastest, tiles last to first.
-  const unsigned lin = blockIdx.y * gridDim.x + blockIdx.x;
-  const int g = int(lin % gridDim.y);
-  const int32_t* tile = tiles + int64_t(gridDim.x - 1 - lin / gridDim.y) * 8;
-  const int32_t tok0 = tile[0], ntok = tile[1], seq = tile[2], min_pos = tile[3], max_pos = tile[4];
-  const int G = a.n_heads / a.n_kv_heads;
-  const int64_t qrow = int64_t(a.n_heads) * D, kvrow = int64_t(a.n_kv_heads) * D;
-  const int32_t* table = a.block_tables + int64_t(seq) * a.max_blocks;
-  const int32_t kv_lo = a.window > 0 ? max(0, min_pos - a.window + 1) : 0, kv_hi = max_pos + 1;
-
-  // Q rows (padding rows zero-filled), as the first cp.async group.
-#pragma unroll
-  for (int i = 0; i < kRows * (D / 8) / kThreads; ++i) {
-    const int idx = threadIdx.x + i * kThreads, r = idx / (D / 8), c = idx % (D / 8), ti = r / G, hi = r % G;
-    const bool ok = ti < ntok;
-    const uint16_t* src = ok ? a.q + int64_t(tok0 + ti) * qrow + int64_t(g * G + hi) * D + c * 8 : a.q;
-    cp_async16_zfill(smem_addr(Qs + r * LD + c * 8), src, ok);
-  }
-  cp_async_commit();
+  const PrefillBlock<D> blk(a, tiles);
+  const int g = blk.g, G = blk.G;
+  const int32_t tok0 = blk.tok0, ntok = blk.ntok, kv_lo = blk.kv_lo, kv_hi = blk.kv_hi;
+  const int64_t qrow = blk.qrow, kvrow = blk.kvrow;
+  const int32_t* table = blk.table;
+  blk.template load_q<kThreads, LD>(a, Qs);
 
   // Copies K/V tile [kt, kt + KT) into buffer buf with cp.async (keys past kv_hi are zero-filled: V
   // rows of masked keys must be finite, P = 0 times them must stay 0). The slots are looked up first,
@@ -308,25 +328,12 @@ __global__ void __launch_bounds__(kThreads32, MinBlocks) attn_prefill32_kernel(A
   uint16_t* Ks = Qs + kRows * LD;       // [NBUF][KT][LD]
   uint16_t* Vs = Ks + NBUF * KT * LD;   // [NBUF][KT][LD]
 
-  // Block order: kv heads fastest, tiles last to first.
-  const unsigned lin = blockIdx.y * gridDim.x + blockIdx.x;
-  const int g = int(lin % gridDim.y);
-  const int32_t* tile = tiles + int64_t(gridDim.x - 1 - lin / gridDim.y) * 8;
-  const int32_t tok0 = tile[0], ntok = tile[1], seq = tile[2], min_pos = tile[3], max_pos = tile[4];
-  const int G = a.n_heads / a.n_kv_heads;
-  const int64_t qrow = int64_t(a.n_heads) * D, kvrow = int64_t(a.n_kv_heads) * D;
-  const int32_t* table = a.block_tables + int64_t(seq) * a.max_blocks;
-  const int32_t kv_lo = a.window > 0 ? max(0, min_pos - a.window + 1) : 0, kv_hi = max_pos + 1;
-
-  // Q rows (padding rows zero-filled), as the first cp.async group.
-#pragma unroll
-  for (int i = 0; i < kRows * (D / 8) / kThreads32; ++i) {
-    const int idx = threadIdx.x + i * kThreads32, r = idx / (D / 8), c = idx % (D / 8), ti = r / G, hi = r % G;
-    const bool ok = ti < ntok;
-    const uint16_t* src = ok ? a.q + int64_t(tok0 + ti) * qrow + int64_t(g * G + hi) * D + c * 8 : a.q;
-    cp_async16_zfill(smem_addr(Qs + r * LD + c * 8), src, ok);
-  }
-  cp_async_commit();
+  const PrefillBlock<D> blk(a, tiles);
+  const int g = blk.g, G = blk.G;
+  const int32_t tok0 = blk.tok0, ntok = blk.ntok, kv_lo = blk.kv_lo, kv_hi = blk.kv_hi;
+  const int64_t qrow = blk.qrow, kvrow = blk.kvrow;
+  const int32_t* table = blk.table;
+  blk.template load_q<kThreads32, LD>(a, Qs);
 
   // K/V tile [kt, kt + KT) into buffer buf, as in the 16-row kernel (keys past kv_hi zero-filled).
   // Where the block's threads cover whole key rows (D / 8 divides 128), a thread copies one 16-byte
