@@ -3,7 +3,11 @@
 # a short filter, and the benchmarks, with logs under $OUT. Expects the binaries built here and copied
 # to .cudarun/ (arbor, test_cuda, lib/ with libfmt, libpcre2-8, libutf8proc), carried with the call:
 #   run(command="bash bench/cuda/run_device.sh", carry=[".cudarun"])
-# Steps can be chosen: STEPS="tests bench memcheck" (default: all, in that order).
+# Steps can be chosen: STEPS="tests bench memcheck" (default: all, in that order), plus
+#   ab: 8B batch-1 decode (--decode-only) under each setting of AB (';'-separated environment
+#       assignments, "" for none; e.g. AB="ARBOR_CUDA_FUSED_PREP=0;ARBOR_CUDA_FUSED_PREP=1"), the list
+#       run twice in turn, so a change is judged on one machine (H200s of the tool differ by ~1.5%);
+#       a setting may also name another binary: AB="BIN=arbor_old;BIN=arbor" (both in $D).
 set -u
 D=${ARBOR_RUN_DIR:-.cudarun}
 OUT=${OUT:-/tmp/arbor-out}
@@ -40,6 +44,21 @@ for step in $STEPS; do
         rc=$?
         tail -14 "$OUT/bench_$cfg.log"
         summary+=("bench $cfg rc=$rc")
+      done
+      ;;
+    ab)
+      IFS=';' read -r -a settings <<< "${AB:-}"
+      for round in 1 2; do
+        for setting in "${settings[@]}"; do
+          bin=arbor; envs=()
+          for kv in $setting; do
+            case $kv in BIN=*) bin=${kv#BIN=} ;; *) envs+=("$kv") ;; esac
+          done
+          env "${envs[@]}" timeout 60 "$D/$bin" bench --device cuda --dummy-weights --config bench/configs/llama-3.1-8b.json --decode-only \
+            > "$OUT/ab.log" 2>&1
+          rc=$?
+          echo "ab round $round [$setting] rc=$rc $(tail -1 "$OUT/ab.log")"
+        done
       done
       ;;
   esac
