@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <tuple>
 
@@ -54,19 +53,11 @@ int bench_cuda(const Args& a) {
   // --prefill-only P[,P...]: prefill figures of P tokens only (no GEMV table, no decode), e.g. under
   // a profiler or to compare settings.
   std::vector<int64_t> prefill_only;
-  if (a.has("prefill-only")) {
-    const std::string list = a.get_or("prefill-only", "");
-    for (size_t i = 0; i <= list.size();) {
-      const size_t j = std::min(list.find(',', i), list.size());
-      const std::string item = list.substr(i, j - i);
-      char* end = nullptr;
-      const long long P = std::strtoll(item.c_str(), &end, 10);
-      if (item.empty() || *end != '\0' || P < 1 || P > 8192)
-        fail("arguments: --prefill-only takes token counts in 1..8192 separated by commas, got '{}'", list);
+  if (a.has("prefill-only"))
+    for (int32_t P : parse_id_list(a.get_or("prefill-only", ""), "prefill-only", "a token count")) {
+      if (P < 1 || P > 8192) fail("arguments: --prefill-only: {} tokens (1..8192)", P);
       prefill_only.push_back(P);
-      i = j + 1;
     }
-  }
   if (!prefill_only.empty() && decode_only) fail("arguments: --prefill-only and --decode-only exclude each other");
   const bool one_figure = decode_only || !prefill_only.empty();
   const std::vector<int64_t> prefills = decode_only            ? std::vector<int64_t>{}

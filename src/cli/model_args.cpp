@@ -73,7 +73,7 @@ LoadedModel load_model_from_args(const Args& a, int64_t max_step_tokens) {
   return lm;
 }
 
-std::vector<int32_t> parse_id_list(const std::string& s, const char* flag) {
+std::vector<int32_t> parse_id_list(const std::string& s, const char* flag, const char* what) {
   std::vector<int32_t> out;
   size_t i = 0;
   while (i <= s.size()) {
@@ -85,7 +85,7 @@ std::vector<int32_t> parse_id_list(const std::string& s, const char* flag) {
     int32_t v = 0;
     auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
     if (item.empty() || ec != std::errc() || p != item.data() + item.size() || v < 0)
-      fail("arguments: --{}: entry {} ('{}') is not a token id", flag, out.size(), item);
+      fail("arguments: --{}: entry {} ('{}') is not {}", flag, out.size(), item, what);
     out.push_back(v);
     i = j + 1;
   }

@@ -29,7 +29,8 @@ std::unique_ptr<Backend> make_backend_from_args(const Args& a);    // --device/-
 // Builds the backend named by --device (cpu default) and loads the model named by --model/--config.
 LoadedModel load_model_from_args(const Args& a, int64_t max_step_tokens = 256);
 
-// Parses "1,2,3" into ids; throws naming the bad entry.
-std::vector<int32_t> parse_id_list(const std::string& s, const char* flag);
+// Parses "1,2,3" into non-negative integers; throws naming the flag, the bad entry and what an entry
+// should be (`what`, e.g. "a token id").
+std::vector<int32_t> parse_id_list(const std::string& s, const char* flag, const char* what = "a token id");
 
 }  // namespace arbor::cli
