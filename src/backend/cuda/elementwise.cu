@@ -349,6 +349,9 @@ __global__ void fill_random_kernel(uint16_t* p, int64_t n, uint64_t seed) {
 }
 
 constexpr int kThreads = 256;
+
+// 16-byte aligned: the vector kernels' uint4 accesses may use the pointer.
+bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 constexpr unsigned kMaxGrid = 65535;  // grid-stride loops above cover the rest
 
 unsigned flat_grid(int64_t n) {
@@ -376,9 +379,8 @@ void norm_launch(NormOp op, uint16_t* x, const uint16_t* o, float scale, const f
   int tpr = 32;  // threads per row: about 8 elements each, 32..1024
   while (tpr < 1024 && tpr * 8 < C) tpr *= 2;
   const int rows_per_block = tpr >= 256 ? 1 : 256 / tpr;
-  const bool aligned = ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(out) | reinterpret_cast<uintptr_t>(o) |
-                         reinterpret_cast<uintptr_t>(w)) & 15) == 0;
-  if (op != NormOp::LayerNorm && C % 256 == 0 && C <= 8192 && aligned && R <= 0x7fffffff) {
+  const bool vec = aligned(x) && aligned(out) && aligned(o) && aligned(w);  // o may be null (aligned)
+  if (op != NormOp::LayerNorm && C % 256 == 0 && C <= 8192 && vec && R <= 0x7fffffff) {
     const bool plus_one = op == NormOp::RMSPlusOne;
     if (o)
       pdl_launch(rms_row_kernel<true>, dim3(unsigned(R)), unsigned(C / 8), 0, s, x, o, scale, w, plus_one, eps, C, out);
@@ -410,7 +412,6 @@ void launch_qk_prep(const QKPrepArgs& a, cudaStream_t s) {
   if (a.T == 0) return;
   ARBOR_CU_CHECK(a.head_dim <= 256 && a.head_dim % 2 == 0, "cuda: qk_prep: head_dim %d (even, <= 256)", a.head_dim);
   const int64_t items = int64_t(a.T) * (a.n_heads + a.n_kv_heads);
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool vec = (a.head_dim == 32 || a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256) && (!a.cos || a.half % 8 == 0) &&
                    aligned(a.q) && aligned(a.k) && aligned(a.v) && aligned(a.k_pool) && aligned(a.v_pool);
   if (vec) {
@@ -451,7 +452,6 @@ void launch_kv_write(const uint16_t* k, const uint16_t* v, const int32_t* pos, c
 
 void launch_activation(ActOp op, const uint16_t* gate, const uint16_t* up, int64_t n, uint16_t* out, cudaStream_t s) {
   if (n == 0) return;
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (aligned(up) && aligned(out) && (!gate || aligned(gate)))
     pdl_launch(activation_vec_kernel, flat_grid((n + 7) / 8), kThreads, 0, s, int(op), gate, up, n, out);
   else
