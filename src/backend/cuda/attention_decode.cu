@@ -51,16 +51,16 @@ __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, in
   // steps, and the block table and positions by the host: the first key step's K/V loads go out
   // before waiting on the previous kernel (which writes q and the new key and value). Without it the
   // previous kernel writes the new keys into the cache, so the loads wait.
+  auto load_kv = [&](int32_t kp, uint4& kq, uint4& vq) {  // this lane's 8 dims of key kp from the cache
+    const int64_t off = kv_slot(a, table, kp) * kvrow + int64_t(g) * D + sl * 8;
+    kq = *reinterpret_cast<const uint4*>(a.k_pool + off);
+    vq = *reinterpret_cast<const uint4*>(a.v_pool + off);
+  };
   uint4 kn = make_uint4(0, 0, 0, 0), vn = kn;
   const int32_t kp0 = k_begin + warp * KPW + sub;
-  auto load_first = [&] {
-    const int64_t off = kv_slot(a, table, kp0) * kvrow + int64_t(g) * D + sl * 8;
-    kn = *reinterpret_cast<const uint4*>(a.k_pool + off);
-    vn = *reinterpret_cast<const uint4*>(a.v_pool + off);
-  };
-  if (PREP && kp0 < k_end && kp0 != pos) load_first();
+  if (PREP && kp0 < k_end && kp0 != pos) load_kv(kp0, kn, vn);
   pdl_wait();
-  if (!PREP && kp0 < k_end) load_first();
+  if (!PREP && kp0 < k_end) load_kv(kp0, kn, vn);
 
   float q[kHeads][8], acc[kHeads][8], m[kHeads], l[kHeads];
 #pragma unroll
@@ -97,13 +97,8 @@ __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, in
   // long contexts a warp walks hundreds of keys, one dependent round trip per step otherwise).
   auto load = [&](int32_t kp, uint4& kq, uint4& vq) {
     kq = make_uint4(0, 0, 0, 0), vq = kq;
-    if (PREP && kp == pos) {
-      kq = k_own, vq = v_own;
-    } else if (kp < k_end) {
-      const int64_t off = kv_slot(a, table, kp) * kvrow + int64_t(g) * D + sl * 8;
-      kq = *reinterpret_cast<const uint4*>(a.k_pool + off);
-      vq = *reinterpret_cast<const uint4*>(a.v_pool + off);
-    }
+    if (PREP && kp == pos) kq = k_own, vq = v_own;
+    else if (kp < k_end) load_kv(kp, kq, vq);
   };
   if (PREP && kp0 == pos) kn = k_own, vn = v_own;
   for (int32_t base = k_begin + warp * KPW; base < k_end; base += NSG) {
