@@ -73,9 +73,13 @@ void run_case(const Case& c, std::mt19937& rng) {
   cpu.attention(0, host_view(q, {TQ, q_row}), p, host_view(ref, {TQ, q_row}));
   gpu.begin_batch(query);
   Tensor qg = dev_bf16(gpu, q, {TQ, q_row});
-  for (auto path : {CudaBackend::AttentionPath::Prefill, CudaBackend::AttentionPath::Decode}) {
+  // The prefill path with both of its kernels (16 and 32 query rows per warp), then decode.
+  for (auto [path, warp_rows] : std::vector<std::pair<CudaBackend::AttentionPath, int>>{
+           {CudaBackend::AttentionPath::Prefill, 16}, {CudaBackend::AttentionPath::Prefill, 32}, {CudaBackend::AttentionPath::Decode, 32}}) {
     if (path == CudaBackend::AttentionPath::Decode && hd == 96) continue;  // served by the prefill kernel
+    SCOPED_TRACE(::testing::Message() << "prefill warp rows " << warp_rows);
     gpu.set_attention_path(path);
+    CudaBackend::set_prefill_warp_rows(warp_rows);
     Tensor og = gpu.alloc(DType::BF16, {TQ, q_row});
     std::vector<float> poison(size_t(TQ * q_row), NAN);
     gpu.upload(to_bf16(poison).data(), og);  // every element must be written
@@ -92,6 +96,7 @@ void run_case(const Case& c, std::mt19937& rng) {
         break;
       }
   }
+  CudaBackend::set_prefill_warp_rows(32);
 }
 
 TEST(CudaAttention, HeadDimsAndGqaRatios) {

@@ -1,8 +1,8 @@
 // Flash attention for prefill over the paged bf16 KV cache, on tensor cores (mma.sync m16n8k16,
 // bf16 in, f32 accumulators), with online softmax in base 2 (exp2, the scale folded with log2 e).
 // A block owns kPrefillRows (128) query rows = (tokens of one sequence) x (the query heads of one GQA
-// group), so the group shares every K/V tile it loads. Two kernels, ARBOR_CUDA_ATTN_PREFILL_WARP_ROWS
-// picking (read once; 32 by default): the 16-row kernel, 8 warps of 16 rows, Q fragments loaded once
+// group), so the group shares every K/V tile it loads. Two kernels, set_prefill_warp_rows picking (32
+// by default; ARBOR_CUDA_ATTN_PREFILL_WARP_ROWS): the 16-row kernel, 8 warps of 16 rows, Q fragments loaded once
 // (into registers up to head_dim 128; head_dim 256 reads them from shared memory each tile), K/V
 // tiles of 64 keys (32 at head_dim 256) double-buffered; and the 32-row kernel (head_dim 32-128; 256
 // takes the 16-row kernel either way), 4 warps of 32 rows (two m16 tiles, so each K and V fragment
@@ -16,7 +16,6 @@
 #include <cuda_bf16.h>
 
 #include <climits>
-#include <cstdlib>
 
 #include "backend/cuda/cp_async.h"
 #include "backend/cuda/cuda_check.h"
@@ -601,15 +600,7 @@ void launch_p32(const AttnArgs& a, const int32_t* tiles, int64_t n_tiles, cudaSt
   ARBOR_LAUNCH_CHECK("attn_prefill32_kernel");
 }
 
-// ARBOR_CUDA_ATTN_PREFILL_WARP_ROWS: query rows per warp, 16 (attn_prefill_kernel) or 32
-// (attn_prefill32_kernel, for head_dim up to 128; 256 takes the 16-row kernel either way); read once.
-int prefill_warp_rows() {
-  static const int rows = [] {
-    const char* env = std::getenv("ARBOR_CUDA_ATTN_PREFILL_WARP_ROWS");
-    return env ? std::atoi(env) : 32;
-  }();
-  return rows;
-}
+int g_warp_rows = 32;  // set_prefill_warp_rows
 
 }  // namespace
 
@@ -617,9 +608,7 @@ void launch_attention_prefill(const AttnArgs& a, const int32_t* tiles, int64_t n
   if (n_tiles == 0) return;
   ARBOR_CU_CHECK(a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0 && a.n_heads / a.n_kv_heads <= kRows,
                  "cuda: attention prefill: %d query heads over %d kv heads (groups up to %d)", a.n_heads, a.n_kv_heads, kRows);
-  const int warp_rows = prefill_warp_rows();
-  ARBOR_CU_CHECK(warp_rows == 16 || warp_rows == 32, "cuda: ARBOR_CUDA_ATTN_PREFILL_WARP_ROWS is %d (16 or 32)", warp_rows);
-  if (warp_rows == 32) {
+  if (g_warp_rows == 32) {
     // <head_dim, keys per tile, row tiles with Q in registers, K/V buffers, blocks per SM>: the largest
     // that ptxas (13.0, sm_90a) compiles without spills: 128 / 168 / 254 / 254 registers.
     switch (a.head_dim) {
@@ -638,6 +627,11 @@ void launch_attention_prefill(const AttnArgs& a, const int32_t* tiles, int64_t n
     case 256: launch_p<256, 32>(a, tiles, n_tiles, s); break;
     default: fail_printf("cuda: prefill attention: head_dim %d is not supported (32, 64, 96, 128, 256)", a.head_dim);
   }
+}
+
+void set_prefill_warp_rows(int rows) {
+  ARBOR_CU_CHECK(rows == 16 || rows == 32, "cuda: prefill attention: %d query rows per warp (16 or 32)", rows);
+  g_warp_rows = rows;
 }
 
 }  // namespace arbor::cuda

@@ -100,6 +100,7 @@ bool pdl_enabled() {
 std::unique_ptr<Backend> make_cuda_backend(int index) { return std::make_unique<CudaBackend>(index); }
 
 void CudaBackend::set_gemv_stream(bool on) { cuda::set_gemv_stream(on); }
+void CudaBackend::set_prefill_warp_rows(int rows) { cuda::set_prefill_warp_rows(rows); }
 
 CudaBackend::CudaBackend(int device)
     : device_(device), staging_(std::make_unique<Staging>()), graphs_(std::make_unique<Graphs>()) {
@@ -114,6 +115,7 @@ CudaBackend::CudaBackend(int device)
   if (const char* env = std::getenv("ARBOR_CUDA_FUSED_PREP")) fused_prep_ = std::atoi(env) != 0;
   if (const char* env = std::getenv("ARBOR_CUDA_GEMV_STREAM")) set_gemv_stream(std::atoi(env) != 0);
   if (const char* env = std::getenv("ARBOR_CUDA_ATTN_MERGE")) attn_merge_ = std::atoi(env) != 0 ? 1 : 0;
+  if (const char* env = std::getenv("ARBOR_CUDA_ATTN_PREFILL_WARP_ROWS")) set_prefill_warp_rows(std::atoi(env));
   device_name_ = fmt::format("{} (sm_{}{}, {} SMs, {:.0f} GiB)", prop.name, prop.major, prop.minor, n_sms_,
                              double(prop.totalGlobalMem) / double(1 << 30));
   cudaStream_t s;

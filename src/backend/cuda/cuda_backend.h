@@ -108,6 +108,9 @@ class CudaBackend : public Backend {
   // GEMVs of 1-2 rows with K % 256 == 0 stream through shared memory (gemv.cu); off: the register
   // kernel for every GEMV. Process-wide; ARBOR_CUDA_GEMV_STREAM=0 turns it off (A/B runs, tests).
   static void set_gemv_stream(bool on);
+  // Query rows per warp of the prefill attention kernel, 32 (default) or 16; process-wide,
+  // ARBOR_CUDA_ATTN_PREFILL_WARP_ROWS sets it.
+  static void set_prefill_warp_rows(int rows);
 
   // Copies for tests and tools (synchronous).
   void upload(const void* host, const Tensor& dev);

@@ -148,6 +148,9 @@ void launch_attention_decode(const AttnArgs& a, int64_t T, int n_splits, float* 
 // {first token, n tokens, seq, min pos, max pos, 0, 0, 0}; each tile has at most kPrefillRows / group tokens.
 void launch_attention_prefill(const AttnArgs& a, const int32_t* tiles, int64_t n_tiles, cudaStream_t s);
 constexpr int kPrefillRows = 128;  // query rows (token x head) per prefill tile
+// Query rows per warp of the prefill kernel: 32 (default; head_dim <= 128, 256 keeps 16) or 16 (the
+// earlier kernel). Process-wide, for A/B runs and tests; other values fail.
+void set_prefill_warp_rows(int rows);
 
 // ---- sampling.cu ----------------------------------------------------------------------------------
 // ids[r] = argmax of logits row r (ties: lowest id, as torch.argmax); logits [rows, vocab] f32.
