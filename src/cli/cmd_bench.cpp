@@ -45,11 +45,12 @@ int bench_cuda(const Args& a) {
   const int64_t steps = a.get_int("decode-tokens", 64);
   const int reps = int(a.get_int("reps", 3));
   if (steps < 1 || reps < 1) fail("arguments: --decode-tokens and --reps must be >= 1");
-  // --decode-only: one decode figure (graph replay), batch --decode-batch (1) at context 512, e.g.
-  // under a profiler or to compare settings.
+  // --decode-only: one decode figure (graph replay), batch --decode-batch (1) at context --decode-ctx
+  // (512), e.g. under a profiler or to compare settings.
   const bool decode_only = a.has("decode-only");
-  const int64_t only_batch = a.get_int("decode-batch", 1);
+  const int64_t only_batch = a.get_int("decode-batch", 1), only_ctx = a.get_int("decode-ctx", 512);
   if (only_batch < 1 || only_batch > 64) fail("arguments: --decode-batch must be in 1..64, got {}", only_batch);
+  if (only_ctx < 1 || only_ctx > 8192) fail("arguments: --decode-ctx must be in 1..8192, got {}", only_ctx);
   // --prefill-only P[,P...]: prefill figures of P tokens only (no GEMV table, no decode), e.g. under
   // a profiler or to compare settings.
   std::vector<int64_t> prefill_only;
@@ -218,7 +219,7 @@ int bench_cuda(const Args& a) {
     if (!prefill_only.empty() || (decode_only && !graph)) break;
     auto runs = std::vector<std::pair<int64_t, int64_t>>{{1, batch_ctx}, {1, long_ctx}, {8, batch_ctx}, {32, batch_ctx}, {64, batch_ctx}};
     if (graph) runs.insert(runs.begin() + 2, {{2, batch_ctx}, {4, batch_ctx}});
-    if (decode_only) runs = {{only_batch, batch_ctx}};
+    if (decode_only) runs = {{only_batch, only_ctx}};
     for (auto [B, ctx] : runs)
       guarded(fmt::format("decode b={} ctx={}", B, ctx), [&] { decode(B, ctx, graph); });
   }
@@ -233,7 +234,7 @@ int bench_cuda(const Args& a) {
 
 int cmd_bench(const std::vector<std::string>& args) {
   auto vf = model_value_flags();
-  vf.insert({"prompt-tokens", "decode-tokens", "chunk", "reps", "decode-batch", "prefill-only"});
+  vf.insert({"prompt-tokens", "decode-tokens", "chunk", "reps", "decode-batch", "decode-ctx", "prefill-only"});
   auto bf = model_bool_flags();
   bf.insert("decode-only");
   bf.insert("gemv-only");
