@@ -107,18 +107,26 @@ TEST(CudaAttention, HeadDimsAndGqaRatios) {
       run_case({hd, h, kvh, 0, 0.0f, {33, 17}, {33, 1}}, rng);
 }
 
-// Decode's split merge both ways (by the last split block / by a second kernel), whichever the GQA
-// group would pick by default.
-TEST(CudaAttention, DecodeSplitMergeInKernelAndSeparate) {
+// Decode's split merge every way (by the last split block / by a second kernel / in a thread-block
+// cluster), whichever the GQA group would pick by default; clusters of 16 (the most) and 5 blocks.
+TEST(CudaAttention, DecodeSplitMergeInKernelSeparateAndCluster) {
   ARBOR_REQUIRE_GPU();
   std::mt19937 rng(15);
-  for (const char* merge : {"1", "0"}) {
-    SCOPED_TRACE(merge);
-    setenv("ARBOR_CUDA_ATTN_MERGE", merge, 1);
-    for (auto [h, kvh] : std::vector<std::pair<int64_t, int64_t>>{{2, 2}, {8, 2}, {8, 1}})
-      run_case({128, h, kvh, 0, 0.0f, {300, 45}, {1, 1}}, rng);
+  for (const char* merge : {"1", "0", "2"}) {
+    for (const char* cluster : {"16", "5"}) {
+      if (std::string(merge) != "2" && std::string(cluster) != "16") continue;
+      SCOPED_TRACE(::testing::Message() << "merge " << merge << " cluster " << cluster);
+      setenv("ARBOR_CUDA_ATTN_MERGE", merge, 1);
+      setenv("ARBOR_CUDA_ATTN_CLUSTER", cluster, 1);
+      for (auto [h, kvh] : std::vector<std::pair<int64_t, int64_t>>{{2, 2}, {8, 2}, {8, 1}, {16, 2}})
+        run_case({128, h, kvh, 0, 0.0f, {300, 45}, {1, 1}}, rng);
+      run_case({64, 8, 2, 37, 0.0f, {1000, 37, 38}, {1, 1, 1}}, rng);  // window
+      run_case({256, 8, 4, 0, 30.0f, {700, 3}, {1, 1}}, rng);          // softcap
+      run_case({32, 4, 1, 0, 0.0f, {2, 1, 17}, {1, 1, 1}}, rng);       // fewer keys than splits
+    }
   }
   unsetenv("ARBOR_CUDA_ATTN_MERGE");
+  unsetenv("ARBOR_CUDA_ATTN_CLUSTER");
 }
 
 // Small test models (head_dim 32) and Phi-3-mini's 96.

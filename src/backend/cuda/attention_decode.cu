@@ -6,6 +6,8 @@
 // layer) or a second kernel does (the launcher chooses by passing counters or not).
 #include <cuda_bf16.h>
 
+#include <cooperative_groups.h>
+
 #include <cfloat>
 
 #include "backend/cuda/cp_async.h"
@@ -22,15 +24,21 @@ constexpr int kWarps = 4;
 // Query heads per block, HB = 4 or 8 (a larger GQA group is split over blocks): q and the
 // accumulators take 2 x HB x 8 registers per lane, so groups of <= 4 use HB = 4 for occupancy.
 
-template <int D, int kHeads, bool PREP>
+// CLUSTER: the n_splits blocks of a (token, head chunk) are one thread-block cluster (n_splits <=
+// kDecodeMaxCluster) and merge their partials through distributed shared memory, in this launch.
+template <int D, int kHeads, bool PREP, bool CLUSTER>
 __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, int n_splits, int head_chunks, float* scratch,
                                                                   unsigned* counters, QKPrepArgs pa) {
   pdl_trigger();
   constexpr int LPK = D / 8;         // lanes per key row
   constexpr int KPW = 32 / LPK;      // keys per warp step
   constexpr int NSG = kWarps * KPW;  // key slots per block step
+  // Key steps whose K/V rows a lane has in flight (registers: 8 per step; 8-head blocks keep 2).
+  constexpr int NPRE = kHeads <= 4 ? 4 : 2;
   __shared__ float sm_o[NSG][kHeads][D];
   __shared__ float sm_m[NSG][kHeads], sm_l[NSG][kHeads];
+  // CLUSTER: this split's partial (unnormalised o, max, sum per head), read by the cluster's blocks.
+  __shared__ float cl_o[CLUSTER ? kHeads : 1][CLUSTER ? D : 1], cl_m[kHeads], cl_l[kHeads];
 
   const int split = blockIdx.x, g = blockIdx.y / head_chunks, chunk = blockIdx.y % head_chunks;
   const int64_t t = blockIdx.z;
@@ -48,19 +56,34 @@ __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, in
   const int64_t qrow = int64_t(a.n_heads) * D, kvrow = int64_t(a.n_kv_heads) * D;
 
   // With PREP (one token per sequence) every cache row but this step's key was written by earlier
-  // steps, and the block table and positions by the host: the first key step's K/V loads go out
-  // before waiting on the previous kernel (which writes q and the new key and value). Without it the
-  // previous kernel writes the new keys into the cache, so the loads wait.
+  // steps, the block table and positions by the host, and the norm weights and rope tables at load:
+  // the first NPRE key steps' K/V rows and the prep's constants are loaded before waiting on the
+  // previous kernel (which writes q and the new key and value). Without PREP the previous kernel
+  // writes the new keys into the cache, so the loads wait.
   auto load_kv = [&](int32_t kp, uint4& kq, uint4& vq) {  // this lane's 8 dims of key kp from the cache
     const int64_t off = kv_slot(a, table, kp) * kvrow + int64_t(g) * D + sl * 8;
     kq = *reinterpret_cast<const uint4*>(a.k_pool + off);
     vq = *reinterpret_cast<const uint4*>(a.v_pool + off);
   };
-  uint4 kn = make_uint4(0, 0, 0, 0), vn = kn;
+  // The split that holds pos prepares the token's own key (PREP).
+  const bool owner = PREP && k_begin <= pos && pos < k_end;
+  uint4 kr[NPRE], vr[NPRE];  // K/V rows of key steps kp0, kp0 + NSG, ... (a ring shifted every step)
   const int32_t kp0 = k_begin + warp * KPW + sub;
-  if (PREP && kp0 < k_end && kp0 != pos) load_kv(kp0, kn, vn);
+#pragma unroll
+  for (int j = 0; j < NPRE; ++j) kr[j] = vr[j] = make_uint4(0, 0, 0, 0);
+  PrepRow q_prep, k_prep;
+  if (PREP) {
+#pragma unroll
+    for (int j = 0; j < NPRE; ++j)
+      if (kp0 + j * NSG < k_end && kp0 + j * NSG != pos) load_kv(kp0 + j * NSG, kr[j], vr[j]);
+    load_prep_row<LPK>(pa, pa.q_norm, pos, sl, q_prep);
+    if (owner) load_prep_row<LPK>(pa, pa.k_norm, pos, sl, k_prep);
+  }
   pdl_wait();
-  if (!PREP && kp0 < k_end) load_kv(kp0, kn, vn);
+  if (!PREP)
+#pragma unroll
+    for (int j = 0; j < NPRE; ++j)
+      if (kp0 + j * NSG < k_end) load_kv(kp0 + j * NSG, kr[j], vr[j]);
 
   float q[kHeads][8], acc[kHeads][8], m[kHeads], l[kHeads];
 #pragma unroll
@@ -68,7 +91,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, in
     m[i] = -INFINITY, l[i] = 0.0f;
     if (i < nh) {
       unpack8(*reinterpret_cast<const uint4*>(a.q + t * qrow + int64_t(h0 + i) * D + sl * 8), q[i]);
-      if (PREP) prep_row<LPK>(pa, pa.q_norm, pos, lane, sl, q[i]);
+      if (PREP) prep_row<LPK>(pa, q_prep, lane, sl, q[i]);
 #pragma unroll
       for (int e = 0; e < 8; ++e) q[i][e] *= a.scale;
     }
@@ -76,13 +99,12 @@ __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, in
     for (int e = 0; e < 8; ++e) acc[i][e] = 0.0f;
   }
   // PREP: the token's own key and value (position pos) come from the projections, not the cache: the
-  // split that holds pos prepares the key (every lane its dims) and its first head chunk stores both.
+  // owner split prepares the key (every lane its dims) and its first head chunk stores both.
   uint4 k_own = make_uint4(0, 0, 0, 0), v_own = k_own;
-  const bool owner = PREP && k_begin <= pos && pos < k_end;
   if (owner) {
     float kf[8];
     unpack8(*reinterpret_cast<const uint4*>(pa.k + t * kvrow + int64_t(g) * D + sl * 8), kf);
-    prep_row<LPK>(pa, pa.k_norm, pos, lane, sl, kf);
+    prep_row<LPK>(pa, k_prep, lane, sl, kf);
     k_own = pack8(kf);
     v_own = *reinterpret_cast<const uint4*>(pa.v + t * kvrow + int64_t(g) * D + sl * 8);
     if (chunk == 0 && warp == 0 && sub == 0) {
@@ -93,19 +115,24 @@ __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, in
   }
 
   // The loop bound is uniform per warp (shuffles below need every lane); `live` masks the tail. The
-  // next step's K and V rows are loaded before this step's math (two steps in flight per warp: at
-  // long contexts a warp walks hundreds of keys, one dependent round trip per step otherwise).
+  // K and V rows of the next NPRE - 1 steps are in flight during this step's math (at long contexts a
+  // warp walks hundreds of keys, one dependent round trip per step otherwise).
   auto load = [&](int32_t kp, uint4& kq, uint4& vq) {
     kq = make_uint4(0, 0, 0, 0), vq = kq;
     if (PREP && kp == pos) kq = k_own, vq = v_own;
     else if (kp < k_end) load_kv(kp, kq, vq);
   };
-  if (PREP && kp0 == pos) kn = k_own, vn = v_own;
+  if (PREP)
+#pragma unroll
+    for (int j = 0; j < NPRE; ++j)
+      if (kp0 + j * NSG == pos) kr[j] = k_own, vr[j] = v_own;
   for (int32_t base = k_begin + warp * KPW; base < k_end; base += NSG) {
     const int32_t kp = base + sub;
     const bool live = kp < k_end;
-    const uint4 kq = kn, vq = vn;
-    load(kp + NSG, kn, vn);
+    const uint4 kq = kr[0], vq = vr[0];
+#pragma unroll
+    for (int j = 0; j + 1 < NPRE; ++j) kr[j] = kr[j + 1], vr[j] = vr[j + 1];
+    load(kp + NPRE * NSG, kr[NPRE - 1], vr[NPRE - 1]);
     float kf[8], vf[8];
     unpack8(kq, kf);
     unpack8(vq, vf);
@@ -152,11 +179,49 @@ __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, in
     const int h = h0 + i;
     if (n_splits == 1) {
       a.out[t * qrow + int64_t(h) * D + d] = __bfloat16_as_ushort(__float2bfloat16(L > 0 ? O / L : 0.0f));
+    } else if (CLUSTER) {
+      cl_o[CLUSTER ? i : 0][CLUSTER ? d : 0] = O;
+      if (d == 0) cl_m[i] = M, cl_l[i] = L;
     } else {
       float* p = scratch + ((t * a.n_heads + h) * n_splits + split) * (D + 2);
       p[d] = O;
       if (d == 0) p[D] = M, p[D + 1] = L;
     }
+  }
+  if constexpr (CLUSTER) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (n_splits == 1) return;  // uniform over the cluster (a cluster of one)
+    // out = Σ_s O_s e^{M_s - M} / Σ_s L_s e^{M_s - M} over the cluster's blocks s, each output
+    // (head, dim) by one thread of the cluster, from the blocks' shared memory.
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every split's partial is in its block's shared memory
+    const int S = n_splits;
+    for (int idx = int(cluster.block_rank()) * blockDim.x + threadIdx.x; idx < nh * D; idx += S * blockDim.x) {
+      const int i = idx / D, d = idx % D;
+      float ms[kDecodeMaxCluster], ls[kDecodeMaxCluster], os[kDecodeMaxCluster];
+#pragma unroll
+      for (int r = 0; r < kDecodeMaxCluster; ++r)
+        if (r < S) {
+          ms[r] = *cluster.map_shared_rank(&cl_m[i], r);
+          ls[r] = *cluster.map_shared_rank(&cl_l[i], r);
+          os[r] = *cluster.map_shared_rank(&cl_o[CLUSTER ? i : 0][CLUSTER ? d : 0], r);
+        }
+      float M = -INFINITY, L = 0, O = 0;
+#pragma unroll
+      for (int r = 0; r < kDecodeMaxCluster; ++r)
+        if (r < S) M = fmaxf(M, ms[r]);
+#pragma unroll
+      for (int r = 0; r < kDecodeMaxCluster; ++r)
+        if (r < S && ms[r] > -INFINITY) {
+          const float w = __expf(ms[r] - M);
+          L += ls[r] * w, O += os[r] * w;
+        }
+      a.out[t * qrow + int64_t(h0 + i) * D + d] = __bfloat16_as_ushort(__float2bfloat16(L > 0 ? O / L : 0.0f));
+    }
+    cluster.sync();  // no block leaves while another may still read its shared memory
+#endif
+    return;
   }
   if (n_splits == 1 || !counters) return;
 
@@ -282,40 +347,62 @@ __global__ void attn_combine_kernel(const float* scratch, int n_splits, int D, i
   out[(t * n_heads + h) * D + d] = __bfloat16_as_ushort(__float2bfloat16(L > 0 ? O / L : 0.0f));
 }
 
-template <int D, bool PREP>
-void launch_d(const AttnArgs& a, int64_t T, int n_splits, float* scratch, unsigned* counters, const QKPrepArgs& pa, cudaStream_t s) {
-  const int G = a.n_heads / a.n_kv_heads, hb = G <= 4 ? 4 : 8, chunks = (G + hb - 1) / hb;
-  dim3 grid(unsigned(n_splits), unsigned(a.n_kv_heads * chunks), unsigned(T));
-  if (hb == 4)
-    pdl_launch(attn_decode_kernel<D, 4, PREP>, grid, kWarps * 32, 0, s, a, n_splits, chunks, scratch, counters, pa);
-  else
-    pdl_launch(attn_decode_kernel<D, 8, PREP>, grid, kWarps * 32, 0, s, a, n_splits, chunks, scratch, counters, pa);
+template <int D, int HB, bool PREP, bool CLUSTER>
+void launch_k(dim3 grid, int n_splits, int chunks, const AttnArgs& a, float* scratch, unsigned* counters, const QKPrepArgs& pa,
+              cudaStream_t s) {
+  auto* kernel = attn_decode_kernel<D, HB, PREP, CLUSTER>;
+  if (!CLUSTER) {
+    pdl_launch(kernel, grid, kWarps * 32, 0, s, a, n_splits, chunks, scratch, counters, pa);
+  } else {
+    static bool attr_set = false;  // clusters over 8 blocks are "non-portable": allowed per kernel
+    if (!attr_set) {
+      ARBOR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+      attr_set = true;
+    }
+    pdl_launch_cluster(kernel, grid, kWarps * 32, 0, s, dim3(unsigned(n_splits), 1, 1), a, n_splits, chunks, scratch, counters, pa);
+  }
   ARBOR_LAUNCH_CHECK("attn_decode_kernel");
 }
+template <int D, bool PREP>
+void launch_d(const AttnArgs& a, int64_t T, int n_splits, float* scratch, unsigned* counters, const QKPrepArgs& pa, bool cluster,
+              cudaStream_t s) {
+  const int G = a.n_heads / a.n_kv_heads, hb = G <= 4 ? 4 : 8, chunks = (G + hb - 1) / hb;
+  dim3 grid(unsigned(n_splits), unsigned(a.n_kv_heads * chunks), unsigned(T));
+  if (hb == 4) {
+    if (cluster) launch_k<D, 4, PREP, true>(grid, n_splits, chunks, a, scratch, counters, pa, s);
+    else launch_k<D, 4, PREP, false>(grid, n_splits, chunks, a, scratch, counters, pa, s);
+  } else {
+    if (cluster) launch_k<D, 8, PREP, true>(grid, n_splits, chunks, a, scratch, counters, pa, s);
+    else launch_k<D, 8, PREP, false>(grid, n_splits, chunks, a, scratch, counters, pa, s);
+  }
+}
 template <int D>
-void launch_d(const AttnArgs& a, int64_t T, int n_splits, float* scratch, unsigned* counters, const QKPrepArgs* pa, cudaStream_t s) {
-  if (pa) launch_d<D, true>(a, T, n_splits, scratch, counters, *pa, s);
-  else launch_d<D, false>(a, T, n_splits, scratch, counters, QKPrepArgs{}, s);
+void launch_d(const AttnArgs& a, int64_t T, int n_splits, float* scratch, unsigned* counters, const QKPrepArgs* pa, bool cluster,
+              cudaStream_t s) {
+  if (pa) launch_d<D, true>(a, T, n_splits, scratch, counters, *pa, cluster, s);
+  else launch_d<D, false>(a, T, n_splits, scratch, counters, QKPrepArgs{}, cluster, s);
 }
 
 }  // namespace
 
 void launch_attention_decode(const AttnArgs& a, int64_t T, int n_splits, float* scratch, unsigned* counters, cudaStream_t s,
-                             const QKPrepArgs* prep) {
+                             const QKPrepArgs* prep, bool cluster) {
   if (T == 0) return;
   ARBOR_CU_CHECK(!prep || ((prep->half % 8 == 0) && prep->head_dim == a.head_dim),
                  "cuda: attention decode with q/k prep: rope half %d (a multiple of 8), head_dim %d", prep ? prep->half : 0, a.head_dim);
   ARBOR_CU_CHECK(T <= 65535 && a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0 && n_splits >= 1 && n_splits <= kDecodeMaxSplits &&
-                     (n_splits == 1 || scratch),
+                     (n_splits == 1 || scratch || cluster),
                  "cuda: attention decode: T %lld, heads %d/%d, splits %d (1..%d)", (long long)T, a.n_heads, a.n_kv_heads, n_splits, kDecodeMaxSplits);
+  ARBOR_CU_CHECK(!cluster || n_splits <= kDecodeMaxCluster, "cuda: attention decode: %d splits in one cluster (at most %d)", n_splits,
+                 kDecodeMaxCluster);
   switch (a.head_dim) {
-    case 32: launch_d<32>(a, T, n_splits, scratch, counters, prep, s); break;
-    case 64: launch_d<64>(a, T, n_splits, scratch, counters, prep, s); break;
-    case 128: launch_d<128>(a, T, n_splits, scratch, counters, prep, s); break;
-    case 256: launch_d<256>(a, T, n_splits, scratch, counters, prep, s); break;
+    case 32: launch_d<32>(a, T, n_splits, scratch, counters, prep, cluster, s); break;
+    case 64: launch_d<64>(a, T, n_splits, scratch, counters, prep, cluster, s); break;
+    case 128: launch_d<128>(a, T, n_splits, scratch, counters, prep, cluster, s); break;
+    case 256: launch_d<256>(a, T, n_splits, scratch, counters, prep, cluster, s); break;
     default: fail_printf("cuda: decode attention: head_dim %d is not supported (32, 64, 128, 256)", a.head_dim);
   }
-  if (n_splits > 1 && !counters) {
+  if (n_splits > 1 && !counters && !cluster) {
     dim3 grid(unsigned(a.n_heads), unsigned(T));
     pdl_launch(attn_combine_kernel, grid, unsigned(a.head_dim), 0, s, scratch, n_splits, a.head_dim, a.n_heads, a.out);
     ARBOR_LAUNCH_CHECK("attn_combine_kernel");

@@ -113,8 +113,21 @@ CudaBackend::CudaBackend(int device)
   if (const char* env = std::getenv("ARBOR_CUDA_GEMV_MAX_ROWS")) set_gemv_max_rows(std::atoi(env));
   if (const char* env = std::getenv("ARBOR_CUDA_FUSED")) fused_ = std::atoi(env) != 0;
   if (const char* env = std::getenv("ARBOR_CUDA_FUSED_PREP")) fused_prep_ = std::atoi(env) != 0;
+  if (const char* env = std::getenv("ARBOR_CUDA_FUSED_NORM")) fused_norm_ = std::atoi(env) & 3;
   if (const char* env = std::getenv("ARBOR_CUDA_GEMV_STREAM")) set_gemv_stream(std::atoi(env) != 0);
-  if (const char* env = std::getenv("ARBOR_CUDA_ATTN_MERGE")) attn_merge_ = std::atoi(env) != 0 ? 1 : 0;
+  int cluster_launch = 0;
+  ARBOR_CUDA_CHECK(cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, device));
+  cluster_merge_ok_ = cluster_launch != 0;
+  if (const char* env = std::getenv("ARBOR_CUDA_ATTN_MERGE")) {
+    const std::string m = env;
+    ARBOR_CHECK(m == "0" || m == "1" || m == "2", "ARBOR_CUDA_ATTN_MERGE={}: 0 (a second kernel), 1 (the last split block) or 2 (a thread-block cluster)", m);
+    attn_merge_ = std::stoi(m);
+  }
+  if (const char* env = std::getenv("ARBOR_CUDA_ATTN_CLUSTER")) {
+    attn_cluster_max_ = std::atoi(env);
+    ARBOR_CHECK(attn_cluster_max_ >= 1 && attn_cluster_max_ <= cuda::kDecodeMaxCluster, "ARBOR_CUDA_ATTN_CLUSTER={}: 1..{} blocks", env,
+                cuda::kDecodeMaxCluster);
+  }
   if (const char* env = std::getenv("ARBOR_CUDA_ATTN_PREFILL_WARP_ROWS")) set_prefill_warp_rows(std::atoi(env));
   device_name_ = fmt::format("{} (sm_{}{}, {} SMs, {:.0f} GiB)", prop.name, prop.major, prop.minor, n_sms_,
                              double(prop.totalGlobalMem) / double(1 << 30));
@@ -439,25 +452,64 @@ void CudaBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
   launch_finish_f32(static_cast<float*>(scratch_), bias, T, N, y.data, y.dtype, st(stream_));
 }
 
-void CudaBackend::linear_multi(const Tensor& x, const LinearOut* outs, int n) {
+bool CudaBackend::gemv_outs(const Tensor& x, const LinearOut* outs, int n, GemvOut* g) const {
   // One GEMV launch over every matrix's rows when the step is GEMV-sized and the matrices agree on
-  // K and dtype; otherwise (prefill: cuBLASLt) one linear() each.
+  // K and dtype.
   bool one = fused_ && n >= 1 && n <= kGemvMaxSegments && x.rows() >= 1 && x.rows() <= gemv_max_rows_ && x.dtype == DType::BF16;
   for (int i = 0; one && i < n; ++i) {
     const Linear& l = *outs[i].l;
     one = l.w.dtype == outs[0].l->w.dtype && (l.w.dtype == DType::BF16 || l.w.dtype == DType::F16) && l.in_features() == x.cols() &&
           outs[i].y.dtype == outs[0].y.dtype && outs[i].y.rows() == x.rows() && outs[i].y.cols() == l.out_features();
   }
-  if (!one) {
-    Backend::linear_multi(x, outs, n);
-    return;
-  }
-  GemvOut g[kGemvMaxSegments];
-  for (int i = 0; i < n; ++i) {
+  for (int i = 0; one && i < n; ++i) {
     const Linear& l = *outs[i].l;
     g[i] = {l.w.data, l.bias.empty() ? nullptr : l.bias.as<float>(), outs[i].y.data, l.out_features()};
   }
+  return one;
+}
+
+void CudaBackend::linear_multi(const Tensor& x, const LinearOut* outs, int n) {
+  GemvOut g[kGemvMaxSegments];
+  if (!gemv_outs(x, outs, n, g)) {  // prefill: cuBLASLt, one linear() each
+    Backend::linear_multi(x, outs, n);
+    return;
+  }
   launch_gemv_multi(g, n, outs[0].l->w.dtype, x.as<uint16_t>(), outs[0].y.dtype, x.rows(), x.cols(), n_sms_, st(stream_));
+}
+
+bool CudaBackend::norm_fusion(const Tensor& x, const PreNorm& n, GemvFusion* f) const {
+  if (!(fused_norm_ & 1) || n.owed || (n.op != NormOp::RMS && n.op != NormOp::RMSPlusOne) || (n.b && !n.b->empty())) return false;
+  if (x.dtype != DType::BF16 || n.w->dtype != DType::F32 || n.w->numel() != x.cols()) return false;
+  f->norm_w = n.w->as<float>(), f->eps = n.eps, f->plus_one = n.op == NormOp::RMSPlusOne;
+  return true;
+}
+
+void CudaBackend::norm_linear_multi(Tensor x, const PreNorm& n, Tensor h, const LinearOut* outs, int count) {
+  GemvOut g[kGemvMaxSegments];
+  GemvFusion f;
+  const void* ws[kGemvMaxSegments] = {};
+  bool fuse = norm_fusion(x, n, &f) && gemv_outs(x, outs, count, g);
+  for (int i = 0; fuse && i < count; ++i) ws[i] = g[i].w;
+  fuse = fuse && gemv_fusable(f, x.rows(), x.cols(), false, x.as<uint16_t>(), ws, count);
+  if (!fuse) {
+    Backend::norm_linear_multi(x, n, h, outs, count);
+    return;
+  }
+  launch_gemv_multi(g, count, outs[0].l->w.dtype, x.as<uint16_t>(), outs[0].y.dtype, x.rows(), x.cols(), n_sms_, st(stream_), &f);
+}
+
+bool CudaBackend::linear_residual(const Tensor& x, const Linear& l, Tensor resid, float scale, Tensor y) {
+  GemvOut g[1];
+  const LinearOut out{&l, y};
+  GemvFusion f;
+  f.resid = resid.as<uint16_t>(), f.scale = scale;
+  const void* ws[1] = {l.w.data};
+  const bool fuse = (fused_norm_ & 2) && gemv_outs(x, &out, 1, g) && y.dtype == DType::BF16 && resid.dtype == DType::BF16 &&
+                    resid.rows() == x.rows() && resid.cols() == l.out_features() &&
+                    gemv_fusable(f, x.rows(), x.cols(), false, x.as<uint16_t>(), ws, 1);
+  if (!fuse) return Backend::linear_residual(x, l, resid, scale, y);
+  launch_gemv_multi(g, 1, l.w.dtype, x.as<uint16_t>(), DType::BF16, x.rows(), x.cols(), n_sms_, st(stream_), &f);
+  return true;
 }
 
 void CudaBackend::add_norm(NormOp op, Tensor x, const Tensor& o, float scale, const Tensor& w, const Tensor& b, float eps, Tensor out) {
@@ -557,18 +609,34 @@ void CudaBackend::prep_attention(int64_t layer, Tensor q, Tensor k, const Tensor
   Backend::prep_attention(layer, q, k, v, prep, p, out);
 }
 
+bool CudaBackend::gated_gemv(const Tensor& x, const Linear& wg, const Linear& wu, const Tensor& out) const {
+  return fused_ && x.rows() >= 1 && x.rows() <= gemv_max_rows_ && x.dtype == DType::BF16 && out.dtype == DType::BF16 &&
+         wg.w.dtype == wu.w.dtype && (wg.w.dtype == DType::BF16 || wg.w.dtype == DType::F16) && wg.in_features() == x.cols() &&
+         wu.in_features() == x.cols() && wg.out_features() == wu.out_features() && out.cols() == wg.out_features() && out.rows() == x.rows();
+}
+
 void CudaBackend::gated_up(const Tensor& x, const Linear& wg, const Linear& wu, ActOp op, Tensor gate, Tensor up, Tensor out) {
-  const bool one = fused_ && x.rows() >= 1 && x.rows() <= gemv_max_rows_ && x.dtype == DType::BF16 && out.dtype == DType::BF16 &&
-                   wg.w.dtype == wu.w.dtype && (wg.w.dtype == DType::BF16 || wg.w.dtype == DType::F16) && wg.in_features() == x.cols() &&
-                   wu.in_features() == x.cols() && wg.out_features() == wu.out_features() && out.cols() == wg.out_features() &&
-                   out.rows() == x.rows();
-  if (!one) {
+  if (!gated_gemv(x, wg, wu, out)) {
     Backend::gated_up(x, wg, wu, op, gate, up, out);
     return;
   }
   const GemvOut g{wg.w.data, wg.bias.empty() ? nullptr : wg.bias.as<float>(), nullptr, wg.out_features()};
   const GemvOut u{wu.w.data, wu.bias.empty() ? nullptr : wu.bias.as<float>(), nullptr, wu.out_features()};
   launch_gemv_gated(g, u, op, wg.w.dtype, x.as<uint16_t>(), out.as<uint16_t>(), x.rows(), x.cols(), n_sms_, st(stream_));
+}
+
+void CudaBackend::norm_gated_up(Tensor x, const PreNorm& n, Tensor h, const Linear& wg, const Linear& wu, ActOp op, Tensor gate, Tensor up,
+                                Tensor out) {
+  GemvFusion f;
+  const void* ws[2] = {wg.w.data, wu.w.data};
+  const bool fuse = norm_fusion(x, n, &f) && gated_gemv(x, wg, wu, out) && gemv_fusable(f, x.rows(), x.cols(), true, x.as<uint16_t>(), ws, 2);
+  if (!fuse) {
+    Backend::norm_gated_up(x, n, h, wg, wu, op, gate, up, out);
+    return;
+  }
+  const GemvOut g{wg.w.data, wg.bias.empty() ? nullptr : wg.bias.as<float>(), nullptr, wg.out_features()};
+  const GemvOut u{wu.w.data, wu.bias.empty() ? nullptr : wu.bias.as<float>(), nullptr, wu.out_features()};
+  launch_gemv_gated(g, u, op, wg.w.dtype, x.as<uint16_t>(), out.as<uint16_t>(), x.rows(), x.cols(), n_sms_, st(stream_), &f);
 }
 
 bool CudaBackend::decode_attention_path(int64_t head_dim) const {
@@ -606,19 +674,25 @@ void CudaBackend::attention_impl(int64_t layer, const Tensor& q, const Attention
     const int64_t blocks = T * p.n_kv_heads * ((G + 7) / 8);
     const int64_t max_splits = (span + 15) / 16;
     const int64_t waves = std::clamp<int64_t>(span / 64 * blocks / n_sms_, 2, 8);
-    const int64_t n_splits = std::clamp<int64_t>((waves * n_sms_ + blocks - 1) / blocks, 1, std::min<int64_t>(max_splits, kDecodeMaxSplits));
-    // Splits merged by their last block (one launch) for GQA groups of 1-2 heads per block, by a second
-    // kernel otherwise: measured on the H200, Qwen3-0.6B (2 heads per block) decodes 958 tok/s merged in
-    // the kernel vs 850 with the second kernel, Llama-3.1-8B (4 heads) 233 vs 241 (docs/cuda-notes.md).
-    const bool merge_in_kernel = n_splits > 1 && (attn_merge_ >= 0 ? attn_merge_ == 1 : G <= 2);
-    if (n_splits > 1) ensure(scratch_, scratch_cap_, size_t(T * p.n_heads * n_splits * (p.head_dim + 2)) * 4);
+    int64_t n_splits = std::clamp<int64_t>((waves * n_sms_ + blocks - 1) / blocks, 1, std::min<int64_t>(max_splits, kDecodeMaxSplits));
+    // The merge of the splits (docs/cuda-notes.md, sessions 3 and 5, H200): for GQA groups of 1-2 heads
+    // at spans up to 2048, the splits of a (token, head chunk) form one thread-block cluster that
+    // merges in distributed shared memory (at most attn_cluster_max_ splits; Qwen3-0.6B at ctx 512
+    // 1042 -> 1172 tok/s); other small groups merge in their last block (1 launch); larger groups (8B:
+    // 4 heads per block) in a second kernel, which measured faster for them than the cluster (249 vs
+    // 251 tok/s) and than the last block (233 vs 241).
+    const bool cluster_default = G <= 2 && span <= 2048;
+    const bool merge_in_cluster = cluster_merge_ok_ && (attn_merge_ >= 0 ? attn_merge_ == 2 : cluster_default);
+    if (merge_in_cluster) n_splits = std::min<int64_t>(n_splits, attn_cluster_max_);
+    const bool merge_in_kernel = !merge_in_cluster && n_splits > 1 && (attn_merge_ >= 0 ? attn_merge_ == 1 : G <= 2);
+    if (n_splits > 1 && !merge_in_cluster) ensure(scratch_, scratch_cap_, size_t(T * p.n_heads * n_splits * (p.head_dim + 2)) * 4);
     if (merge_in_kernel) {
       const size_t had = attn_counters_cap_;  // the merge counters start at zero (the kernel leaves them so)
       ensure(attn_counters_, attn_counters_cap_, size_t(T * p.n_heads) * 4);
       if (attn_counters_cap_ != had) ARBOR_CUDA_CHECK(cudaMemsetAsync(attn_counters_, 0, attn_counters_cap_, st(stream_)));
     }
     launch_attention_decode(a, T, int(n_splits), static_cast<float*>(scratch_),
-                            merge_in_kernel ? static_cast<unsigned*>(attn_counters_) : nullptr, st(stream_), prep);
+                            merge_in_kernel ? static_cast<unsigned*>(attn_counters_) : nullptr, st(stream_), prep, merge_in_cluster);
     return;
   }
   ARBOR_CHECK(!prep, "cuda: attention: the q/k prep is fused only into the decode kernel");

@@ -237,7 +237,9 @@ __global__ void qk_prep_vec_kernel(QKPrepArgs a) {
   const int32_t p = a.pos[t];
   float f[8];
   unpack8(*reinterpret_cast<const uint4*>(x), f);
-  prep_row<LPK>(a, is_k ? a.k_norm : a.q_norm, p, lane, sl, f);
+  PrepRow r;
+  load_prep_row<LPK>(a, is_k ? a.k_norm : a.q_norm, p, sl, r);
+  prep_row<LPK>(a, r, lane, sl, f);
   if (!valid) return;
   const uint4 o = pack8(f);
   *reinterpret_cast<uint4*>(x) = o;

@@ -72,6 +72,22 @@ void launch_fill_random_bf16(uint16_t* p, int64_t n, uint64_t seed, cudaStream_t
 void launch_gemv(const void* w, DType w_dtype, const uint16_t* x, const float* bias, void* y, DType y_dtype, int64_t T,
                  int64_t N, int64_t K, int n_sms, cudaStream_t s);
 constexpr int64_t kGemvMaxRows = kGemvMaxRowsCap;
+// What the streaming GEMV (1-2 rows, K % 256 == 0) can take over from the ops around it in a decode
+// step. norm_w: x is the residual stream and the GEMV multiplies norm(x) (RMS with weight norm_w,
+// (1 + w) with plus_one; x * rsqrt(mean(x²) + eps) * w rounded to bf16, as the norm kernel stores it)
+// instead of x: the block computes it while copying x to shared memory. resid: y is added into the
+// residual stream, resid [T, N] += bf16(y) * scale, instead of stored (one matrix, bf16 output).
+struct GemvFusion {
+  const float* norm_w = nullptr;
+  float eps = 0;
+  bool plus_one = false;
+  uint16_t* resid = nullptr;
+  float scale = 1.0f;
+};
+// Whether the launches below take fusion `f` for these shapes (else they fail): the streaming kernel
+// runs (1-2 rows, K % 256 == 0, 16-byte aligned x and weights) and, for the norm, x, the norm weight
+// and the ring fit two blocks per SM.
+bool gemv_fusable(const GemvFusion& f, int64_t T, int64_t K, bool gated, const uint16_t* x, const void* const* w, int n_w);
 // Several matrices over the same x [T, K] in one launch: y_i [T, N_i] = x · w_iᵀ (+ bias_i).
 struct GemvOut {
   const void* w;
@@ -81,11 +97,11 @@ struct GemvOut {
 };
 constexpr int kGemvMaxSegments = 3;
 void launch_gemv_multi(const GemvOut* outs, int n, DType w_dtype, const uint16_t* x, DType y_dtype, int64_t T, int64_t K, int n_sms,
-                       cudaStream_t s);
+                       cudaStream_t s, const GemvFusion* fuse = nullptr);
 // Gated MLP input in one launch: y [T, N] = act(x · gateᵀ + b) * (x · upᵀ + b), both rounded to bf16
 // before the product (the numbers linear + activation give).
 void launch_gemv_gated(const GemvOut& gate, const GemvOut& up, ActOp act, DType w_dtype, const uint16_t* x, uint16_t* y, int64_t T,
-                       int64_t K, int n_sms, cudaStream_t s);
+                       int64_t K, int n_sms, cudaStream_t s, const GemvFusion* fuse = nullptr);
 // The kernel's view of them: matrix i owns row pairs [pair0[i], pair0[i + 1]).
 struct GemvSegments {
   const uint16_t* w[kGemvMaxSegments];
@@ -136,13 +152,16 @@ __device__ __forceinline__ int64_t kv_slot(const AttnArgs& a, const int32_t* tab
 // [lo, pos] of its sequence, cut into n_splits equal ranges (per token, in the kernel); partial
 // results (o, m, l) go to scratch [T, n_heads, n_splits, head_dim + 2] f32; with counters [T * n_kv_heads
 // * head chunks] (zero before the launch, left zero) the last block of each (token, head chunk) merges
-// them, without (null) a second kernel does. A range may be empty (m = -inf), which the merge skips.
-// n_splits <= kDecodeMaxSplits.
+// them, without (null) a second kernel does; with cluster (sm_90: the caller checks the device) the
+// splits of a (token, head chunk) are one thread-block cluster that merges in shared memory, and
+// neither scratch nor counters are used. A range may be empty (m = -inf), which the merge skips.
+// n_splits <= kDecodeMaxSplits (kDecodeMaxCluster with cluster).
 constexpr int kDecodeMaxSplits = 512;
+constexpr int kDecodeMaxCluster = 16;
 // With prep (QKPrepArgs of this layer; each sequence one token in the batch): the q/k prep and KV write
 // of launch_qk_prep happen inside, on q/k/v straight from the projections (q and k are left unchanged).
 void launch_attention_decode(const AttnArgs& a, int64_t T, int n_splits, float* scratch, unsigned* counters, cudaStream_t s,
-                             const QKPrepArgs* prep = nullptr);
+                             const QKPrepArgs* prep = nullptr, bool cluster = false);
 // Flash attention over tiles of query rows (tokens x the GQA group's heads) with tensor cores
 // (mma.sync m16n8k16 bf16, f32 accumulators) and online softmax. tiles [n_tiles, 8] int32:
 // {first token, n tokens, seq, min pos, max pos, 0, 0, 0}; each tile has at most kPrefillRows / group tokens.

@@ -22,14 +22,39 @@ __device__ __forceinline__ void unpack8(const uint4& q, float* f) {
 
 __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
-// f: the 8 dims [8 sl, 8 sl + 8) of one q or k head row at position pos held by this lane, the row's
-// other dims by the LPK - 1 lanes beside it (LPK a power of two). Applies the per-head norm (nw; null:
-// none) and rope (pa.cos; null: none; pa.half % 8 == 0) in place, rounding to bf16 after each as the
-// separate head_norm and rope ops store. Every lane of the warp must call it (shuffles).
+// The constants a lane's 8 dims of a q or k head row need for the prep: the norm weight (already
+// (1 + w) for Gemma; has_norm false: no norm) and the rope cos/sin at the row's position (rot false:
+// this lane's dims are not rotated, or no rope). They depend on nothing a previous kernel writes, so
+// the decode-attention kernel loads them before waiting on it.
+struct PrepRow {
+  bool has_norm = false, rot = false;
+  float w[8], c[8], s[8];
+};
+
+// Loads the weights of norm nw (null: none) and the cos/sin of position pos for lane sub-index sl.
 template <int LPK>
-__device__ __forceinline__ void prep_row(const QKPrepArgs& pa, const float* nw, int32_t pos, int lane, int sl, float* f) {
+__device__ __forceinline__ void load_prep_row(const QKPrepArgs& pa, const float* nw, int32_t pos, int sl, PrepRow& r) {
+  r.has_norm = nw != nullptr;
+  if (nw)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) r.w[e] = pa.plus_one ? 1.0f + nw[sl * 8 + e] : nw[sl * 8 + e];
+  const int hl = pa.half / 8;
+  r.rot = pa.cos && sl < 2 * hl;
+  if (r.rot) {
+    const int64_t c0 = int64_t(pos) * pa.half + (sl < hl ? sl : sl - hl) * 8;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) r.c[e] = pa.cos[c0 + e], r.s[e] = pa.sin[c0 + e];
+  }
+}
+
+// f: the 8 dims [8 sl, 8 sl + 8) of one q or k head row held by this lane, the row's other dims by the
+// LPK - 1 lanes beside it (LPK a power of two). Applies the per-head norm and rope of r (pa.half % 8
+// == 0) in place, rounding to bf16 after each as the separate head_norm and rope ops store. Every
+// lane of the warp must call it (shuffles).
+template <int LPK>
+__device__ __forceinline__ void prep_row(const QKPrepArgs& pa, const PrepRow& r, int lane, int sl, float* f) {
   constexpr int D = LPK * 8;
-  if (nw) {
+  if (r.has_norm) {
     float ss = 0;
 #pragma unroll
     for (int e = 0; e < 8; ++e) ss += f[e] * f[e];
@@ -37,25 +62,20 @@ __device__ __forceinline__ void prep_row(const QKPrepArgs& pa, const float* nw, 
     for (int o = LPK / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     const float inv = rsqrtf(ss / float(D) + pa.eps);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) f[e] = round_bf16(f[e] * inv * (pa.plus_one ? 1.0f + nw[sl * 8 + e] : nw[sl * 8 + e]));
+    for (int e = 0; e < 8; ++e) f[e] = round_bf16(f[e] * inv * r.w[e]);
   }
   if (pa.cos) {
     // Rotated dims [0, 2 half): dim j pairs with j +- half, which is 8 dims per lane away by half / 8
     // lanes (the launcher requires half % 8 == 0).
     const int hl = pa.half / 8;
-    const bool rot = sl < 2 * hl, first = sl < hl;
-    const int partner = lane - sl + (!rot ? sl : first ? sl + hl : sl - hl);
+    const bool first = sl < hl;
+    const int partner = lane - sl + (!r.rot ? sl : first ? sl + hl : sl - hl);
     float other[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) other[e] = __shfl_sync(0xffffffffu, f[e], partner);
-    if (rot) {
-      const int64_t c0 = int64_t(pos) * pa.half + (first ? sl : sl - hl) * 8;
+    if (r.rot)
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const float c = pa.cos[c0 + e], sn = pa.sin[c0 + e];
-        f[e] = first ? f[e] * c - other[e] * sn : f[e] * c + other[e] * sn;
-      }
-    }
+      for (int e = 0; e < 8; ++e) f[e] = first ? f[e] * r.c[e] - other[e] * r.s[e] : f[e] * r.c[e] + other[e] * r.s[e];
   }
 #pragma unroll
   for (int e = 0; e < 8; ++e) f[e] = round_bf16(f[e]);
