@@ -140,39 +140,6 @@ class Backend {
     add_scaled(x, o, scale);
     norm(op, x, w, b, eps, out);
   }
-  // The norm in front of a block's (or the LM head's) linear layers, with the residual add it may
-  // still owe: x += *owed * scale first when owed is set (add_norm), then h = norm(x).
-  struct PreNorm {
-    NormOp op{};
-    const Tensor* w = nullptr;
-    const Tensor* b = nullptr;  // null or empty: no bias
-    float eps = 0;
-    const Tensor* owed = nullptr;
-    float scale = 1.0f;
-  };
-  void pre_norm(Tensor x, const PreNorm& n, Tensor h) {
-    const Tensor none;
-    if (n.owed) add_norm(n.op, x, *n.owed, n.scale, *n.w, n.b ? *n.b : none, n.eps, h);
-    else norm(n.op, x, *n.w, n.b ? *n.b : none, n.eps, h);
-  }
-  // pre_norm, then linear_multi over h / gated_up over h. h is scratch: a backend that computes the
-  // norm inside the linear layers' kernel may leave it unwritten.
-  virtual void norm_linear_multi(Tensor x, const PreNorm& n, Tensor h, const LinearOut* outs, int count) {
-    pre_norm(x, n, h);
-    linear_multi(h, outs, count);
-  }
-  virtual void norm_gated_up(Tensor x, const PreNorm& n, Tensor h, const Linear& wg, const Linear& wu, ActOp op, Tensor gate, Tensor up,
-                             Tensor out) {
-    pre_norm(x, n, h);
-    gated_up(h, wg, wu, op, gate, up, out);
-  }
-  // A block's output projection into the residual stream: resid += (x · Wᵀ) * scale, with the
-  // numbers of linear into y then add_scaled. Returns false when it only did the linear (y = x · Wᵀ)
-  // and left the add to the caller, who then owes it to the next norm (add_norm); the default.
-  virtual bool linear_residual(const Tensor& x, const Linear& l, Tensor resid, float scale, Tensor y) {
-    linear(x, l, y);
-    return false;
-  }
   // x = x * scale, then cap * tanh(x / cap) when cap > 0
   virtual void scale_softcap(Tensor x, float scale, float cap) = 0;
   // out[i] = x[batch.logit_rows[i]]                                        out [R, C]

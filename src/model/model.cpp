@@ -244,9 +244,7 @@ Tensor Model::device_logits(int64_t rows) const {
 }
 
 // The layer stack over the current batch's T tokens, leaving the residual stream in x_. Each residual
-// add is done by the output projection when the backend can (linear_residual), else fused with the
-// norm that reads its result when there is one (add_norm); each pre-norm goes to the backend with the
-// linear layers it feeds (norm_linear_multi, norm_gated_up), which may compute it inside them.
+// add is fused with the norm that reads its result when there is one (add_norm).
 void Model::run_layers(int64_t T) {
   const ModelConfig& c = cfg_;
   const ArchDescriptor& a = *arch_;
@@ -259,22 +257,9 @@ void Model::run_layers(int64_t T) {
   auto settle = [&] {
     if (owed) be.add_scaled(x, o, resid), owed = false;
   };
-  auto pre_norm = [&](const Tensor& w, const Tensor& bias) {  // the norm, and the add it takes over
-    Backend::PreNorm n;
-    n.op = norm_op_, n.w = &w, n.b = &bias, n.eps = eps, n.owed = owed ? &o : nullptr, n.scale = resid;
-    owed = false;
-    return n;
-  };
-  // The output projections (o, down) into the residual stream; Sandwich and PostNorm blocks norm
-  // their output before the add, so it stays owed.
-  auto project = [&](const Tensor& in, const Linear& l, const Tensor& post_norm) {
-    if (a.block == BlockKind::PreNorm) {
-      owed = !be.linear_residual(in, l, x, resid, o);
-      return;
-    }
-    be.linear(in, l, o);
-    be.norm(norm_op_, o, post_norm, Tensor{}, eps, o);
-    owed = true;
+  auto pre_norm = [&](const Tensor& w, const Tensor& bias) {
+    if (owed) be.add_norm(norm_op_, x, o, resid, w, bias, eps, h), owed = false;
+    else be.norm(norm_op_, x, w, bias, eps, h);
   };
 
   be.embed(w_.embed, x, embed_scale_);
@@ -282,13 +267,11 @@ void Model::run_layers(int64_t T) {
     const LayerWeights& L = w_.layers[size_t(l)];
     const bool sliding = c.layer_types[size_t(l)] == LayerAttention::Sliding;
     // Attention half.
+    if (a.block != BlockKind::PostNorm) pre_norm(L.attn_norm, L.attn_norm_b);
+    else settle();
+    const Tensor& attn_in = a.block == BlockKind::PostNorm ? x : h;
     const Backend::LinearOut qkv[3] = {{&L.q, q}, {&L.k, k}, {&L.v, v}};
-    if (a.block != BlockKind::PostNorm) {
-      be.norm_linear_multi(x, pre_norm(L.attn_norm, L.attn_norm_b), h, qkv, 3);
-    } else {
-      settle();
-      be.linear_multi(x, qkv, 3);
-    }
+    be.linear_multi(attn_in, qkv, 3);
     Backend::QKPrep prep;
     prep.norm = norm_op_, prep.eps = eps;
     prep.n_heads = c.n_heads, prep.n_kv_heads = c.n_kv_heads, prep.head_dim = c.head_dim, prep.rot_dim = c.rotary_dim();
@@ -303,20 +286,22 @@ void Model::run_layers(int64_t T) {
       prep.sin = sliding ? &sin_local_ : &sin_full_;
     }
     be.prep_attention(l, q, k, v, prep, sliding ? attn_sliding_ : attn_full_, attn);
-    project(attn, L.o, L.post_attn_norm);
+    be.linear(attn, L.o, o);
+    if (a.block != BlockKind::PreNorm) be.norm(norm_op_, o, L.post_attn_norm, Tensor{}, eps, o);
+    owed = true;
     // MLP half.
-    const Backend::LinearOut up_out[1] = {{&L.up, up}};
-    if (a.block != BlockKind::PostNorm) {
-      const Backend::PreNorm n = pre_norm(L.mlp_norm, L.mlp_norm_b);
-      if (a.mlp == MlpKind::Gated) be.norm_gated_up(x, n, h, L.gate, L.up, act_op_, gate, up, act);
-      else be.norm_linear_multi(x, n, h, up_out, 1);
+    if (a.block != BlockKind::PostNorm) pre_norm(L.mlp_norm, L.mlp_norm_b);
+    else settle();
+    const Tensor& mlp_in = a.block == BlockKind::PostNorm ? x : h;
+    if (a.mlp == MlpKind::Gated) {
+      be.gated_up(mlp_in, L.gate, L.up, act_op_, gate, up, act);
     } else {
-      settle();
-      if (a.mlp == MlpKind::Gated) be.gated_up(x, L.gate, L.up, act_op_, gate, up, act);
-      else be.linear_multi(x, up_out, 1);
+      be.linear(mlp_in, L.up, up);
+      be.activation(act_op_, Tensor{}, up, act);
     }
-    if (a.mlp != MlpKind::Gated) be.activation(act_op_, Tensor{}, up, act);
-    project(act, L.down, L.post_mlp_norm);
+    be.linear(act, L.down, o);
+    if (a.block != BlockKind::PreNorm) be.norm(norm_op_, o, L.post_mlp_norm, Tensor{}, eps, o);
+    owed = true;
   }
   settle();
 }
@@ -327,10 +312,8 @@ void Model::run_logits(int64_t n) {
   Backend& be = backend_;
   Tensor rows = first_rows(rows_, n), normed = first_rows(rows_normed_, n), logits = first_rows(logits_, n);
   be.gather_logit_rows(x_, rows);
-  Backend::PreNorm final_norm;
-  final_norm.op = norm_op_, final_norm.w = &w_.final_norm, final_norm.b = &w_.final_norm_b, final_norm.eps = float(c.norm_eps);
-  const Backend::LinearOut head[1] = {{&w_.lm_head, logits}};
-  be.norm_linear_multi(rows, final_norm, normed, head, 1);
+  be.norm(norm_op_, rows, w_.final_norm, w_.final_norm_b, float(c.norm_eps), normed);
+  be.linear(normed, w_.lm_head, logits);
   be.scale_softcap(logits, float(1.0 / c.logits_scaling), float(c.final_logit_softcap));
 }
 

@@ -113,7 +113,6 @@ CudaBackend::CudaBackend(int device)
   if (const char* env = std::getenv("ARBOR_CUDA_GEMV_MAX_ROWS")) set_gemv_max_rows(std::atoi(env));
   if (const char* env = std::getenv("ARBOR_CUDA_FUSED")) fused_ = std::atoi(env) != 0;
   if (const char* env = std::getenv("ARBOR_CUDA_FUSED_PREP")) fused_prep_ = std::atoi(env) != 0;
-  if (const char* env = std::getenv("ARBOR_CUDA_FUSED_NORM")) fused_norm_ = std::atoi(env) & 3;
   if (const char* env = std::getenv("ARBOR_CUDA_GEMV_STREAM")) set_gemv_stream(std::atoi(env) != 0);
   int cluster_launch = 0;
   ARBOR_CUDA_CHECK(cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, device));
@@ -452,64 +451,25 @@ void CudaBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
   launch_finish_f32(static_cast<float*>(scratch_), bias, T, N, y.data, y.dtype, st(stream_));
 }
 
-bool CudaBackend::gemv_outs(const Tensor& x, const LinearOut* outs, int n, GemvOut* g) const {
+void CudaBackend::linear_multi(const Tensor& x, const LinearOut* outs, int n) {
   // One GEMV launch over every matrix's rows when the step is GEMV-sized and the matrices agree on
-  // K and dtype.
+  // K and dtype; otherwise (prefill: cuBLASLt) one linear() each.
   bool one = fused_ && n >= 1 && n <= kGemvMaxSegments && x.rows() >= 1 && x.rows() <= gemv_max_rows_ && x.dtype == DType::BF16;
   for (int i = 0; one && i < n; ++i) {
     const Linear& l = *outs[i].l;
     one = l.w.dtype == outs[0].l->w.dtype && (l.w.dtype == DType::BF16 || l.w.dtype == DType::F16) && l.in_features() == x.cols() &&
           outs[i].y.dtype == outs[0].y.dtype && outs[i].y.rows() == x.rows() && outs[i].y.cols() == l.out_features();
   }
-  for (int i = 0; one && i < n; ++i) {
-    const Linear& l = *outs[i].l;
-    g[i] = {l.w.data, l.bias.empty() ? nullptr : l.bias.as<float>(), outs[i].y.data, l.out_features()};
-  }
-  return one;
-}
-
-void CudaBackend::linear_multi(const Tensor& x, const LinearOut* outs, int n) {
-  GemvOut g[kGemvMaxSegments];
-  if (!gemv_outs(x, outs, n, g)) {  // prefill: cuBLASLt, one linear() each
+  if (!one) {
     Backend::linear_multi(x, outs, n);
     return;
   }
-  launch_gemv_multi(g, n, outs[0].l->w.dtype, x.as<uint16_t>(), outs[0].y.dtype, x.rows(), x.cols(), n_sms_, st(stream_));
-}
-
-bool CudaBackend::norm_fusion(const Tensor& x, const PreNorm& n, GemvFusion* f) const {
-  if (!(fused_norm_ & 1) || n.owed || (n.op != NormOp::RMS && n.op != NormOp::RMSPlusOne) || (n.b && !n.b->empty())) return false;
-  if (x.dtype != DType::BF16 || n.w->dtype != DType::F32 || n.w->numel() != x.cols()) return false;
-  f->norm_w = n.w->as<float>(), f->eps = n.eps, f->plus_one = n.op == NormOp::RMSPlusOne;
-  return true;
-}
-
-void CudaBackend::norm_linear_multi(Tensor x, const PreNorm& n, Tensor h, const LinearOut* outs, int count) {
   GemvOut g[kGemvMaxSegments];
-  GemvFusion f;
-  const void* ws[kGemvMaxSegments] = {};
-  bool fuse = norm_fusion(x, n, &f) && gemv_outs(x, outs, count, g);
-  for (int i = 0; fuse && i < count; ++i) ws[i] = g[i].w;
-  fuse = fuse && gemv_fusable(f, x.rows(), x.cols(), false, x.as<uint16_t>(), ws, count);
-  if (!fuse) {
-    Backend::norm_linear_multi(x, n, h, outs, count);
-    return;
+  for (int i = 0; i < n; ++i) {
+    const Linear& l = *outs[i].l;
+    g[i] = {l.w.data, l.bias.empty() ? nullptr : l.bias.as<float>(), outs[i].y.data, l.out_features()};
   }
-  launch_gemv_multi(g, count, outs[0].l->w.dtype, x.as<uint16_t>(), outs[0].y.dtype, x.rows(), x.cols(), n_sms_, st(stream_), &f);
-}
-
-bool CudaBackend::linear_residual(const Tensor& x, const Linear& l, Tensor resid, float scale, Tensor y) {
-  GemvOut g[1];
-  const LinearOut out{&l, y};
-  GemvFusion f;
-  f.resid = resid.as<uint16_t>(), f.scale = scale;
-  const void* ws[1] = {l.w.data};
-  const bool fuse = (fused_norm_ & 2) && gemv_outs(x, &out, 1, g) && y.dtype == DType::BF16 && resid.dtype == DType::BF16 &&
-                    resid.rows() == x.rows() && resid.cols() == l.out_features() &&
-                    gemv_fusable(f, x.rows(), x.cols(), false, x.as<uint16_t>(), ws, 1);
-  if (!fuse) return Backend::linear_residual(x, l, resid, scale, y);
-  launch_gemv_multi(g, 1, l.w.dtype, x.as<uint16_t>(), DType::BF16, x.rows(), x.cols(), n_sms_, st(stream_), &f);
-  return true;
+  launch_gemv_multi(g, n, outs[0].l->w.dtype, x.as<uint16_t>(), outs[0].y.dtype, x.rows(), x.cols(), n_sms_, st(stream_));
 }
 
 void CudaBackend::add_norm(NormOp op, Tensor x, const Tensor& o, float scale, const Tensor& w, const Tensor& b, float eps, Tensor out) {
@@ -609,34 +569,18 @@ void CudaBackend::prep_attention(int64_t layer, Tensor q, Tensor k, const Tensor
   Backend::prep_attention(layer, q, k, v, prep, p, out);
 }
 
-bool CudaBackend::gated_gemv(const Tensor& x, const Linear& wg, const Linear& wu, const Tensor& out) const {
-  return fused_ && x.rows() >= 1 && x.rows() <= gemv_max_rows_ && x.dtype == DType::BF16 && out.dtype == DType::BF16 &&
-         wg.w.dtype == wu.w.dtype && (wg.w.dtype == DType::BF16 || wg.w.dtype == DType::F16) && wg.in_features() == x.cols() &&
-         wu.in_features() == x.cols() && wg.out_features() == wu.out_features() && out.cols() == wg.out_features() && out.rows() == x.rows();
-}
-
 void CudaBackend::gated_up(const Tensor& x, const Linear& wg, const Linear& wu, ActOp op, Tensor gate, Tensor up, Tensor out) {
-  if (!gated_gemv(x, wg, wu, out)) {
+  const bool one = fused_ && x.rows() >= 1 && x.rows() <= gemv_max_rows_ && x.dtype == DType::BF16 && out.dtype == DType::BF16 &&
+                   wg.w.dtype == wu.w.dtype && (wg.w.dtype == DType::BF16 || wg.w.dtype == DType::F16) && wg.in_features() == x.cols() &&
+                   wu.in_features() == x.cols() && wg.out_features() == wu.out_features() && out.cols() == wg.out_features() &&
+                   out.rows() == x.rows();
+  if (!one) {
     Backend::gated_up(x, wg, wu, op, gate, up, out);
     return;
   }
   const GemvOut g{wg.w.data, wg.bias.empty() ? nullptr : wg.bias.as<float>(), nullptr, wg.out_features()};
   const GemvOut u{wu.w.data, wu.bias.empty() ? nullptr : wu.bias.as<float>(), nullptr, wu.out_features()};
   launch_gemv_gated(g, u, op, wg.w.dtype, x.as<uint16_t>(), out.as<uint16_t>(), x.rows(), x.cols(), n_sms_, st(stream_));
-}
-
-void CudaBackend::norm_gated_up(Tensor x, const PreNorm& n, Tensor h, const Linear& wg, const Linear& wu, ActOp op, Tensor gate, Tensor up,
-                                Tensor out) {
-  GemvFusion f;
-  const void* ws[2] = {wg.w.data, wu.w.data};
-  const bool fuse = norm_fusion(x, n, &f) && gated_gemv(x, wg, wu, out) && gemv_fusable(f, x.rows(), x.cols(), true, x.as<uint16_t>(), ws, 2);
-  if (!fuse) {
-    Backend::norm_gated_up(x, n, h, wg, wu, op, gate, up, out);
-    return;
-  }
-  const GemvOut g{wg.w.data, wg.bias.empty() ? nullptr : wg.bias.as<float>(), nullptr, wg.out_features()};
-  const GemvOut u{wu.w.data, wu.bias.empty() ? nullptr : wu.bias.as<float>(), nullptr, wu.out_features()};
-  launch_gemv_gated(g, u, op, wg.w.dtype, x.as<uint16_t>(), out.as<uint16_t>(), x.rows(), x.cols(), n_sms_, st(stream_), &f);
 }
 
 bool CudaBackend::decode_attention_path(int64_t head_dim) const {

@@ -16,10 +16,6 @@ struct cublasLtContext;  // cublasLtHandle_t
 
 namespace arbor {
 namespace cuda {
-struct GemvOut;
-struct GemvFusion;
-}  // namespace cuda
-namespace cuda {
 struct QKPrepArgs;  // kernels.h
 constexpr int64_t kGemvMaxRowsCap = 8;  // rows the GEMV kernels take (kernels.h: kGemvMaxRows)
 }
@@ -98,19 +94,11 @@ class CudaBackend : public Backend {
   void linear_multi(const Tensor& x, const LinearOut* outs, int n) override;
   void add_norm(NormOp op, Tensor x, const Tensor& o, float scale, const Tensor& w, const Tensor& b, float eps, Tensor out) override;
   void gated_up(const Tensor& x, const Linear& wg, const Linear& wu, ActOp op, Tensor gate, Tensor up, Tensor out) override;
-  void norm_linear_multi(Tensor x, const PreNorm& n, Tensor h, const LinearOut* outs, int count) override;
-  void norm_gated_up(Tensor x, const PreNorm& n, Tensor h, const Linear& wg, const Linear& wu, ActOp op, Tensor gate, Tensor up,
-                     Tensor out) override;
-  bool linear_residual(const Tensor& x, const Linear& l, Tensor resid, float scale, Tensor y) override;
   void qk_prep_kv_write(int64_t layer, Tensor q, Tensor k, const Tensor& v, const QKPrep& p) override;
   // Batches of one token per sequence on the decode kernel: the q/k prep and KV write inside the
   // attention kernel (one launch fewer per layer; ARBOR_CUDA_FUSED_PREP=0 turns it off).
   void prep_attention(int64_t layer, Tensor q, Tensor k, const Tensor& v, const QKPrep& prep, const AttentionParams& p, Tensor out) override;
   void set_fused_prep(bool on) { fused_prep_ = on; }
-  // Whether batch-1/2 decode computes the pre-norms inside the GEMV that reads them and adds the
-  // output projections into the residual stream in their GEMV. Off by default: measured slower on the
-  // H200 (docs/cuda-notes.md, session 5); ARBOR_CUDA_FUSED_NORM=1 (norms), 2 (residual adds), 3 (both).
-  void set_fused_norm(bool on) { fused_norm_ = on ? 3 : 0; }
 
   // Linear layers over at most this many rows use the GEMV kernels, larger ones cuBLASLt (default 2:
   // from 4 rows on the GEMV, which reads every activation row from L1 per weight load, is slower than
@@ -166,13 +154,6 @@ class CudaBackend : public Backend {
   AttentionPath attn_path_ = AttentionPath::Auto;
   int64_t gemv_max_rows_ = 2;
   bool fused_ = true;  // fused ops (ARBOR_CUDA_FUSED=0: the op sequences they replace, for comparisons)
-  int fused_norm_ = 0;  // see set_fused_norm; bit 0: norms, bit 1: residual adds (ARBOR_CUDA_FUSED_NORM=0..3)
-  // The GEMV launch for linear_multi over x, or false when the step is not GEMV-sized (outs filled).
-  bool gemv_outs(const Tensor& x, const LinearOut* outs, int n, cuda::GemvOut* g) const;
-  // The norm as a GEMV fusion when it can be one (RMS without bias, nothing owed), else false.
-  bool norm_fusion(const Tensor& x, const PreNorm& n, cuda::GemvFusion* f) const;
-  // Whether gated_up runs as one gated GEMV.
-  bool gated_gemv(const Tensor& x, const Linear& wg, const Linear& wu, const Tensor& out) const;
   bool fused_prep_ = true;  // prep_attention fuses (ARBOR_CUDA_FUSED_PREP=0: qk_prep_kv_write then attention)
   bool graphs_on_ = true, capturing_ = false;
   uint64_t graph_key_ = 0;  // the current batch's shape key; 0: not a graph batch
@@ -202,7 +183,7 @@ class CudaBackend : public Backend {
   size_t scratch_cap_ = 0;
   bool cluster_merge_ok_ = false;  // the device launches thread-block clusters (sm_90)
   int attn_cluster_max_ = 16;      // splits of a cluster merge, at most (ARBOR_CUDA_ATTN_CLUSTER)
-  int attn_merge_ = -1;  // decode attention's split merge: -1 by GQA group (attention()), 1 by the last block, 0 a second kernel, 2 a cluster (ARBOR_CUDA_ATTN_MERGE)
+  int attn_merge_ = -1;  // decode attention's split merge: -1 by GQA group and span (attention_impl), 1 by the last block, 0 a second kernel, 2 a cluster (ARBOR_CUDA_ATTN_MERGE)
   void* attn_counters_ = nullptr;                  // decode attention's merge counters (zero between launches)
   size_t attn_counters_cap_ = 0;
   void* scratch2_ = nullptr;

@@ -216,7 +216,6 @@ constexpr int kStages = 4;
 constexpr int kStreamBlocksPerSm = 2;
 constexpr int64_t kStreamMaxXBytes = 64 * 1024;
 constexpr int kStreamSmemLimit = 200 * 1024;  // every stream kernel's shared-memory limit (as all variants were measured)
-constexpr int64_t kStreamNormMaxBytes = 112 * 1024;  // with the norm fused: two blocks still fit the SM's 228 KB
 
 // Unit u of the launch: one output row (plain: the matrices' rows numbered consecutively, row0[i] the
 // first of matrix i) or one gate/up row pair (gated). q picks the gate (0) or up (1) row.
@@ -236,23 +235,14 @@ __device__ __forceinline__ const uint16_t* stream_row(const GemvSegments& segs, 
   return pick(segs.w, si) + (u - pick(segs.pair0, si)) * K;
 }
 
-// Fusions (GemvFusion), one instantiation each so the plain kernel stays as it was measured.
-constexpr int kFuseNone = 0, kFuseNorm = 1, kFuseResid = 2;
-
 // RPU: weight rows per unit (1 plain, 2 gated); NR: activation rows (1 or 2). pair0 here holds each
 // matrix's first row (not row pair). Every lane reads its own ring slots only, so the ring needs no
-// barrier: cp.async.wait_group orders a thread's copies before its own reads. Shared memory: the
-// ring, then x (XS) and, with kFuseNorm (which needs XS), the norm weight (K floats).
-template <int RPU, int NR, bool F16, bool XS, int FUSE>
+// barrier: cp.async.wait_group orders a thread's copies before its own reads.
+template <int RPU, int NR, bool F16, bool XS>
 __global__ void __launch_bounds__(kStreamWarps * 32, 2) gemv_stream_kernel(GemvSegments segs, const uint16_t* __restrict__ x,
-                                                                             bool y_f32, int64_t K, int64_t units, int gated_act,
-                                                                             GemvFusion fu) {
-  static_assert(FUSE != kFuseNorm || XS, "the norm is computed in shared memory");
+                                                                             bool y_f32, int64_t K, int64_t units, int gated_act) {
   extern __shared__ __align__(16) uint4 ring[];  // [kStages][RPU][kStreamWarps * 32]
   const int tid = threadIdx.x, lane = tid % 32;
-  const int64_t nv = K / 8;
-  uint4* xs = ring + kStages * RPU * kStreamWarps * 32;  // [NR * nv] (XS)
-  float* wn = reinterpret_cast<float*>(xs + NR * nv);    // [K] (kFuseNorm)
   const int64_t warps = int64_t(gridDim.x) * kStreamWarps, gw = int64_t(blockIdx.x) * kStreamWarps + tid / 32;
   const int64_t u_beg = units * gw / warps, u_end = units * (gw + 1) / warps;
   const int chunks = int(K / 256);  // 512-byte stages per row
@@ -264,8 +254,6 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 2) gemv_stream_kernel(GemvS
   int ic = 0, islot = 0;
   const uint16_t* p0 = iu < u_end ? stream_row<RPU>(segs, iu, K, 0) + lane * 8 : nullptr;
   const uint16_t* p1 = RPU == 2 && iu < u_end ? stream_row<RPU>(segs, iu, K, 1) + lane * 8 : nullptr;
-  if (FUSE == kFuseNorm)  // the norm weight rides in the ring's first group (waited for below)
-    for (int64_t i = tid; i < K / 4; i += kStreamWarps * 32) cp_async16(smem_addr(wn + i * 4), fu.norm_w + i * 4);
   auto issue = [&] {
     if (iu < u_end) {
       const uint32_t dst = ring0 + uint32_t(islot) * kStageBytes;
@@ -287,55 +275,10 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 2) gemv_stream_kernel(GemvS
   pdl_trigger();
   pdl_wait();  // x is written by the previous kernel; the weights above did not wait for it
 
+  const int64_t nv = K / 8;
   const uint4* xv = reinterpret_cast<const uint4*>(x) + lane;
-  if (FUSE == kFuseNorm) {
-    // x is the residual stream: copy it, sum its squares per row, then normalise it in place.
-    __shared__ float red[kStreamWarps][NR];
-    float ss[NR];
-#pragma unroll
-    for (int r = 0; r < NR; ++r) ss[r] = 0.0f;
-    for (int64_t i = tid; i < NR * nv; i += kStreamWarps * 32) {
-      const uint4 q = reinterpret_cast<const uint4*>(x)[i];
-      xs[i] = q;
-      float f[8], s = 0;
-      unpack8<false>(q, f);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) s += f[e] * f[e];
-      if (NR == 2 && i >= nv) ss[NR - 1] += s;
-      else ss[0] += s;
-    }
-#pragma unroll
-    for (int r = 0; r < NR; ++r) {
-      for (int o = 16; o > 0; o >>= 1) ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], o);
-      if (lane == 0) red[tid / 32][r] = ss[r];
-    }
-    cp_async_wait<kStages - 1>();  // this thread's share of the norm weight (first group) has landed
-    __syncthreads();
-    float inv[NR];
-#pragma unroll
-    for (int r = 0; r < NR; ++r) {
-      float t = 0;
-#pragma unroll
-      for (int w = 0; w < kStreamWarps; ++w) t += red[w][r];
-      inv[r] = rsqrtf(t / float(K) + fu.eps);
-    }
-    for (int64_t i = tid; i < NR * nv; i += kStreamWarps * 32) {
-      const float iv = NR == 2 && i >= nv ? inv[NR - 1] : inv[0];
-      const float* w8 = wn + (i % nv) * 8;
-      float f[8];
-      unpack8<false>(xs[i], f);
-      uint32_t u[4];
-#pragma unroll
-      for (int e = 0; e < 8; e += 2) {
-        const float w0 = fu.plus_one ? 1.0f + w8[e] : w8[e], w1 = fu.plus_one ? 1.0f + w8[e + 1] : w8[e + 1];
-        u[e / 2] = uint32_t(__bfloat16_as_ushort(__float2bfloat16(f[e] * iv * w0))) |
-                   uint32_t(__bfloat16_as_ushort(__float2bfloat16(f[e + 1] * iv * w1))) << 16;
-      }
-      xs[i] = make_uint4(u[0], u[1], u[2], u[3]);
-    }
-    __syncthreads();
-    xv = xs + lane;
-  } else if (XS) {
+  if (XS) {
+    uint4* xs = ring + kStages * RPU * kStreamWarps * 32;
     for (int64_t i = tid; i < NR * nv; i += kStreamWarps * 32) xs[i] = reinterpret_cast<const uint4*>(x)[i];
     __syncthreads();
     xv = xs + lane;
@@ -348,10 +291,6 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 2) gemv_stream_kernel(GemvS
   int cslot = 0;
 #pragma unroll 1
   for (int64_t u = u_beg; u < u_end; ++u) {
-    float res[NR];  // kFuseResid: this row's residual values, loaded while the row streams
-    if (FUSE == kFuseResid && lane == 0)
-#pragma unroll
-      for (int r = 0; r < NR; ++r) res[r] = __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(fu.resid)[r * segs.N[0] + u]);
 #pragma unroll 1
     for (int c = 0; c < chunks; ++c) {
       cp_async_wait<kStages - 1>();  // this stage has landed
@@ -388,10 +327,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 2) gemv_stream_kernel(GemvS
       const float b0 = bias ? bias[n] : 0.0f;
 #pragma unroll
       for (int r = 0; r < NR; ++r) {
-        if (FUSE == kFuseResid) {  // linear's bf16 output, then the residual add's rounding
-          const float yv = __bfloat162float(__float2bfloat16(acc[0][r] + b0));
-          reinterpret_cast<__nv_bfloat16*>(fu.resid)[r * N + n] = __float2bfloat16(res[r] + yv * fu.scale);
-        } else if (RPU == 2) {  // act(gate) * up, each rounded to bf16 first as the unfused ops store them
+        if (RPU == 2) {  // act(gate) * up, each rounded to bf16 first as the unfused ops store them
           const float b1 = segs.bias[1] ? segs.bias[1][n] : 0.0f;
           const float g = __bfloat162float(__float2bfloat16(acc[0][r] + b0));
           const float up = __bfloat162float(__float2bfloat16(acc[RPU - 1][r] + b1));
@@ -413,45 +349,29 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 2) gemv_stream_kernel(GemvS
 
 bool g_stream = true;
 
-template <int RPU, int NR, bool F16, bool XS, int FUSE>
-void launch_stream_k(dim3 grid, size_t smem, cudaStream_t s, const GemvSegments& segs, const uint16_t* x, bool y_f32, int64_t K,
-                     int64_t units, int gated_act, const GemvFusion& fu) {
-  static bool attr_set = false;  // once per instantiation: it may use up to kStreamSmemLimit, whatever this launch needs
-  if (!attr_set) {
-    ARBOR_CUDA_CHECK(
-        cudaFuncSetAttribute(gemv_stream_kernel<RPU, NR, F16, XS, FUSE>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStreamSmemLimit));
-    attr_set = true;
-  }
-  pdl_launch(gemv_stream_kernel<RPU, NR, F16, XS, FUSE>, grid, kStreamWarps * 32, smem, s, segs, x, y_f32, K, units, gated_act, fu);
-  ARBOR_LAUNCH_CHECK("gemv_stream_kernel");
-}
-
 template <int RPU, int NR, bool F16>
 void launch_stream_t(dim3 grid, size_t smem, cudaStream_t s, const GemvSegments& segs, const uint16_t* x, bool y_f32, int64_t K,
-                     int64_t units, int gated_act, const GemvFusion& fu) {
+                     int64_t units, int gated_act) {
+  static bool attr_set = false;  // once per instantiation
   const size_t x_bytes = size_t(NR * K * 2);
   const bool xs = int64_t(x_bytes) <= kStreamMaxXBytes;
-  if (fu.norm_w) {
-    launch_stream_k<RPU, NR, F16, true, kFuseNorm>(grid, smem + x_bytes + size_t(K) * 4, s, segs, x, y_f32, K, units, gated_act, fu);
-    return;
-  }
-  if constexpr (RPU == 1) {
-    if (fu.resid) {
-      if (xs) launch_stream_k<RPU, NR, F16, true, kFuseResid>(grid, smem + x_bytes, s, segs, x, y_f32, K, units, gated_act, fu);
-      else launch_stream_k<RPU, NR, F16, false, kFuseResid>(grid, smem, s, segs, x, y_f32, K, units, gated_act, fu);
-      return;
-    }
+  if (!attr_set) {
+    // Every instantiation may use up to kStreamSmemLimit, whatever this launch needs.
+    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(gemv_stream_kernel<RPU, NR, F16, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStreamSmemLimit));
+    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(gemv_stream_kernel<RPU, NR, F16, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStreamSmemLimit));
+    attr_set = true;
   }
   if (xs)
-    launch_stream_k<RPU, NR, F16, true, kFuseNone>(grid, smem + x_bytes, s, segs, x, y_f32, K, units, gated_act, fu);
+    pdl_launch(gemv_stream_kernel<RPU, NR, F16, true>, grid, kStreamWarps * 32, smem + x_bytes, s, segs, x, y_f32, K, units, gated_act);
   else
-    launch_stream_k<RPU, NR, F16, false, kFuseNone>(grid, smem, s, segs, x, y_f32, K, units, gated_act, fu);
+    pdl_launch(gemv_stream_kernel<RPU, NR, F16, false>, grid, kStreamWarps * 32, smem, s, segs, x, y_f32, K, units, gated_act);
+  ARBOR_LAUNCH_CHECK("gemv_stream_kernel");
 }
 
 // True when it launched: 1-2 rows, K a multiple of 256, 16-byte aligned weights and x. segs.pair0
 // holds row pairs on entry (the register kernel's numbering) and is rewritten to first rows.
 bool launch_stream(GemvSegments segs, int64_t units, bool f16, const uint16_t* x, bool y_f32, int64_t T, int64_t K, int n_sms, bool vec,
-                   int gated_act, const GemvFusion& fu, cudaStream_t s) {
+                   int gated_act, cudaStream_t s) {
   if (!g_stream || !vec || T > 2 || K % 256 != 0) return false;
   if (gated_act < 0)
     for (int i = 0; i < segs.n; ++i) segs.pair0[i] = i == 0 ? 0 : segs.pair0[i - 1] + segs.N[i - 1];
@@ -460,7 +380,7 @@ bool launch_stream(GemvSegments segs, int64_t units, bool f16, const uint16_t* x
   const int64_t blocks = std::min<int64_t>(int64_t(n_sms) * kStreamBlocksPerSm, (units + kStreamWarps - 1) / kStreamWarps);
   const dim3 grid(unsigned(std::max<int64_t>(blocks, 1)));
   const size_t smem = size_t(kStages) * rpu * kStreamWarps * 32 * 16;
-#define ARBOR_STREAM(R, N, F) launch_stream_t<R, N, F>(grid, smem, s, segs, x, y_f32, K, units, gated_act, fu)
+#define ARBOR_STREAM(R, N, F) launch_stream_t<R, N, F>(grid, smem, s, segs, x, y_f32, K, units, gated_act)
   if (rpu == 2) {
     if (T == 1) f16 ? ARBOR_STREAM(2, 1, true) : ARBOR_STREAM(2, 1, false);
     else f16 ? ARBOR_STREAM(2, 2, true) : ARBOR_STREAM(2, 2, false);
@@ -475,15 +395,14 @@ bool launch_stream(GemvSegments segs, int64_t units, bool f16, const uint16_t* x
 int g_warps_per_sm = 32;
 
 void launch(const GemvSegments& segs, int64_t pairs, DType w_dtype, const uint16_t* x, DType y_dtype, int64_t T, int64_t K, int n_sms,
-            bool vec, int gated_act, const GemvFusion* fu, cudaStream_t s) {
+            bool vec, int gated_act, cudaStream_t s) {
   ARBOR_CU_CHECK(T >= 1 && T <= kGemvMaxRows, "cuda: gemv: %lld rows (1..%lld supported)", (long long)T, (long long)kGemvMaxRows);
   ARBOR_CU_CHECK(w_dtype == DType::BF16 || w_dtype == DType::F16, "cuda: gemv: weight dtype %s (BF16 or F16)", dtype_name(w_dtype).data());
   ARBOR_CU_CHECK(y_dtype == DType::BF16 || y_dtype == DType::F32, "cuda: gemv: output dtype %s (BF16 or F32)", dtype_name(y_dtype).data());
   const bool f16 = w_dtype == DType::F16, f32 = y_dtype == DType::F32;
   int64_t units = segs.N[0];
   for (int i = 1; gated_act < 0 && i < segs.n; ++i) units += segs.N[i];
-  if (launch_stream(segs, units, f16, x, f32, T, K, n_sms, vec, gated_act, fu ? *fu : GemvFusion{}, s)) return;
-  ARBOR_CU_CHECK(!fu, "cuda: gemv: a fused norm or residual add needs the streaming kernel (%lld rows, K %lld)", (long long)T, (long long)K);
+  if (launch_stream(segs, units, f16, x, f32, T, K, n_sms, vec, gated_act, s)) return;
   // K split: the fewest warps per row pair that give about half the SMs' warp slots (64 per SM) work;
   // more than that only queue up. (Splitting further to end on whole waves of blocks measured slower:
   // docs/cuda-notes.md.)
@@ -501,23 +420,11 @@ void launch(const GemvSegments& segs, int64_t pairs, DType w_dtype, const uint16
 }  // namespace
 
 void set_gemv_warps_per_sm(int w) { g_warps_per_sm = w < 1 ? 1 : w; }
-
-bool gemv_fusable(const GemvFusion& f, int64_t T, int64_t K, bool gated, const uint16_t* x, const void* const* w, int n_w) {
-  bool ok = g_stream && T >= 1 && T <= 2 && K % 256 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  for (int i = 0; i < n_w; ++i) ok = ok && reinterpret_cast<uintptr_t>(w[i]) % 16 == 0;
-  if (f.resid) ok = ok && !gated && n_w == 1;
-  if (f.norm_w) {
-    // Two blocks of (ring + x + norm weight) per SM, as the plain kernel runs.
-    const int64_t bytes = int64_t(kStages) * (gated ? 2 : 1) * kStreamWarps * 32 * 16 + T * K * 2 + K * 4;
-    ok = ok && !f.resid && reinterpret_cast<uintptr_t>(f.norm_w) % 16 == 0 && bytes <= kStreamNormMaxBytes;
-  }
-  return ok;
-}
 void set_gemv_stream(bool on) { g_stream = on; }
 
 
 void launch_gemv_multi(const GemvOut* outs, int n, DType w_dtype, const uint16_t* x, DType y_dtype, int64_t T, int64_t K, int n_sms,
-                       cudaStream_t s, const GemvFusion* fuse) {
+                       cudaStream_t s) {
   ARBOR_CU_CHECK(n >= 1 && n <= kGemvMaxSegments, "cuda: gemv: %d matrices in one launch (1..%d)", n, kGemvMaxSegments);
   bool vec = K % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   GemvSegments segs{};
@@ -529,12 +436,7 @@ void launch_gemv_multi(const GemvOut* outs, int n, DType w_dtype, const uint16_t
     segs.N[i] = outs[i].N, segs.pair0[i] = pairs;
     pairs += (outs[i].N + 1) / 2;
   }
-  if (fuse) {
-    const void* ws[kGemvMaxSegments] = {segs.w[0], segs.w[1], segs.w[2]};
-    ARBOR_CU_CHECK(gemv_fusable(*fuse, T, K, false, x, ws, n) && (!fuse->resid || y_dtype == DType::BF16),
-                   "cuda: gemv: fusion not possible here (%lld rows, K %lld, %d matrices)", (long long)T, (long long)K, n);
-  }
-  launch(segs, pairs, w_dtype, x, y_dtype, T, K, n_sms, vec, -1, fuse, s);
+  launch(segs, pairs, w_dtype, x, y_dtype, T, K, n_sms, vec, -1, s);
 }
 
 void launch_gemv(const void* w, DType w_dtype, const uint16_t* x, const float* bias, void* y, DType y_dtype, int64_t T, int64_t N,
@@ -544,7 +446,7 @@ void launch_gemv(const void* w, DType w_dtype, const uint16_t* x, const float* b
 }
 
 void launch_gemv_gated(const GemvOut& gate, const GemvOut& up, ActOp act, DType w_dtype, const uint16_t* x, uint16_t* y, int64_t T,
-                       int64_t K, int n_sms, cudaStream_t s, const GemvFusion* fuse) {
+                       int64_t K, int n_sms, cudaStream_t s) {
   ARBOR_CU_CHECK(gate.N == up.N, "cuda: gated gemv: gate has %lld rows, up %lld", (long long)gate.N, (long long)up.N);
   const bool vec = K % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(gate.w) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(up.w) % 16 == 0;
@@ -552,12 +454,7 @@ void launch_gemv_gated(const GemvOut& gate, const GemvOut& up, ActOp act, DType 
   segs.n = 2;
   segs.w[0] = static_cast<const uint16_t*>(gate.w), segs.w[1] = static_cast<const uint16_t*>(up.w);
   segs.bias[0] = gate.bias, segs.bias[1] = up.bias, segs.y[0] = y, segs.N[0] = gate.N;
-  if (fuse) {
-    const void* ws[2] = {gate.w, up.w};
-    ARBOR_CU_CHECK(gemv_fusable(*fuse, T, K, true, x, ws, 2), "cuda: gated gemv: fusion not possible here (%lld rows, K %lld)",
-                   (long long)T, (long long)K);
-  }
-  launch(segs, gate.N, w_dtype, x, DType::BF16, T, K, n_sms, vec, int(act), fuse, s);
+  launch(segs, gate.N, w_dtype, x, DType::BF16, T, K, n_sms, vec, int(act), s);
 }
 
 }  // namespace arbor::cuda

@@ -72,22 +72,6 @@ void launch_fill_random_bf16(uint16_t* p, int64_t n, uint64_t seed, cudaStream_t
 void launch_gemv(const void* w, DType w_dtype, const uint16_t* x, const float* bias, void* y, DType y_dtype, int64_t T,
                  int64_t N, int64_t K, int n_sms, cudaStream_t s);
 constexpr int64_t kGemvMaxRows = kGemvMaxRowsCap;
-// What the streaming GEMV (1-2 rows, K % 256 == 0) can take over from the ops around it in a decode
-// step. norm_w: x is the residual stream and the GEMV multiplies norm(x) (RMS with weight norm_w,
-// (1 + w) with plus_one; x * rsqrt(mean(x²) + eps) * w rounded to bf16, as the norm kernel stores it)
-// instead of x: the block computes it while copying x to shared memory. resid: y is added into the
-// residual stream, resid [T, N] += bf16(y) * scale, instead of stored (one matrix, bf16 output).
-struct GemvFusion {
-  const float* norm_w = nullptr;
-  float eps = 0;
-  bool plus_one = false;
-  uint16_t* resid = nullptr;
-  float scale = 1.0f;
-};
-// Whether the launches below take fusion `f` for these shapes (else they fail): the streaming kernel
-// runs (1-2 rows, K % 256 == 0, 16-byte aligned x and weights) and, for the norm, x, the norm weight
-// and the ring fit two blocks per SM.
-bool gemv_fusable(const GemvFusion& f, int64_t T, int64_t K, bool gated, const uint16_t* x, const void* const* w, int n_w);
 // Several matrices over the same x [T, K] in one launch: y_i [T, N_i] = x · w_iᵀ (+ bias_i).
 struct GemvOut {
   const void* w;
@@ -97,11 +81,11 @@ struct GemvOut {
 };
 constexpr int kGemvMaxSegments = 3;
 void launch_gemv_multi(const GemvOut* outs, int n, DType w_dtype, const uint16_t* x, DType y_dtype, int64_t T, int64_t K, int n_sms,
-                       cudaStream_t s, const GemvFusion* fuse = nullptr);
+                       cudaStream_t s);
 // Gated MLP input in one launch: y [T, N] = act(x · gateᵀ + b) * (x · upᵀ + b), both rounded to bf16
 // before the product (the numbers linear + activation give).
 void launch_gemv_gated(const GemvOut& gate, const GemvOut& up, ActOp act, DType w_dtype, const uint16_t* x, uint16_t* y, int64_t T,
-                       int64_t K, int n_sms, cudaStream_t s, const GemvFusion* fuse = nullptr);
+                       int64_t K, int n_sms, cudaStream_t s);
 // The kernel's view of them: matrix i owns row pairs [pair0[i], pair0[i + 1]).
 struct GemvSegments {
   const uint16_t* w[kGemvMaxSegments];
