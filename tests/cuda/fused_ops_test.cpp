@@ -40,17 +40,31 @@ std::pair<std::vector<float>, std::vector<float>> rope_tables(int64_t rot, int64
   return {c, s};
 }
 
-// The q/k prep of a test case (fields D, Hq, Hkv, rot, norm, plus_one, rope): w the norm weight of q
-// and k, c and s the rope tables.
-template <typename Case>
-Backend::QKPrep prep_for(const Case& cs, const Tensor& w, const Tensor& c, const Tensor& s) {
+// A q/k prep test case: head_dim, q and kv heads, rotated dims; per-head norms ((1 + w) with
+// plus_one), rope; for the tests with attention, its softcap and window.
+struct PrepCase {
+  int64_t D, Hq, Hkv, rot;
+  bool norm, plus_one, rope;
+  float softcap = 0.0f;
+  int64_t window = 0;
+};
+
+// A case's prep on backend g: the norm weight nw (shared by q and k) and rope tables of n_pos
+// positions uploaded, and the QKPrep pointing at them.
+struct PrepOnDevice {
+  Tensor w, c, s;
   Backend::QKPrep p;
-  p.norm = cs.plus_one ? NormOp::RMSPlusOne : NormOp::RMS, p.eps = 1e-6f;
-  p.n_heads = cs.Hq, p.n_kv_heads = cs.Hkv, p.head_dim = cs.D, p.rot_dim = cs.rot;
-  if (cs.norm) p.q_norm = &w, p.k_norm = &w;
-  if (cs.rope) p.cos = &c, p.sin = &s;
-  return p;
-}
+  PrepOnDevice(CudaBackend& g, const PrepCase& cs, std::vector<float>& nw, int64_t n_pos) {
+    const auto [cosv, sinv] = rope_tables(cs.rot, n_pos);
+    w = g.load_weight(Tensor(nw.data(), DType::F32, {cs.D}));
+    c = g.upload_table(cosv, {n_pos, cs.rot / 2}), s = g.upload_table(sinv, {n_pos, cs.rot / 2});
+    p.norm = cs.plus_one ? NormOp::RMSPlusOne : NormOp::RMS, p.eps = 1e-6f;
+    p.n_heads = cs.Hq, p.n_kv_heads = cs.Hkv, p.head_dim = cs.D, p.rot_dim = cs.rot;
+    if (cs.norm) p.q_norm = &w, p.k_norm = &w;
+    if (cs.rope) p.cos = &c, p.sin = &s;
+  }
+  PrepOnDevice(const PrepOnDevice&) = delete;  // p points into this object
+};
 
 TEST(CudaFused, GatedGemvMatchesLinearThenActivation) {
   ARBOR_REQUIRE_GPU();
@@ -128,11 +142,7 @@ TEST(CudaFused, AddNormMatchesAddThenNorm) {
 TEST(CudaFused, QKPrepMatchesNormRopeKVWrite) {
   ARBOR_REQUIRE_GPU();
   std::mt19937 rng(24);
-  struct Case {
-    int64_t D, Hq, Hkv, rot;
-    bool norm, plus_one, rope;
-  };
-  for (Case cs : std::vector<Case>{{64, 4, 2, 64, true, false, true},
+  for (PrepCase cs : std::vector<PrepCase>{{64, 4, 2, 64, true, false, true},
                                    {128, 8, 1, 128, false, false, true},
                                    {256, 2, 1, 256, true, true, true},
                                    {96, 3, 3, 72, false, false, true},
@@ -150,16 +160,12 @@ TEST(CudaFused, QKPrepMatchesNormRopeKVWrite) {
     a.alloc_kv(kv), r.alloc_kv(kv);
     std::vector<float> q = random_bf16(rng, size_t(T * cs.Hq * cs.D)), k = random_bf16(rng, size_t(T * cs.Hkv * cs.D));
     std::vector<float> v = random_bf16(rng, size_t(T * cs.Hkv * cs.D)), nw = random_bf16(rng, size_t(cs.D), 0.5f, cs.plus_one ? 0.0f : 1.0f);
-    const int64_t half = cs.rot / 2, n_pos = 64;
-    const auto [cosv, sinv] = rope_tables(cs.rot, n_pos);
     auto run = [&](CudaBackend& g, bool fused) {
       g.begin_batch(b);
       Tensor qd = dev_bf16(g, q, {T, cs.Hq * cs.D}), kd = dev_bf16(g, k, {T, cs.Hkv * cs.D}), vd = dev_bf16(g, v, {T, cs.Hkv * cs.D});
-      Tensor w = g.load_weight(Tensor(nw.data(), DType::F32, {cs.D}));
-      Tensor c = g.upload_table(cosv, {n_pos, half}), s = g.upload_table(sinv, {n_pos, half});
-      const Backend::QKPrep p = prep_for(cs, w, c, s);
-      if (fused) g.qk_prep_kv_write(0, qd, kd, vd, p);
-      else g.Backend::qk_prep_kv_write(0, qd, kd, vd, p);  // the separate ops
+      const PrepOnDevice prep(g, cs, nw, 64);
+      if (fused) g.qk_prep_kv_write(0, qd, kd, vd, prep.p);
+      else g.Backend::qk_prep_kv_write(0, qd, kd, vd, prep.p);  // the separate ops
       return std::vector<std::vector<float>>{host_f32(g, qd), host_f32(g, kd), host_f32(g, g.k_pool(0)), host_f32(g, g.v_pool(0))};
     };
     auto fa = run(a, true), ra = run(r, false);
@@ -173,13 +179,7 @@ TEST(CudaFused, QKPrepMatchesNormRopeKVWrite) {
 TEST(CudaFused, PrepInDecodeAttentionMatchesPrepThenAttention) {
   ARBOR_REQUIRE_GPU();
   std::mt19937 rng(25);
-  struct Case {
-    int64_t D, Hq, Hkv, rot;
-    bool norm, plus_one, rope;
-    float softcap;
-    int64_t window;
-  };
-  for (Case cs : std::vector<Case>{{128, 8, 2, 128, false, false, true, 0.0f, 0},   // Llama: rope only, 4 heads per block
+  for (PrepCase cs : std::vector<PrepCase>{{128, 8, 2, 128, false, false, true, 0.0f, 0},   // Llama: rope only, 4 heads per block
                                    {128, 16, 8, 128, true, false, true, 0.0f, 0},  // Qwen3: per-head norms, 2 heads per block
                                    {64, 16, 1, 32, true, true, true, 30.0f, 0},    // partial rope, (1 + w), softcap, 2 head chunks
                                    {256, 4, 2, 256, true, true, true, 0.0f, 37},   // Gemma-like, sliding window
@@ -198,8 +198,6 @@ TEST(CudaFused, PrepInDecodeAttentionMatchesPrepThenAttention) {
     std::vector<float> kf = random_bf16(rng, size_t(TF * kv_row)), vf = random_bf16(rng, size_t(TF * kv_row));
     std::vector<float> q = random_bf16(rng, size_t(T * q_row)), k = random_bf16(rng, size_t(T * kv_row)), v = random_bf16(rng, size_t(T * kv_row));
     std::vector<float> nw = random_bf16(rng, size_t(cs.D), 0.5f, cs.plus_one ? 0.0f : 1.0f);
-    const int64_t half = cs.rot / 2, n_pos = 512;
-    const auto [cosv, sinv] = rope_tables(cs.rot, n_pos);
     auto run = [&](bool fused) {
       CudaBackend g(0);
       g.set_fused_prep(fused);
@@ -209,13 +207,11 @@ TEST(CudaFused, PrepInDecodeAttentionMatchesPrepThenAttention) {
       g.begin_batch(query);
       Tensor qd = dev_bf16(g, q, {T, q_row}), kd = dev_bf16(g, k, {T, kv_row}), vd = dev_bf16(g, v, {T, kv_row});
       Tensor out = g.alloc(DType::BF16, {T, q_row});
-      Tensor w = g.load_weight(Tensor(nw.data(), DType::F32, {cs.D}));
-      Tensor c = g.upload_table(cosv, {n_pos, half}), s = g.upload_table(sinv, {n_pos, half});
-      const Backend::QKPrep p = prep_for(cs, w, c, s);
+      const PrepOnDevice prep(g, cs, nw, 512);
       AttentionParams ap;
       ap.n_heads = cs.Hq, ap.n_kv_heads = cs.Hkv, ap.head_dim = cs.D, ap.scale = 1.0f / std::sqrt(float(cs.D));
       ap.softcap = cs.softcap, ap.window = cs.window;
-      g.prep_attention(0, qd, kd, vd, p, ap, out);
+      g.prep_attention(0, qd, kd, vd, prep.p, ap, out);
       return std::vector<std::vector<float>>{host_f32(g, out), host_f32(g, g.k_pool(0)), host_f32(g, g.v_pool(0))};
     };
     auto fa = run(true), ra = run(false);
