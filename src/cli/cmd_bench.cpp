@@ -47,10 +47,11 @@ int bench_cuda(const Args& a) {
   if (steps < 1 || reps < 1) fail("arguments: --decode-tokens and --reps must be >= 1");
   // --decode-only: one decode figure (graph replay), batch --decode-batch (1) at context --decode-ctx
   // (512), e.g. under a profiler or to compare settings.
+  const int64_t batch_ctx = 512, long_ctx = 8192;
   const bool decode_only = a.has("decode-only");
-  const int64_t only_batch = a.get_int("decode-batch", 1), only_ctx = a.get_int("decode-ctx", 512);
+  const int64_t only_batch = a.get_int("decode-batch", 1), only_ctx = a.get_int("decode-ctx", batch_ctx);
   if (only_batch < 1 || only_batch > 64) fail("arguments: --decode-batch must be in 1..64, got {}", only_batch);
-  if (only_ctx < 1 || only_ctx > 8192) fail("arguments: --decode-ctx must be in 1..8192, got {}", only_ctx);
+  if (only_ctx < 1 || only_ctx > long_ctx) fail("arguments: --decode-ctx must be in 1..{}, got {}", long_ctx, only_ctx);
   // --prefill-only P[,P...]: prefill figures of P tokens only (no GEMV table, no decode), e.g. under
   // a profiler or to compare settings.
   std::vector<int64_t> prefill_only;
@@ -65,7 +66,6 @@ int bench_cuda(const Args& a) {
                                         : !prefill_only.empty() ? prefill_only
                                                                 : std::vector<int64_t>{512, 2048, 8192};
   const std::vector<int64_t> batches = {8, 32, 64};
-  const int64_t batch_ctx = 512, long_ctx = 8192;
   LoadOptions opt;
   opt.model_dir = a.get_or("model", "");
   opt.config_path = a.get_or("config", "");
