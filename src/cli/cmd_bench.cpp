@@ -207,12 +207,29 @@ int bench_cuda(const Args& a) {
       if (i >= 4) timed += seconds_since(s0), gpu_ms += g;
       for (int64_t s = 0; s < B; ++s) seqs[size_t(s)].length += 1;
     }
+    // Diagnostic: the same step enqueued `steps` times with no wait for its ids between (it rewrites
+    // one position's KV each time): the GPU's time per step when the host never stalls it. The
+    // difference to the figure above is the host's round trip per step (waking from the sync, the
+    // next batch's upload and launch), which the GPU spends idle.
+    double queued_s = 0;
+    {
+      std::vector<std::vector<int32_t>> toks;
+      std::vector<int64_t> start;
+      std::vector<const SequenceKV*> kv;
+      for (int64_t s = 0; s < B; ++s) toks.push_back({next[size_t(s)]}), start.push_back(seqs[size_t(s)].length), kv.push_back(&seqs[size_t(s)]);
+      BatchInfo b = make_batch(toks, start, kv, false);
+      cuda_be->synchronize();
+      auto s0 = Clock::now();
+      for (int64_t i = 0; i < steps; ++i) m.forward(b, nullptr);
+      cuda_be->synchronize();
+      queued_s = seconds_since(s0) / double(steps);
+    }
     cuda_be->set_step_graphs(true);
     const double step_s = timed / double(steps), mid = double(ctx) + double(steps) / 2 + 4;
     const double bytes = double(weight_step_bytes) + double(B) * mid * kv_token_bytes;
     add_row({fmt::format("decode b={} ctx={}{}", B, ctx, graph ? "" : " eager"), double(B) / step_s, bytes / step_s / bw, "tok/s",
-                    fmt::format("{:.2f} ms/step (stream {:.2f}), {:.0f} MB/step, roofline {:.1f} tok/s", step_s * 1e3,
-                         gpu_ms / double(steps), bytes * 1e-6, double(B) * bw / bytes)});
+             fmt::format("{:.3f} ms/step (stream {:.3f}, queued without the ids {:.3f}), {:.0f} MB/step, roofline {:.1f} tok/s",
+                         step_s * 1e3, gpu_ms / double(steps), queued_s * 1e3, bytes * 1e-6, double(B) * bw / bytes)});
   };
   // Each decode figure with the decode step replayed as a CUDA graph (the default), then eagerly.
   for (bool graph : {true, false}) {

@@ -44,19 +44,32 @@ std::map<int32_t, double> reference_distribution(const std::vector<float>& logit
   return out;
 }
 
+// The argmax cuts a row over blocks of 4096 logits: vocabularies below, at and across block edges,
+// ties inside one block and across blocks (the lower id wins), NaNs (never chosen; a row of NaNs gives
+// 0, as the CPU), a row of -inf, and a second launch on the same buffers (the per-row counters reset).
 TEST(CudaSampling, ArgmaxMatchesTheCpu) {
   ARBOR_REQUIRE_GPU();
   std::mt19937 rng(21);
   CudaBackend gpu(0);
-  for (int64_t V : {1, 1000, 151936}) {
-    const int64_t R = 3;
-    std::vector<float> l = random_bf16(rng, size_t(R * V), 10.0f);
-    if (V > 1) l[size_t(V + 5)] = l[size_t(V + 900 % V)] = 99.0f;  // a tie in row 1: the lower id wins
-    Tensor t = gpu.alloc(DType::F32, {R, V});
-    gpu.upload(l.data(), t);
-    std::vector<int32_t> ids(static_cast<size_t>(R));
-    gpu.argmax_rows(t, ids.data());
-    for (int64_t r = 0; r < R; ++r) EXPECT_EQ(ids[size_t(r)], argmax(l.data() + r * V, V)) << "V " << V << " row " << r;
+  for (int64_t V : {1, 1000, 4095, 4096, 4097, 12289, 128256, 151936}) {
+    for (int64_t R : {1, 5}) {
+      std::vector<float> l = random_bf16(rng, size_t(R * V), 10.0f);
+      auto row = [&](int64_t r) { return l.data() + r * V; };
+      if (R > 1 && V > 1) row(1)[5] = row(1)[900 % V] = 99.0f;                  // a tie in one block
+      if (R > 2 && V > 8192) row(2)[V - 1] = row(2)[4100] = row(2)[8200] = 98.0f;  // a tie across blocks
+      if (R > 3) {
+        for (int64_t i = 1; i < V; i += 7) row(3)[i] = std::nanf("");
+        for (int64_t i = 0; i < V; ++i) row(4)[i] = V > 1 ? std::nanf("") : row(4)[i];
+      }
+      if (R > 4 && V > 1) std::fill(row(0), row(0) + V, -INFINITY);
+      Tensor t = gpu.alloc(DType::F32, {R, V});
+      gpu.upload(l.data(), t);
+      for (int rep = 0; rep < 2; ++rep) {
+        std::vector<int32_t> ids(static_cast<size_t>(R), -1);
+        gpu.argmax_rows(t, ids.data());
+        for (int64_t r = 0; r < R; ++r) EXPECT_EQ(ids[size_t(r)], argmax(row(r), V)) << "V " << V << " R " << R << " row " << r << " rep " << rep;
+      }
+    }
   }
 }
 

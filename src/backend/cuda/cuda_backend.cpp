@@ -156,6 +156,7 @@ CudaBackend::~CudaBackend() {
   for (auto e : timer_events_)
     if (e) cudaEventDestroy(static_cast<cudaEvent_t>(e));
   staging_.reset();
+  if (host_ids_) cudaFreeHost(host_ids_);
   owned_.clear();
   if (lt_) cublasLtDestroy(lt_);
   if (stream_) cudaStreamDestroy(stream_);
@@ -695,31 +696,56 @@ void CudaBackend::read_logits(const Tensor& logits, float* host) {
   ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
 }
 
+// Buffers of the sampled ids for R rows: device ids (read by nothing else yet), host-mapped ids that
+// the kernels write directly (the host waits for the stream, with no copy queued behind the kernel),
+// and the argmax's per-block keys and per-row counters (zero between launches).
+void CudaBackend::ensure_ids(int64_t R) {
+  void* ids = d_ids_;
+  ensure(ids, ids_cap_, size_t(R) * 4);
+  d_ids_ = static_cast<int32_t*>(ids);
+  const size_t part_bytes = size_t(R * cuda::argmax_blocks(max_vocab_seen_)) * 8;
+  ensure(argmax_part_, argmax_part_cap_, part_bytes);
+  const size_t had = argmax_counters_cap_;
+  ensure(argmax_counters_, argmax_counters_cap_, size_t(R) * 4);
+  if (argmax_counters_cap_ != had) ARBOR_CUDA_CHECK(cudaMemsetAsync(argmax_counters_, 0, argmax_counters_cap_, st(stream_)));
+  if (size_t(R) > host_ids_cap_) {
+    ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));  // the old buffer may still be written
+    if (host_ids_) ARBOR_CUDA_CHECK(cudaFreeHost(host_ids_));
+    host_ids_ = nullptr;
+    host_ids_cap_ = std::max(size_t(R), 2 * host_ids_cap_);
+    ARBOR_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_ids_), host_ids_cap_ * 4, cudaHostAllocMapped));
+    ARBOR_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_ids_dev_), host_ids_, 0));
+  }
+}
+
 bool CudaBackend::argmax_rows(const Tensor& logits, int32_t* host_ids) {
   ARBOR_CHECK(logits.dtype == DType::F32 && logits.device == Device::CUDA, "cuda: argmax_rows: device F32 logits expected");
   not_capturing(__func__);
   const int64_t R = logits.rows();
-  void* ids = d_ids_;
-  ensure(ids, ids_cap_, size_t(R) * 4);
-  d_ids_ = static_cast<int32_t*>(ids);
-  launch_argmax(logits.as<float>(), R, logits.cols(), d_ids_, st(stream_));
-  ARBOR_CUDA_CHECK(cudaMemcpyAsync(host_ids, d_ids_, size_t(R) * 4, cudaMemcpyDeviceToHost, st(stream_)));
+  max_vocab_seen_ = std::max(max_vocab_seen_, logits.cols());
+  ensure_ids(R);
+  launch_argmax(logits.as<float>(), R, logits.cols(), static_cast<uint64_t*>(argmax_part_), static_cast<unsigned*>(argmax_counters_),
+                d_ids_, host_ids_dev_, st(stream_));
   ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
+  std::memcpy(host_ids, host_ids_, size_t(R) * 4);
   return true;
 }
 
 void CudaBackend::sample_rows(const Tensor& logits, const GpuSampling& p, uint64_t step, int32_t* host_ids) {
   ARBOR_CHECK(logits.dtype == DType::F32 && logits.device == Device::CUDA, "cuda: sample_rows: device F32 logits expected");
   not_capturing(__func__);
+  if (!(p.temperature > 0)) {
+    argmax_rows(logits, host_ids);
+    return;
+  }
   ARBOR_CHECK(p.top_p > 0 && p.top_p <= 1 && p.min_p >= 0 && p.min_p <= 1 && p.top_k >= 0,
               "cuda: sampling: top_p {} must be in (0, 1], min_p {} in [0, 1], top_k {} >= 0", p.top_p, p.min_p, p.top_k);
   const int64_t R = logits.rows();
-  void* ids = d_ids_;
-  ensure(ids, ids_cap_, size_t(R) * 4);
-  d_ids_ = static_cast<int32_t*>(ids);
-  launch_sample(logits.as<float>(), R, logits.cols(), p.temperature, p.top_k, p.top_p, p.min_p, p.seed, step, d_ids_, st(stream_));
-  ARBOR_CUDA_CHECK(cudaMemcpyAsync(host_ids, d_ids_, size_t(R) * 4, cudaMemcpyDeviceToHost, st(stream_)));
+  ensure_ids(R);
+  launch_sample(logits.as<float>(), R, logits.cols(), p.temperature, p.top_k, p.top_p, p.min_p, p.seed, step, d_ids_, host_ids_dev_,
+                st(stream_));
   ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
+  std::memcpy(host_ids, host_ids_, size_t(R) * 4);
 }
 
 void CudaBackend::upload(const void* host, const Tensor& dev) {

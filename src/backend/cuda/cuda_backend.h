@@ -190,9 +190,18 @@ class CudaBackend : public Backend {
   size_t scratch2_cap_ = 0;
   void* workspace_ = nullptr;                      // cuBLASLt
   size_t workspace_bytes_ = 0;
+  void ensure_ids(int64_t rows);
   int32_t* d_ids_ = nullptr;                       // sampled ids [max rows]
-  void* timer_events_[2] = {nullptr, nullptr};     // cudaEvent_t
   size_t ids_cap_ = 0;
+  int32_t* host_ids_ = nullptr;                    // the same, host-mapped (written by the kernels)
+  int32_t* host_ids_dev_ = nullptr;                //   its device address
+  size_t host_ids_cap_ = 0;                        //   in rows
+  void* argmax_part_ = nullptr;                    // argmax: per-block keys
+  size_t argmax_part_cap_ = 0;
+  void* argmax_counters_ = nullptr;                // argmax: per-row counters (zero between launches)
+  size_t argmax_counters_cap_ = 0;
+  int64_t max_vocab_seen_ = 1;                     // sizes argmax_part_
+  void* timer_events_[2] = {nullptr, nullptr};     // cudaEvent_t
 };
 
 // Hardware ceilings measured now on the device (bench): device-to-device copy bandwidth in bytes/s

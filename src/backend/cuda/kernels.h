@@ -156,11 +156,16 @@ constexpr int kPrefillRows = 128;  // query rows (token x head) per prefill tile
 void set_prefill_warp_rows(int rows);
 
 // ---- sampling.cu ----------------------------------------------------------------------------------
-// ids[r] = argmax of logits row r (ties: lowest id, as torch.argmax); logits [rows, vocab] f32.
-void launch_argmax(const float* logits, int64_t rows, int64_t vocab, int32_t* ids, cudaStream_t s);
-// Seeded sampling per row in transformers' order: temperature, top-k, top-p, min-p. The random draw
-// for row r is a hash of (seed, step, r), so a (seed, step) pair always gives the same ids.
+// ids[r] = argmax of logits row r (ties: lowest id, as torch.argmax; NaN never wins, a row of NaNs
+// gives 0); logits [rows, vocab] f32, rows <= 65535. Each row is cut over argmax_blocks(vocab) blocks:
+// part holds rows x that many keys and counters rows zeros (left zero) when that is more than one.
+// host_ids, when not null, is host-mapped memory that receives the ids too (no copy to wait for).
+int64_t argmax_blocks(int64_t vocab);
+void launch_argmax(const float* logits, int64_t rows, int64_t vocab, uint64_t* part, unsigned* counters, int32_t* ids, int32_t* host_ids,
+                   cudaStream_t s);
+// Seeded sampling per row in transformers' order: temperature (> 0), top-k, top-p, min-p. The random
+// draw for row r is a hash of (seed, step, r), so a (seed, step) pair always gives the same ids.
 void launch_sample(const float* logits, int64_t rows, int64_t vocab, float temperature, int32_t top_k, float top_p,
-                   float min_p, uint64_t seed, uint64_t step, int32_t* ids, cudaStream_t s);
+                   float min_p, uint64_t seed, uint64_t step, int32_t* ids, int32_t* host_ids, cudaStream_t s);
 
 }  // namespace arbor::cuda

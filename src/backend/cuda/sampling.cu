@@ -56,12 +56,66 @@ __device__ MaxIdx row_argmax(const float* row, int64_t n, MaxIdx* red) {
   return r;
 }
 
-__global__ void __launch_bounds__(kThreads) argmax_kernel(const float* logits, int64_t vocab, int32_t* ids) {
+// Greedy ids over several blocks per row: block b of row r reduces its kArgmaxChunk logits to one key
+// (value, then lowest id), and the last block of the row to finish (a counter per row, reset by that
+// block) reduces the row's keys and writes the id. One block per row read 128k logits one SM at a time
+// (≈ 15 µs of a batch-1 step); 32 blocks read them at once.
+constexpr int kArgmaxThreads = 256, kArgmaxPerThread = 16, kArgmaxChunk = kArgmaxThreads * kArgmaxPerThread;
+
+// The key of logit v at id i: larger v first, then the lower id; NaN is never chosen (key 0, the key
+// of "nothing": a row of NaNs gives id 0).
+__device__ __forceinline__ uint64_t argmax_key(float v, int64_t i) {
+  return v != v ? 0ull : (uint64_t(fkey(v)) << 32) | uint64_t(~uint32_t(i));
+}
+__device__ __forceinline__ int32_t argmax_id(uint64_t key) { return key == 0 ? 0 : int32_t(~uint32_t(key)); }
+
+__device__ uint64_t block_max_key(uint64_t k, uint64_t* red) {
+  for (int o = 16; o > 0; o >>= 1) k = max(k, __shfl_xor_sync(0xffffffffu, k, o));
+  __syncthreads();  // red may still be read by a previous reduction
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = k;
+  __syncthreads();
+  uint64_t r = red[0];
+  for (int w = 1; w < int(blockDim.x / 32); ++w) r = max(r, red[w]);
+  return r;
+}
+
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* logits, int64_t vocab, uint64_t* part, unsigned* counters,
+                                                                int32_t* ids, int32_t* host_ids) {
   pdl_trigger();
   pdl_wait();
-  __shared__ MaxIdx red[32];
-  const MaxIdx r = row_argmax(logits + blockIdx.x * vocab, vocab, red);
-  if (threadIdx.x == 0) ids[blockIdx.x] = r.i == INT32_MAX ? 0 : r.i;  // an all-NaN row gives 0
+  __shared__ uint64_t red[kArgmaxThreads / 32];
+  __shared__ bool last;
+  const int nb = gridDim.x, r = blockIdx.y;
+  const float* row = logits + int64_t(r) * vocab;
+  const int64_t c0 = int64_t(blockIdx.x) * kArgmaxChunk;
+  float v[kArgmaxPerThread];
+#pragma unroll
+  for (int j = 0; j < kArgmaxPerThread; ++j) {  // every load issued before the first compare
+    const int64_t i = c0 + j * kArgmaxThreads + threadIdx.x;
+    v[j] = i < vocab ? __ldcg(row + i) : __int_as_float(0x7fc00000);  // NaN: no candidate
+  }
+  uint64_t k = 0;
+#pragma unroll
+  for (int j = 0; j < kArgmaxPerThread; ++j) k = max(k, argmax_key(v[j], c0 + j * kArgmaxThreads + threadIdx.x));
+  k = block_max_key(k, red);
+  auto finish = [&](uint64_t key) {
+    if (threadIdx.x != 0) return;
+    ids[r] = argmax_id(key);
+    if (host_ids) host_ids[r] = argmax_id(key);
+  };
+  if (nb == 1) return finish(k);
+  if (threadIdx.x == 0) {
+    part[int64_t(r) * nb + blockIdx.x] = k;
+    __threadfence();  // the key is visible before the block is counted
+    last = atomicAdd(counters + r, 1u) == unsigned(nb - 1);
+    if (last) counters[r] = 0;  // ready for the next launch
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  uint64_t m = 0;
+  for (int b = threadIdx.x; b < nb; b += kArgmaxThreads) m = max(m, __ldcg(part + int64_t(r) * nb + b));
+  finish(block_max_key(m, red));
 }
 
 __device__ __forceinline__ uint64_t mix64(uint64_t z) {
@@ -71,7 +125,8 @@ __device__ __forceinline__ uint64_t mix64(uint64_t z) {
 }
 
 __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, int64_t vocab, float inv_temp, int32_t top_k,
-                                                          float top_p, float min_p, uint64_t seed, uint64_t step, int32_t* ids) {
+                                                          float top_p, float min_p, uint64_t seed, uint64_t step, int32_t* ids,
+                                                          int32_t* host_ids) {
   __shared__ MaxIdx red_mi[32];
   __shared__ float red_f[32];
   __shared__ double red_d[32];
@@ -158,26 +213,35 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
     chosen = pick;
   }
   __syncthreads();
-  if (threadIdx.x == 0) ids[blockIdx.x] = chosen >= 0 ? chosen : (top.i == INT32_MAX ? 0 : top.i);  // rounding at the end: the top token
+  if (threadIdx.x == 0) {
+    const int32_t id = chosen >= 0 ? chosen : (top.i == INT32_MAX ? 0 : top.i);  // rounding at the end: the top token
+    ids[blockIdx.x] = id;
+    if (host_ids) host_ids[blockIdx.x] = id;
+  }
 }
 
 }  // namespace
 
-void launch_argmax(const float* logits, int64_t rows, int64_t vocab, int32_t* ids, cudaStream_t s) {
+int64_t argmax_blocks(int64_t vocab) { return (vocab + kArgmaxChunk - 1) / kArgmaxChunk; }
+
+void launch_argmax(const float* logits, int64_t rows, int64_t vocab, uint64_t* part, unsigned* counters, int32_t* ids, int32_t* host_ids,
+                   cudaStream_t s) {
   if (rows == 0) return;
-  ARBOR_CU_CHECK(vocab > 0 && vocab < INT32_MAX && rows <= INT32_MAX, "cuda: argmax: %lld rows of %lld", (long long)rows, (long long)vocab);
-  pdl_launch(argmax_kernel, unsigned(rows), kThreads, 0, s, logits, vocab, ids);
+  ARBOR_CU_CHECK(vocab > 0 && vocab < INT32_MAX && rows <= 65535, "cuda: argmax: %lld rows of %lld", (long long)rows, (long long)vocab);
+  const int64_t nb = argmax_blocks(vocab);
+  ARBOR_CU_CHECK(nb == 1 || (part && counters), "cuda: argmax: %lld blocks per row need partials and counters", (long long)nb);
+  pdl_launch(argmax_kernel, dim3(unsigned(nb), unsigned(rows)), kArgmaxThreads, 0, s, logits, vocab, part, counters, ids, host_ids);
   ARBOR_LAUNCH_CHECK("argmax_kernel");
 }
 
 void launch_sample(const float* logits, int64_t rows, int64_t vocab, float temperature, int32_t top_k, float top_p, float min_p,
-                   uint64_t seed, uint64_t step, int32_t* ids, cudaStream_t s) {
+                   uint64_t seed, uint64_t step, int32_t* ids, int32_t* host_ids, cudaStream_t s) {
   if (rows == 0) return;
   ARBOR_CU_CHECK(vocab > 0 && vocab < INT32_MAX && rows <= INT32_MAX, "cuda: sample: %lld rows of %lld", (long long)rows, (long long)vocab);
-  if (!(temperature > 0)) return launch_argmax(logits, rows, vocab, ids, s);
+  ARBOR_CU_CHECK(temperature > 0, "cuda: sample: temperature %g (greedy ids come from launch_argmax)", double(temperature));
   ARBOR_CU_CHECK(top_p > 0 && top_p <= 1 && min_p >= 0 && min_p <= 1 && top_k >= 0,
                  "cuda: sample: top_p %g (0, 1], min_p %g [0, 1], top_k %d >= 0", double(top_p), double(min_p), top_k);
-  sample_kernel<<<unsigned(rows), kThreads, 0, s>>>(logits, vocab, 1.0f / temperature, top_k, top_p, min_p, seed, step, ids);
+  sample_kernel<<<unsigned(rows), kThreads, 0, s>>>(logits, vocab, 1.0f / temperature, top_k, top_p, min_p, seed, step, ids, host_ids);
   ARBOR_LAUNCH_CHECK("sample_kernel");
 }
 
