@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/tensor.h"
 
 namespace arbor {
@@ -28,8 +29,13 @@ enum class ActOp : uint8_t { SiLU, GeLU, GeLUTanh };
 // The flattened batch of one forward call, host side. Token i belongs to sequence seq[i] and sits at
 // position pos[i]; each sequence has a block table into the paged KV pools and its context length
 // after this step (all tokens in the cache once this step's keys are written).
+// A token id < 0 in BatchInfo::tokens stands for the id that the backend's last queued pick
+// (Backend::argmax_rows_start) chose for logit row -1 - id: a step queued before the previous step's
+// ids reached the host (only backends that pick ids on the device accept it).
+inline int32_t token_from_last_pick(int64_t row) { return int32_t(-1 - row); }
+
 struct BatchInfo {
-  std::vector<int32_t> tokens;        // [T]
+  std::vector<int32_t> tokens;        // [T] (or token_from_last_pick(row))
   std::vector<int32_t> pos;           // [T]
   std::vector<int32_t> seq;           // [T] index into the per-sequence arrays
   std::vector<int32_t> ctx_len;       // [S]
@@ -150,7 +156,17 @@ class Backend {
   virtual void read_logits(const Tensor& logits, float* host) = 0;
   // Greedy ids of device logits [R, vocab] f32 (ties: lowest id) without copying the logits to the
   // host; false when the backend has no such path (the caller reads the logits and picks on the host).
-  virtual bool argmax_rows(const Tensor& logits, int32_t* host_ids) { return false; }
+  // argmax_rows waits for the ids (call it with no pick outstanding). argmax_rows_start only queues the pick, so the host can queue the
+  // next step (its tokens token_from_last_pick(row)) before this one's ids arrive; argmax_rows_wait
+  // gives the ids of the oldest queued pick, R of them. At most two picks are outstanding.
+  virtual bool argmax_rows_start(const Tensor& logits) { return false; }
+  virtual void argmax_rows_wait(int32_t* host_ids) { fail("{}: no queued pick of ids to wait for", name()); }
+  virtual void argmax_rows_drop() {}  // forgets every queued pick (after the device is done with them)
+  bool argmax_rows(const Tensor& logits, int32_t* host_ids) {
+    if (!argmax_rows_start(logits)) return false;
+    argmax_rows_wait(host_ids);
+    return true;
+  }
 
   // Step graphs: a backend that can record the ops of a decode step once and replay them (CUDA graphs)
   // says so here; the decoder then pads decode batches to buckets of tokens (positions, sequences

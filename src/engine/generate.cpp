@@ -70,26 +70,57 @@ GenerateResult generate(Model& model, BlockPool& pool, const GenerateRequest& re
   res.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
 
   const bool device_greedy = req.sampling.temperature <= 0.0f && !req.keep_logits && model.backend().device() != Device::CPU;
+  Backend& be = model.backend();
   auto t1 = clock::now();
+  // Greedy without --logits-out: the backend picks the id where the logits are (GPU argmax), as the
+  // server does, and the next step is queued (its token the id still on the device) before this
+  // step's id reaches the host, so the GPU never waits for the host. `queued`: a step is queued whose
+  // id follows `next`.
+  bool queued = false;
+  struct DropPicks {  // a pick left queued (a stop, an error) is dropped with the sequence
+    Backend& be;
+    ~DropPicks() {
+      try {
+        be.argmax_rows_drop();
+      } catch (...) {  // already unwinding from the error that left it
+      }
+    }
+  } drop_picks{be};
   while (req.max_tokens > 0) {
     res.tokens.push_back(next);
     bool go_on = !on_token || on_token(next);
     bool stop = std::find(req.stop_ids.begin(), req.stop_ids.end(), next) != req.stop_ids.end();
     if (!go_on || stop || int64_t(res.tokens.size()) >= req.max_tokens || seq.length >= limit) break;
-    BatchInfo b = make_batch({{next}}, {seq.length}, {&seq}, false);
-    seq.length += 1;
-    res.decode_steps += 1;
-    // Greedy without --logits-out: the backend may pick the id where the logits are (GPU argmax), as
-    // the server does, instead of copying the row to the host.
-    if (device_greedy) {
+    if (device_greedy && !queued) {
+      BatchInfo b = make_batch({{next}}, {seq.length}, {&seq}, false);
       model.forward(b, nullptr);
-      if (model.backend().argmax_rows(model.device_logits(1), &next)) continue;
-      logits.resize(size_t(V));
-      model.backend().read_logits(model.device_logits(1), logits.data());
-    } else {
+      queued = be.argmax_rows_start(model.device_logits(1));
+      if (!queued) {  // no pick on this backend: the logits come to the host
+        logits.resize(size_t(V));
+        be.read_logits(model.device_logits(1), logits.data());
+      }
+    }
+    if (queued) {
+      // The step after this one, unless this one's id ends the sequence by length.
+      const bool more = int64_t(res.tokens.size()) + 1 < req.max_tokens && seq.length + 1 < limit;
+      if (more) {
+        BatchInfo b = make_batch({{token_from_last_pick(0)}}, {seq.length + 1}, {&seq}, false);
+        model.forward(b, nullptr);
+        be.argmax_rows_start(model.device_logits(1));
+      }
+      be.argmax_rows_wait(&next);
+      seq.length += 1;
+      res.decode_steps += 1;
+      queued = more;
+      continue;
+    }
+    if (!device_greedy) {
+      BatchInfo b = make_batch({{next}}, {seq.length}, {&seq}, false);
       logits.resize(size_t(V));
       model.forward(b, logits.data());
     }
+    seq.length += 1;
+    res.decode_steps += 1;
     if (req.keep_logits) res.logits.insert(res.logits.end(), logits.begin(), logits.end());
     next = sampler.sample(logits.data(), V);
   }

@@ -92,6 +92,7 @@ SchedulerStats Scheduler::stats() const {
   s.prompt_tokens = prompt_tokens_.load();
   s.generated_tokens = generated_tokens_.load();
   s.steps = steps_.load();
+  s.steps_queued_ahead = steps_ahead_.load();
   s.busy_seconds = double(busy_us_.load()) * 1e-6;
   return s;
 }
@@ -115,7 +116,7 @@ void Scheduler::admit_locked() {
     }
     const int64_t P = int64_t(r->prompt.size());
     const int64_t limit = P + r->max_tokens;
-    auto a = std::make_unique<Active>(Active{r, SequenceKV{}, Sampler(r->sampling), limit, 0, {}, -1, false});
+    auto a = std::make_shared<Active>(Active{r, SequenceKV{}, Sampler(r->sampling), limit, 0, {}, -1, false});
     // The last prompt token is always computed: its logits give the first generated token.
     const int64_t cached = opt_.prefix_cache ? a->kv.match_prefix(pool_, r->prompt, P - 1) : 0;
     if (!a->kv.reserve(pool_, limit)) {  // head of line waits for blocks (FIFO keeps it fair)
@@ -147,8 +148,16 @@ void Scheduler::loop() {
   for (;;) {
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return stopping_ || !running_.empty() || !waiting_.empty(); });
+      cv_.wait(lk, [&] { return stopping_ || !running_.empty() || !waiting_.empty() || inflight_; });
       if (stopping_) {
+        if (inflight_) {  // the device finishes the queued step before its requests' blocks go back
+          try {
+            model_.backend().argmax_rows_drop();
+          } catch (const std::exception& e) {
+            log_info("scheduler: dropping the queued step at shutdown: {}", e.what());
+          }
+          inflight_.reset();
+        }
         for (auto& a : running_) retire(*a, FinishReason::Cancelled);
         running_.clear();
         for (auto& r : waiting_) {
@@ -165,7 +174,7 @@ void Scheduler::loop() {
         if (a->req->cancelled()) retire(*a, FinishReason::Cancelled);
       running_.erase(std::remove_if(running_.begin(), running_.end(), [](auto& a) { return a->done; }), running_.end());
       admit_locked();
-      if (running_.empty()) continue;
+      if (running_.empty() && !inflight_) continue;
     }
     step();
   }
@@ -174,75 +183,138 @@ void Scheduler::loop() {
 void Scheduler::step() {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
-  const int64_t V = model_.config().vocab_size;
-  // Decode tokens first (one per running request), then prefill chunks in admission order.
-  struct Part {
-    Active* a;
-    int64_t start, n;  // positions [start, start + n)
-    bool wants_logits;
-  };
+  if (!inflight_) {
+    auto parts = plan_parts();
+    if (parts.empty()) return;
+    inflight_ = launch(std::move(parts), false);
+  }
+  std::optional<Launched> successor;
+  if (can_queue_successor(*inflight_)) {
+    std::vector<Part> next;
+    for (auto& p : inflight_->parts) next.push_back({p.a, p.a->kv.length + 1, 1, true, true});
+    successor = launch(std::move(next), true);
+    steps_ahead_ += 1;
+  }
+  finish(*inflight_);
+  inflight_ = std::move(successor);
+  running_.erase(std::remove_if(running_.begin(), running_.end(), [](auto& a) { return a->done; }), running_.end());
+  n_running_.store(int64_t(running_.size()));
+  update_kv_stats();
+  busy_us_ += std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - t0).count();
+}
+
+// Decode tokens first (one per running request), then prefill chunks in admission order.
+std::vector<Scheduler::Part> Scheduler::plan_parts() {
   std::vector<Part> parts;
   int64_t budget = model_.max_step_tokens();
   for (auto& a : running_)
-    if (a->next >= 0) {
-      parts.push_back({a.get(), a->kv.length, 1, true});
+    if (!a->done && a->next >= 0) {
+      parts.push_back({a, a->kv.length, 1, true, true});
       budget -= 1;
     }
   for (auto& a : running_) {
-    if (a->next >= 0 || budget <= 0) continue;
+    if (a->done || a->next >= 0 || budget <= 0) continue;
     const int64_t n = std::min<int64_t>(budget, int64_t(a->req->prompt.size()) - a->prefilled);
-    parts.push_back({a.get(), a->prefilled, n, a->prefilled + n == int64_t(a->req->prompt.size())});
+    parts.push_back({a, a->prefilled, n, a->prefilled + n == int64_t(a->req->prompt.size()), false});
     budget -= n;
   }
+  return parts;
+}
 
+// Queues the step's forward. Every row greedy with nothing to apply to its logits (no penalties, bias,
+// logprobs): the backend may pick the ids where the logits are (a GPU) without waiting for them;
+// otherwise the [rows, vocab] logits come to the host (into logits_). from_last_pick: every part is a
+// decode whose token is the id the previous queued step picks for the same row.
+Scheduler::Launched Scheduler::launch(std::vector<Part> parts, bool from_last_pick) {
+  Launched l;
+  l.parts = std::move(parts);
   BatchInfo b;
   size_t max_blocks = 0;
-  for (auto& p : parts) max_blocks = std::max(max_blocks, p.a->kv.blocks.size());
+  for (auto& p : l.parts) max_blocks = std::max(max_blocks, p.a->kv.blocks.size());
   b.max_blocks = int32_t(max_blocks);
-  b.block_tables.assign(parts.size() * max_blocks, -1);
-  for (size_t s = 0; s < parts.size(); ++s) {
-    const Part& p = parts[s];
+  b.block_tables.assign(l.parts.size() * max_blocks, -1);
+  for (size_t s = 0; s < l.parts.size(); ++s) {
+    const Part& p = l.parts[s];
     std::copy(p.a->kv.blocks.begin(), p.a->kv.blocks.end(), b.block_tables.begin() + int64_t(s * max_blocks));
     for (int64_t i = 0; i < p.n; ++i) {
       const int64_t pos = p.start + i;
       if (p.wants_logits && i + 1 == p.n) b.logit_rows.push_back(int32_t(b.tokens.size()));
-      b.tokens.push_back(p.a->next >= 0 ? p.a->next : p.a->req->prompt[size_t(pos)]);
+      b.tokens.push_back(from_last_pick ? token_from_last_pick(int64_t(s)) : p.decode ? p.a->next : p.a->req->prompt[size_t(pos)]);
       b.pos.push_back(int32_t(pos));
       b.seq.push_back(int32_t(s));
     }
     b.ctx_len.push_back(int32_t(p.start + p.n));
   }
-  // Every row greedy with nothing to apply to its logits (no penalties, bias, logprobs): the backend
-  // may pick the ids where the logits are (a GPU), instead of copying [rows, vocab] floats to the host.
-  const int64_t R = int64_t(b.logit_rows.size());
+  const int64_t R = l.rows = int64_t(b.logit_rows.size());
   bool device_greedy = R > 0 && R <= model_.logit_capacity() && model_.backend().device() != Device::CPU;
-  for (auto& p : parts)
+  for (auto& p : l.parts)
     if (p.wants_logits && (p.a->sampler.params().temperature > 0.0f || p.a->req->processing.active() || p.a->req->logprobs))
       device_greedy = false;
-  greedy_ids_.resize(size_t(R));
   try {
-    bool on_device = false;  // the step ran with its logits left on the backend
+    ARBOR_CHECK(!from_last_pick || device_greedy, "scheduler: a step queued on picked ids must be greedy on the device");
     if (device_greedy) {
       model_.forward(b, nullptr);
-      on_device = true;
-      device_greedy = model_.backend().argmax_rows(model_.device_logits(R), greedy_ids_.data());
+      l.picked = model_.backend().argmax_rows_start(model_.device_logits(R));
+      if (!l.picked) {
+        logits_.resize(size_t(R) * size_t(model_.config().vocab_size));
+        model_.backend().read_logits(model_.device_logits(R), logits_.data());
+      }
+    } else {
+      logits_.resize(size_t(R) * size_t(model_.config().vocab_size));
+      model_.forward(b, logits_.data());
     }
-    if (!device_greedy) {
-      logits_.resize(size_t(R) * size_t(V));
-      if (on_device) model_.backend().read_logits(model_.device_logits(R), logits_.data());
-      else model_.forward(b, logits_.data());
-    }
+    steps_ += 1;
   } catch (const std::exception& e) {
     log_info("scheduler: forward failed: {}", e.what());
-    for (auto& p : parts) retire(*p.a, FinishReason::Error, fmt::format("internal error in the forward pass: {}", e.what()));
-    return;
+    l.failed = true;
+    for (auto& p : l.parts)
+      if (!p.a->done) retire(*p.a, FinishReason::Error, fmt::format("internal error in the forward pass: {}", e.what()));
   }
-  steps_ += 1;
+  return l;
+}
 
+// Whether the step after `l` can be queued before l's ids reach the host: l picks its ids on the
+// device and is all decode, none of its requests can end by length with l's token (a stop id may still
+// end one: that request's queued token is then discarded, its KV row written past the request's end),
+// and no other request is running or could be admitted now (it would wait a step for its prefill).
+bool Scheduler::can_queue_successor(const Launched& l) {
+  if (!l.picked || l.failed) return false;
+  for (auto& p : l.parts) {
+    const Active& a = *p.a;
+    if (!p.decode || a.done || a.req->cancelled()) return false;
+    if (int64_t(a.generated.size()) + 1 >= a.req->max_tokens || a.kv.length + 1 >= a.limit) return false;
+  }
+  int64_t live = 0;
+  for (auto& a : running_) live += !a->done;
+  if (live != int64_t(l.parts.size())) return false;
+  std::lock_guard<std::mutex> lk(mu_);
+  return !stopping_ && (waiting_.empty() || int64_t(running_.size()) >= opt_.max_batch);
+}
+
+// The step's tokens: sampled (or picked) per row, pushed to their requests, which end at a stop id,
+// at max_tokens, or when the cache holds all the tokens they may.
+void Scheduler::finish(Launched& l) {
+  if (l.failed) return;
+  const int64_t V = model_.config().vocab_size;
+  if (l.picked) {
+    greedy_ids_.resize(size_t(l.rows));
+    try {
+      model_.backend().argmax_rows_wait(greedy_ids_.data());
+    } catch (const std::exception& e) {
+      log_info("scheduler: forward failed: {}", e.what());
+      for (auto& p : l.parts)
+        if (!p.a->done) retire(*p.a, FinishReason::Error, fmt::format("internal error in the forward pass: {}", e.what()));
+      return;
+    }
+  }
   size_t row = 0;
-  for (auto& p : parts) {
+  for (auto& p : l.parts) {
     Active& a = *p.a;
-    if (a.next >= 0) {
+    if (a.done) {  // retired while the step ran (a stop id in the step before, a cancel): nothing to keep
+      row += p.wants_logits;
+      continue;
+    }
+    if (p.decode) {
       a.kv.length += 1;
     } else {
       a.prefilled += p.n;
@@ -253,7 +325,7 @@ void Scheduler::step() {
     if (!p.wants_logits) continue;
     Request& r = *a.req;
     TokenEvent ev;
-    if (device_greedy) {
+    if (l.picked) {
       ev.id = greedy_ids_[row++];
     } else {
       const float* lr = logits_.data() + row++ * size_t(V);
@@ -286,10 +358,6 @@ void Scheduler::step() {
     if (stop) retire(a, FinishReason::Stop);
     else if (int64_t(a.generated.size()) >= r.max_tokens || a.kv.length >= a.limit) retire(a, FinishReason::Length);
   }
-  running_.erase(std::remove_if(running_.begin(), running_.end(), [](auto& a) { return a->done; }), running_.end());
-  n_running_.store(int64_t(running_.size()));
-  update_kv_stats();
-  busy_us_ += std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - t0).count();
 }
 
 }  // namespace arbor

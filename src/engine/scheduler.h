@@ -14,6 +14,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -51,6 +52,7 @@ struct SchedulerStats {
   int64_t cached_tokens = 0;     // prompt tokens served from the prefix cache, over all admitted requests
   int64_t requests_admitted = 0, requests_finished = 0, requests_cancelled = 0, requests_rejected = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0, steps = 0;
+  int64_t steps_queued_ahead = 0;  // steps queued before the previous step's ids reached the host
   double busy_seconds = 0;  // time spent inside forward + sampling
 };
 
@@ -84,10 +86,29 @@ class Scheduler {
     int32_t next = -1;      // sampled, not yet fed (-1 while prefilling)
     bool done = false;      // retired; removed from running_ at the end of the pass
   };
+  // One request's share of a step: positions [start, start + n).
+  struct Part {
+    std::shared_ptr<Active> a;  // shared: a queued step may outlive the request's place in running_
+    int64_t start, n;
+    bool wants_logits;
+    bool decode;  // one generated token fed (else a prompt chunk)
+  };
+  // A step whose forward is queued or done. picked: its greedy ids are being picked on the device
+  // (argmax_rows_start), else its logits are in logits_ (the forward waited for them) or it failed.
+  struct Launched {
+    std::vector<Part> parts;
+    int64_t rows = 0;
+    bool picked = false;
+    bool failed = false;
+  };
 
   void loop();
   void admit_locked();
   void step();
+  std::vector<Part> plan_parts();
+  Launched launch(std::vector<Part> parts, bool from_last_pick);
+  bool can_queue_successor(const Launched& l);
+  void finish(Launched& l);
   void retire(Active& a, FinishReason r, const std::string& error = {});
   void update_kv_stats();  // kv_used_ and kv_cached_ from the pool (engine thread)
 
@@ -99,9 +120,15 @@ class Scheduler {
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Request>> waiting_;  // guarded by mu_
   bool stopping_ = false;                         // guarded by mu_
-  std::vector<std::unique_ptr<Active>> running_;  // engine thread only
+  std::vector<std::shared_ptr<Active>> running_;  // engine thread only
+  // A step queued and not yet finished (engine thread only): while the device runs it, the next
+  // step of the same decoding requests is queued, its tokens the ids this one picks on the device
+  // (Backend::argmax_rows_start), so the device never waits for the host between steps. A request
+  // that this step ends (a stop id) has its queued next step's token discarded.
+  std::optional<Launched> inflight_;
   std::atomic<int64_t> n_running_{0}, kv_used_{0}, kv_cached_{0}, cached_tokens_{0};
-  std::atomic<int64_t> admitted_{0}, finished_{0}, cancelled_{0}, rejected_{0}, prompt_tokens_{0}, generated_tokens_{0}, steps_{0};
+  std::atomic<int64_t> admitted_{0}, finished_{0}, cancelled_{0}, rejected_{0}, prompt_tokens_{0}, generated_tokens_{0}, steps_{0},
+      steps_ahead_{0};
   std::atomic<int64_t> busy_us_{0};
 
   std::vector<float> logits_;   // [rows, vocab]

@@ -89,6 +89,8 @@ void handle_metrics(ServerContext& ctx, const http::Request&, http::ResponseWrit
   metric("arbor_prompt_tokens_total", "counter", "Prompt tokens prefilled.", double(s.prompt_tokens));
   metric("arbor_generation_tokens_total", "counter", "Tokens generated.", double(s.generated_tokens));
   metric("arbor_engine_steps_total", "counter", "Forward steps run.", double(s.steps));
+  metric("arbor_engine_steps_queued_ahead_total", "counter", "Decode steps queued before the previous step's ids reached the host.",
+         double(s.steps_queued_ahead));
   metric("arbor_engine_busy_seconds_total", "counter", "Seconds spent in forward and sampling.", s.busy_seconds);
   metric("arbor_prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from the prefix cache.", double(ctx.metrics.cached_tokens.load()));
   metric("arbor_client_disconnects_total", "counter", "Requests cancelled because the client went away.", double(ctx.metrics.cancelled_by_client.load()));

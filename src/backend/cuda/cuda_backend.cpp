@@ -153,10 +153,10 @@ CudaBackend::~CudaBackend() {
   }
   if (stream_) cudaStreamSynchronize(stream_);
   graphs_.reset();  // before the memory its recordings use
-  for (auto e : timer_events_)
-    if (e) cudaEventDestroy(static_cast<cudaEvent_t>(e));
   staging_.reset();
   if (host_ids_) cudaFreeHost(host_ids_);
+  for (auto e : pick_done_)
+    if (e) cudaEventDestroy(static_cast<cudaEvent_t>(e));
   owned_.clear();
   if (lt_) cublasLtDestroy(lt_);
   if (stream_) cudaStreamDestroy(stream_);
@@ -402,10 +402,13 @@ void CudaBackend::begin_batch(const BatchInfo& b) {
 void CudaBackend::embed(const Tensor& table, Tensor out, float scale) {
   const auto& b = batch();
   const int64_t V = table.shape[0];
-  for (size_t t = 0; t < b.tokens.size(); ++t)
-    ARBOR_CHECK(b.tokens[t] >= 0 && b.tokens[t] < V, "embed: token id {} at batch row {} is outside the vocabulary ({})", b.tokens[t],
-                t, V);
-  launch_embed(table.data, table.dtype, d_tokens_, b.n_tokens(), table.shape[1], scale, out.as<uint16_t>(), st(stream_));
+  for (size_t t = 0; t < b.tokens.size(); ++t) {
+    const int32_t id = b.tokens[t];
+    ARBOR_CHECK(id < V, "embed: token id {} at batch row {} is outside the vocabulary ({})", id, t, V);
+    ARBOR_CHECK(id >= 0 || -1 - int64_t(id) < last_pick_rows_, "embed: batch row {} takes the picked id of row {}, the last pick has {} rows",
+                t, -1 - int64_t(id), last_pick_rows_);
+  }
+  launch_embed(table.data, table.dtype, d_tokens_, d_ids_, b.n_tokens(), table.shape[1], scale, out.as<uint16_t>(), st(stream_));
 }
 
 void CudaBackend::norm(NormOp op, const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor out) {
@@ -696,10 +699,15 @@ void CudaBackend::read_logits(const Tensor& logits, float* host) {
   ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
 }
 
-// Buffers of the sampled ids for R rows: device ids (read by nothing else yet), host-mapped ids that
-// the kernels write directly (the host waits for the stream, with no copy queued behind the kernel),
+// Buffers of the sampled ids for R rows: device ids (a later step's embedding may read them), two
+// slots of host-mapped ids that the kernels write directly (the host waits for an event, with no copy
+// queued behind the kernel; two, so a pick can be queued while the host still reads the previous),
 // and the argmax's per-block keys and per-row counters (zero between launches).
 void CudaBackend::ensure_ids(int64_t R) {
+  const bool grows = size_t(R) * 4 > ids_cap_ || size_t(R) > host_ids_cap_ ||
+                     size_t(R * cuda::argmax_blocks(max_vocab_seen_)) * 8 > argmax_part_cap_;
+  ARBOR_CHECK(!grows || picks_.empty(), "cuda: sampled ids for {} rows while {} picks are queued (their ids would be lost)", R,
+              picks_.size());
   void* ids = d_ids_;
   ensure(ids, ids_cap_, size_t(R) * 4);
   d_ids_ = static_cast<int32_t*>(ids);
@@ -713,22 +721,46 @@ void CudaBackend::ensure_ids(int64_t R) {
     if (host_ids_) ARBOR_CUDA_CHECK(cudaFreeHost(host_ids_));
     host_ids_ = nullptr;
     host_ids_cap_ = std::max(size_t(R), 2 * host_ids_cap_);
-    ARBOR_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_ids_), host_ids_cap_ * 4, cudaHostAllocMapped));
+    ARBOR_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_ids_), 2 * host_ids_cap_ * 4, cudaHostAllocMapped));
     ARBOR_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_ids_dev_), host_ids_, 0));
   }
+  for (auto& e : pick_done_)
+    if (!e) {
+      cudaEvent_t ev;
+      ARBOR_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+      e = ev;
+    }
 }
 
-bool CudaBackend::argmax_rows(const Tensor& logits, int32_t* host_ids) {
+bool CudaBackend::argmax_rows_start(const Tensor& logits) {
   ARBOR_CHECK(logits.dtype == DType::F32 && logits.device == Device::CUDA, "cuda: argmax_rows: device F32 logits expected");
   not_capturing(__func__);
+  ARBOR_CHECK(picks_.size() < 2, "cuda: argmax_rows_start: two picks are already queued (wait for one first)");
   const int64_t R = logits.rows();
   max_vocab_seen_ = std::max(max_vocab_seen_, logits.cols());
   ensure_ids(R);
+  const int slot = next_pick_slot_;
+  next_pick_slot_ ^= 1;
   launch_argmax(logits.as<float>(), R, logits.cols(), static_cast<uint64_t*>(argmax_part_), static_cast<unsigned*>(argmax_counters_),
-                d_ids_, host_ids_dev_, st(stream_));
-  ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
-  std::memcpy(host_ids, host_ids_, size_t(R) * 4);
+                d_ids_, host_ids_dev_ + size_t(slot) * host_ids_cap_, st(stream_));
+  ARBOR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(pick_done_[slot]), st(stream_)));
+  picks_.push_back({slot, R});
+  last_pick_rows_ = R;
   return true;
+}
+
+void CudaBackend::argmax_rows_wait(int32_t* host_ids) {
+  ARBOR_CHECK(!picks_.empty(), "cuda: argmax_rows_wait: no pick is queued");
+  const Pick p = picks_.front();
+  picks_.erase(picks_.begin());
+  ARBOR_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(pick_done_[p.slot])));
+  std::memcpy(host_ids, host_ids_ + size_t(p.slot) * host_ids_cap_, size_t(p.rows) * 4);
+}
+
+void CudaBackend::argmax_rows_drop() {
+  if (picks_.empty()) return;
+  ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
+  picks_.clear();
 }
 
 void CudaBackend::sample_rows(const Tensor& logits, const GpuSampling& p, uint64_t step, int32_t* host_ids) {
@@ -740,12 +772,14 @@ void CudaBackend::sample_rows(const Tensor& logits, const GpuSampling& p, uint64
   }
   ARBOR_CHECK(p.top_p > 0 && p.top_p <= 1 && p.min_p >= 0 && p.min_p <= 1 && p.top_k >= 0,
               "cuda: sampling: top_p {} must be in (0, 1], min_p {} in [0, 1], top_k {} >= 0", p.top_p, p.min_p, p.top_k);
+  ARBOR_CHECK(picks_.empty(), "cuda: sample_rows while {} greedy picks are queued", picks_.size());
   const int64_t R = logits.rows();
   ensure_ids(R);
   launch_sample(logits.as<float>(), R, logits.cols(), p.temperature, p.top_k, p.top_p, p.min_p, p.seed, step, d_ids_, host_ids_dev_,
                 st(stream_));
   ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
   std::memcpy(host_ids, host_ids_, size_t(R) * 4);
+  last_pick_rows_ = R;
 }
 
 void CudaBackend::upload(const void* host, const Tensor& dev) {
@@ -758,27 +792,6 @@ void CudaBackend::download(const Tensor& dev, void* host) {
   not_capturing(__func__);
   ARBOR_CUDA_CHECK(cudaMemcpyAsync(host, dev.data, dev.nbytes(), cudaMemcpyDeviceToHost, st(stream_)));
   ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
-}
-
-void CudaBackend::timer_start() {
-  not_capturing(__func__);
-  for (auto& e : timer_events_)
-    if (!e) {
-      cudaEvent_t ev;
-      ARBOR_CUDA_CHECK(cudaEventCreate(&ev));
-      e = ev;
-    }
-  ARBOR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(timer_events_[0]), st(stream_)));
-}
-
-double CudaBackend::timer_stop_ms() {
-  not_capturing(__func__);
-  ARBOR_CHECK(timer_events_[1], "cuda: timer_stop_ms without timer_start");
-  ARBOR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(timer_events_[1]), st(stream_)));
-  ARBOR_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(timer_events_[1])));
-  float ms = 0;
-  ARBOR_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(timer_events_[0]), static_cast<cudaEvent_t>(timer_events_[1])));
-  return double(ms);
 }
 
 void CudaBackend::synchronize() {

@@ -70,7 +70,9 @@ class CudaBackend : public Backend {
   // Sampling on the GPU over device logits [R, vocab] f32 (e.g. the model's logits buffer): writes R
   // ids to host_ids (one synchronisation). sample_rows draws with a hash of (seed, step, row), so the
   // caller advances `step` once per generated token.
-  bool argmax_rows(const Tensor& logits, int32_t* host_ids) override;
+  bool argmax_rows_start(const Tensor& logits) override;
+  void argmax_rows_wait(int32_t* host_ids) override;
+  void argmax_rows_drop() override;
   void sample_rows(const Tensor& logits, const GpuSampling& p, uint64_t step, int32_t* host_ids);
 
   // Which attention kernel runs: Auto picks decode (split-K) when no sequence has more than
@@ -120,9 +122,6 @@ class CudaBackend : public Backend {
   Tensor k_pool(int64_t layer) const;
   Tensor v_pool(int64_t layer) const;
   int sm_count() const { return n_sms_; }
-  // GPU time between two points of the stream (events): timer_stop synchronises and returns ms.
-  void timer_start();
-  double timer_stop_ms();
   CUstream_st* stream() const { return stream_; }
 
  private:
@@ -193,15 +192,22 @@ class CudaBackend : public Backend {
   void ensure_ids(int64_t rows);
   int32_t* d_ids_ = nullptr;                       // sampled ids [max rows]
   size_t ids_cap_ = 0;
-  int32_t* host_ids_ = nullptr;                    // the same, host-mapped (written by the kernels)
+  int32_t* host_ids_ = nullptr;                    // the same, host-mapped (written by the kernels), two slots
   int32_t* host_ids_dev_ = nullptr;                //   its device address
-  size_t host_ids_cap_ = 0;                        //   in rows
+  size_t host_ids_cap_ = 0;                        //   rows per slot
+  struct Pick {                                    // a queued argmax (argmax_rows_start)
+    int slot;
+    int64_t rows;
+  };
+  std::vector<Pick> picks_;                        // outstanding, oldest first (at most 2)
+  void* pick_done_[2] = {nullptr, nullptr};        // cudaEvent_t per host slot
+  int next_pick_slot_ = 0;
+  int64_t last_pick_rows_ = 0;                     // rows of the last queued pick (tokens may refer to them)
   void* argmax_part_ = nullptr;                    // argmax: per-block keys
   size_t argmax_part_cap_ = 0;
   void* argmax_counters_ = nullptr;                // argmax: per-row counters (zero between launches)
   size_t argmax_counters_cap_ = 0;
   int64_t max_vocab_seen_ = 1;                     // sizes argmax_part_
-  void* timer_events_[2] = {nullptr, nullptr};     // cudaEvent_t
 };
 
 // Hardware ceilings measured now on the device (bench): device-to-device copy bandwidth in bytes/s

@@ -22,11 +22,13 @@ unsigned grid_for(int64_t n, int threads) {
   return unsigned(g < 1 ? 1 : (g > (int64_t(1) << 30) ? (int64_t(1) << 30) : g));
 }
 
-__global__ void embed_kernel(const void* table, bool f16, const int32_t* tokens, int64_t T, int64_t C, float scale, uint16_t* out) {
+__global__ void embed_kernel(const void* table, bool f16, const int32_t* tokens, const int32_t* picked, int64_t T, int64_t C, float scale,
+                             uint16_t* out) {
   pdl_trigger();
   pdl_wait();
   const int64_t t = blockIdx.y;
-  const int64_t row = tokens[t];
+  const int32_t tok = tokens[t];
+  const int64_t row = tok >= 0 ? tok : picked[-1 - int64_t(tok)];  // token_from_last_pick (ids the argmax wrote, < vocab)
   for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < C; c += int64_t(gridDim.x) * blockDim.x) {
     float v = f16 ? __half2float(static_cast<const __half*>(table)[row * C + c]) : __bfloat162float(static_cast<const bf16*>(table)[row * C + c]);
     st(out, t * C + c, v * scale);
@@ -363,14 +365,14 @@ unsigned flat_grid(int64_t n) {
 
 }  // namespace
 
-void launch_embed(const void* table, DType table_dtype, const int32_t* tokens, int64_t T, int64_t C, float scale, uint16_t* out,
-                  cudaStream_t s) {
+void launch_embed(const void* table, DType table_dtype, const int32_t* tokens, const int32_t* picked, int64_t T, int64_t C, float scale,
+                  uint16_t* out, cudaStream_t s) {
   if (T == 0) return;
   ARBOR_CU_CHECK(table_dtype == DType::BF16 || table_dtype == DType::F16, "cuda: embed: table dtype %s (BF16 or F16 expected)",
                  dtype_name(table_dtype).data());
   ARBOR_CU_CHECK(T <= 65535, "cuda: embed: %lld tokens exceed one grid dimension", (long long)T);
   dim3 grid(grid_for(C, kThreads) > 64 ? 64 : grid_for(C, kThreads), unsigned(T));
-  pdl_launch(embed_kernel, grid, kThreads, 0, s, table, table_dtype == DType::F16, tokens, T, C, scale, out);
+  pdl_launch(embed_kernel, grid, kThreads, 0, s, table, table_dtype == DType::F16, tokens, picked, T, C, scale, out);
   ARBOR_LAUNCH_CHECK("embed_kernel");
 }
 

@@ -13,8 +13,9 @@
 namespace arbor::cuda {
 
 // ---- elementwise.cu -------------------------------------------------------------------------------
-// out[t] = table[tokens[t]] * scale; table [V, C] bf16 or f16, out [T, C] bf16.
-void launch_embed(const void* table, DType table_dtype, const int32_t* tokens, int64_t T, int64_t C, float scale,
+// out[t] = table[tokens[t]] * scale; table [V, C] bf16 or f16, out [T, C] bf16. A token < 0 is
+// picked[-1 - token] (the ids the last argmax wrote: token_from_last_pick).
+void launch_embed(const void* table, DType table_dtype, const int32_t* tokens, const int32_t* picked, int64_t T, int64_t C, float scale,
                   uint16_t* out, cudaStream_t s);
 // Rows of x [R, C] bf16 normalised; w, b f32 [C] (b may be null); out may alias x.
 void launch_norm(NormOp op, const uint16_t* x, const float* w, const float* b, float eps, int64_t R, int64_t C, uint16_t* out,
