@@ -254,6 +254,7 @@ void Model::run_layers(int64_t T) {
   Tensor gate = first_rows(gate_, T), up = first_rows(up_, T), act = first_rows(act_, T);
   const float resid = float(c.residual_multiplier), eps = float(c.norm_eps);
   bool owed = false;  // x += o * resid is still owed
+  bool normed_ahead = false;  // h already holds this layer's attention input (linear_add_norm)
   auto settle = [&] {
     if (owed) be.add_scaled(x, o, resid), owed = false;
   };
@@ -266,8 +267,9 @@ void Model::run_layers(int64_t T) {
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w_.layers[size_t(l)];
     const bool sliding = c.layer_types[size_t(l)] == LayerAttention::Sliding;
-    // Attention half.
-    if (a.block != BlockKind::PostNorm) pre_norm(L.attn_norm, L.attn_norm_b);
+    // Attention half (the previous layer's down projection may have normed x already).
+    if (normed_ahead) normed_ahead = false;
+    else if (a.block != BlockKind::PostNorm) pre_norm(L.attn_norm, L.attn_norm_b);
     else settle();
     const Tensor& attn_in = a.block == BlockKind::PostNorm ? x : h;
     const Backend::LinearOut qkv[3] = {{&L.q, q}, {&L.k, k}, {&L.v, v}};
@@ -286,12 +288,17 @@ void Model::run_layers(int64_t T) {
       prep.sin = sliding ? &sin_local_ : &sin_full_;
     }
     be.prep_attention(l, q, k, v, prep, sliding ? attn_sliding_ : attn_full_, attn);
-    be.linear(attn, L.o, o);
-    if (a.block != BlockKind::PreNorm) be.norm(norm_op_, o, L.post_attn_norm, Tensor{}, eps, o);
-    owed = true;
-    // MLP half.
-    if (a.block != BlockKind::PostNorm) pre_norm(L.mlp_norm, L.mlp_norm_b);
-    else settle();
+    // Pre-norm blocks: the output projection, the residual add and the MLP's norm in one composition.
+    if (a.block == BlockKind::PreNorm) {
+      be.linear_add_norm(attn, L.o, o, norm_op_, x, resid, L.mlp_norm, L.mlp_norm_b, eps, h);
+    } else {
+      be.linear(attn, L.o, o);
+      be.norm(norm_op_, o, L.post_attn_norm, Tensor{}, eps, o);
+      owed = true;
+      // MLP half.
+      if (a.block != BlockKind::PostNorm) pre_norm(L.mlp_norm, L.mlp_norm_b);
+      else settle();
+    }
     const Tensor& mlp_in = a.block == BlockKind::PostNorm ? x : h;
     if (a.mlp == MlpKind::Gated) {
       be.gated_up(mlp_in, L.gate, L.up, act_op_, gate, up, act);
@@ -299,9 +306,15 @@ void Model::run_layers(int64_t T) {
       be.linear(mlp_in, L.up, up);
       be.activation(act_op_, Tensor{}, up, act);
     }
-    be.linear(act, L.down, o);
-    if (a.block != BlockKind::PreNorm) be.norm(norm_op_, o, L.post_mlp_norm, Tensor{}, eps, o);
-    owed = true;
+    if (a.block == BlockKind::PreNorm && l + 1 < c.n_layers) {  // with the next layer's attention norm
+      const LayerWeights& next = w_.layers[size_t(l + 1)];
+      be.linear_add_norm(act, L.down, o, norm_op_, x, resid, next.attn_norm, next.attn_norm_b, eps, h);
+      normed_ahead = true;
+    } else {
+      be.linear(act, L.down, o);
+      if (a.block != BlockKind::PreNorm) be.norm(norm_op_, o, L.post_mlp_norm, Tensor{}, eps, o);
+      owed = true;
+    }
   }
   settle();
 }
