@@ -146,13 +146,6 @@ class Backend {
     add_scaled(x, o, scale);
     norm(op, x, w, b, eps, out);
   }
-  // An output projection and the residual add + norm that read it: o = in · Wᵀ, then add_norm(x, o);
-  // a backend may do the add and the norm in the projection's launch.
-  virtual void linear_add_norm(const Tensor& in, const Linear& l, Tensor o, NormOp op, Tensor x, float scale, const Tensor& w,
-                               const Tensor& b, float eps, Tensor out) {
-    linear(in, l, o);
-    add_norm(op, x, o, scale, w, b, eps, out);
-  }
   // x = x * scale, then cap * tanh(x / cap) when cap > 0
   virtual void scale_softcap(Tensor x, float scale, float cap) = 0;
   // out[i] = x[batch.logit_rows[i]]                                        out [R, C]

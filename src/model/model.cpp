@@ -215,16 +215,24 @@ void Model::forward(const BatchInfo& b, float* logits_out) {
     const BatchInfo& g = graph_batch_;
     const int64_t B = g.n_tokens();
     be.begin_batch(g);
-    if (!be.step_graph_begin()) {
-      run_layers(B);
-      run_logits(B);
+    if (!be.step_graph_begin()) {  // logit row i is token i (make_graph_batch)
+      const bool fold = B <= logit_cap_;
+      run_layers(B, fold);
+      run_logits(B, fold);
     }
     be.step_graph_end();
     if (logits_out) be.read_logits(first_rows(logits_, R), logits_out);
     return;
   }
   be.begin_batch(b);
-  run_layers(T);
+  bool identity = R == T && T <= logit_cap_;
+  for (int64_t i = 0; identity && i < R; ++i) identity = b.logit_rows[size_t(i)] == i;
+  run_layers(T, identity);
+  if (identity) {
+    run_logits(T, true);
+    if (logits_out) be.read_logits(first_rows(logits_, T), logits_out);
+    return;
+  }
   // Logits for the requested rows only, logit_cap_ rows per lm_head call.
   BatchInfo chunk_batch;
   for (int64_t r0 = 0; r0 < R; r0 += logit_cap_) {
@@ -245,7 +253,7 @@ Tensor Model::device_logits(int64_t rows) const {
 
 // The layer stack over the current batch's T tokens, leaving the residual stream in x_. Each residual
 // add is fused with the norm that reads its result when there is one (add_norm).
-void Model::run_layers(int64_t T) {
+void Model::run_layers(int64_t T, bool final_norm) {
   const ModelConfig& c = cfg_;
   const ArchDescriptor& a = *arch_;
   Backend& be = backend_;
@@ -254,7 +262,6 @@ void Model::run_layers(int64_t T) {
   Tensor gate = first_rows(gate_, T), up = first_rows(up_, T), act = first_rows(act_, T);
   const float resid = float(c.residual_multiplier), eps = float(c.norm_eps);
   bool owed = false;  // x += o * resid is still owed
-  bool normed_ahead = false;  // h already holds this layer's attention input (linear_add_norm)
   auto settle = [&] {
     if (owed) be.add_scaled(x, o, resid), owed = false;
   };
@@ -267,9 +274,8 @@ void Model::run_layers(int64_t T) {
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w_.layers[size_t(l)];
     const bool sliding = c.layer_types[size_t(l)] == LayerAttention::Sliding;
-    // Attention half (the previous layer's down projection may have normed x already).
-    if (normed_ahead) normed_ahead = false;
-    else if (a.block != BlockKind::PostNorm) pre_norm(L.attn_norm, L.attn_norm_b);
+    // Attention half.
+    if (a.block != BlockKind::PostNorm) pre_norm(L.attn_norm, L.attn_norm_b);
     else settle();
     const Tensor& attn_in = a.block == BlockKind::PostNorm ? x : h;
     const Backend::LinearOut qkv[3] = {{&L.q, q}, {&L.k, k}, {&L.v, v}};
@@ -288,17 +294,12 @@ void Model::run_layers(int64_t T) {
       prep.sin = sliding ? &sin_local_ : &sin_full_;
     }
     be.prep_attention(l, q, k, v, prep, sliding ? attn_sliding_ : attn_full_, attn);
-    // Pre-norm blocks: the output projection, the residual add and the MLP's norm in one composition.
-    if (a.block == BlockKind::PreNorm) {
-      be.linear_add_norm(attn, L.o, o, norm_op_, x, resid, L.mlp_norm, L.mlp_norm_b, eps, h);
-    } else {
-      be.linear(attn, L.o, o);
-      be.norm(norm_op_, o, L.post_attn_norm, Tensor{}, eps, o);
-      owed = true;
-      // MLP half.
-      if (a.block != BlockKind::PostNorm) pre_norm(L.mlp_norm, L.mlp_norm_b);
-      else settle();
-    }
+    be.linear(attn, L.o, o);
+    if (a.block != BlockKind::PreNorm) be.norm(norm_op_, o, L.post_attn_norm, Tensor{}, eps, o);
+    owed = true;
+    // MLP half.
+    if (a.block != BlockKind::PostNorm) pre_norm(L.mlp_norm, L.mlp_norm_b);
+    else settle();
     const Tensor& mlp_in = a.block == BlockKind::PostNorm ? x : h;
     if (a.mlp == MlpKind::Gated) {
       be.gated_up(mlp_in, L.gate, L.up, act_op_, gate, up, act);
@@ -306,26 +307,29 @@ void Model::run_layers(int64_t T) {
       be.linear(mlp_in, L.up, up);
       be.activation(act_op_, Tensor{}, up, act);
     }
-    if (a.block == BlockKind::PreNorm && l + 1 < c.n_layers) {  // with the next layer's attention norm
-      const LayerWeights& next = w_.layers[size_t(l + 1)];
-      be.linear_add_norm(act, L.down, o, norm_op_, x, resid, next.attn_norm, next.attn_norm_b, eps, h);
-      normed_ahead = true;
-    } else {
-      be.linear(act, L.down, o);
-      if (a.block != BlockKind::PreNorm) be.norm(norm_op_, o, L.post_mlp_norm, Tensor{}, eps, o);
-      owed = true;
-    }
+    be.linear(act, L.down, o);
+    if (a.block != BlockKind::PreNorm) be.norm(norm_op_, o, L.post_mlp_norm, Tensor{}, eps, o);
+    owed = true;
   }
-  settle();
+  if (!final_norm) {
+    settle();
+    return;
+  }
+  Tensor normed = first_rows(rows_normed_, T);
+  if (owed) be.add_norm(norm_op_, x, o, resid, w_.final_norm, w_.final_norm_b, eps, normed);
+  else be.norm(norm_op_, x, w_.final_norm, w_.final_norm_b, eps, normed);
 }
 
-// Logits of the current batch's first n logit rows into logits_ (gather, final norm, LM head, scaling).
-void Model::run_logits(int64_t n) {
+// Logits of the current batch's first n logit rows into logits_ (gather, final norm, LM head, scaling;
+// normed_ready: run_layers already normed rows 0..n-1, which are the logit rows).
+void Model::run_logits(int64_t n, bool normed_ready) {
   const ModelConfig& c = cfg_;
   Backend& be = backend_;
   Tensor rows = first_rows(rows_, n), normed = first_rows(rows_normed_, n), logits = first_rows(logits_, n);
-  be.gather_logit_rows(x_, rows);
-  be.norm(norm_op_, rows, w_.final_norm, w_.final_norm_b, float(c.norm_eps), normed);
+  if (!normed_ready) {
+    be.gather_logit_rows(x_, rows);
+    be.norm(norm_op_, rows, w_.final_norm, w_.final_norm_b, float(c.norm_eps), normed);
+  }
   be.linear(normed, w_.lm_head, logits);
   be.scale_softcap(logits, float(1.0 / c.logits_scaling), float(c.final_logit_softcap));
 }

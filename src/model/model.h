@@ -55,8 +55,10 @@ class Model {
   void plan_buffers();
   int64_t graph_bucket(int64_t T) const;     // 0: no graph for T tokens
   bool make_graph_batch(const BatchInfo& b);  // fills graph_batch_ when b is a graphable decode step
-  void run_layers(int64_t T);
-  void run_logits(int64_t n);
+  // The layer stack; with final_norm, every row's final norm too (into rows_normed_: the logits path
+  // when row i is logit row i, the last residual add fused with that norm).
+  void run_layers(int64_t T, bool final_norm = false);
+  void run_logits(int64_t n, bool normed = false);  // normed: run_layers left the rows normed
 
   ModelConfig cfg_;
   const ArchDescriptor* arch_ = nullptr;

@@ -127,7 +127,6 @@ CudaBackend::CudaBackend(int device)
     ARBOR_CHECK(attn_cluster_max_ >= 1 && attn_cluster_max_ <= cuda::kDecodeMaxCluster, "ARBOR_CUDA_ATTN_CLUSTER={}: 1..{} blocks", env,
                 cuda::kDecodeMaxCluster);
   }
-  if (const char* env = std::getenv("ARBOR_CUDA_GEMV_ADD_NORM")) fused_add_norm_ = std::atoi(env) != 0;
   if (const char* env = std::getenv("ARBOR_CUDA_ATTN_WAVES")) {
     attn_min_waves_ = std::atoi(env);
     ARBOR_CHECK(attn_min_waves_ >= 1 && attn_min_waves_ <= 8, "ARBOR_CUDA_ATTN_WAVES={}: 1..8 waves of split blocks at least", env);
@@ -492,27 +491,6 @@ void CudaBackend::add_norm(NormOp op, Tensor x, const Tensor& o, float scale, co
   ARBOR_CHECK(x.dtype == DType::BF16 && o.dtype == DType::BF16 && out.dtype == DType::BF16, "cuda: add_norm: activations must be BF16");
   launch_add_norm(op, x.as<uint16_t>(), o.as<uint16_t>(), scale, w.as<float>(), b.empty() ? nullptr : b.as<float>(), eps, x.rows(),
                   x.cols(), out.as<uint16_t>(), st(stream_));
-}
-
-void CudaBackend::linear_add_norm(const Tensor& in, const Linear& l, Tensor o, NormOp op, Tensor x, float scale, const Tensor& w,
-                                  const Tensor& b, float eps, Tensor out) {
-  const int64_t T = in.rows(), N = l.out_features();
-  const bool one_launch = fused_ && fused_add_norm_ && T >= 1 && T <= gemv_max_rows_ && op != NormOp::LayerNorm && b.empty() &&
-                          in.dtype == DType::BF16 && in.cols() == l.in_features() && o.dtype == DType::BF16 && o.rows() == T &&
-                          o.cols() == N && x.dtype == DType::BF16 && x.rows() == T && x.cols() == N && out.dtype == DType::BF16 &&
-                          out.rows() == T && out.cols() == N && w.numel() == N && w.dtype == DType::F32 &&
-                          (l.w.dtype == DType::BF16 || l.w.dtype == DType::F16);
-  if (one_launch) {
-    const size_t had = gemv_counter_cap_;  // the counter starts at zero (the kernel leaves it so)
-    ensure(gemv_counter_, gemv_counter_cap_, 4);
-    if (gemv_counter_cap_ != had) ARBOR_CUDA_CHECK(cudaMemsetAsync(gemv_counter_, 0, gemv_counter_cap_, st(stream_)));
-    cuda::GemvAddNorm an{x.as<uint16_t>(), scale, w.as<float>(), op == NormOp::RMSPlusOne, eps, out.as<uint16_t>(),
-                         static_cast<unsigned*>(gemv_counter_)};
-    if (launch_gemv_add_norm(l.w.data, l.w.dtype, in.as<uint16_t>(), l.bias.empty() ? nullptr : l.bias.as<float>(), o.as<uint16_t>(), T, N,
-                             in.cols(), an, n_sms_, st(stream_)))
-      return;
-  }
-  Backend::linear_add_norm(in, l, o, op, x, scale, w, b, eps, out);
 }
 
 void CudaBackend::rope(Tensor x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const Tensor& cos, const Tensor& sin) {

@@ -95,8 +95,6 @@ class CudaBackend : public Backend {
   void step_graph_end() override;
   void linear_multi(const Tensor& x, const LinearOut* outs, int n) override;
   void add_norm(NormOp op, Tensor x, const Tensor& o, float scale, const Tensor& w, const Tensor& b, float eps, Tensor out) override;
-  void linear_add_norm(const Tensor& in, const Linear& l, Tensor o, NormOp op, Tensor x, float scale, const Tensor& w, const Tensor& b,
-                       float eps, Tensor out) override;
   void gated_up(const Tensor& x, const Linear& wg, const Linear& wu, ActOp op, Tensor gate, Tensor up, Tensor out) override;
   void qk_prep_kv_write(int64_t layer, Tensor q, Tensor k, const Tensor& v, const QKPrep& p) override;
   // Batches of one token per sequence on the decode kernel: the q/k prep and KV write inside the
@@ -186,9 +184,6 @@ class CudaBackend : public Backend {
   int attn_min_waves_ = 2;         // decode attention's split blocks: this many waves over the SMs at least (ARBOR_CUDA_ATTN_WAVES)
   int attn_cluster_max_ = 16;      // splits of a cluster merge, at most (ARBOR_CUDA_ATTN_CLUSTER)
   int attn_merge_ = -1;  // decode attention's split merge: -1 by GQA group and span (attention_impl), 1 by the last block, 0 a second kernel, 2 a cluster (ARBOR_CUDA_ATTN_MERGE)
-  void* gemv_counter_ = nullptr;                   // linear_add_norm's last-block counter (zero between launches)
-  size_t gemv_counter_cap_ = 0;
-  bool fused_add_norm_ = true;                     // linear_add_norm in one launch (ARBOR_CUDA_GEMV_ADD_NORM=0: two)
   void* attn_counters_ = nullptr;                  // decode attention's merge counters (zero between launches)
   size_t attn_counters_cap_ = 0;
   void* scratch2_ = nullptr;

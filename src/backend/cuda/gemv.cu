@@ -235,79 +235,12 @@ __device__ __forceinline__ const uint16_t* stream_row(const GemvSegments& segs, 
   return pick(segs.w, si) + (u - pick(segs.pair0, si)) * K;
 }
 
-// linear_add_norm's tail, run by the stream kernel's last block to finish (each block counts itself
-// once its rows of y are stored): res += y * scale rounded to bf16, then out = res * rsqrt(mean(res²) +
-// eps) * w, per activation row. Thread t holds columns 8t.. (and 8t + 4096..): for C <= 4096 the sum of
-// squares runs in the order of rms_row_kernel (the unfused add_norm), so the numbers are the same.
-template <int NR>
-__device__ void add_norm_last_block(const GemvAddNorm& an, const uint16_t* y, int64_t C) {
-  constexpr int kT = kStreamWarps * 32;
-  __shared__ bool last;
-  __shared__ float red[32];
-  __threadfence();  // this thread's stores of y are visible before its block is counted
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(an.counter, 1u) == gridDim.x - 1;
-    if (last) *an.counter = 0;  // ready for the next launch
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-#pragma unroll 1
-  for (int r = 0; r < NR; ++r) {
-    float v[2][8], ss = 0;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int64_t i = (int64_t(j) * kT + threadIdx.x) * 8;
-      if (i >= C) continue;
-      uint4 xq = *reinterpret_cast<const uint4*>(an.res + r * C + i);
-      const uint4 oq = __ldcg(reinterpret_cast<const uint4*>(y + r * C + i));
-      __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(&xq);
-      const __nv_bfloat16* ob = reinterpret_cast<const __nv_bfloat16*>(&oq);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        xs[e] = __float2bfloat16(__bfloat162float(xs[e]) + __bfloat162float(ob[e]) * an.scale);
-        v[j][e] = __bfloat162float(xs[e]);
-      }
-      *reinterpret_cast<uint4*>(an.res + r * C + i) = xq;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) ss += v[j][e] * v[j][e];
-    }
-    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-      float t = threadIdx.x < kStreamWarps ? red[threadIdx.x] : 0.0f;
-      for (int off = 16; off > 0; off >>= 1) t += __shfl_xor_sync(0xffffffffu, t, off);
-      if (threadIdx.x == 0) red[0] = t;
-    }
-    __syncthreads();
-    const float inv = rsqrtf(red[0] / float(C) + an.eps);
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int64_t i = (int64_t(j) * kT + threadIdx.x) * 8;
-      if (i >= C) continue;
-      uint4 hq;
-      __nv_bfloat16* hs = reinterpret_cast<__nv_bfloat16*>(&hq);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const float wv = an.w[i + e];
-        hs[e] = __float2bfloat16(v[j][e] * inv * (an.plus_one ? 1.0f + wv : wv));
-      }
-      *reinterpret_cast<uint4*>(an.out + r * C + i) = hq;
-    }
-    __syncthreads();  // red is reused by the next row
-  }
-}
-
 // RPU: weight rows per unit (1 plain, 2 gated); NR: activation rows (1 or 2). pair0 here holds each
 // matrix's first row (not row pair). Every lane reads its own ring slots only, so the ring needs no
-// barrier: cp.async.wait_group orders a thread's copies before its own reads. AN: then the residual
-// add + norm of linear_add_norm (one plain matrix, bf16 y).
-template <int RPU, int NR, bool F16, bool XS, bool AN = false>
+// barrier: cp.async.wait_group orders a thread's copies before its own reads.
+template <int RPU, int NR, bool F16, bool XS>
 __global__ void __launch_bounds__(kStreamWarps * 32, 2) gemv_stream_kernel(GemvSegments segs, const uint16_t* __restrict__ x,
-                                                                             bool y_f32, int64_t K, int64_t units, int gated_act,
-                                                                             GemvAddNorm an) {
+                                                                             bool y_f32, int64_t K, int64_t units, int gated_act) {
   extern __shared__ __align__(16) uint4 ring[];  // [kStages][RPU][kStreamWarps * 32]
   const int tid = threadIdx.x, lane = tid % 32;
   const int64_t warps = int64_t(gridDim.x) * kStreamWarps, gw = int64_t(blockIdx.x) * kStreamWarps + tid / 32;
@@ -412,14 +345,13 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 2) gemv_stream_kernel(GemvS
       for (int r = 0; r < NR; ++r) acc[q][r] = 0.0f;
   }
   cp_async_wait<0>();  // nothing may be in flight into shared memory when the block exits
-  if constexpr (AN) add_norm_last_block<NR>(an, static_cast<const uint16_t*>(segs.y[0]), segs.N[0]);
 }
 
 bool g_stream = true;
 
 template <int RPU, int NR, bool F16>
 void launch_stream_t(dim3 grid, size_t smem, cudaStream_t s, const GemvSegments& segs, const uint16_t* x, bool y_f32, int64_t K,
-                     int64_t units, int gated_act, const GemvAddNorm* an) {
+                     int64_t units, int gated_act) {
   static bool attr_set = false;  // once per instantiation
   const size_t x_bytes = size_t(NR * K * 2);
   const bool xs = int64_t(x_bytes) <= kStreamMaxXBytes;
@@ -427,31 +359,20 @@ void launch_stream_t(dim3 grid, size_t smem, cudaStream_t s, const GemvSegments&
     // Every instantiation may use up to kStreamSmemLimit, whatever this launch needs.
     ARBOR_CUDA_CHECK(cudaFuncSetAttribute(gemv_stream_kernel<RPU, NR, F16, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStreamSmemLimit));
     ARBOR_CUDA_CHECK(cudaFuncSetAttribute(gemv_stream_kernel<RPU, NR, F16, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStreamSmemLimit));
-    if constexpr (RPU == 1)
-      ARBOR_CUDA_CHECK(cudaFuncSetAttribute(gemv_stream_kernel<1, NR, F16, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStreamSmemLimit));
     attr_set = true;
   }
-  if constexpr (RPU == 1) {
-    if (an) {  // launch_stream checked xs
-      pdl_launch(gemv_stream_kernel<1, NR, F16, true, true>, grid, kStreamWarps * 32, smem + x_bytes, s, segs, x, false, K, units, gated_act, *an);
-      ARBOR_LAUNCH_CHECK("gemv_stream_kernel (add + norm)");
-      return;
-    }
-  }
   if (xs)
-    pdl_launch(gemv_stream_kernel<RPU, NR, F16, true>, grid, kStreamWarps * 32, smem + x_bytes, s, segs, x, y_f32, K, units, gated_act, GemvAddNorm{});
+    pdl_launch(gemv_stream_kernel<RPU, NR, F16, true>, grid, kStreamWarps * 32, smem + x_bytes, s, segs, x, y_f32, K, units, gated_act);
   else
-    pdl_launch(gemv_stream_kernel<RPU, NR, F16, false>, grid, kStreamWarps * 32, smem, s, segs, x, y_f32, K, units, gated_act, GemvAddNorm{});
+    pdl_launch(gemv_stream_kernel<RPU, NR, F16, false>, grid, kStreamWarps * 32, smem, s, segs, x, y_f32, K, units, gated_act);
   ARBOR_LAUNCH_CHECK("gemv_stream_kernel");
 }
 
 // True when it launched: 1-2 rows, K a multiple of 256, 16-byte aligned weights and x. segs.pair0
-// holds row pairs on entry (the register kernel's numbering) and is rewritten to first rows. an: the
-// add + norm tail (one plain matrix, bf16 y, x in shared memory), else false.
+// holds row pairs on entry (the register kernel's numbering) and is rewritten to first rows.
 bool launch_stream(GemvSegments segs, int64_t units, bool f16, const uint16_t* x, bool y_f32, int64_t T, int64_t K, int n_sms, bool vec,
-                   int gated_act, cudaStream_t s, const GemvAddNorm* an = nullptr) {
+                   int gated_act, cudaStream_t s) {
   if (!g_stream || !vec || T > 2 || K % 256 != 0) return false;
-  if (an && (gated_act >= 0 || segs.n != 1 || y_f32 || T * K * 2 > kStreamMaxXBytes)) return false;
   if (gated_act < 0)
     for (int i = 0; i < segs.n; ++i) segs.pair0[i] = i == 0 ? 0 : segs.pair0[i - 1] + segs.N[i - 1];
   const int rpu = gated_act >= 0 ? 2 : 1;
@@ -459,7 +380,7 @@ bool launch_stream(GemvSegments segs, int64_t units, bool f16, const uint16_t* x
   const int64_t blocks = std::min<int64_t>(int64_t(n_sms) * kStreamBlocksPerSm, (units + kStreamWarps - 1) / kStreamWarps);
   const dim3 grid(unsigned(std::max<int64_t>(blocks, 1)));
   const size_t smem = size_t(kStages) * rpu * kStreamWarps * 32 * 16;
-#define ARBOR_STREAM(R, N, F) launch_stream_t<R, N, F>(grid, smem, s, segs, x, y_f32, K, units, gated_act, an)
+#define ARBOR_STREAM(R, N, F) launch_stream_t<R, N, F>(grid, smem, s, segs, x, y_f32, K, units, gated_act)
   if (rpu == 2) {
     if (T == 1) f16 ? ARBOR_STREAM(2, 1, true) : ARBOR_STREAM(2, 1, false);
     else f16 ? ARBOR_STREAM(2, 2, true) : ARBOR_STREAM(2, 2, false);
@@ -522,20 +443,6 @@ void launch_gemv(const void* w, DType w_dtype, const uint16_t* x, const float* b
                  int64_t K, int n_sms, cudaStream_t s) {
   const GemvOut one{w, bias, y, N};
   launch_gemv_multi(&one, 1, w_dtype, x, y_dtype, T, K, n_sms, s);
-}
-
-bool launch_gemv_add_norm(const void* w, DType w_dtype, const uint16_t* x, const float* bias, uint16_t* y, int64_t T, int64_t N, int64_t K,
-                          const GemvAddNorm& an, int n_sms, cudaStream_t s) {
-  ARBOR_CU_CHECK(w_dtype == DType::BF16 || w_dtype == DType::F16, "cuda: gemv: weight dtype %s (BF16 or F16)", dtype_name(w_dtype).data());
-  ARBOR_CU_CHECK(an.counter && an.res && an.w && an.out, "cuda: gemv add + norm: null counter, residual, weight or output");
-  const bool vec = K % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(y) % 16 == 0 && reinterpret_cast<uintptr_t>(an.res) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(an.out) % 16 == 0;
-  if (T < 1 || N % 8 != 0 || N > 2 * kStreamWarps * 32 * 8) return false;
-  GemvSegments segs{};
-  segs.n = 1;
-  segs.w[0] = static_cast<const uint16_t*>(w), segs.bias[0] = bias, segs.y[0] = y, segs.N[0] = N;
-  return launch_stream(segs, N, w_dtype == DType::F16, x, false, T, K, n_sms, vec, -1, s, &an);
 }
 
 void launch_gemv_gated(const GemvOut& gate, const GemvOut& up, ActOp act, DType w_dtype, const uint16_t* x, uint16_t* y, int64_t T,

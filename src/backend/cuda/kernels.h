@@ -87,22 +87,6 @@ void launch_gemv_multi(const GemvOut* outs, int n, DType w_dtype, const uint16_t
 // before the product (the numbers linear + activation give).
 void launch_gemv_gated(const GemvOut& gate, const GemvOut& up, ActOp act, DType w_dtype, const uint16_t* x, uint16_t* y, int64_t T,
                        int64_t K, int n_sms, cudaStream_t s);
-// An output projection and the residual add + RMS norm that read it, in one launch: y [T, N] = x ·
-// wᵀ (bf16, as launch_gemv), then res += y * scale and out = rms(res) * w (1 + w with plus_one), by
-// the launch's last block to finish (counter: one unsigned, zero, left zero). Only where the streaming
-// kernel runs (T <= 2, K % 256 == 0, x in shared memory, 16-byte aligned) and N % 8 == 0, N <= 8192;
-// false (nothing launched) otherwise.
-struct GemvAddNorm {
-  uint16_t* res;
-  float scale;
-  const float* w;
-  bool plus_one;
-  float eps;
-  uint16_t* out;
-  unsigned* counter;
-};
-bool launch_gemv_add_norm(const void* w, DType w_dtype, const uint16_t* x, const float* bias, uint16_t* y, int64_t T, int64_t N, int64_t K,
-                          const GemvAddNorm& an, int n_sms, cudaStream_t s);
 // The kernel's view of them: matrix i owns row pairs [pair0[i], pair0[i + 1]).
 struct GemvSegments {
   const uint16_t* w[kGemvMaxSegments];
