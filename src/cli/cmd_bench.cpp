@@ -181,7 +181,7 @@ int bench_cuda(const Args& a) {
     } release{seqs, pool};
     const int64_t total = steps + 4;  // 4 warm-up steps
     for (auto& s : seqs)
-      if (!s.reserve(pool, ctx + 2 * total + 8)) fail("bench: batch {} at context {} needs more KV blocks than the pool has", B, ctx);
+      if (!s.reserve(pool, ctx + total + 8)) fail("bench: batch {} at context {} needs more KV blocks than the pool has", B, ctx);
     const int64_t per_chunk = std::max<int64_t>(1, long_ctx / ctx);
     for (int64_t s0 = 0; s0 < B; s0 += per_chunk) {  // prefill, several sequences per forward
       std::vector<std::vector<int32_t>> toks;
@@ -222,7 +222,9 @@ int bench_cuda(const Args& a) {
       if (i == 3) warm = Clock::now();
     }
     const double step_s = seconds_since(warm) / double(steps);
-    // Diagnostics. Each step waiting for its ids before the next is queued (as before the pipelining).
+    // Diagnostics, over the same positions again (their KV rewritten). Each step waiting for its ids
+    // before the next is queued (as before the pipelining).
+    for (auto& s : seqs) s.length = ctx;
     double waited_s = 0;
     for (int64_t i = 0; i < total; ++i) {
       BatchInfo b = step_batch(0, false);
