@@ -217,7 +217,7 @@ int bench_cuda(const Args& a) {
         m.forward(b, nullptr);
         cuda_be->argmax_rows_start(m.device_logits(B));
       }
-      cuda_be->argmax_rows_wait(next.data());
+      cuda_be->wait_pick(next.data());
       for (auto& s : seqs) s.length += 1;
       if (i == 3) warm = Clock::now();
     }

@@ -69,19 +69,24 @@ GenerateResult generate(Model& model, BlockPool& pool, const GenerateRequest& re
   res.prefill_tokens = int64_t(req.prompt.size());
   res.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
 
-  const bool device_greedy = req.sampling.temperature <= 0.0f && !req.keep_logits && model.backend().device() != Device::CPU;
+  const bool device_pick = !req.keep_logits && model.backend().device() != Device::CPU;
   Backend& be = model.backend();
   auto t1 = clock::now();
-  // Greedy without --logits-out: the backend picks the id where the logits are (GPU argmax), as the
+  // Without --logits-out the backend picks the id where the logits are (GPU argmax or draw), as the
   // server does, and the next step is queued (its token the id still on the device) before this
   // step's id reaches the host, so the GPU never waits for the host. `queued`: a step is queued whose
-  // id follows `next`.
+  // id follows `next`. A draw is a function of (seed, the drawn token's position).
+  auto start_pick = [&](int64_t drawn_pos) {
+    if (!(req.sampling.temperature > 0.0f)) return be.argmax_rows_start(model.device_logits(1));
+    const SamplingParams& sp = req.sampling;
+    return be.sample_rows_start(model.device_logits(1), {RowSampling{sp.temperature, sp.top_k, sp.top_p, sp.min_p, sp.seed, uint64_t(drawn_pos)}});
+  };
   bool queued = false;
   struct DropPicks {  // a pick left queued (a stop, an error) is dropped with the sequence
     Backend& be;
     ~DropPicks() {
       try {
-        be.argmax_rows_drop();
+        be.drop_picks();
       } catch (...) {  // already unwinding from the error that left it
       }
     }
@@ -91,10 +96,10 @@ GenerateResult generate(Model& model, BlockPool& pool, const GenerateRequest& re
     bool go_on = !on_token || on_token(next);
     bool stop = std::find(req.stop_ids.begin(), req.stop_ids.end(), next) != req.stop_ids.end();
     if (!go_on || stop || int64_t(res.tokens.size()) >= req.max_tokens || seq.length >= limit) break;
-    if (device_greedy && !queued) {
+    if (device_pick && !queued) {
       BatchInfo b = make_batch({{next}}, {seq.length}, {&seq}, false);
       model.forward(b, nullptr);
-      queued = be.argmax_rows_start(model.device_logits(1));
+      queued = start_pick(seq.length + 1);
       if (!queued) {  // no pick on this backend: the logits come to the host
         logits.resize(size_t(V));
         be.read_logits(model.device_logits(1), logits.data());
@@ -106,15 +111,15 @@ GenerateResult generate(Model& model, BlockPool& pool, const GenerateRequest& re
       if (more) {
         BatchInfo b = make_batch({{token_from_last_pick(0)}}, {seq.length + 1}, {&seq}, false);
         model.forward(b, nullptr);
-        be.argmax_rows_start(model.device_logits(1));
+        start_pick(seq.length + 2);
       }
-      be.argmax_rows_wait(&next);
+      be.wait_pick(&next);
       seq.length += 1;
       res.decode_steps += 1;
       queued = more;
       continue;
     }
-    if (!device_greedy) {
+    if (!device_pick) {
       BatchInfo b = make_batch({{next}}, {seq.length}, {&seq}, false);
       logits.resize(size_t(V));
       model.forward(b, logits.data());

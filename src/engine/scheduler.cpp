@@ -152,7 +152,7 @@ void Scheduler::loop() {
       if (stopping_) {
         if (inflight_) {  // the device finishes the queued step before its requests' blocks go back
           try {
-            model_.backend().argmax_rows_drop();
+            model_.backend().drop_picks();
           } catch (const std::exception& e) {
             log_info("scheduler: dropping the queued step at shutdown: {}", e.what());
           }
@@ -221,10 +221,11 @@ std::vector<Scheduler::Part> Scheduler::plan_parts() {
   return parts;
 }
 
-// Queues the step's forward. Every row greedy with nothing to apply to its logits (no penalties, bias,
-// logprobs): the backend may pick the ids where the logits are (a GPU) without waiting for them;
-// otherwise the [rows, vocab] logits come to the host (into logits_). from_last_pick: every part is a
-// decode whose token is the id the previous queued step picks for the same row.
+// Queues the step's forward. Every row with nothing to apply to its logits (no penalties, bias,
+// logprobs): the backend may pick the ids where the logits are (a GPU: greedy, or drawn there) without
+// waiting for them; otherwise the [rows, vocab] logits come to the host (into logits_) and the
+// requests' samplers draw. from_last_pick: every part is a decode whose token is the id the previous
+// queued step picks for the same row.
 Scheduler::Launched Scheduler::launch(std::vector<Part> parts, bool from_last_pick) {
   Launched l;
   l.parts = std::move(parts);
@@ -246,18 +247,27 @@ Scheduler::Launched Scheduler::launch(std::vector<Part> parts, bool from_last_pi
     b.ctx_len.push_back(int32_t(p.start + p.n));
   }
   const int64_t R = l.rows = int64_t(b.logit_rows.size());
-  bool device_greedy = R > 0 && R <= model_.logit_capacity() && model_.backend().device() != Device::CPU;
-  for (auto& p : l.parts)
-    if (p.wants_logits && (p.a->sampler.params().temperature > 0.0f || p.a->req->processing.active() || p.a->req->logprobs))
-      device_greedy = false;
+  // Rows with nothing to apply to their logits (no penalties, bias, JSON mask, logprobs) are drawn
+  // where the logits are: greedy, or sampled with (the request's seed, the drawn token's position).
+  bool device_pick = R > 0 && R <= model_.logit_capacity() && model_.backend().device() != Device::CPU;
+  bool all_greedy = true;
+  std::vector<RowSampling> draws;
+  for (auto& p : l.parts) {
+    if (!p.wants_logits) continue;
+    const SamplingParams& sp = p.a->sampler.params();
+    if (p.a->req->processing.active() || p.a->req->logprobs) device_pick = false;
+    all_greedy = all_greedy && !(sp.temperature > 0.0f);
+    draws.push_back({sp.temperature, sp.top_k, sp.top_p, sp.min_p, sp.seed, uint64_t(p.start + p.n)});
+  }
   try {
-    ARBOR_CHECK(!from_last_pick || device_greedy, "scheduler: a step queued on picked ids must be greedy on the device");
-    if (device_greedy) {
+    ARBOR_CHECK(!from_last_pick || device_pick, "scheduler: a step queued on picked ids must pick them on the device");
+    if (device_pick) {
       model_.forward(b, nullptr);
-      l.picked = model_.backend().argmax_rows_start(model_.device_logits(R));
+      Backend& be = model_.backend();
+      l.picked = all_greedy ? be.argmax_rows_start(model_.device_logits(R)) : be.sample_rows_start(model_.device_logits(R), draws);
       if (!l.picked) {
         logits_.resize(size_t(R) * size_t(model_.config().vocab_size));
-        model_.backend().read_logits(model_.device_logits(R), logits_.data());
+        be.read_logits(model_.device_logits(R), logits_.data());
       }
     } else {
       logits_.resize(size_t(R) * size_t(model_.config().vocab_size));
@@ -299,7 +309,7 @@ void Scheduler::finish(Launched& l) {
   if (l.picked) {
     greedy_ids_.resize(size_t(l.rows));
     try {
-      model_.backend().argmax_rows_wait(greedy_ids_.data());
+      model_.backend().wait_pick(greedy_ids_.data());
     } catch (const std::exception& e) {
       log_info("scheduler: forward failed: {}", e.what());
       for (auto& p : l.parts)

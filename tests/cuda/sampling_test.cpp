@@ -5,6 +5,7 @@
 
 #include <map>
 
+#include "core/error.h"
 #include "cuda_test_util.h"
 #include "engine/sampler.h"
 
@@ -113,6 +114,67 @@ TEST(CudaSampling, SeededDrawsFollowTheFilteredDistribution) {
   std::vector<int32_t> ids(static_cast<size_t>(R));
   gpu.sample_rows(t, k1, 0, ids.data());
   for (auto id : ids) ASSERT_EQ(id, argmax(row.data(), V));
+}
+
+// Draws queued with a parameter set per row (the scheduler's path): four sets, a greedy one among
+// them, interleaved over the rows of one launch; each set's rows follow its own distribution, greedy
+// rows give the argmax, and a row's draw depends on (seed, counter) only, not on its place.
+TEST(CudaSampling, PerRowDrawsFollowEachRowsDistribution) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(24);
+  CudaBackend gpu(0);
+  const int64_t V = 30, per_set = 2048, sets = 4, R = per_set * sets;
+  std::vector<float> row = random_bf16(rng, size_t(V), 3.0f);
+  for (int64_t i = 0; i < V; ++i) row[size_t(i)] += 1e-3f * float(i);  // no ties (the kernel keeps ties at a cut, the reference one)
+  std::vector<float> l;
+  for (int64_t r = 0; r < R; ++r) l.insert(l.end(), row.begin(), row.end());
+  Tensor t = gpu.alloc(DType::F32, {R, V});
+  gpu.upload(l.data(), t);
+  std::vector<RowSampling> set(sets);
+  set[0].temperature = 1.0f;
+  set[1].temperature = 0.0f;  // greedy
+  set[2].temperature = 0.8f, set[2].top_k = 6, set[2].top_p = 0.8f;
+  set[3].temperature = 1.2f, set[3].min_p = 0.1f;
+  std::vector<RowSampling> rows(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) {
+    rows[size_t(r)] = set[size_t(r % sets)];
+    rows[size_t(r)].seed = 100 + uint64_t(r % sets), rows[size_t(r)].counter = uint64_t(r / sets);
+  }
+  ASSERT_TRUE(gpu.sample_rows_start(t, rows));
+  std::vector<int32_t> ids(static_cast<size_t>(R));
+  gpu.wait_pick(ids.data());
+  for (int64_t k = 0; k < sets; ++k) {
+    std::map<int32_t, int64_t> count;
+    for (int64_t r = k; r < R; r += sets) count[ids[size_t(r)]]++;
+    if (k == 1) {
+      EXPECT_EQ(count.size(), 1u);
+      EXPECT_EQ(count.begin()->first, argmax(row.data(), V));
+      continue;
+    }
+    GpuSampling p;
+    p.temperature = set[size_t(k)].temperature, p.top_k = int32_t(set[size_t(k)].top_k), p.top_p = set[size_t(k)].top_p,
+    p.min_p = set[size_t(k)].min_p;
+    const auto ref = reference_distribution(row, p);
+    for (auto [id, n] : count) EXPECT_TRUE(ref.count(id)) << "set " << k << ": token " << id << " drawn " << n << " times is filtered out";
+    for (auto [id, pr] : ref) {
+      const double f = double(count[id]) / double(per_set), sigma = std::sqrt(pr * (1 - pr) / double(per_set));
+      EXPECT_NEAR(f, pr, 5 * sigma + 2e-3) << "set " << k << " token " << id;
+    }
+  }
+  // The same (parameters, seed, counter) in reversed row order: the same ids, reversed.
+  std::vector<RowSampling> rev(rows.rbegin(), rows.rend());
+  ASSERT_TRUE(gpu.sample_rows_start(t, rev));
+  std::vector<int32_t> again(static_cast<size_t>(R));
+  gpu.wait_pick(again.data());
+  EXPECT_EQ(std::vector<int32_t>(again.rbegin(), again.rend()), ids);
+  // A bad parameter names its row.
+  rows[5].top_p = 0.0f;
+  try {
+    gpu.sample_rows_start(t, rows);
+    ADD_FAILURE() << "top_p 0 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("row 5"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

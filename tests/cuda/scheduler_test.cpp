@@ -21,6 +21,7 @@ struct Ask {
   std::vector<int32_t> prompt;
   int64_t max_tokens = 24;
   std::vector<int32_t> stop_ids;
+  float temperature = 0.0f;  // > 0: sampled, with seed 1000 + the ask's index
 };
 
 // Every request submitted at once; each one's ids, and its finish reason in `reasons`.
@@ -31,7 +32,8 @@ std::vector<std::vector<int32_t>> run(Scheduler& s, const std::vector<Ask>& asks
     r->prompt = a.prompt;
     r->max_tokens = a.max_tokens;
     r->stop_ids = a.stop_ids;
-    r->sampling.temperature = 0.0f;
+    r->sampling.temperature = a.temperature;
+    r->sampling.seed = 1000 + reqs.size();
     r->logprobs = logprobs;
     EXPECT_EQ(s.submit(r).status, Admission::Accepted);
     reqs.push_back(r);
@@ -51,7 +53,7 @@ std::vector<std::vector<int32_t>> run(Scheduler& s, const std::vector<Ask>& asks
 }
 std::vector<std::vector<int32_t>> run(Scheduler& s, const std::vector<std::vector<int32_t>>& prompts, bool logprobs) {
   std::vector<Ask> asks;
-  for (auto& p : prompts) asks.push_back({p, 24, {}});
+  for (auto& p : prompts) asks.push_back({p, 24, {}, 0.0f});
   return run(s, asks, logprobs);
 }
 
@@ -102,7 +104,7 @@ TEST(CudaScheduler, RequestsEndingWhileAStepIsQueuedEndLikeTheHostPath) {
   Scheduler s(t.m, t.pool, {4, 16, false});
   std::vector<Ask> asks;
   const int64_t max_tokens[] = {1, 2, 5, 30, 30, 17};
-  for (int k = 0; k < 6; ++k) asks.push_back({prompt_of(9 + 5 * k, k), max_tokens[k], {}});
+  for (int k = 0; k < 6; ++k) asks.push_back({prompt_of(9 + 5 * k, k), max_tokens[k], {}, 0.0f});
   const auto free_run = run(s, asks, true);
   asks[3].stop_ids = {free_run[3][6]};
   asks[4].stop_ids = {free_run[4][12], free_run[4][20]};
@@ -124,7 +126,7 @@ TEST(CudaScheduler, RequestsEndingWhileAStepIsQueuedEndLikeTheHostPath) {
 TEST(CudaScheduler, APrefixAfterAStoppedRequestServesTheRightKV) {
   ARBOR_REQUIRE_GPU();
   TinyOnGpu t;
-  Ask first{prompt_of(45, 3), 40, {}};
+  Ask first{prompt_of(45, 3), 40, {}, 0.0f};
   std::vector<int32_t> follow;
   std::vector<int32_t> cached_ids;
   {
@@ -136,11 +138,39 @@ TEST(CudaScheduler, APrefixAfterAStoppedRequestServesTheRightKV) {
     follow = first.prompt;
     follow.insert(follow.end(), out[0].begin(), out[0].end());
     const int64_t cached0 = s.stats().cached_tokens;
-    cached_ids = run(s, {Ask{follow, 12, {}}}, false)[0];
+    cached_ids = run(s, {Ask{follow, 12, {}, 0.0f}}, false)[0];
     EXPECT_GT(s.stats().cached_tokens, cached0) << "the follow-up should start from cached blocks";
   }
   Scheduler cold(t.m, t.pool, {4, 16, false});
-  EXPECT_EQ(cached_ids, run(cold, {Ask{follow, 12, {}}}, false)[0]);
+  EXPECT_EQ(cached_ids, run(cold, {Ask{follow, 12, {}, 0.0f}}, false)[0]);
+}
+
+// Sampled requests draw on the GPU (queued ahead like greedy ones): beside greedy requests, which keep
+// the ids of the host path; a request alone draws the same ids from the same seed every time (beside
+// others its logits may differ in the last bits with the batch's kernels, and so may a draw); and
+// sampling leaves the greedy path.
+TEST(CudaScheduler, SampledRequestsDrawOnTheGpuReproducibly) {
+  ARBOR_REQUIRE_GPU();
+  TinyOnGpu t;
+  Scheduler s(t.m, t.pool, {4, 16, false});
+  std::vector<Ask> mixed;
+  for (int k = 0; k < 4; ++k) mixed.push_back({prompt_of(12 + 3 * k, k), 20, {}, k % 2 ? 1.5f : 0.0f});
+  const int64_t ahead0 = s.stats().steps_queued_ahead;
+  const auto a = run(s, mixed, false);
+  EXPECT_GT(s.stats().steps_queued_ahead - ahead0, 10) << "sampled steps should be queued ahead too";
+  for (auto& ids : a) EXPECT_EQ(ids.size(), 20u);
+  const auto greedy_host = run(s, {mixed[0], mixed[2]}, true);
+  EXPECT_EQ(a[0], greedy_host[0]);
+  EXPECT_EQ(a[2], greedy_host[1]);
+  bool differs = false;  // sampling at temperature 1.5 leaves the greedy path somewhere in 2 x 20 tokens
+  for (int k : {1, 3}) {
+    const auto once = run(s, {mixed[size_t(k)]}, false), twice = run(s, {mixed[size_t(k)]}, false);
+    EXPECT_EQ(once, twice) << "request " << k << ": the same seed must give the same draws";
+    std::vector<Ask> g{mixed[size_t(k)]};
+    g[0].temperature = 0.0f;
+    differs = differs || run(s, g, false)[0] != once[0];
+  }
+  EXPECT_TRUE(differs);
 }
 
 TEST(CudaGenerate, GreedyIdsPickedOnTheGpuMatchTheHostPath) {
@@ -170,6 +200,14 @@ TEST(CudaGenerate, GreedyIdsPickedOnTheGpuMatchTheHostPath) {
     req.max_tokens = n;
     EXPECT_EQ(generate(t.m, t.pool, req, nullptr).tokens, std::vector<int32_t>(host.tokens.begin(), host.tokens.begin() + n));
   }
+  // Sampled on the GPU: a seed gives the same ids twice; another seed other ids.
+  req.max_tokens = 30;
+  req.sampling.temperature = 1.5f, req.sampling.seed = 5;
+  const auto s1 = generate(t.m, t.pool, req, nullptr), s2 = generate(t.m, t.pool, req, nullptr);
+  EXPECT_EQ(s1.tokens, s2.tokens);
+  EXPECT_EQ(s1.tokens.size(), 30u);
+  req.sampling.seed = 6;
+  EXPECT_NE(generate(t.m, t.pool, req, nullptr).tokens, s1.tokens);
 }
 
 }  // namespace

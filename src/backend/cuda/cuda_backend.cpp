@@ -753,37 +753,64 @@ bool CudaBackend::argmax_rows_start(const Tensor& logits) {
   return true;
 }
 
-void CudaBackend::argmax_rows_wait(int32_t* host_ids) {
-  ARBOR_CHECK(!picks_.empty(), "cuda: argmax_rows_wait: no pick is queued");
+void CudaBackend::wait_pick(int32_t* host_ids) {
+  ARBOR_CHECK(!picks_.empty(), "cuda: wait_pick: no pick is queued");
   const Pick p = picks_.front();
   picks_.erase(picks_.begin());
   ARBOR_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(pick_done_[p.slot])));
   std::memcpy(host_ids, host_ids_ + size_t(p.slot) * host_ids_cap_, size_t(p.rows) * 4);
 }
 
-void CudaBackend::argmax_rows_drop() {
+void CudaBackend::drop_picks() {
   if (picks_.empty()) return;
   ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
   picks_.clear();
 }
 
-void CudaBackend::sample_rows(const Tensor& logits, const GpuSampling& p, uint64_t step, int32_t* host_ids) {
-  ARBOR_CHECK(logits.dtype == DType::F32 && logits.device == Device::CUDA, "cuda: sample_rows: device F32 logits expected");
+// Queues a draw per row (the sample kernel, its parameters uploaded with the step's metadata slots)
+// as a pick, like argmax_rows_start.
+bool CudaBackend::queue_sample(const Tensor& logits, const std::vector<cuda::SampleRow>& rows) {
+  ARBOR_CHECK(logits.dtype == DType::F32 && logits.device == Device::CUDA, "cuda: sampling: device F32 logits expected");
   not_capturing(__func__);
-  if (!(p.temperature > 0)) {
-    argmax_rows(logits, host_ids);
-    return;
-  }
-  ARBOR_CHECK(p.top_p > 0 && p.top_p <= 1 && p.min_p >= 0 && p.min_p <= 1 && p.top_k >= 0,
-              "cuda: sampling: top_p {} must be in (0, 1], min_p {} in [0, 1], top_k {} >= 0", p.top_p, p.min_p, p.top_k);
-  ARBOR_CHECK(picks_.empty(), "cuda: sample_rows while {} greedy picks are queued", picks_.size());
+  ARBOR_CHECK(picks_.size() < 2, "cuda: sampling: two picks are already queued (wait for one first)");
   const int64_t R = logits.rows();
+  ARBOR_CHECK(int64_t(rows.size()) == R, "cuda: sampling: {} rows of parameters for {} logit rows", rows.size(), R);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& p = rows[i];
+    ARBOR_CHECK(p.top_p > 0 && p.top_p <= 1 && p.min_p >= 0 && p.min_p <= 1 && p.top_k >= 0,
+                "cuda: sampling row {}: top_p {} must be in (0, 1], min_p {} in [0, 1], top_k {} >= 0", i, p.top_p, p.min_p, p.top_k);
+  }
+  max_vocab_seen_ = std::max(max_vocab_seen_, logits.cols());
   ensure_ids(R);
-  launch_sample(logits.as<float>(), R, logits.cols(), p.temperature, p.top_k, p.top_p, p.min_p, p.seed, step, d_ids_, host_ids_dev_,
-                st(stream_));
-  ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
-  std::memcpy(host_ids, host_ids_, size_t(R) * 4);
+  static_assert(sizeof(cuda::SampleRow) % 4 == 0, "sampling parameters travel as int32 words");
+  std::vector<int32_t> packed(rows.size() * sizeof(cuda::SampleRow) / 4);
+  std::memcpy(packed.data(), rows.data(), packed.size() * 4);
+  upload_meta(packed, sample_params_, sample_params_cap_);
+  const int slot = next_pick_slot_;
+  next_pick_slot_ ^= 1;
+  launch_sample(logits.as<float>(), R, logits.cols(), static_cast<const cuda::SampleRow*>(sample_params_), d_ids_,
+                host_ids_dev_ + size_t(slot) * host_ids_cap_, st(stream_));
+  ARBOR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(pick_done_[slot]), st(stream_)));
+  picks_.push_back({slot, R});
   last_pick_rows_ = R;
+  return true;
+}
+
+bool CudaBackend::sample_rows_start(const Tensor& logits, const std::vector<RowSampling>& rows) {
+  std::vector<cuda::SampleRow> p(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& r = rows[i];
+    ARBOR_CHECK(r.top_k >= 0 && r.top_k <= INT32_MAX, "cuda: sampling row {}: top_k {}", i, r.top_k);
+    p[i] = {r.temperature, int32_t(r.top_k), r.top_p, r.min_p, r.seed, r.counter, 0};
+  }
+  return queue_sample(logits, p);
+}
+
+void CudaBackend::sample_rows(const Tensor& logits, const GpuSampling& p, uint64_t step, int32_t* host_ids) {
+  std::vector<cuda::SampleRow> rows(size_t(logits.rows()));
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = {p.temperature, p.top_k, p.top_p, p.min_p, p.seed, step, uint64_t(i)};
+  queue_sample(logits, rows);
+  wait_pick(host_ids);
 }
 
 void CudaBackend::upload(const void* host, const Tensor& dev) {

@@ -17,6 +17,7 @@ struct cublasLtContext;  // cublasLtHandle_t
 namespace arbor {
 namespace cuda {
 struct QKPrepArgs;  // kernels.h
+struct SampleRow;   // kernels.h
 constexpr int64_t kGemvMaxRowsCap = 8;  // rows the GEMV kernels take (kernels.h: kGemvMaxRows)
 }
 
@@ -67,12 +68,13 @@ class CudaBackend : public Backend {
   Tensor upload_table(const std::vector<float>& host, std::initializer_list<int64_t> shape) override;
   void read_logits(const Tensor& logits, float* host) override;
 
-  // Sampling on the GPU over device logits [R, vocab] f32 (e.g. the model's logits buffer): writes R
-  // ids to host_ids (one synchronisation). sample_rows draws with a hash of (seed, step, row), so the
-  // caller advances `step` once per generated token.
+  // Sampling on the GPU over device logits [R, vocab] f32 (e.g. the model's logits buffer), queued as
+  // picks (Backend). sample_rows queues one draw for every row and waits for the R ids: the draw of
+  // row r is a hash of (seed, step, r), so the caller advances `step` once per generated token.
   bool argmax_rows_start(const Tensor& logits) override;
-  void argmax_rows_wait(int32_t* host_ids) override;
-  void argmax_rows_drop() override;
+  bool sample_rows_start(const Tensor& logits, const std::vector<RowSampling>& rows) override;
+  void wait_pick(int32_t* host_ids) override;
+  void drop_picks() override;
   void sample_rows(const Tensor& logits, const GpuSampling& p, uint64_t step, int32_t* host_ids);
 
   // Which attention kernel runs: Auto picks decode (split-K) when no sequence has more than
@@ -191,6 +193,9 @@ class CudaBackend : public Backend {
   void* workspace_ = nullptr;                      // cuBLASLt
   size_t workspace_bytes_ = 0;
   void ensure_ids(int64_t rows);
+  bool queue_sample(const Tensor& logits, const std::vector<cuda::SampleRow>& rows);
+  void* sample_params_ = nullptr;                  // the queued draw's parameters (cuda::SampleRow per row)
+  size_t sample_params_cap_ = 0;
   int32_t* d_ids_ = nullptr;                       // sampled ids [max rows]
   size_t ids_cap_ = 0;
   int32_t* host_ids_ = nullptr;                    // the same, host-mapped (written by the kernels), two slots

@@ -69,15 +69,6 @@ __device__ __forceinline__ uint64_t argmax_key(float v, int64_t i) {
 }
 __device__ __forceinline__ int32_t argmax_id(uint64_t key) { return key == 0 ? 0 : int32_t(~uint32_t(key)); }
 
-__device__ uint64_t block_max_key(uint64_t k, uint64_t* red) {
-  for (int o = 16; o > 0; o >>= 1) k = max(k, __shfl_xor_sync(0xffffffffu, k, o));
-  __syncthreads();  // red may still be read by a previous reduction
-  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = k;
-  __syncthreads();
-  uint64_t r = red[0];
-  for (int w = 1; w < int(blockDim.x / 32); ++w) r = max(r, red[w]);
-  return r;
-}
 
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* logits, int64_t vocab, uint64_t* part, unsigned* counters,
                                                                 int32_t* ids, int32_t* host_ids) {
@@ -97,7 +88,8 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* log
   uint64_t k = 0;
 #pragma unroll
   for (int j = 0; j < kArgmaxPerThread; ++j) k = max(k, argmax_key(v[j], c0 + j * kArgmaxThreads + threadIdx.x));
-  k = block_max_key(k, red);
+  auto kmax = [](uint64_t a, uint64_t b) { return a > b ? a : b; };
+  k = block_reduce(k, kmax, red);
   auto finish = [&](uint64_t key) {
     if (threadIdx.x != 0) return;
     ids[r] = argmax_id(key);
@@ -115,7 +107,7 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* log
   __threadfence();
   uint64_t m = 0;
   for (int b = threadIdx.x; b < nb; b += kArgmaxThreads) m = max(m, __ldcg(part + int64_t(r) * nb + b));
-  finish(block_max_key(m, red));
+  finish(block_reduce(m, kmax, red));
 }
 
 __device__ __forceinline__ uint64_t mix64(uint64_t z) {
@@ -124,9 +116,13 @@ __device__ __forceinline__ uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-__global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, int64_t vocab, float inv_temp, int32_t top_k,
-                                                          float top_p, float min_p, uint64_t seed, uint64_t step, int32_t* ids,
+__global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, int64_t vocab, const SampleRow* params, int32_t* ids,
                                                           int32_t* host_ids) {
+  pdl_trigger();
+  pdl_wait();
+  const SampleRow pr = params[blockIdx.x];
+  const int32_t top_k = pr.top_k;
+  const float top_p = pr.top_p, min_p = pr.min_p;
   __shared__ MaxIdx red_mi[32];
   __shared__ float red_f[32];
   __shared__ double red_d[32];
@@ -138,6 +134,15 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
 
   // Logits scaled by 1/temperature; inv_temp > 0 keeps their order, so the argmax is the row's.
   const MaxIdx top = row_argmax(row, vocab, red_mi);
+  if (!(pr.temperature > 0)) {  // a greedy row
+    if (threadIdx.x == 0) {
+      const int32_t id = top.i == INT32_MAX ? 0 : top.i;
+      ids[blockIdx.x] = id;
+      if (host_ids) host_ids[blockIdx.x] = id;
+    }
+    return;
+  }
+  const float inv_temp = 1.0f / pr.temperature;
   const float m = top.v * inv_temp;
 
   uint32_t kmin = 0;  // kept: fkey(x) >= kmin
@@ -197,7 +202,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
     if (w < warp) before += red_f[w];
     total += red_f[w];
   }
-  const uint64_t h = mix64(mix64(seed ^ 0x9E3779B97F4A7C15ull) + step * 0xD1B54A32D192ED03ull + blockIdx.x);
+  const uint64_t h = mix64(mix64(pr.seed ^ 0x9E3779B97F4A7C15ull) + pr.step * 0xD1B54A32D192ED03ull + pr.salt);
   const float u = float(double(h >> 11) * (1.0 / 9007199254740992.0)) * total;
   if (mine > 0 && u >= before && u < before + mine) {
     float acc = before;
@@ -234,14 +239,11 @@ void launch_argmax(const float* logits, int64_t rows, int64_t vocab, uint64_t* p
   ARBOR_LAUNCH_CHECK("argmax_kernel");
 }
 
-void launch_sample(const float* logits, int64_t rows, int64_t vocab, float temperature, int32_t top_k, float top_p, float min_p,
-                   uint64_t seed, uint64_t step, int32_t* ids, int32_t* host_ids, cudaStream_t s) {
+void launch_sample(const float* logits, int64_t rows, int64_t vocab, const SampleRow* params, int32_t* ids, int32_t* host_ids,
+                   cudaStream_t s) {
   if (rows == 0) return;
   ARBOR_CU_CHECK(vocab > 0 && vocab < INT32_MAX && rows <= INT32_MAX, "cuda: sample: %lld rows of %lld", (long long)rows, (long long)vocab);
-  ARBOR_CU_CHECK(temperature > 0, "cuda: sample: temperature %g (greedy ids come from launch_argmax)", double(temperature));
-  ARBOR_CU_CHECK(top_p > 0 && top_p <= 1 && min_p >= 0 && min_p <= 1 && top_k >= 0,
-                 "cuda: sample: top_p %g (0, 1], min_p %g [0, 1], top_k %d >= 0", double(top_p), double(min_p), top_k);
-  sample_kernel<<<unsigned(rows), kThreads, 0, s>>>(logits, vocab, 1.0f / temperature, top_k, top_p, min_p, seed, step, ids, host_ids);
+  pdl_launch(sample_kernel, unsigned(rows), kThreads, 0, s, logits, vocab, params, ids, host_ids);
   ARBOR_LAUNCH_CHECK("sample_kernel");
 }
 
