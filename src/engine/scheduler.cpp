@@ -249,7 +249,7 @@ Scheduler::Launched Scheduler::launch(std::vector<Part> parts, bool from_last_pi
   const int64_t R = l.rows = int64_t(b.logit_rows.size());
   // Rows with nothing to apply to their logits (no penalties, bias, JSON mask, logprobs) are drawn
   // where the logits are: greedy, or sampled with (the request's seed, the drawn token's position).
-  bool device_pick = R > 0 && R <= model_.logit_capacity() && model_.backend().device() != Device::CPU;
+  bool device_pick = R > 0 && R <= model_.logit_capacity() && (model_.backend().device() != Device::CPU || opt_.queue_ahead == 1);
   bool all_greedy = true;
   std::vector<RowSampling> draws;
   for (auto& p : l.parts) {
@@ -288,7 +288,8 @@ Scheduler::Launched Scheduler::launch(std::vector<Part> parts, bool from_last_pi
 // end one: that request's queued token is then discarded, its KV row written past the request's end),
 // and no other request is running or could be admitted now (it would wait a step for its prefill).
 bool Scheduler::can_queue_successor(const Launched& l) {
-  if (!l.picked || l.failed) return false;
+  const bool on = opt_.queue_ahead == 1 || (opt_.queue_ahead == -1 && model_.backend().device() != Device::CPU);
+  if (!on || !l.picked || l.failed) return false;
   for (auto& p : l.parts) {
     const Active& a = *p.a;
     if (!p.decode || a.done || a.req->cancelled()) return false;

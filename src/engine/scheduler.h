@@ -29,6 +29,10 @@ struct SchedulerOptions {
   int64_t max_batch = 8;   // requests decoding together at most
   int64_t max_queue = 64;  // requests waiting for a slot or KV blocks at most; beyond that submit says QueueFull
   bool prefix_cache = true;  // reuse computed KV blocks across requests that share a token prefix
+  // Queue a decode step before the previous step's ids reach the host (its tokens the ids the backend
+  // picked): -1 where the backend runs asynchronously (a GPU), 1 always (the CPU too: tests run the
+  // logic there; each token is then handed out a step later), 0 never.
+  int queue_ahead = -1;
 };
 
 enum class Admission : uint8_t {

@@ -117,6 +117,103 @@ TEST(Scheduler, StopIdEndsWithStop) {
   EXPECT_EQ(r->finish_reason(), FinishReason::Stop);
 }
 
+// Steps queued ahead of their ids (SchedulerOptions::queue_ahead = 1; on a GPU the default): the CPU
+// backend's picks run the same logic as the GPU's. Requests ending by max_tokens (1, 2, 5, ...) and by
+// stop ids while a step is queued, beside a sampled request (whose steps take the host path), give
+// generate()'s ids and the same finish reasons, alone and together.
+TEST(Scheduler, StepsQueuedAheadMatchGenerate) {
+  Tiny t(64);
+  struct Case {
+    int prompt_len, salt;
+    int64_t max_tokens;
+    float temperature;
+    std::vector<int> stop_at;  // stop ids: the ids of an unstopped run at these indices
+  };
+  std::vector<Case> cases = {{5, 1, 1, 0.0f, {}}, {9, 2, 2, 0.0f, {}}, {14, 3, 5, 0.0f, {}}, {7, 4, 30, 0.0f, {6}},
+                             {20, 5, 30, 0.0f, {10, 18}}, {11, 6, 12, 0.8f, {}}};
+  std::vector<std::vector<int32_t>> want, stops;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    GenerateRequest g;
+    g.prompt = prompt_of(cases[i].prompt_len, cases[i].salt);
+    g.max_tokens = cases[i].max_tokens;
+    g.sampling.temperature = cases[i].temperature;
+    g.sampling.seed = 300 + i;
+    const auto free_run = generate(*t.model, *t.pool, g).tokens;
+    stops.emplace_back();
+    for (int k : cases[i].stop_at) stops.back().push_back(free_run[size_t(k)]);
+    g.stop_ids = stops.back();
+    want.push_back(generate(*t.model, *t.pool, g).tokens);
+  }
+  auto make = [&](size_t i) {
+    auto r = make_request(prompt_of(cases[i].prompt_len, cases[i].salt), cases[i].max_tokens, cases[i].temperature, 300 + i);
+    r->stop_ids = stops[i];
+    return r;
+  };
+  auto reason = [&](size_t i) { return stops[i].empty() ? FinishReason::Length : FinishReason::Stop; };
+  SchedulerOptions opt{4, 16, false};
+  opt.queue_ahead = 1;
+  Scheduler s(*t.model, *t.pool, opt);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    auto r = make(i);
+    ASSERT_EQ(s.submit(r).status, Admission::Accepted);
+    EXPECT_EQ(drain(*r), want[i]) << "alone, case " << i;
+    EXPECT_EQ(r->finish_reason(), reason(i)) << "alone, case " << i;
+  }
+  const int64_t ahead = s.stats().steps_queued_ahead;
+  EXPECT_GT(ahead, 0) << "the greedy decodes should have queued steps ahead";
+  std::vector<std::shared_ptr<Request>> rs;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    rs.push_back(make(i));
+    ASSERT_EQ(s.submit(rs.back()).status, Admission::Accepted);
+  }
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_EQ(drain(*rs[i]), want[i]) << "together, case " << i;
+    EXPECT_EQ(rs[i]->finish_reason(), reason(i)) << "together, case " << i;
+  }
+  EXPECT_EQ(s.stats().kv_blocks_used, 0);
+  // The greedy ones together (the sampled request's steps above took the host path).
+  rs.clear();
+  for (size_t i = 0; i + 1 < cases.size(); ++i) {
+    rs.push_back(make(i));
+    ASSERT_EQ(s.submit(rs.back()).status, Admission::Accepted);
+  }
+  for (size_t i = 0; i + 1 < cases.size(); ++i) EXPECT_EQ(drain(*rs[i]), want[i]) << "greedy together, case " << i;
+  EXPECT_GT(s.stats().steps_queued_ahead, ahead) << "greedy decodes together should have queued steps ahead";
+}
+
+// A request stopped while its next step was queued leaves that step's KV row past its end; the prefix
+// cache must not serve it: a follow-up whose prompt is the first request's prompt and output starts
+// from cached blocks and still gives generate()'s ids.
+TEST(Scheduler, APrefixAfterAStopQueuedAheadServesTheRightKV) {
+  Tiny t(64);
+  GenerateRequest g;
+  g.prompt = prompt_of(37, 8);
+  g.max_tokens = 40;
+  const auto free_run = generate(*t.model, *t.pool, g).tokens;
+  g.stop_ids = {free_run[21]};
+  const auto want_first = generate(*t.model, *t.pool, g).tokens;
+  // generate() shares the model and the pool: it runs only while no scheduler does.
+  GenerateRequest f;
+  f.prompt = g.prompt;
+  f.prompt.insert(f.prompt.end(), want_first.begin(), want_first.end());
+  f.max_tokens = 12;
+  const auto want_follow = generate(*t.model, *t.pool, f).tokens;
+  SchedulerOptions opt{4, 16, true};
+  opt.queue_ahead = 1;
+  Scheduler s(*t.model, *t.pool, opt);
+  auto first = make_request(g.prompt, 40, 0.0f, 0);
+  first->stop_ids = g.stop_ids;
+  ASSERT_EQ(s.submit(first).status, Admission::Accepted);
+  EXPECT_EQ(drain(*first), want_first);
+  ASSERT_EQ(first->finish_reason(), FinishReason::Stop);
+  EXPECT_GT(s.stats().steps_queued_ahead, 0);
+  const int64_t cached0 = s.stats().cached_tokens;
+  auto follow = make_request(f.prompt, 12, 0.0f, 0);
+  ASSERT_EQ(s.submit(follow).status, Admission::Accepted);
+  EXPECT_EQ(drain(*follow), want_follow);
+  EXPECT_GT(s.stats().cached_tokens, cached0) << "the follow-up should start from cached blocks";
+}
+
 TEST(Scheduler, CancelFreesBlocksAndAdmissionLimits) {
   // ctx 8192, 600 blocks: the first request decodes ~8k tokens, long enough to still run while the
   // others are submitted (it is cancelled at the end).

@@ -101,8 +101,15 @@ void CpuBackend::embed(const Tensor& table, Tensor out, float scale) {
   const int64_t C = table.shape[1], V = table.shape[0];
   float* o = out.as<float>();
   for (size_t t = 0; t < tok.size(); ++t) {
-    ARBOR_CHECK(tok[t] >= 0 && tok[t] < V, "embed: token id {} at batch row {} is outside the vocabulary ({})", tok[t], t, V);
-    for (int64_t c = 0; c < C; ++c) o[int64_t(t) * C + c] = load_elem(table, int64_t(tok[t]) * C + c) * scale;
+    int32_t id = tok[t];
+    if (id < 0) {  // token_from_last_pick
+      const int64_t row = -1 - int64_t(id);
+      ARBOR_CHECK(row < int64_t(last_pick_.size()), "embed: batch row {} takes the picked id of row {}, the last pick has {} rows", t, row,
+                  last_pick_.size());
+      id = last_pick_[size_t(row)];
+    }
+    ARBOR_CHECK(id < V, "embed: token id {} at batch row {} is outside the vocabulary ({})", id, t, V);
+    for (int64_t c = 0; c < C; ++c) o[int64_t(t) * C + c] = load_elem(table, int64_t(id) * C + c) * scale;
   }
 }
 
@@ -288,5 +295,28 @@ Tensor CpuBackend::upload_table(const std::vector<float>& host, std::initializer
 }
 
 void CpuBackend::read_logits(const Tensor& logits, float* host) { std::memcpy(host, logits.data, logits.nbytes()); }
+
+bool CpuBackend::argmax_rows_start(const Tensor& logits) {
+  ARBOR_CHECK(logits.dtype == DType::F32, "cpu: argmax_rows: logits are {} (F32 expected)", dtype_name(logits.dtype));
+  ARBOR_CHECK(picks_.size() < 2, "cpu: argmax_rows_start: two picks are already queued (wait for one first)");
+  const int64_t R = logits.rows(), V = logits.cols();
+  std::vector<int32_t> ids(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) {  // the first largest (as the engine's argmax: ties to the lowest id)
+    const float* l = logits.as<float>() + r * V;
+    int64_t best = 0;
+    for (int64_t i = 1; i < V; ++i)
+      if (l[i] > l[best]) best = i;
+    ids[size_t(r)] = int32_t(best);
+  }
+  last_pick_ = ids;
+  picks_.push_back(std::move(ids));
+  return true;
+}
+
+void CpuBackend::wait_pick(int32_t* host_ids) {
+  ARBOR_CHECK(!picks_.empty(), "cpu: wait_pick: no pick is queued");
+  std::copy(picks_.front().begin(), picks_.front().end(), host_ids);
+  picks_.erase(picks_.begin());
+}
 
 }  // namespace arbor

@@ -43,6 +43,12 @@ class CpuBackend : public Backend {
   void gather_logit_rows(const Tensor& x, Tensor out) override;
   Tensor upload_table(const std::vector<float>& host, std::initializer_list<int64_t> shape) override;
   void read_logits(const Tensor& logits, float* host) override;
+  // Greedy picks (the ids at once; queued so that a scheduler that queues steps ahead of their ids,
+  // SchedulerOptions::queue_ahead, runs the same logic here as on a GPU). Sampled draws stay on the
+  // engine's samplers (sample_rows_start: false).
+  bool argmax_rows_start(const Tensor& logits) override;
+  void wait_pick(int32_t* host_ids) override;
+  void drop_picks() override { picks_.clear(); }
 
   // KV pools for tests: layer's K and V, [n_blocks, block_size, n_kv_heads, head_dim] f32.
   float* k_pool(int64_t layer) const { return k_pools_[size_t(layer)]; }
@@ -59,6 +65,8 @@ class CpuBackend : public Backend {
   KVLayout kv_;
   std::vector<float*> k_pools_, v_pools_;
   const BatchInfo* batch_ = nullptr;
+  std::vector<std::vector<int32_t>> picks_;  // queued picks' ids, oldest first
+  std::vector<int32_t> last_pick_;           // the last queued pick's ids (token_from_last_pick)
 };
 
 }  // namespace arbor
