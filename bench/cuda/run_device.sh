@@ -27,7 +27,7 @@ for step in $STEPS; do
       summary+=("test_cuda rc=$rc")
       ;;
     memcheck)
-      filter=${MEMCHECK_FILTER:-'CudaOps.Rope*:CudaOps.Norms*:CudaOps.Activ*:CudaAttention.HeadDims*:CudaAttention.DecodeSplit*:CudaFused.QKPrep*:CudaFused.Prep*:CudaSampling.Argmax*'}
+      filter=${MEMCHECK_FILTER:-'CudaOps.Rope*:CudaOps.Norms*:CudaOps.Activ*:CudaAttention.HeadDims*:CudaAttention.DecodeSplit*:CudaFused.QKPrep*:CudaFused.Prep*:CudaSampling.*:CudaScheduler.Sampled*'}
       timeout 200 compute-sanitizer --tool memcheck --error-exitcode 3 "$D/test_cuda" --gtest_filter="$filter" > "$OUT/memcheck.log" 2>&1
       rc=$?
       tail -4 "$OUT/memcheck.log"
