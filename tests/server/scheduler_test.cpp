@@ -64,6 +64,16 @@ std::shared_ptr<Request> make_request(std::vector<int32_t> prompt, int64_t max_t
   return r;
 }
 
+// The generate() request of a test case: prompt_of(prompt_len, salt), sampled at temperature with seed.
+GenerateRequest generate_request(int prompt_len, int salt, int64_t max_tokens, float temperature, uint64_t seed) {
+  GenerateRequest g;
+  g.prompt = prompt_of(prompt_len, salt);
+  g.max_tokens = max_tokens;
+  g.sampling.temperature = temperature;
+  g.sampling.seed = seed;
+  return g;
+}
+
 TEST(Scheduler, ConcurrentRequestsEachMatchGenerate) {
   Tiny t(64);
   // Reference outputs, one at a time through generate().
@@ -74,14 +84,10 @@ TEST(Scheduler, ConcurrentRequestsEachMatchGenerate) {
   };
   std::vector<Case> cases = {{5, 1, 12, 0.0f}, {40, 2, 9, 0.8f}, {17, 3, 20, 1.2f}, {1, 4, 7, 0.0f}, {33, 5, 15, 0.9f}};
   std::vector<std::vector<int32_t>> want;
-  for (size_t i = 0; i < cases.size(); ++i) {
-    GenerateRequest g;
-    g.prompt = prompt_of(cases[i].prompt_len, cases[i].salt);
-    g.max_tokens = cases[i].max_tokens;
-    g.sampling.temperature = cases[i].temperature;
-    g.sampling.seed = 100 + i;
-    want.push_back(generate(*t.model, *t.pool, g).tokens);
-  }
+  for (size_t i = 0; i < cases.size(); ++i)
+    want.push_back(generate(*t.model, *t.pool, generate_request(cases[i].prompt_len, cases[i].salt, cases[i].max_tokens,
+                                                                cases[i].temperature, 100 + i))
+                       .tokens);
   // Alone through the scheduler (batch 1), then all at once: prompts of 33 and 40 tokens take several
   // 16-token steps, so prefill chunks interleave with the others' decode tokens.
   Scheduler s(*t.model, *t.pool, {8, 8});
@@ -133,11 +139,7 @@ TEST(Scheduler, StepsQueuedAheadMatchGenerate) {
                              {20, 5, 30, 0.0f, {10, 18}}, {11, 6, 12, 0.8f, {}}};
   std::vector<std::vector<int32_t>> want, stops;
   for (size_t i = 0; i < cases.size(); ++i) {
-    GenerateRequest g;
-    g.prompt = prompt_of(cases[i].prompt_len, cases[i].salt);
-    g.max_tokens = cases[i].max_tokens;
-    g.sampling.temperature = cases[i].temperature;
-    g.sampling.seed = 300 + i;
+    GenerateRequest g = generate_request(cases[i].prompt_len, cases[i].salt, cases[i].max_tokens, cases[i].temperature, 300 + i);
     const auto free_run = generate(*t.model, *t.pool, g).tokens;
     stops.emplace_back();
     for (int k : cases[i].stop_at) stops.back().push_back(free_run[size_t(k)]);
