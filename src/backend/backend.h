@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/sampling.h"
 #include "core/tensor.h"
 
 namespace arbor {
@@ -34,15 +35,12 @@ enum class ActOp : uint8_t { SiLU, GeLU, GeLUTanh };
 // ids reached the host (only backends that pick ids on the device accept it).
 inline int32_t token_from_last_pick(int64_t row) { return int32_t(-1 - row); }
 
-// One logit row's draw for Backend::sample_rows_start, in transformers' order: temperature (<= 0:
-// greedy), top-k (0 = off), top-p (1 = off), min-p (0 = off). The draw is a function of (seed,
-// counter): a request passes its seed and the position of the token drawn, so its ids do not depend on
-// which other requests share the step.
+// One logit row's draw for Backend::sample_rows_start, in transformers' order (temperature <= 0:
+// greedy). The draw is a function of (params.seed, counter): a request passes its seed and the
+// position of the token drawn, so its ids do not depend on which other requests share the step.
 struct RowSampling {
-  float temperature = 0.0f;
-  int64_t top_k = 0;
-  float top_p = 1.0f, min_p = 0.0f;
-  uint64_t seed = 0, counter = 0;
+  SamplingParams params;
+  uint64_t counter = 0;
 };
 
 struct BatchInfo {
@@ -167,9 +165,10 @@ class Backend {
   virtual void read_logits(const Tensor& logits, float* host) = 0;
   // Greedy ids of device logits [R, vocab] f32 (ties: lowest id) without copying the logits to the
   // host; false when the backend has no such path (the caller reads the logits and picks on the host).
-  // argmax_rows waits for the ids (call it with no pick outstanding). argmax_rows_start only queues the pick, so the host can queue the
-  // next step (its tokens token_from_last_pick(row)) before this one's ids arrive; wait_pick
-  // gives the ids of the oldest queued pick, R of them. At most two picks are outstanding.
+  // argmax_rows waits for the ids (call it with no pick outstanding). argmax_rows_start only queues
+  // the pick, so the host can queue the next step (its tokens token_from_last_pick(row)) before this
+  // one's ids arrive; wait_pick gives the ids of the oldest queued pick, R of them. At most two picks
+  // are outstanding.
   virtual bool argmax_rows_start(const Tensor& logits) { return false; }
   // The same for a draw per row (greedy or sampled, rows[i] for logit row i), queued like a greedy pick.
   virtual bool sample_rows_start(const Tensor& logits, const std::vector<RowSampling>& rows) { return false; }

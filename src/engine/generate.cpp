@@ -78,8 +78,7 @@ GenerateResult generate(Model& model, BlockPool& pool, const GenerateRequest& re
   // id follows `next`. A draw is a function of (seed, the drawn token's position).
   auto start_pick = [&](int64_t drawn_pos) {
     if (!(req.sampling.temperature > 0.0f)) return be.argmax_rows_start(model.device_logits(1));
-    const SamplingParams& sp = req.sampling;
-    return be.sample_rows_start(model.device_logits(1), {RowSampling{sp.temperature, sp.top_k, sp.top_p, sp.min_p, sp.seed, uint64_t(drawn_pos)}});
+    return be.sample_rows_start(model.device_logits(1), {RowSampling{req.sampling, uint64_t(drawn_pos)}});
   };
   bool queued = false;
   struct DropPicks {  // a pick left queued (a stop, an error) is dropped with the sequence

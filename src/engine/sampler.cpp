@@ -9,13 +9,6 @@
 
 namespace arbor {
 
-int32_t argmax(const float* logits, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i)
-    if (logits[i] > logits[best]) best = i;
-  return int32_t(best);
-}
-
 Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
 
 int32_t Sampler::sample(const float* logits, int64_t vocab) {

@@ -4,15 +4,9 @@
 #include <random>
 #include <vector>
 
-namespace arbor {
+#include "core/sampling.h"  // SamplingParams, argmax
 
-struct SamplingParams {
-  float temperature = 0.0f;  // 0 = greedy
-  int64_t top_k = 0;         // 0 = off
-  float top_p = 1.0f;        // 1 = off
-  float min_p = 0.0f;        // 0 = off
-  uint64_t seed = 0;
-};
+namespace arbor {
 
 class Sampler {
  public:
@@ -27,7 +21,5 @@ class Sampler {
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> cand_;  // reused across calls
 };
-
-int32_t argmax(const float* logits, int64_t n);
 
 }  // namespace arbor

@@ -251,20 +251,20 @@ Scheduler::Launched Scheduler::launch(std::vector<Part> parts, bool from_last_pi
   // where the logits are: greedy, or sampled with (the request's seed, the drawn token's position).
   bool device_pick = R > 0 && R <= model_.logit_capacity() && (model_.backend().device() != Device::CPU || opt_.queue_ahead == 1);
   bool all_greedy = true;
-  std::vector<RowSampling> draws;
+  draws_.clear();
   for (auto& p : l.parts) {
     if (!p.wants_logits) continue;
     const SamplingParams& sp = p.a->sampler.params();
     if (p.a->req->processing.active() || p.a->req->logprobs) device_pick = false;
     all_greedy = all_greedy && !(sp.temperature > 0.0f);
-    draws.push_back({sp.temperature, sp.top_k, sp.top_p, sp.min_p, sp.seed, uint64_t(p.start + p.n)});
+    draws_.push_back({sp, uint64_t(p.start + p.n)});
   }
   try {
     ARBOR_CHECK(!from_last_pick || device_pick, "scheduler: a step queued on picked ids must pick them on the device");
     if (device_pick) {
       model_.forward(b, nullptr);
       Backend& be = model_.backend();
-      l.picked = all_greedy ? be.argmax_rows_start(model_.device_logits(R)) : be.sample_rows_start(model_.device_logits(R), draws);
+      l.picked = all_greedy ? be.argmax_rows_start(model_.device_logits(R)) : be.sample_rows_start(model_.device_logits(R), draws_);
       if (!l.picked) {
         logits_.resize(size_t(R) * size_t(model_.config().vocab_size));
         be.read_logits(model_.device_logits(R), logits_.data());
@@ -308,9 +308,9 @@ void Scheduler::finish(Launched& l) {
   if (l.failed) return;
   const int64_t V = model_.config().vocab_size;
   if (l.picked) {
-    greedy_ids_.resize(size_t(l.rows));
+    picked_ids_.resize(size_t(l.rows));
     try {
-      model_.backend().wait_pick(greedy_ids_.data());
+      model_.backend().wait_pick(picked_ids_.data());
     } catch (const std::exception& e) {
       log_info("scheduler: forward failed: {}", e.what());
       for (auto& p : l.parts)
@@ -337,7 +337,7 @@ void Scheduler::finish(Launched& l) {
     Request& r = *a.req;
     TokenEvent ev;
     if (l.picked) {
-      ev.id = greedy_ids_[row++];
+      ev.id = picked_ids_[row++];
     } else {
       const float* lr = logits_.data() + row++ * size_t(V);
       const float* sample_row = lr;

@@ -97,8 +97,8 @@ class Scheduler {
     bool wants_logits;
     bool decode;  // one generated token fed (else a prompt chunk)
   };
-  // A step whose forward is queued or done. picked: its greedy ids are being picked on the device
-  // (argmax_rows_start), else its logits are in logits_ (the forward waited for them) or it failed.
+  // A step whose forward is queued or done. picked: its ids are being picked on the device (a greedy
+  // argmax or a draw per row), else its logits are in logits_ (the forward waited for them) or it failed.
   struct Launched {
     std::vector<Part> parts;
     int64_t rows = 0;
@@ -136,7 +136,8 @@ class Scheduler {
   std::atomic<int64_t> busy_us_{0};
 
   std::vector<float> logits_;   // [rows, vocab]
-  std::vector<int32_t> greedy_ids_;  // ids picked on the backend (all-greedy steps)
+  std::vector<int32_t> picked_ids_;  // ids picked on the backend
+  std::vector<RowSampling> draws_;   // a step's draws for the backend (reused across steps)
   std::vector<float> scratch_;  // [vocab] one processed row
   std::mutex join_mu_;
   std::thread thread_;

@@ -15,7 +15,7 @@ using namespace arbor::cuda_test;
 namespace {
 
 // The distribution the CPU Sampler draws from: probabilities of the kept tokens (others absent).
-std::map<int32_t, double> reference_distribution(const std::vector<float>& logits, const GpuSampling& p) {
+std::map<int32_t, double> reference_distribution(const std::vector<float>& logits, const SamplingParams& p) {
   std::vector<std::pair<float, int32_t>> c;
   for (size_t i = 0; i < logits.size(); ++i) c.push_back({logits[i] / p.temperature, int32_t(i)});
   std::sort(c.begin(), c.end(), [](auto& a, auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
@@ -43,6 +43,16 @@ std::map<int32_t, double> reference_distribution(const std::vector<float>& logit
   std::map<int32_t, double> out;
   for (size_t i = 0; i < n; ++i) out[c[i].second] = prob[i] / mass;
   return out;
+}
+
+// R draws of parameters p at once, row r with counter first + r (each row its own hash of (seed, counter)).
+std::vector<int32_t> draw_rows(CudaBackend& gpu, const Tensor& t, const SamplingParams& p, uint64_t first) {
+  std::vector<RowSampling> rows(static_cast<size_t>(t.rows()), RowSampling{p, 0});
+  for (size_t r = 0; r < rows.size(); ++r) rows[r].counter = first + r;
+  EXPECT_TRUE(gpu.sample_rows_start(t, rows));
+  std::vector<int32_t> ids(rows.size());
+  gpu.wait_pick(ids.data());
+  return ids;
 }
 
 // The argmax cuts a row over blocks of 4096 logits: vocabularies below, at and across block edges,
@@ -78,24 +88,23 @@ TEST(CudaSampling, SeededDrawsFollowTheFilteredDistribution) {
   ARBOR_REQUIRE_GPU();
   std::mt19937 rng(22);
   CudaBackend gpu(0);
-  const int64_t V = 24, R = 8192;  // R draws at once: each row gets its own hash of (seed, step, row)
+  const int64_t V = 24, R = 8192;  // R draws at once: each row gets its own hash of (seed, counter)
   std::vector<float> row = random_bf16(rng, size_t(V), 3.0f);
   std::vector<float> l;
   for (int64_t r = 0; r < R; ++r) l.insert(l.end(), row.begin(), row.end());
   Tensor t = gpu.alloc(DType::F32, {R, V});
   gpu.upload(l.data(), t);
-  std::vector<GpuSampling> cases(5);
+  std::vector<SamplingParams> cases(5);
   cases[0].temperature = 1.0f;
   cases[1].temperature = 0.7f, cases[1].top_k = 5;
   cases[2].temperature = 1.3f, cases[2].top_p = 0.6f;
   cases[3].temperature = 1.0f, cases[3].min_p = 0.15f;
   cases[4].temperature = 0.9f, cases[4].top_k = 12, cases[4].top_p = 0.9f, cases[4].min_p = 0.05f;
   for (size_t ci = 0; ci < cases.size(); ++ci) {
-    GpuSampling p = cases[ci];
+    SamplingParams p = cases[ci];
     p.seed = 1234 + ci;
     auto ref = reference_distribution(row, p);
-    std::vector<int32_t> ids(static_cast<size_t>(R));
-    gpu.sample_rows(t, p, 7, ids.data());
+    const std::vector<int32_t> ids = draw_rows(gpu, t, p, 7 * uint64_t(R));
     std::map<int32_t, int64_t> count;
     for (auto id : ids) count[id]++;
     for (auto [id, n] : count) EXPECT_TRUE(ref.count(id)) << "case " << ci << ": token " << id << " drawn " << n << " times is filtered out";
@@ -103,17 +112,12 @@ TEST(CudaSampling, SeededDrawsFollowTheFilteredDistribution) {
       const double f = double(count[id]) / double(R), sigma = std::sqrt(pr * (1 - pr) / double(R));
       EXPECT_NEAR(f, pr, 5 * sigma + 2e-3) << "case " << ci << " token " << id;
     }
-    std::vector<int32_t> again(static_cast<size_t>(R));
-    gpu.sample_rows(t, p, 7, again.data());
-    EXPECT_EQ(ids, again) << "same (seed, step) must give the same ids";
-    gpu.sample_rows(t, p, 8, again.data());
-    EXPECT_NE(ids, again) << "another step must draw anew";
+    EXPECT_EQ(ids, draw_rows(gpu, t, p, 7 * uint64_t(R))) << "same (seed, counter) must give the same ids";
+    EXPECT_NE(ids, draw_rows(gpu, t, p, 8 * uint64_t(R))) << "other counters must draw anew";
   }
-  GpuSampling k1;
+  SamplingParams k1;
   k1.temperature = 0.8f, k1.top_k = 1;
-  std::vector<int32_t> ids(static_cast<size_t>(R));
-  gpu.sample_rows(t, k1, 0, ids.data());
-  for (auto id : ids) ASSERT_EQ(id, argmax(row.data(), V));
+  for (auto id : draw_rows(gpu, t, k1, 0)) ASSERT_EQ(id, argmax(row.data(), V));
 }
 
 // Draws queued with a parameter set per row (the scheduler's path): four sets, a greedy one among
@@ -130,15 +134,15 @@ TEST(CudaSampling, PerRowDrawsFollowEachRowsDistribution) {
   for (int64_t r = 0; r < R; ++r) l.insert(l.end(), row.begin(), row.end());
   Tensor t = gpu.alloc(DType::F32, {R, V});
   gpu.upload(l.data(), t);
-  std::vector<RowSampling> set(sets);
+  std::vector<SamplingParams> set(sets);
   set[0].temperature = 1.0f;
   set[1].temperature = 0.0f;  // greedy
   set[2].temperature = 0.8f, set[2].top_k = 6, set[2].top_p = 0.8f;
   set[3].temperature = 1.2f, set[3].min_p = 0.1f;
   std::vector<RowSampling> rows(static_cast<size_t>(R));
   for (int64_t r = 0; r < R; ++r) {
-    rows[size_t(r)] = set[size_t(r % sets)];
-    rows[size_t(r)].seed = 100 + uint64_t(r % sets), rows[size_t(r)].counter = uint64_t(r / sets);
+    rows[size_t(r)] = {set[size_t(r % sets)], uint64_t(r / sets)};
+    rows[size_t(r)].params.seed = 100 + uint64_t(r % sets);
   }
   ASSERT_TRUE(gpu.sample_rows_start(t, rows));
   std::vector<int32_t> ids(static_cast<size_t>(R));
@@ -151,10 +155,7 @@ TEST(CudaSampling, PerRowDrawsFollowEachRowsDistribution) {
       EXPECT_EQ(count.begin()->first, argmax(row.data(), V));
       continue;
     }
-    GpuSampling p;
-    p.temperature = set[size_t(k)].temperature, p.top_k = int32_t(set[size_t(k)].top_k), p.top_p = set[size_t(k)].top_p,
-    p.min_p = set[size_t(k)].min_p;
-    const auto ref = reference_distribution(row, p);
+    const auto ref = reference_distribution(row, set[size_t(k)]);
     for (auto [id, n] : count) EXPECT_TRUE(ref.count(id)) << "set " << k << ": token " << id << " drawn " << n << " times is filtered out";
     for (auto [id, pr] : ref) {
       const double f = double(count[id]) / double(per_set), sigma = std::sqrt(pr * (1 - pr) / double(per_set));
@@ -168,7 +169,7 @@ TEST(CudaSampling, PerRowDrawsFollowEachRowsDistribution) {
   gpu.wait_pick(again.data());
   EXPECT_EQ(std::vector<int32_t>(again.rbegin(), again.rend()), ids);
   // A bad parameter names its row.
-  rows[5].top_p = 0.0f;
+  rows[5].params.top_p = 0.0f;
   try {
     gpu.sample_rows_start(t, rows);
     ADD_FAILURE() << "top_p 0 was accepted";

@@ -301,13 +301,7 @@ bool CpuBackend::argmax_rows_start(const Tensor& logits) {
   ARBOR_CHECK(picks_.size() < 2, "cpu: argmax_rows_start: two picks are already queued (wait for one first)");
   const int64_t R = logits.rows(), V = logits.cols();
   std::vector<int32_t> ids(static_cast<size_t>(R));
-  for (int64_t r = 0; r < R; ++r) {  // the first largest (as the engine's argmax: ties to the lowest id)
-    const float* l = logits.as<float>() + r * V;
-    int64_t best = 0;
-    for (int64_t i = 1; i < V; ++i)
-      if (l[i] > l[best]) best = i;
-    ids[size_t(r)] = int32_t(best);
-  }
+  for (int64_t r = 0; r < R; ++r) ids[size_t(r)] = argmax(logits.as<float>() + r * V, V);
   last_pick_ = ids;
   picks_.push_back(std::move(ids));
   return true;

@@ -147,6 +147,11 @@ CudaBackend::CudaBackend(int device)
     ARBOR_CUDA_CHECK(cudaEventCreateWithFlags(&staging_->weight_done[i], cudaEventDisableTiming));
   }
   for (int i = 0; i < kMetaSlots; ++i) ARBOR_CUDA_CHECK(cudaEventCreateWithFlags(&staging_->meta_done[i], cudaEventDisableTiming));
+  for (auto& e : pick_done_) {
+    cudaEvent_t ev;
+    ARBOR_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    e = ev;
+  }
 }
 
 CudaBackend::~CudaBackend() {
@@ -703,19 +708,18 @@ void CudaBackend::read_logits(const Tensor& logits, float* host) {
   ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
 }
 
-// Buffers of the sampled ids for R rows: device ids (a later step's embedding may read them), two
-// slots of host-mapped ids that the kernels write directly (the host waits for an event, with no copy
-// queued behind the kernel; two, so a pick can be queued while the host still reads the previous),
-// and the argmax's per-block keys and per-row counters (zero between launches).
-void CudaBackend::ensure_ids(int64_t R) {
-  const bool grows = size_t(R) * 4 > ids_cap_ || size_t(R) > host_ids_cap_ ||
-                     size_t(R * cuda::argmax_blocks(max_vocab_seen_)) * 8 > argmax_part_cap_;
-  ARBOR_CHECK(!grows || picks_.empty(), "cuda: sampled ids for {} rows while {} picks are queued (their ids would be lost)", R,
+// Buffers of the ids picked for R rows of V logits: device ids (a later step's embedding may read
+// them), two slots of host-mapped ids that the kernels write directly (the host waits for an event,
+// with no copy queued behind the kernel; two, so a pick can be queued while the host still reads the
+// previous), and the argmax's per-block keys and per-row counters (zero between launches).
+void CudaBackend::ensure_ids(int64_t R, int64_t V) {
+  const size_t part_bytes = size_t(R * cuda::argmax_blocks(V)) * 8;
+  const bool grows = size_t(R) * 4 > ids_cap_ || size_t(R) > host_ids_cap_ || part_bytes > argmax_part_cap_;
+  ARBOR_CHECK(!grows || picks_.empty(), "cuda: picked ids for {} rows while {} picks are queued (their ids would be lost)", R,
               picks_.size());
   void* ids = d_ids_;
   ensure(ids, ids_cap_, size_t(R) * 4);
   d_ids_ = static_cast<int32_t*>(ids);
-  const size_t part_bytes = size_t(R * cuda::argmax_blocks(max_vocab_seen_)) * 8;
   ensure(argmax_part_, argmax_part_cap_, part_bytes);
   const size_t had = argmax_counters_cap_;
   ensure(argmax_counters_, argmax_counters_cap_, size_t(R) * 4);
@@ -728,28 +732,54 @@ void CudaBackend::ensure_ids(int64_t R) {
     ARBOR_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_ids_), 2 * host_ids_cap_ * 4, cudaHostAllocMapped));
     ARBOR_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_ids_dev_), host_ids_, 0));
   }
-  for (auto& e : pick_done_)
-    if (!e) {
-      cudaEvent_t ev;
-      ARBOR_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-      e = ev;
-    }
+}
+
+// A pick's two halves around its kernel: begin checks the logits and the queue and readies the
+// buffers, returning the host slot the kernel writes; end records the slot's event and queues it.
+int CudaBackend::begin_pick(const Tensor& logits) {
+  ARBOR_CHECK(logits.dtype == DType::F32 && logits.device == Device::CUDA, "cuda: picking ids: device F32 logits expected");
+  not_capturing("picking ids");
+  ARBOR_CHECK(picks_.size() < 2, "cuda: picking ids: two picks are already queued (wait for one first)");
+  ensure_ids(logits.rows(), logits.cols());
+  const int slot = next_pick_slot_;
+  next_pick_slot_ ^= 1;
+  return slot;
+}
+
+void CudaBackend::end_pick(int slot, int64_t rows) {
+  ARBOR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(pick_done_[slot]), st(stream_)));
+  picks_.push_back({slot, rows});
+  last_pick_rows_ = rows;
 }
 
 bool CudaBackend::argmax_rows_start(const Tensor& logits) {
-  ARBOR_CHECK(logits.dtype == DType::F32 && logits.device == Device::CUDA, "cuda: argmax_rows: device F32 logits expected");
-  not_capturing(__func__);
-  ARBOR_CHECK(picks_.size() < 2, "cuda: argmax_rows_start: two picks are already queued (wait for one first)");
+  const int slot = begin_pick(logits);
+  launch_argmax(logits.as<float>(), logits.rows(), logits.cols(), static_cast<uint64_t*>(argmax_part_),
+                static_cast<unsigned*>(argmax_counters_), d_ids_, host_ids_dev_ + size_t(slot) * host_ids_cap_, st(stream_));
+  end_pick(slot, logits.rows());
+  return true;
+}
+
+// A draw per row: the sample kernel, its parameters uploaded through the step metadata's pinned slots.
+bool CudaBackend::sample_rows_start(const Tensor& logits, const std::vector<RowSampling>& rows) {
   const int64_t R = logits.rows();
-  max_vocab_seen_ = std::max(max_vocab_seen_, logits.cols());
-  ensure_ids(R);
-  const int slot = next_pick_slot_;
-  next_pick_slot_ ^= 1;
-  launch_argmax(logits.as<float>(), R, logits.cols(), static_cast<uint64_t*>(argmax_part_), static_cast<unsigned*>(argmax_counters_),
-                d_ids_, host_ids_dev_ + size_t(slot) * host_ids_cap_, st(stream_));
-  ARBOR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(pick_done_[slot]), st(stream_)));
-  picks_.push_back({slot, R});
-  last_pick_rows_ = R;
+  ARBOR_CHECK(int64_t(rows.size()) == R, "cuda: sampling: {} rows of parameters for {} logit rows", rows.size(), R);
+  std::vector<cuda::SampleRow> p(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const SamplingParams& r = rows[i].params;
+    ARBOR_CHECK(r.top_p > 0 && r.top_p <= 1 && r.min_p >= 0 && r.min_p <= 1 && r.top_k >= 0 && r.top_k <= INT32_MAX,
+                "cuda: sampling row {}: top_p {} must be in (0, 1], min_p {} in [0, 1], top_k {} in 0..{}", i, r.top_p, r.min_p, r.top_k,
+                INT32_MAX);
+    p[i] = {r.temperature, int32_t(r.top_k), r.top_p, r.min_p, r.seed, rows[i].counter};
+  }
+  const int slot = begin_pick(logits);
+  static_assert(sizeof(cuda::SampleRow) % 4 == 0, "sampling parameters travel as int32 words");
+  std::vector<int32_t> packed(p.size() * sizeof(cuda::SampleRow) / 4);
+  std::memcpy(packed.data(), p.data(), packed.size() * 4);
+  upload_meta(packed, sample_params_, sample_params_cap_);
+  launch_sample(logits.as<float>(), R, logits.cols(), static_cast<const cuda::SampleRow*>(sample_params_), d_ids_,
+                host_ids_dev_ + size_t(slot) * host_ids_cap_, st(stream_));
+  end_pick(slot, R);
   return true;
 }
 
@@ -765,52 +795,6 @@ void CudaBackend::drop_picks() {
   if (picks_.empty()) return;
   ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
   picks_.clear();
-}
-
-// Queues a draw per row (the sample kernel, its parameters uploaded with the step's metadata slots)
-// as a pick, like argmax_rows_start.
-bool CudaBackend::queue_sample(const Tensor& logits, const std::vector<cuda::SampleRow>& rows) {
-  ARBOR_CHECK(logits.dtype == DType::F32 && logits.device == Device::CUDA, "cuda: sampling: device F32 logits expected");
-  not_capturing(__func__);
-  ARBOR_CHECK(picks_.size() < 2, "cuda: sampling: two picks are already queued (wait for one first)");
-  const int64_t R = logits.rows();
-  ARBOR_CHECK(int64_t(rows.size()) == R, "cuda: sampling: {} rows of parameters for {} logit rows", rows.size(), R);
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const auto& p = rows[i];
-    ARBOR_CHECK(p.top_p > 0 && p.top_p <= 1 && p.min_p >= 0 && p.min_p <= 1 && p.top_k >= 0,
-                "cuda: sampling row {}: top_p {} must be in (0, 1], min_p {} in [0, 1], top_k {} >= 0", i, p.top_p, p.min_p, p.top_k);
-  }
-  max_vocab_seen_ = std::max(max_vocab_seen_, logits.cols());
-  ensure_ids(R);
-  static_assert(sizeof(cuda::SampleRow) % 4 == 0, "sampling parameters travel as int32 words");
-  std::vector<int32_t> packed(rows.size() * sizeof(cuda::SampleRow) / 4);
-  std::memcpy(packed.data(), rows.data(), packed.size() * 4);
-  upload_meta(packed, sample_params_, sample_params_cap_);
-  const int slot = next_pick_slot_;
-  next_pick_slot_ ^= 1;
-  launch_sample(logits.as<float>(), R, logits.cols(), static_cast<const cuda::SampleRow*>(sample_params_), d_ids_,
-                host_ids_dev_ + size_t(slot) * host_ids_cap_, st(stream_));
-  ARBOR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(pick_done_[slot]), st(stream_)));
-  picks_.push_back({slot, R});
-  last_pick_rows_ = R;
-  return true;
-}
-
-bool CudaBackend::sample_rows_start(const Tensor& logits, const std::vector<RowSampling>& rows) {
-  std::vector<cuda::SampleRow> p(rows.size());
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const auto& r = rows[i];
-    ARBOR_CHECK(r.top_k >= 0 && r.top_k <= INT32_MAX, "cuda: sampling row {}: top_k {}", i, r.top_k);
-    p[i] = {r.temperature, int32_t(r.top_k), r.top_p, r.min_p, r.seed, r.counter, 0};
-  }
-  return queue_sample(logits, p);
-}
-
-void CudaBackend::sample_rows(const Tensor& logits, const GpuSampling& p, uint64_t step, int32_t* host_ids) {
-  std::vector<cuda::SampleRow> rows(size_t(logits.rows()));
-  for (size_t i = 0; i < rows.size(); ++i) rows[i] = {p.temperature, p.top_k, p.top_p, p.min_p, p.seed, step, uint64_t(i)};
-  queue_sample(logits, rows);
-  wait_pick(host_ids);
 }
 
 void CudaBackend::upload(const void* host, const Tensor& dev) {

@@ -17,7 +17,6 @@ struct cublasLtContext;  // cublasLtHandle_t
 namespace arbor {
 namespace cuda {
 struct QKPrepArgs;  // kernels.h
-struct SampleRow;   // kernels.h
 constexpr int64_t kGemvMaxRowsCap = 8;  // rows the GEMV kernels take (kernels.h: kGemvMaxRows)
 }
 
@@ -25,15 +24,6 @@ constexpr int64_t kGemvMaxRowsCap = 8;  // rows the GEMV kernels take (kernels.h
 bool cuda_device_available(std::string* why);
 // Creates the backend on device `index`. Throws arbor::Error naming the CUDA call that failed.
 std::unique_ptr<Backend> make_cuda_backend(int index = 0);
-
-// Sampling parameters for the GPU sampler (the engine's SamplingParams, without the host RNG).
-struct GpuSampling {
-  float temperature = 0.0f;  // <= 0: greedy
-  int32_t top_k = 0;         // 0 = off
-  float top_p = 1.0f;        // 1 = off
-  float min_p = 0.0f;        // 0 = off
-  uint64_t seed = 0;
-};
 
 class CudaBackend : public Backend {
  public:
@@ -68,14 +58,12 @@ class CudaBackend : public Backend {
   Tensor upload_table(const std::vector<float>& host, std::initializer_list<int64_t> shape) override;
   void read_logits(const Tensor& logits, float* host) override;
 
-  // Sampling on the GPU over device logits [R, vocab] f32 (e.g. the model's logits buffer), queued as
-  // picks (Backend). sample_rows queues one draw for every row and waits for the R ids: the draw of
-  // row r is a hash of (seed, step, r), so the caller advances `step` once per generated token.
+  // Greedy ids and draws on the GPU over device logits [R, vocab] f32 (e.g. the model's logits
+  // buffer), queued as picks (Backend).
   bool argmax_rows_start(const Tensor& logits) override;
   bool sample_rows_start(const Tensor& logits, const std::vector<RowSampling>& rows) override;
   void wait_pick(int32_t* host_ids) override;
   void drop_picks() override;
-  void sample_rows(const Tensor& logits, const GpuSampling& p, uint64_t step, int32_t* host_ids);
 
   // Which attention kernel runs: Auto picks decode (split-K) when no sequence has more than
   // kDecodeMaxRun tokens in the batch, else the tensor-core prefill kernel. Tests force each.
@@ -192,8 +180,9 @@ class CudaBackend : public Backend {
   size_t scratch2_cap_ = 0;
   void* workspace_ = nullptr;                      // cuBLASLt
   size_t workspace_bytes_ = 0;
-  void ensure_ids(int64_t rows);
-  bool queue_sample(const Tensor& logits, const std::vector<cuda::SampleRow>& rows);
+  void ensure_ids(int64_t rows, int64_t vocab);
+  int begin_pick(const Tensor& logits);
+  void end_pick(int slot, int64_t rows);
   void* sample_params_ = nullptr;                  // the queued draw's parameters (cuda::SampleRow per row)
   size_t sample_params_cap_ = 0;
   int32_t* d_ids_ = nullptr;                       // sampled ids [max rows]
@@ -201,19 +190,18 @@ class CudaBackend : public Backend {
   int32_t* host_ids_ = nullptr;                    // the same, host-mapped (written by the kernels), two slots
   int32_t* host_ids_dev_ = nullptr;                //   its device address
   size_t host_ids_cap_ = 0;                        //   rows per slot
-  struct Pick {                                    // a queued argmax (argmax_rows_start)
+  struct Pick {                                    // a queued argmax or draw
     int slot;
     int64_t rows;
   };
   std::vector<Pick> picks_;                        // outstanding, oldest first (at most 2)
-  void* pick_done_[2] = {nullptr, nullptr};        // cudaEvent_t per host slot
+  void* pick_done_[2] = {nullptr, nullptr};        // cudaEvent_t per host slot (made with the stream)
   int next_pick_slot_ = 0;
   int64_t last_pick_rows_ = 0;                     // rows of the last queued pick (tokens may refer to them)
   void* argmax_part_ = nullptr;                    // argmax: per-block keys
   size_t argmax_part_cap_ = 0;
   void* argmax_counters_ = nullptr;                // argmax: per-row counters (zero between launches)
   size_t argmax_counters_cap_ = 0;
-  int64_t max_vocab_seen_ = 1;                     // sizes argmax_part_
 };
 
 // Hardware ceilings measured now on the device (bench): device-to-device copy bandwidth in bytes/s

@@ -166,13 +166,13 @@ void launch_argmax(const float* logits, int64_t rows, int64_t vocab, uint64_t* p
                    cudaStream_t s);
 // Seeded sampling per row in transformers' order: temperature (<= 0: that row greedy), top-k, top-p,
 // min-p, each row its own parameters (params: device memory, one per row). The random draw of a row is
-// a hash of (seed, step, salt), so the same triple always gives the same id.
+// a hash of (seed, step), so the same pair always gives the same id.
 struct SampleRow {
   float temperature;
   int32_t top_k;  // 0 = off
   float top_p;    // 1 = off
   float min_p;    // 0 = off
-  uint64_t seed, step, salt;
+  uint64_t seed, step;
 };
 void launch_sample(const float* logits, int64_t rows, int64_t vocab, const SampleRow* params, int32_t* ids, int32_t* host_ids,
                    cudaStream_t s);

@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
     if (w < warp) before += red_f[w];
     total += red_f[w];
   }
-  const uint64_t h = mix64(mix64(pr.seed ^ 0x9E3779B97F4A7C15ull) + pr.step * 0xD1B54A32D192ED03ull + pr.salt);
+  const uint64_t h = mix64(mix64(pr.seed ^ 0x9E3779B97F4A7C15ull) + pr.step * 0xD1B54A32D192ED03ull);
   const float u = float(double(h >> 11) * (1.0 / 9007199254740992.0)) * total;
   if (mine > 0 && u >= before && u < before + mine) {
     float acc = before;
