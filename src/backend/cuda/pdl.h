@@ -26,29 +26,32 @@ __device__ __forceinline__ void pdl_trigger() {
 // Set once per process from the device's compute capability and the environment (cuda_backend.cpp).
 bool pdl_enabled();
 
+// A launch with programmatic stream serialization (when enabled) and, when `cluster` is given, a
+// thread-block cluster of that many blocks (sm_90).
 template <typename... KArgs, typename... Args>
-cudaError_t pdl_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s;
-  cfg.attrs = attr, cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
-}
-
-// pdl_launch with a thread-block cluster of `cluster` blocks (sm_90).
-template <typename... KArgs, typename... Args>
-cudaError_t pdl_launch_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, dim3 cluster, Args&&... args) {
+cudaError_t pdl_launch_in(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, const dim3* cluster,
+                          Args&&... args) {
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
-  attr[1].id = cudaLaunchAttributeClusterDimension;
-  attr[1].val.clusterDim.x = cluster.x, attr[1].val.clusterDim.y = cluster.y, attr[1].val.clusterDim.z = cluster.z;
+  if (cluster) {
+    attr[1].id = cudaLaunchAttributeClusterDimension;
+    attr[1].val.clusterDim.x = cluster->x, attr[1].val.clusterDim.y = cluster->y, attr[1].val.clusterDim.z = cluster->z;
+  }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s;
-  cfg.attrs = attr, cfg.numAttrs = 2;
+  cfg.attrs = attr, cfg.numAttrs = cluster ? 2 : 1;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+template <typename... KArgs, typename... Args>
+cudaError_t pdl_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  return pdl_launch_in(kernel, grid, block, smem, s, nullptr, std::forward<Args>(args)...);
+}
+
+template <typename... KArgs, typename... Args>
+cudaError_t pdl_launch_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, dim3 cluster, Args&&... args) {
+  return pdl_launch_in(kernel, grid, block, smem, s, &cluster, std::forward<Args>(args)...);
 }
 
 }  // namespace arbor::cuda
