@@ -76,9 +76,11 @@ GenerateResult generate(Model& model, BlockPool& pool, const GenerateRequest& re
   // server does, and the next step is queued (its token the id still on the device) before this
   // step's id reaches the host, so the GPU never waits for the host. `queued`: a step is queued whose
   // id follows `next`. A draw is a function of (seed, the drawn token's position).
-  auto start_pick = [&](int64_t drawn_pos) {
+  auto queue_step = [&](int32_t token, int64_t pos) {  // the forward of `token` at pos, then its pick
+    BatchInfo b = make_batch({{token}}, {pos}, {&seq}, false);
+    model.forward(b, nullptr);
     if (!(req.sampling.temperature > 0.0f)) return be.argmax_rows_start(model.device_logits(1));
-    return be.sample_rows_start(model.device_logits(1), {RowSampling{req.sampling, uint64_t(drawn_pos)}});
+    return be.sample_rows_start(model.device_logits(1), {RowSampling{req.sampling, uint64_t(pos + 1)}});
   };
   bool queued = false;
   struct DropPicks {  // a pick left queued (a stop, an error) is dropped with the sequence
@@ -96,9 +98,7 @@ GenerateResult generate(Model& model, BlockPool& pool, const GenerateRequest& re
     bool stop = std::find(req.stop_ids.begin(), req.stop_ids.end(), next) != req.stop_ids.end();
     if (!go_on || stop || int64_t(res.tokens.size()) >= req.max_tokens || seq.length >= limit) break;
     if (device_pick && !queued) {
-      BatchInfo b = make_batch({{next}}, {seq.length}, {&seq}, false);
-      model.forward(b, nullptr);
-      queued = start_pick(seq.length + 1);
+      queued = queue_step(next, seq.length);
       if (!queued) {  // no pick on this backend: the logits come to the host
         logits.resize(size_t(V));
         be.read_logits(model.device_logits(1), logits.data());
@@ -107,11 +107,7 @@ GenerateResult generate(Model& model, BlockPool& pool, const GenerateRequest& re
     if (queued) {
       // The step after this one, unless this one's id ends the sequence by length.
       const bool more = int64_t(res.tokens.size()) + 1 < req.max_tokens && seq.length + 1 < limit;
-      if (more) {
-        BatchInfo b = make_batch({{token_from_last_pick(0)}}, {seq.length + 1}, {&seq}, false);
-        model.forward(b, nullptr);
-        start_pick(seq.length + 2);
-      }
+      if (more) queue_step(token_from_last_pick(0), seq.length + 1);
       be.wait_pick(&next);
       seq.length += 1;
       res.decode_steps += 1;
