@@ -73,13 +73,16 @@ void run_case(const Case& c, std::mt19937& rng) {
   cpu.attention(0, host_view(q, {TQ, q_row}), p, host_view(ref, {TQ, q_row}));
   gpu.begin_batch(query);
   Tensor qg = dev_bf16(gpu, q, {TQ, q_row});
-  // The prefill path with both of its kernels (16 and 32 query rows per warp), then decode.
-  for (auto [path, warp_rows] : std::vector<std::pair<CudaBackend::AttentionPath, int>>{
-           {CudaBackend::AttentionPath::Prefill, 16}, {CudaBackend::AttentionPath::Prefill, 32}, {CudaBackend::AttentionPath::Decode, 32}}) {
+  // The prefill path with each of its kernels (wgmma where this GPU and head_dim take it; 32 and 16
+  // query rows per warp on mma.sync), then decode.
+  std::vector<std::pair<CudaBackend::AttentionPath, const char*>> runs = {
+      {CudaBackend::AttentionPath::Prefill, "mma16"}, {CudaBackend::AttentionPath::Prefill, "mma32"}, {CudaBackend::AttentionPath::Decode, "auto"}};
+  if (CudaBackend::prefill_wgmma_supported(int(hd))) runs.push_back({CudaBackend::AttentionPath::Prefill, "wgmma"});
+  for (auto [path, kernel] : runs) {
     if (path == CudaBackend::AttentionPath::Decode && hd == 96) continue;  // served by the prefill kernel
-    SCOPED_TRACE(::testing::Message() << "prefill warp rows " << warp_rows);
+    SCOPED_TRACE(::testing::Message() << "prefill kernel " << kernel);
     gpu.set_attention_path(path);
-    CudaBackend::set_prefill_warp_rows(warp_rows);
+    CudaBackend::set_prefill_kernel(kernel);
     Tensor og = gpu.alloc(DType::BF16, {TQ, q_row});
     std::vector<float> poison(size_t(TQ * q_row), NAN);
     gpu.upload(to_bf16(poison).data(), og);  // every element must be written
@@ -96,7 +99,7 @@ void run_case(const Case& c, std::mt19937& rng) {
         break;
       }
   }
-  CudaBackend::set_prefill_warp_rows(32);
+  CudaBackend::set_prefill_kernel("auto");
 }
 
 TEST(CudaAttention, HeadDimsAndGqaRatios) {
@@ -105,6 +108,20 @@ TEST(CudaAttention, HeadDimsAndGqaRatios) {
   for (int64_t hd : {64, 128, 256})
     for (auto [h, kvh] : std::vector<std::pair<int64_t, int64_t>>{{2, 2}, {4, 2}, {6, 2}, {8, 2}, {7, 1}, {8, 1}})
       run_case({hd, h, kvh, 0, 0.0f, {33, 17}, {33, 1}}, rng);
+}
+
+// Prefill over many key tiles (the wgmma kernel's are 128 keys): causal diagonals inside a tile,
+// query tiles that are part of a longer context, sliding windows wider and narrower than a tile,
+// softcap, GQA groups that do not divide the 128 rows of a block (padding rows), 32-slot blocks.
+TEST(CudaAttention, PrefillLongSpans) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(17);
+  run_case({128, 32, 8, 0, 0.0f, {517, 130}, {517, 64}}, rng);
+  run_case({64, 8, 8, 0, 0.0f, {260}, {260}}, rng);
+  run_case({128, 16, 2, 100, 0.0f, {400, 77}, {400, 77}}, rng);
+  run_case({64, 6, 2, 200, 30.0f, {333}, {333}}, rng);
+  run_case({128, 7, 1, 0, 0.0f, {300}, {150}, 32}, rng);
+  run_case({64, 4, 4, 0, 0.0f, {129, 1, 255}, {129, 1, 2}}, rng);
 }
 
 // Decode's split merge every way (by the last split block / by a second kernel / in a thread-block

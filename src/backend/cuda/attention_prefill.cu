@@ -1,8 +1,9 @@
 // Flash attention for prefill over the paged bf16 KV cache, on tensor cores (mma.sync m16n8k16,
 // bf16 in, f32 accumulators), with online softmax in base 2 (exp2, the scale folded with log2 e).
 // A block owns kPrefillRows (128) query rows = (tokens of one sequence) x (the query heads of one GQA
-// group), so the group shares every K/V tile it loads. Two kernels, set_prefill_warp_rows picking (32
-// by default; ARBOR_CUDA_ATTN_PREFILL_WARP_ROWS): the 16-row kernel, 8 warps of 16 rows, Q fragments loaded once
+// group), so the group shares every K/V tile it loads. Two kernels here (Hopper's wgmma kernel, the
+// default where it runs, is in attention_prefill_wgmma.cu; set_prefill_kernel and
+// ARBOR_CUDA_ATTN_PREFILL pick): the 16-row kernel, 8 warps of 16 rows, Q fragments loaded once
 // (into registers up to head_dim 128; head_dim 256 reads them from shared memory each tile), K/V
 // tiles of 64 keys (32 at head_dim 256) double-buffered; and the 32-row kernel (head_dim 32-128; 256
 // takes the 16-row kernel either way), 4 warps of 32 rows (two m16 tiles, so each K and V fragment
@@ -16,10 +17,10 @@
 #include <cuda_bf16.h>
 
 #include <climits>
+#include <string>
 
-#include "backend/cuda/cp_async.h"
+#include "backend/cuda/attention_prefill.h"
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/kernels.h"
 
 namespace arbor::cuda {
 
@@ -29,7 +30,6 @@ constexpr int kRows = kPrefillRows;  // 128
 constexpr int kWarps = kRows / 16;   // 16 rows per warp (one m16 tile)
 constexpr int kThreads = kWarps * 32;
 static_assert(kRows % 16 == 0, "prefill rows per tile come in m16 tiles, one per warp");
-constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ void mma_bf16(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -52,51 +52,6 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t& r0, uint3
                : "r"(addr));
 }
 
-// 2^x in one MUFU op (2^-inf = 0).
-__device__ __forceinline__ float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
-// What a prefill block works on: the tile (block order: kv heads fastest, tiles last to first) and
-// the key range it may need; load_q copies its Q rows (padding rows zero-filled) into shared memory
-// [kRows][LD] as the first cp.async group. Shared by both prefill kernels.
-template <int D>
-struct PrefillBlock {
-  int g, G;
-  int32_t tok0, ntok, kv_lo, kv_hi;
-  int64_t qrow, kvrow;
-  const int32_t* table;
-  __device__ __forceinline__ PrefillBlock(const AttnArgs& a, const int32_t* tiles) {
-    const unsigned lin = blockIdx.y * gridDim.x + blockIdx.x;
-    g = int(lin % gridDim.y);
-    const int32_t* tile = tiles + int64_t(gridDim.x - 1 - lin / gridDim.y) * 8;
-    tok0 = tile[0], ntok = tile[1];
-    const int32_t seq = tile[2], min_pos = tile[3], max_pos = tile[4];
-    G = a.n_heads / a.n_kv_heads;
-    qrow = int64_t(a.n_heads) * D, kvrow = int64_t(a.n_kv_heads) * D;
-    table = a.block_tables + int64_t(seq) * a.max_blocks;
-    kv_lo = a.window > 0 ? max(0, min_pos - a.window + 1) : 0, kv_hi = max_pos + 1;
-  }
-  template <int THREADS, int LD>
-  __device__ __forceinline__ void load_q(const AttnArgs& a, uint16_t* Qs) const {
-#pragma unroll
-    for (int i = 0; i < kRows * (D / 8) / THREADS; ++i) {
-      const int idx = threadIdx.x + i * THREADS, r = idx / (D / 8), c = idx % (D / 8), ti = r / G, hi = r % G;
-      const bool ok = ti < ntok;
-      const uint16_t* src = ok ? a.q + int64_t(tok0 + ti) * qrow + int64_t(g * G + hi) * D + c * 8 : a.q;
-      cp_async16_zfill(smem_addr(Qs + r * LD + c * 8), src, ok);
-    }
-    cp_async_commit();
-  }
-};
-
 // D: head_dim; KT: keys per tile. Shared rows are padded by 8 elements (16 bytes) so the 8 rows an
 // ldmatrix reads fall in distinct banks. K/V tiles are double-buffered and fetched with cp.async, the
 // next tile's copy in flight while the tensor cores work on this one.
@@ -117,7 +72,7 @@ __global__ void __launch_bounds__(kThreads, (D <= 32 ? 2 : 1)) attn_prefill_kern
   const int32_t tok0 = blk.tok0, ntok = blk.ntok, kv_lo = blk.kv_lo, kv_hi = blk.kv_hi;
   const int64_t qrow = blk.qrow, kvrow = blk.kvrow;
   const int32_t* table = blk.table;
-  blk.template load_q<kThreads, LD>(a, Qs);
+  blk.template load_q<kThreads>(a, [&](int r, int c) { return smem_addr(Qs + r * LD + c * 8); });
 
   // Copies K/V tile [kt, kt + KT) into buffer buf with cp.async (keys past kv_hi are zero-filled: V
   // rows of masked keys must be finite, P = 0 times them must stay 0). The slots are looked up first,
@@ -332,7 +287,7 @@ __global__ void __launch_bounds__(kThreads32, MinBlocks) attn_prefill32_kernel(A
   const int32_t tok0 = blk.tok0, ntok = blk.ntok, kv_lo = blk.kv_lo, kv_hi = blk.kv_hi;
   const int64_t qrow = blk.qrow, kvrow = blk.kvrow;
   const int32_t* table = blk.table;
-  blk.template load_q<kThreads32, LD>(a, Qs);
+  blk.template load_q<kThreads32>(a, [&](int r, int c) { return smem_addr(Qs + r * LD + c * 8); });
 
   // K/V tile [kt, kt + KT) into buffer buf, as in the 16-row kernel (keys past kv_hi zero-filled).
   // Where the block's threads cover whole key rows (D / 8 divides 128), a thread copies one 16-byte
@@ -600,7 +555,7 @@ void launch_p32(const AttnArgs& a, const int32_t* tiles, int64_t n_tiles, cudaSt
   ARBOR_LAUNCH_CHECK("attn_prefill32_kernel");
 }
 
-int g_warp_rows = 32;  // set_prefill_warp_rows
+PrefillKernel g_kernel = PrefillKernel::Auto;  // set_prefill_kernel
 
 }  // namespace
 
@@ -608,7 +563,11 @@ void launch_attention_prefill(const AttnArgs& a, const int32_t* tiles, int64_t n
   if (n_tiles == 0) return;
   ARBOR_CU_CHECK(a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0 && a.n_heads / a.n_kv_heads <= kRows,
                  "cuda: attention prefill: %d query heads over %d kv heads (groups up to %d)", a.n_heads, a.n_kv_heads, kRows);
-  if (g_warp_rows == 32) {
+  if ((g_kernel == PrefillKernel::Auto || g_kernel == PrefillKernel::Wgmma) && prefill_wgmma_supported(a.head_dim)) {
+    launch_attention_prefill_wgmma(a, tiles, n_tiles, s);
+    return;
+  }
+  if (g_kernel != PrefillKernel::Mma16) {
     // <head_dim, keys per tile, row tiles with Q in registers, K/V buffers, blocks per SM>: the largest
     // that ptxas (13.0, sm_90a) compiles without spills: 128 / 168 / 254 / 254 registers.
     switch (a.head_dim) {
@@ -629,9 +588,15 @@ void launch_attention_prefill(const AttnArgs& a, const int32_t* tiles, int64_t n
   }
 }
 
-void set_prefill_warp_rows(int rows) {
-  ARBOR_CU_CHECK(rows == 16 || rows == 32, "cuda: prefill attention: %d query rows per warp (16 or 32)", rows);
-  g_warp_rows = rows;
+void set_prefill_kernel(PrefillKernel k) { g_kernel = k; }
+
+PrefillKernel parse_prefill_kernel(const char* name) {
+  const std::string n = name;
+  if (n == "auto") return PrefillKernel::Auto;
+  if (n == "wgmma") return PrefillKernel::Wgmma;
+  if (n == "mma32") return PrefillKernel::Mma32;
+  if (n == "mma16") return PrefillKernel::Mma16;
+  fail_printf("cuda: prefill attention kernel '%s': auto, wgmma, mma32 or mma16", name);
 }
 
 }  // namespace arbor::cuda

@@ -100,7 +100,8 @@ bool pdl_enabled() {
 std::unique_ptr<Backend> make_cuda_backend(int index) { return std::make_unique<CudaBackend>(index); }
 
 void CudaBackend::set_gemv_stream(bool on) { cuda::set_gemv_stream(on); }
-void CudaBackend::set_prefill_warp_rows(int rows) { cuda::set_prefill_warp_rows(rows); }
+void CudaBackend::set_prefill_kernel(const char* name) { cuda::set_prefill_kernel(cuda::parse_prefill_kernel(name)); }
+bool CudaBackend::prefill_wgmma_supported(int head_dim) { return cuda::prefill_wgmma_supported(head_dim); }
 
 CudaBackend::CudaBackend(int device)
     : device_(device), staging_(std::make_unique<Staging>()), graphs_(std::make_unique<Graphs>()) {
@@ -131,7 +132,7 @@ CudaBackend::CudaBackend(int device)
     attn_min_waves_ = std::atoi(env);
     ARBOR_CHECK(attn_min_waves_ >= 1 && attn_min_waves_ <= 8, "ARBOR_CUDA_ATTN_WAVES={}: 1..8 waves of split blocks at least", env);
   }
-  if (const char* env = std::getenv("ARBOR_CUDA_ATTN_PREFILL_WARP_ROWS")) set_prefill_warp_rows(std::atoi(env));
+  if (const char* env = std::getenv("ARBOR_CUDA_ATTN_PREFILL")) set_prefill_kernel(env);
   device_name_ = fmt::format("{} (sm_{}{}, {} SMs, {:.0f} GiB)", prop.name, prop.major, prop.minor, n_sms_,
                              double(prop.totalGlobalMem) / double(1 << 30));
   cudaStream_t s;

@@ -100,9 +100,12 @@ class CudaBackend : public Backend {
   // GEMVs of 1-2 rows with K % 256 == 0 stream through shared memory (gemv.cu); off: the register
   // kernel for every GEMV. Process-wide; ARBOR_CUDA_GEMV_STREAM=0 turns it off (A/B runs, tests).
   static void set_gemv_stream(bool on);
-  // Query rows per warp of the prefill attention kernel, 32 (default) or 16; process-wide,
-  // ARBOR_CUDA_ATTN_PREFILL_WARP_ROWS sets it.
-  static void set_prefill_warp_rows(int rows);
+  // The prefill attention kernel by name: "auto" (default: wgmma on sm_90 at head_dim 64/128, else
+  // mma32 up to head_dim 128, else mma16), "wgmma", "mma32", "mma16" (a kernel a shape cannot take
+  // falls back down that list); process-wide, ARBOR_CUDA_ATTN_PREFILL sets it.
+  static void set_prefill_kernel(const char* name);
+  // Whether the wgmma prefill kernel runs on this process's device at this head_dim.
+  static bool prefill_wgmma_supported(int head_dim);
 
   // Copies for tests and tools (synchronous).
   void upload(const void* host, const Tensor& dev);

@@ -148,13 +148,20 @@ constexpr int kDecodeMaxCluster = 16;
 void launch_attention_decode(const AttnArgs& a, int64_t T, int n_splits, float* scratch, unsigned* counters, cudaStream_t s,
                              const QKPrepArgs* prep = nullptr, bool cluster = false);
 // Flash attention over tiles of query rows (tokens x the GQA group's heads) with tensor cores
-// (mma.sync m16n8k16 bf16, f32 accumulators) and online softmax. tiles [n_tiles, 8] int32:
+// (wgmma or mma.sync, bf16 in, f32 accumulators) and online softmax. tiles [n_tiles, 8] int32:
 // {first token, n tokens, seq, min pos, max pos, 0, 0, 0}; each tile has at most kPrefillRows / group tokens.
 void launch_attention_prefill(const AttnArgs& a, const int32_t* tiles, int64_t n_tiles, cudaStream_t s);
 constexpr int kPrefillRows = 128;  // query rows (token x head) per prefill tile
-// Query rows per warp of the prefill kernel: 32 (default; head_dim <= 128, 256 keeps 16) or 16 (the
-// earlier kernel). Process-wide, for A/B runs and tests; other values fail.
-void set_prefill_warp_rows(int rows);
+// Which prefill kernel runs (process-wide, for A/B runs and tests): Wgmma (attention_prefill_wgmma.cu,
+// where prefill_wgmma_supported), Mma32 (mma.sync, 32 rows per warp, head_dim <= 128), Mma16
+// (mma.sync, 16 rows per warp, any head_dim). Auto, and a choice a shape cannot take, falls back
+// down that list. parse_prefill_kernel reads "auto", "wgmma", "mma32", "mma16" (others fail).
+enum class PrefillKernel { Auto, Wgmma, Mma32, Mma16 };
+void set_prefill_kernel(PrefillKernel k);
+PrefillKernel parse_prefill_kernel(const char* name);
+// The wgmma kernel runs on this device (sm_90) at this head_dim (64, 128).
+bool prefill_wgmma_supported(int head_dim);
+void launch_attention_prefill_wgmma(const AttnArgs& a, const int32_t* tiles, int64_t n_tiles, cudaStream_t s);
 
 // ---- sampling.cu ----------------------------------------------------------------------------------
 // ids[r] = argmax of logits row r (ties: lowest id, as torch.argmax; NaN never wins, a row of NaNs
