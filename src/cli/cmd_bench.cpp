@@ -86,6 +86,7 @@ int bench_cuda(const Args& a) {
   std::printf("backend    %s\n", backend->name().c_str());
   std::printf("weights    %.3f GB (%s), loaded in %.2f s%s\n", double(m.weight_bytes()) * 1e-9, m.weight_dtypes().c_str(), load_s,
               opt.dummy_weights ? " (dummy weights generated on the host)" : "");
+  std::printf("kernels    prefill attention %s (ARBOR_CUDA_ATTN_PREFILL)\n", CudaBackend::prefill_kernel(int(c.head_dim)));
   const double bw = cuda_measure_copy_bandwidth(), gemm = cuda_measure_bf16_gemm_rate(8192);
   std::printf("ceilings   copy %.1f GB/s (read + write, measured now); cuBLAS bf16 GEMM 8192^3 %.1f TFLOP/s (random data)\n", bw * 1e-9,
               gemm * 1e-12);

@@ -552,15 +552,32 @@ PrefillKernel g_kernel = PrefillKernel::Auto;  // set_prefill_kernel
 
 }  // namespace
 
+PrefillKernel prefill_kernel_for(int head_dim) {
+  if ((g_kernel == PrefillKernel::Auto || g_kernel == PrefillKernel::Wgmma) && prefill_wgmma_supported(head_dim)) return PrefillKernel::Wgmma;
+  if (g_kernel != PrefillKernel::Mma16 && head_dim <= 128) return PrefillKernel::Mma32;
+  return PrefillKernel::Mma16;
+}
+
+const char* prefill_kernel_name(PrefillKernel k) {
+  switch (k) {
+    case PrefillKernel::Auto: return "auto";
+    case PrefillKernel::Wgmma: return "wgmma";
+    case PrefillKernel::Mma32: return "mma32";
+    case PrefillKernel::Mma16: return "mma16";
+  }
+  return "?";
+}
+
 void launch_attention_prefill(const AttnArgs& a, const int32_t* tiles, int64_t n_tiles, cudaStream_t s) {
   if (n_tiles == 0) return;
   ARBOR_CU_CHECK(a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0 && a.n_heads / a.n_kv_heads <= kRows,
                  "cuda: attention prefill: %d query heads over %d kv heads (groups up to %d)", a.n_heads, a.n_kv_heads, kRows);
-  if ((g_kernel == PrefillKernel::Auto || g_kernel == PrefillKernel::Wgmma) && prefill_wgmma_supported(a.head_dim)) {
+  const PrefillKernel k = prefill_kernel_for(a.head_dim);
+  if (k == PrefillKernel::Wgmma) {
     launch_attention_prefill_wgmma(a, tiles, n_tiles, s);
     return;
   }
-  if (g_kernel != PrefillKernel::Mma16) {
+  if (k == PrefillKernel::Mma32) {
     // <head_dim, keys per tile, row tiles with Q in registers, K/V buffers, blocks per SM>: the largest
     // that ptxas (13.0, sm_90a) compiles without spills: 128 / 168 / 254 / 254 registers.
     switch (a.head_dim) {
@@ -568,7 +585,7 @@ void launch_attention_prefill(const AttnArgs& a, const int32_t* tiles, int64_t n
       case 64: launch_p32<64, 32, 2, 3, 3>(a, tiles, n_tiles, s); return;
       case 96: launch_p32<96, 32, 1, 3, 2>(a, tiles, n_tiles, s); return;
       case 128: launch_p32<128, 32, 1, 3, 2>(a, tiles, n_tiles, s); return;
-      default: break;  // 256: the 16-row kernel
+      default: break;  // other head_dims: the 16-row kernel, which reports the unsupported ones
     }
   }
   switch (a.head_dim) {

@@ -102,6 +102,7 @@ std::unique_ptr<Backend> make_cuda_backend(int index) { return std::make_unique<
 void CudaBackend::set_gemv_stream(bool on) { cuda::set_gemv_stream(on); }
 void CudaBackend::set_prefill_kernel(const char* name) { cuda::set_prefill_kernel(cuda::parse_prefill_kernel(name)); }
 bool CudaBackend::prefill_wgmma_supported(int head_dim) { return cuda::prefill_wgmma_supported(head_dim); }
+const char* CudaBackend::prefill_kernel(int head_dim) { return cuda::prefill_kernel_name(cuda::prefill_kernel_for(head_dim)); }
 
 CudaBackend::CudaBackend(int device)
     : device_(device), staging_(std::make_unique<Staging>()), graphs_(std::make_unique<Graphs>()) {

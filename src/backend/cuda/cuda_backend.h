@@ -106,6 +106,8 @@ class CudaBackend : public Backend {
   static void set_prefill_kernel(const char* name);
   // Whether the wgmma prefill kernel runs on this process's device at this head_dim.
   static bool prefill_wgmma_supported(int head_dim);
+  // The name of the prefill kernel a head_dim runs under the current choice ("wgmma", "mma32", "mma16").
+  static const char* prefill_kernel(int head_dim);
 
   // Copies for tests and tools (synchronous).
   void upload(const void* host, const Tensor& dev);

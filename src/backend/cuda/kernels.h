@@ -159,6 +159,9 @@ constexpr int kPrefillRows = 128;  // query rows (token x head) per prefill tile
 enum class PrefillKernel { Auto, Wgmma, Mma32, Mma16 };
 void set_prefill_kernel(PrefillKernel k);
 PrefillKernel parse_prefill_kernel(const char* name);
+// The kernel a prefill at this head_dim runs on this device under the current choice, and its name.
+PrefillKernel prefill_kernel_for(int head_dim);
+const char* prefill_kernel_name(PrefillKernel k);
 // The wgmma kernel runs on this device (sm_90) at this head_dim (64, 128).
 bool prefill_wgmma_supported(int head_dim);
 void launch_attention_prefill_wgmma(const AttnArgs& a, const int32_t* tiles, int64_t n_tiles, cudaStream_t s);
