@@ -275,12 +275,17 @@ Scheduler::Launched Scheduler::launch(std::vector<Part> parts, bool from_last_pi
     }
     steps_ += 1;
   } catch (const std::exception& e) {
-    log_info("scheduler: forward failed: {}", e.what());
-    l.failed = true;
-    for (auto& p : l.parts)
-      if (!p.a->done) retire(*p.a, FinishReason::Error, fmt::format("internal error in the forward pass: {}", e.what()));
+    fail_step(l, e.what());
   }
   return l;
+}
+
+// A step whose forward or pick threw: its requests end with the error.
+void Scheduler::fail_step(Launched& l, const char* what) {
+  log_info("scheduler: forward failed: {}", what);
+  l.failed = true;
+  for (auto& p : l.parts)
+    if (!p.a->done) retire(*p.a, FinishReason::Error, fmt::format("internal error in the forward pass: {}", what));
 }
 
 // Whether the step after `l` can be queued before l's ids reach the host: l picks its ids on the
@@ -312,9 +317,7 @@ void Scheduler::finish(Launched& l) {
     try {
       model_.backend().wait_pick(picked_ids_.data());
     } catch (const std::exception& e) {
-      log_info("scheduler: forward failed: {}", e.what());
-      for (auto& p : l.parts)
-        if (!p.a->done) retire(*p.a, FinishReason::Error, fmt::format("internal error in the forward pass: {}", e.what()));
+      fail_step(l, e.what());
       return;
     }
   }

@@ -113,6 +113,7 @@ class Scheduler {
   Launched launch(std::vector<Part> parts, bool from_last_pick);
   bool can_queue_successor(const Launched& l);
   void finish(Launched& l);
+  void fail_step(Launched& l, const char* what);
   void retire(Active& a, FinishReason r, const std::string& error = {});
   void update_kv_stats();  // kv_used_ and kv_cached_ from the pool (engine thread)
 
