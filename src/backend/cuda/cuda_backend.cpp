@@ -766,19 +766,20 @@ bool CudaBackend::argmax_rows_start(const Tensor& logits) {
 bool CudaBackend::sample_rows_start(const Tensor& logits, const std::vector<RowSampling>& rows) {
   const int64_t R = logits.rows();
   ARBOR_CHECK(int64_t(rows.size()) == R, "cuda: sampling: {} rows of parameters for {} logit rows", rows.size(), R);
-  std::vector<cuda::SampleRow> p(rows.size());
+  // The rows' parameters as int32 words (upload_meta's unit), in a buffer reused across steps.
+  static_assert(sizeof(cuda::SampleRow) % 4 == 0, "sampling parameters travel as int32 words");
+  constexpr size_t kWords = sizeof(cuda::SampleRow) / 4;
+  sample_words_.resize(rows.size() * kWords);
   for (size_t i = 0; i < rows.size(); ++i) {
     const SamplingParams& r = rows[i].params;
     ARBOR_CHECK(r.top_p > 0 && r.top_p <= 1 && r.min_p >= 0 && r.min_p <= 1 && r.top_k >= 0 && r.top_k <= INT32_MAX,
                 "cuda: sampling row {}: top_p {} must be in (0, 1], min_p {} in [0, 1], top_k {} in 0..{}", i, r.top_p, r.min_p, r.top_k,
                 INT32_MAX);
-    p[i] = {r.temperature, int32_t(r.top_k), r.top_p, r.min_p, r.seed, rows[i].counter};
+    const cuda::SampleRow row{r.temperature, int32_t(r.top_k), r.top_p, r.min_p, r.seed, rows[i].counter};
+    std::memcpy(sample_words_.data() + i * kWords, &row, sizeof(row));
   }
   const int slot = begin_pick(logits);
-  static_assert(sizeof(cuda::SampleRow) % 4 == 0, "sampling parameters travel as int32 words");
-  std::vector<int32_t> packed(p.size() * sizeof(cuda::SampleRow) / 4);
-  std::memcpy(packed.data(), p.data(), packed.size() * 4);
-  upload_meta(packed, sample_params_, sample_params_cap_);
+  upload_meta(sample_words_, sample_params_, sample_params_cap_);
   launch_sample(logits.as<float>(), R, logits.cols(), static_cast<const cuda::SampleRow*>(sample_params_), d_ids_,
                 host_ids_dev_ + size_t(slot) * host_ids_cap_, st(stream_));
   end_pick(slot, R);

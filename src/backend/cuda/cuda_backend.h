@@ -189,6 +189,7 @@ class CudaBackend : public Backend {
   int begin_pick(const Tensor& logits);
   void end_pick(int slot, int64_t rows);
   void* sample_params_ = nullptr;                  // the queued draw's parameters (cuda::SampleRow per row)
+  std::vector<int32_t> sample_words_;              // the same on the host, as int32 words (reused)
   size_t sample_params_cap_ = 0;
   int32_t* d_ids_ = nullptr;                       // sampled ids [max rows]
   size_t ids_cap_ = 0;
