@@ -51,11 +51,6 @@ std::vector<std::vector<int32_t>> run(Scheduler& s, const std::vector<Ask>& asks
   }
   return out;
 }
-std::vector<std::vector<int32_t>> run(Scheduler& s, const std::vector<std::vector<int32_t>>& prompts, bool logprobs) {
-  std::vector<Ask> asks;
-  for (auto& p : prompts) asks.push_back({p, 24, {}, 0.0f});
-  return run(s, asks, logprobs);
-}
 
 std::vector<int32_t> prompt_of(int n, int k) {
   std::vector<int32_t> p;
@@ -80,15 +75,12 @@ TEST(CudaScheduler, GreedyIdsPickedOnTheGpuMatchTheHostPath) {
   ARBOR_REQUIRE_GPU();
   TinyOnGpu t;
   Scheduler s(t.m, t.pool, {4, 16, false});
-  std::vector<std::vector<int32_t>> prompts;
-  for (int k = 0; k < 4; ++k) {
-    prompts.emplace_back();
-    for (int i = 0; i < 10 + 7 * k; ++i) prompts.back().push_back(int32_t((i * 37 + k * 101 + 5) % 8000));
-  }
+  std::vector<Ask> asks;
+  for (int k = 0; k < 4; ++k) asks.push_back({prompt_of(10 + 7 * k, k), 24, {}, 0.0f});
   const int64_t ahead0 = s.stats().steps_queued_ahead;
-  auto device = run(s, prompts, false);
+  auto device = run(s, asks, false);
   const int64_t ahead1 = s.stats().steps_queued_ahead;
-  auto host = run(s, prompts, true);
+  auto host = run(s, asks, true);
   EXPECT_EQ(device, host);
   for (auto& ids : device) EXPECT_EQ(ids.size(), 24u);
   EXPECT_GT(ahead1 - ahead0, 10) << "the greedy run should queue most decode steps ahead";
