@@ -108,6 +108,12 @@ int bench_cuda(const Args& a) {
       }
       std::printf("\n");
     }
+  // The same, T=1, one weight copy read back to back: what a GEMV whose weight L2 already holds takes.
+  for (auto [name, N, K] : one_figure ? decltype(shapes){} : shapes) {
+    if (double(N * K * 2) > 64e6) continue;
+    const double sec = cuda_time_gemv(N, K, 1, 32, 20, true), gbs = double(N * K * 2) / sec;
+    std::printf("  %-8s [%lld x %lld] T=1, weight hot in L2: %7.0f GB/s (%.1f us)\n", name, (long long)N, (long long)K, gbs * 1e-9, sec * 1e6);
+  }
   std::fflush(stdout);
   if (a.has("gemv-only")) return 0;
 

@@ -79,14 +79,14 @@ double cuda_measure_bf16_gemm_rate(int64_t n, int reps) {
   return 2.0 * double(n) * double(n) * double(n) / sec;
 }
 
-double cuda_time_gemv(int64_t N, int64_t K, int64_t T, int warps_per_sm, int reps) {
+double cuda_time_gemv(int64_t N, int64_t K, int64_t T, int warps_per_sm, int reps, bool l2_hot) {
   ARBOR_CHECK(N > 0 && K > 0 && T >= 1 && T <= cuda::kGemvMaxRows && reps >= 1, "cuda: gemv timing: N {} K {} T {}", N, K, T);
   Timing tm;
   int dev = 0, sms = 0;
   ARBOR_CUDA_CHECK(cudaGetDevice(&dev));
   ARBOR_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   const size_t wbytes = size_t(N * K) * 2;
-  const int copies = int(std::max<size_t>(2, ((size_t(256) << 20) + wbytes - 1) / wbytes));
+  const int copies = l2_hot ? 1 : int(std::max<size_t>(2, ((size_t(256) << 20) + wbytes - 1) / wbytes));
   DevMem w(wbytes * size_t(copies)), x(size_t(T * K) * 2), y(size_t(T * N) * 2);
   cuda::launch_fill_random_bf16(static_cast<uint16_t*>(w.p), int64_t(wbytes / 2) * copies, 4, tm.s);
   cuda::launch_fill_random_bf16(static_cast<uint16_t*>(x.p), T * K, 5, tm.s);
