@@ -130,10 +130,6 @@ class Backend {
     }
     kv_write(layer, k, v);
   }
-  // A hint that l is the weight the first linear() after the coming attention reads: a backend may
-  // start moving it toward the compute units while attention runs (CUDA: the decode attention kernel
-  // prefetches it into L2). Results do not change; by default nothing happens.
-  virtual void prefetch_next(const Linear& l) {}
   // out [T, n_heads*head_dim] = softmax(q·Kᵀ·scale (+softcap, causal/window mask)) · V over the cache.
   virtual void attention(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out) = 0;
   // qk_prep_kv_write, then attention (a backend may fuse the two; q and k are then left as they came).

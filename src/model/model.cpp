@@ -293,7 +293,6 @@ void Model::run_layers(int64_t T, bool final_norm) {
       prep.cos = sliding ? &cos_local_ : &cos_full_;
       prep.sin = sliding ? &sin_local_ : &sin_full_;
     }
-    be.prefetch_next(L.o);
     be.prep_attention(l, q, k, v, prep, sliding ? attn_sliding_ : attn_full_, attn);
     be.linear(attn, L.o, o);
     if (a.block != BlockKind::PreNorm) be.norm(norm_op_, o, L.post_attn_norm, Tensor{}, eps, o);

@@ -13,7 +13,6 @@
 #include "backend/cuda/cp_async.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
-#include "backend/cuda/l2_prefetch.h"
 #include "backend/cuda/pdl.h"
 #include "backend/cuda/qk_rows.h"
 
@@ -80,9 +79,7 @@ __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, in
     load_prep_row<LPK>(pa, pa.q_norm, pos, sl, q_prep);
     if (owner) load_prep_row<LPK>(pa, pa.k_norm, pos, sl, k_prep);
   }
-  if (a.l2_next_when == kL2BeforeWait && warp == 0) l2_prefetch_slice(a.l2_next, a.l2_next_bytes);
   pdl_wait();
-  if (a.l2_next_when == kL2AfterWait && warp == 0) l2_prefetch_slice(a.l2_next, a.l2_next_bytes);
   if (!PREP)
 #pragma unroll
     for (int j = 0; j < NPRE; ++j)
@@ -158,7 +155,6 @@ __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, in
     }
   }
 
-  if (a.l2_next_when == kL2AfterKeys && warp == 0) l2_prefetch_slice(a.l2_next, a.l2_next_bytes);
   // Merge the NSG key slots of the block.
 #pragma unroll
   for (int i = 0; i < kHeads; ++i) {
@@ -299,15 +295,13 @@ __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, in
 // round trip per chunk instead of one per few splits (Nsight on the previous version, which looped
 // over the splits with dependent sums: 8.3 us for 8B at 33 splits).
 constexpr int kCombineFloats = 8192;  // 32 KB of partial outputs per chunk
-__global__ void attn_combine_kernel(const float* scratch, int n_splits, int D, int n_heads, uint16_t* out, const char* l2_next,
-                                    uint64_t l2_next_bytes) {
+__global__ void attn_combine_kernel(const float* scratch, int n_splits, int D, int n_heads, uint16_t* out) {
   __shared__ float wgt[kDecodeMaxSplits], lsum[kDecodeMaxSplits];
   __shared__ __align__(16) float part[kCombineFloats];
   __shared__ float red[8];
   pdl_trigger();
   pdl_wait();
   const int h = blockIdx.x, d = threadIdx.x, lane = d % 32, warp = d / 32, warps = D / 32;
-  if (l2_next_bytes && warp == 0) l2_prefetch_slice(l2_next, l2_next_bytes);
   const int64_t t = blockIdx.y;
   const float* p = scratch + (t * n_heads + h) * n_splits * (D + 2);
   const int chunk = kCombineFloats / D;
@@ -391,12 +385,9 @@ void launch_d(const AttnArgs& a, int64_t T, int n_splits, float* scratch, unsign
 
 }  // namespace
 
-void launch_attention_decode(const AttnArgs& args, int64_t T, int n_splits, float* scratch, unsigned* counters, cudaStream_t s,
+void launch_attention_decode(const AttnArgs& a, int64_t T, int n_splits, float* scratch, unsigned* counters, cudaStream_t s,
                              const QKPrepArgs* prep, bool cluster) {
   if (T == 0) return;
-  AttnArgs a = args;
-  if (a.l2_next_bytes == 0) a.l2_next_when = kL2Off;
-  if (a.l2_next_when == kL2InMerge && !(n_splits > 1 && !counters && !cluster)) a.l2_next_when = kL2AfterKeys;  // no merge kernel
   ARBOR_CU_CHECK(!prep || ((prep->half % 8 == 0) && prep->head_dim == a.head_dim),
                  "cuda: attention decode with q/k prep: rope half %d (a multiple of 8), head_dim %d", prep ? prep->half : 0, a.head_dim);
   ARBOR_CU_CHECK(T <= 65535 && a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0 && n_splits >= 1 && n_splits <= kDecodeMaxSplits &&
@@ -413,9 +404,7 @@ void launch_attention_decode(const AttnArgs& args, int64_t T, int n_splits, floa
   }
   if (n_splits > 1 && !counters && !cluster) {
     dim3 grid(unsigned(a.n_heads), unsigned(T));
-    const bool pf = a.l2_next_when == kL2InMerge;
-    pdl_launch(attn_combine_kernel, grid, unsigned(a.head_dim), 0, s, scratch, n_splits, a.head_dim, a.n_heads, a.out,
-               pf ? a.l2_next : nullptr, pf ? a.l2_next_bytes : uint64_t(0));
+    pdl_launch(attn_combine_kernel, grid, unsigned(a.head_dim), 0, s, scratch, n_splits, a.head_dim, a.n_heads, a.out);
     ARBOR_LAUNCH_CHECK("attn_combine_kernel");
   }
 }

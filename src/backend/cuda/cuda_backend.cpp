@@ -134,11 +134,6 @@ CudaBackend::CudaBackend(int device)
     ARBOR_CHECK(attn_min_waves_ >= 1 && attn_min_waves_ <= 8, "ARBOR_CUDA_ATTN_WAVES={}: 1..8 waves of split blocks at least", env);
   }
   if (const char* env = std::getenv("ARBOR_CUDA_ATTN_PREFILL")) set_prefill_kernel(env);
-  l2_bytes_ = uint64_t(prop.l2CacheSize);
-  if (const char* env = std::getenv("ARBOR_CUDA_L2_PREFETCH")) {
-    const char* always = std::getenv("ARBOR_CUDA_L2_PREFETCH_ALWAYS");
-    set_l2_prefetch(std::atoi(env), always && std::atoi(always) != 0);
-  }
   device_name_ = fmt::format("{} (sm_{}{}, {} SMs, {:.0f} GiB)", prop.name, prop.major, prop.minor, n_sms_,
                              double(prop.totalGlobalMem) / double(1 << 30));
   cudaStream_t s;
@@ -609,18 +604,6 @@ bool CudaBackend::decode_attention_path(int64_t head_dim) const {
   return head_dim != 96 && (attn_path_ == AttentionPath::Decode || (attn_path_ == AttentionPath::Auto && max_run_ <= kDecodeMaxRun));
 }
 
-void CudaBackend::set_l2_prefetch(int when, bool always) {
-  ARBOR_CHECK(when >= cuda::kL2Off && when <= cuda::kL2InMerge,
-              "cuda: L2 prefetch {}: 0 off, 1 after the wait, 2 before it, 3 after the key loop, 4 in the merge kernel", when);
-  l2_prefetch_ = when, l2_prefetch_always_ = always;
-}
-
-void CudaBackend::prefetch_next(const Linear& l) {
-  l2_next_ = nullptr, l2_next_bytes_ = 0;
-  if (l2_prefetch_ == 0 || l.format != WeightFormat::Dense || l.w.empty() || reinterpret_cast<uintptr_t>(l.w.data) % 16 != 0) return;
-  l2_next_ = l.w.data, l2_next_bytes_ = uint64_t(l.w.nbytes()) & ~uint64_t(15);
-}
-
 void CudaBackend::attention(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out) { attention_impl(layer, q, p, out, nullptr); }
 
 void CudaBackend::attention_impl(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out, const QKPrepArgs* prep) {
@@ -629,10 +612,6 @@ void CudaBackend::attention_impl(int64_t layer, const Tensor& q, const Attention
   ARBOR_CHECK(p.n_kv_heads == kv_.n_kv_heads && p.head_dim == kv_.head_dim && p.n_heads % p.n_kv_heads == 0,
               "cuda: attention: {} heads / {} kv heads of {} dims, the cache holds {} x {}", p.n_heads, p.n_kv_heads, p.head_dim,
               kv_.n_kv_heads, kv_.head_dim);
-  // The hinted weight is for this attention only.
-  const void* l2_next = l2_next_;
-  const uint64_t l2_next_bytes = l2_next_bytes_;
-  l2_next_ = nullptr, l2_next_bytes_ = 0;
   if (T == 0) return;
   AttnArgs a;
   a.q = q.as<uint16_t>(), a.out = out.as<uint16_t>();
@@ -665,13 +644,6 @@ void CudaBackend::attention_impl(int64_t layer, const Tensor& q, const Attention
     const bool merge_in_cluster = cluster_merge_ok_ && (attn_merge_ >= 0 ? attn_merge_ == 2 : cluster_default);
     if (merge_in_cluster) n_splits = std::min<int64_t>(n_splits, attn_cluster_max_);
     const bool merge_in_kernel = !merge_in_cluster && n_splits > 1 && (attn_merge_ >= 0 ? attn_merge_ == 1 : G <= 2);
-    // L2 prefetch of the next weight (prefetch_next): at short contexts the attention is latency-bound
-    // and HBM idles, so the o projection's GEMV finds its weight in L2. Only when it and the keys and
-    // values read here fit in 3/4 of L2 (more traffic would evict it before use).
-    const uint64_t kv_bytes = uint64_t(T) * uint64_t(span) * uint64_t(p.n_kv_heads * p.head_dim) * 2 * dtype_size(kv_dtype());
-    if (l2_next_bytes && (l2_prefetch_always_ || (l2_next_bytes + kv_bytes) * 4 <= l2_bytes_ * 3)) {
-      a.l2_next = static_cast<const char*>(l2_next), a.l2_next_bytes = l2_next_bytes, a.l2_next_when = l2_prefetch_;
-    }
     if (n_splits > 1 && !merge_in_cluster) ensure(scratch_, scratch_cap_, size_t(T * p.n_heads * n_splits * (p.head_dim + 2)) * 4);
     if (merge_in_kernel) {
       const size_t had = attn_counters_cap_;  // the merge counters start at zero (the kernel leaves them so)

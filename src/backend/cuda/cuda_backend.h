@@ -91,12 +91,6 @@ class CudaBackend : public Backend {
   // attention kernel (one launch fewer per layer; ARBOR_CUDA_FUSED_PREP=0 turns it off).
   void prep_attention(int64_t layer, Tensor q, Tensor k, const Tensor& v, const QKPrep& prep, const AttentionParams& p, Tensor out) override;
   void set_fused_prep(bool on) { fused_prep_ = on; }
-  // The decode attention prefetches the hinted weight (prefetch_next) into L2 while it runs (HBM is
-  // idle during a short-context attention), when the weight and the keys and values it reads fit in
-  // 3/4 of L2 (always: regardless). `when` is a cuda::L2When (0 off); ARBOR_CUDA_L2_PREFETCH sets it,
-  // ARBOR_CUDA_L2_PREFETCH_ALWAYS=1 the other.
-  void prefetch_next(const Linear& l) override;
-  void set_l2_prefetch(int when, bool always = false);
 
   // Linear layers over at most this many rows use the GEMV kernels, larger ones cuBLASLt (default 2:
   // from 4 rows on the GEMV, which reads every activation row from L1 per weight load, is slower than
@@ -185,11 +179,6 @@ class CudaBackend : public Backend {
   int attn_min_waves_ = 2;         // decode attention's split blocks: this many waves over the SMs at least (ARBOR_CUDA_ATTN_WAVES)
   int attn_cluster_max_ = 16;      // splits of a cluster merge, at most (ARBOR_CUDA_ATTN_CLUSTER)
   int attn_merge_ = -1;  // decode attention's split merge: -1 by GQA group and span (attention_impl), 1 by the last block, 0 a second kernel, 2 a cluster (ARBOR_CUDA_ATTN_MERGE)
-  int l2_prefetch_ = 0;                            // when the decode attention prefetches (cuda::L2When; off: measured slower)
-  bool l2_prefetch_always_ = false;                //   regardless of what fits in L2
-  uint64_t l2_bytes_ = 0;                          // the device's L2
-  const void* l2_next_ = nullptr;                  // the hinted weight, taken by the next attention
-  uint64_t l2_next_bytes_ = 0;
   void* attn_counters_ = nullptr;                  // decode attention's merge counters (zero between launches)
   size_t attn_counters_cap_ = 0;
   void* scratch2_ = nullptr;

@@ -125,14 +125,7 @@ struct AttnArgs {
   int32_t n_heads = 0, n_kv_heads = 0, head_dim = 0;
   float scale = 1.0f, softcap = 0.0f;
   int32_t window = 0;  // 0: full causal
-  // Decode only: a range the next kernel streams (the o projection's weight), prefetched into L2 by
-  // this launch's blocks (l2_prefetch.h); 0 bytes: none. When (L2When): before or after waiting on the
-  // previous kernel, after the block's key loop, or in the split-merge kernel (when there is one).
-  const char* l2_next = nullptr;
-  uint64_t l2_next_bytes = 0;
-  int32_t l2_next_when = 0;
 };
-enum L2When : int32_t { kL2Off = 0, kL2AfterWait = 1, kL2BeforeWait = 2, kL2AfterKeys = 3, kL2InMerge = 4 };
 #ifdef __CUDACC__
 // Cache slot of key position kp of the sequence whose block table row is `table`.
 __device__ __forceinline__ int64_t kv_slot(const AttnArgs& a, const int32_t* table, int32_t kp) {
