@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <numeric>
 
 #include "core/error.h"
 #include "cuda_test_util.h"
@@ -118,6 +119,49 @@ TEST(CudaSampling, SeededDrawsFollowTheFilteredDistribution) {
   SamplingParams k1;
   k1.temperature = 0.8f, k1.top_k = 1;
   for (auto id : draw_rows(gpu, t, k1, 0)) ASSERT_EQ(id, argmax(row.data(), V));
+}
+
+// A vocabulary of real size (odd: not a multiple of a warp): 64 live tokens with distinct logits
+// spread over the ids, the rest a band of near-ties far below them (where most of the radix select's
+// first histogram lands, the case its warp aggregation is for) and some -inf. Every cut falls among
+// the live tokens; the kept set must be exact (nothing filtered is ever drawn) and the draws follow it.
+TEST(CudaSampling, LargeVocabularyThresholds) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(25);
+  CudaBackend gpu(0);
+  const int64_t V = 50001, R = 2048;
+  std::vector<float> row = random_bf16(rng, size_t(V), 10.0f, -30.0f);
+  std::vector<int64_t> ids(static_cast<size_t>(V));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  for (int j = 0; j < 64; ++j) row[size_t(ids[size_t(j)])] = 0.1f * float(j);
+  for (int j = 64; j < 164; ++j) row[size_t(ids[size_t(j)])] = -INFINITY;
+  std::vector<float> l;
+  l.reserve(size_t(R * V));
+  for (int64_t r = 0; r < R; ++r) l.insert(l.end(), row.begin(), row.end());
+  Tensor t = gpu.alloc(DType::F32, {R, V});
+  gpu.upload(l.data(), t);
+  std::vector<SamplingParams> cases(5);
+  cases[0].temperature = 1.0f;
+  cases[1].temperature = 0.7f, cases[1].top_k = 10;
+  cases[2].temperature = 1.0f, cases[2].top_p = 0.7f;
+  cases[3].temperature = 0.9f, cases[3].top_k = 40, cases[3].top_p = 0.9f, cases[3].min_p = 0.02f;
+  cases[4].temperature = 1.3f, cases[4].top_k = 1;
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    SamplingParams p = cases[ci];
+    p.seed = 77 + ci;
+    const auto ref = reference_distribution(row, p);
+    const std::vector<int32_t> got = draw_rows(gpu, t, p, 0);
+    std::map<int32_t, int64_t> count;
+    for (auto id : got) count[id]++;
+    for (auto [id, n] : count) EXPECT_TRUE(ref.count(id)) << "case " << ci << ": token " << id << " drawn " << n << " times is filtered out";
+    for (auto [id, pr] : ref) {
+      if (pr < 1e-4) continue;
+      const double f = double(count[id]) / double(R), sigma = std::sqrt(pr * (1 - pr) / double(R));
+      EXPECT_NEAR(f, pr, 5 * sigma + 2e-3) << "case " << ci << " token " << id;
+    }
+    EXPECT_EQ(got, draw_rows(gpu, t, p, 0)) << "case " << ci << ": same (seed, counter), same ids";
+  }
 }
 
 // Draws queued with a parameter set per row (the scheduler's path): four sets, a greedy one among

@@ -1,6 +1,6 @@
-// Sampling on the GPU, one block per row of logits: greedy argmax, and seeded temperature / top-k /
-// top-p / min-p. Filters are thresholds found by bisection on the bits of the (order-preserving)
-// float keys, so nothing is sorted: top-k keeps keys >= the k-th largest; top-p keeps the largest
+// Sampling on the GPU: greedy argmax (several blocks per row), and seeded temperature / top-k / top-p /
+// min-p (one block per row). Filters are thresholds on the (order-preserving) float keys found by
+// radix select, so nothing is sorted: top-k keeps keys >= the k-th largest; top-p keeps the largest
 // keys whose mass reaches top_p; min-p keeps p >= min_p * p_max. Ties at a threshold are all kept.
 #include <cuda_runtime.h>
 
@@ -116,6 +116,93 @@ __device__ __forceinline__ uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+// ---- radix select --------------------------------------------------------------------------------
+// The top-k and top-p thresholds: the largest key t with W(keys >= t) >= target, where W sums a
+// weight over the row's elements whose key is >= floor (top-k: 1 each; top-p: fixed-point
+// probabilities). Such a t is a key of the row; three passes find its digits (11, 11 and 10 bits, high
+// first) from histograms of W in shared memory, each pass over the elements under the digits found.
+constexpr int kRadixBins = 2048;
+constexpr uint32_t kNoBin = 0xffffffffu;
+struct RadixSmem {
+  uint64_t hist[kRadixBins];
+  uint64_t part[kThreads / 32];
+  uint64_t carry;
+  uint32_t digit;
+  int found;
+};
+
+// hist[bin] += w for every lane with a bin (w < 2^40). Lanes that share a bin are summed first (the
+// largest groups, up to 4, with warp reductions), so that a bin most of the row falls into does not
+// serialise 32 atomics per warp; the rest add one by one.
+__device__ __forceinline__ void hist_add(uint64_t* hist, uint32_t bin, uint64_t w, int lane) {
+  unsigned todo = __ballot_sync(0xffffffffu, bin != kNoBin);
+  for (int it = 0; it < 4 && todo; ++it) {  // todo is the same in every lane
+    const int leader = __ffs(int(todo)) - 1;
+    const uint32_t b = __shfl_sync(0xffffffffu, bin, leader);
+    const bool mine = bin == b;
+    const unsigned group = __ballot_sync(0xffffffffu, mine);
+    const unsigned lo = __reduce_add_sync(0xffffffffu, mine ? unsigned(w & 0xffffffu) : 0u);
+    const unsigned hi = __reduce_add_sync(0xffffffffu, mine ? unsigned(w >> 24) : 0u);
+    if (lane == leader) atomicAdd(reinterpret_cast<unsigned long long*>(hist + b), (uint64_t(hi) << 24) + lo);
+    todo &= ~group;
+  }
+  if ((todo >> lane) & 1u) atomicAdd(reinterpret_cast<unsigned long long*>(hist + bin), w);
+}
+
+// 0 when W(keys >= floor) < target.
+template <typename Weight>
+__device__ uint32_t radix_select(const float* row, int64_t vocab, float inv_temp, uint32_t floor, uint64_t target, Weight weight,
+                                 RadixSmem& sm) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  uint32_t prefix = 0;  // the digits found so far
+  uint64_t carry = 0;   // W of the keys above the prefix's range
+#pragma unroll 1
+  for (int p = 0; p < 3; ++p) {
+    const int shift = p == 0 ? 21 : p == 1 ? 10 : 0, bits = p == 2 ? 10 : 11, nb = 1 << bits;
+    for (int b = threadIdx.x; b < kRadixBins; b += blockDim.x) sm.hist[b] = 0;
+    if (threadIdx.x == 0) sm.found = 0;
+    __syncthreads();
+    for (int64_t base = int64_t(warp) * 32; base < vocab; base += blockDim.x) {  // uniform per warp
+      const int64_t i = base + lane;
+      uint32_t bin = kNoBin;
+      uint64_t w = 0;
+      if (i < vocab) {
+        const float x = row[i] * inv_temp;
+        const uint32_t key = fkey(x);
+        if (key >= floor && (uint64_t(key) >> (shift + bits)) == prefix) {
+          w = weight(x);
+          if (w) bin = (key >> shift) & uint32_t(nb - 1);
+        }
+      }
+      hist_add(sm.hist, bin, w, lane);
+    }
+    __syncthreads();
+    // Thread t owns bins nb-1-2t and nb-2-2t (from the top); W above them by an exclusive scan.
+    const int b0 = nb - 1 - 2 * int(threadIdx.x), b1 = b0 - 1;
+    const uint64_t h0 = b0 >= 0 ? sm.hist[b0] : 0, h1 = b1 >= 0 ? sm.hist[b1] : 0;
+    uint64_t incl = h0 + h1;
+    for (int o = 1; o < 32; o <<= 1) {
+      const uint64_t v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    if (lane == 31) sm.part[warp] = incl;
+    __syncthreads();
+    uint64_t above = carry + incl - h0 - h1;
+    for (int v = 0; v < warp; ++v) above += sm.part[v];
+    if (above < target) {
+      if (above + h0 >= target) sm.digit = uint32_t(b0), sm.carry = above, sm.found = 1;
+      else if (b1 >= 0 && above + h0 + h1 >= target) sm.digit = uint32_t(b1), sm.carry = above + h0, sm.found = 1;
+    }
+    __syncthreads();
+    const bool found = sm.found != 0;
+    prefix = (prefix << bits) | sm.digit;
+    carry = sm.carry;
+    __syncthreads();  // read before the next pass resets them
+    if (!found) return 0;
+  }
+  return prefix;
+}
+
 __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, int64_t vocab, const SampleRow* params, int32_t* ids,
                                                           int32_t* host_ids) {
   pdl_trigger();
@@ -125,12 +212,9 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
   const float top_p = pr.top_p, min_p = pr.min_p;
   __shared__ MaxIdx red_mi[32];
   __shared__ float red_f[32];
-  __shared__ double red_d[32];
-  __shared__ unsigned red_u[32];
+  __shared__ RadixSmem sel;
   __shared__ int32_t chosen;
   const float* row = logits + blockIdx.x * vocab;
-  auto sumd = [](double a, double b) { return a + b; };
-  auto sumu = [](unsigned a, unsigned b) { return a + b; };
 
   // Logits scaled by 1/temperature; inv_temp > 0 keeps their order, so the argmax is the row's.
   const MaxIdx top = row_argmax(row, vocab, red_mi);
@@ -145,35 +229,22 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
   const float inv_temp = 1.0f / pr.temperature;
   const float m = top.v * inv_temp;
 
+  // Thresholds on the keys fkey(x), each found by a radix select (three passes over the row).
   uint32_t kmin = 0;  // kept: fkey(x) >= kmin
-  if (top_k > 0 && top_k < vocab) {
-    uint32_t res = 0;
-    for (int bit = 31; bit >= 0; --bit) {
-      const uint32_t cand = res | (1u << bit);
-      unsigned c = 0;
-      for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) c += fkey(row[i] * inv_temp) >= cand;
-      if (block_reduce(c, sumu, red_u) >= unsigned(top_k)) res = cand;
-    }
-    kmin = res;
-  }
+  if (top_k > 0 && top_k < vocab) kmin = radix_select(row, vocab, inv_temp, 0, uint64_t(top_k), [](float) { return uint64_t(1); }, sel);
   if (top_p < 1.0f) {
-    double z = 0;
+    // Probabilities relative to the top one, in fixed point (sums are exact, so the same row always
+    // gives the same thresholds); below 2^-40 counts as 0.
+    auto mass = [m](float x) { return __float2ull_rn(__expf(x - m) * 1099511627776.0f); };
+    uint64_t z = 0;
     for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
       const float x = row[i] * inv_temp;
-      if (fkey(x) >= kmin) z += __expf(x - m);
+      if (fkey(x) >= kmin) z += mass(x);
     }
-    const double target = double(top_p) * block_reduce(z, sumd, red_d);
-    // Largest P with mass(keys >= max(P, kmin)) >= target: the predicate falls as P grows.
-    uint32_t res = 0;
-    for (int bit = 31; bit >= 0; --bit) {
-      const uint32_t cand = res | (1u << bit), lim = cand > kmin ? cand : kmin;
-      double s = 0;
-      for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-        const float x = row[i] * inv_temp;
-        if (fkey(x) >= lim) s += __expf(x - m);
-      }
-      if (block_reduce(s, sumd, red_d) >= target) res = cand;
-    }
+    z = block_reduce(z, [](uint64_t a, uint64_t b) { return a + b; }, sel.part);
+    const uint64_t target = uint64_t(ceil(double(top_p) * double(z)));
+    // Largest P with mass(keys >= max(P, kmin)) >= target.
+    const uint32_t res = radix_select(row, vocab, inv_temp, kmin, target, mass, sel);
     kmin = res > kmin ? res : kmin;
   }
   const float pmin = min_p > 0 ? min_p : 0.0f;  // p / p_max = exp(x - m)
