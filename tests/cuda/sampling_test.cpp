@@ -95,6 +95,9 @@ TEST(CudaSampling, SeededDrawsFollowTheFilteredDistribution) {
   for (int64_t r = 0; r < R; ++r) l.insert(l.end(), row.begin(), row.end());
   Tensor t = gpu.alloc(DType::F32, {R, V});
   gpu.upload(l.data(), t);
+  for (int cluster : {1, 16}) {  // one block per row, and 16 (most blocks own no logit: V is 24)
+  SCOPED_TRACE(::testing::Message() << "at most " << cluster << " blocks per row");
+  CudaBackend::set_sample_cluster(cluster);
   std::vector<SamplingParams> cases(5);
   cases[0].temperature = 1.0f;
   cases[1].temperature = 0.7f, cases[1].top_k = 5;
@@ -119,6 +122,8 @@ TEST(CudaSampling, SeededDrawsFollowTheFilteredDistribution) {
   SamplingParams k1;
   k1.temperature = 0.8f, k1.top_k = 1;
   for (auto id : draw_rows(gpu, t, k1, 0)) ASSERT_EQ(id, argmax(row.data(), V));
+  }
+  CudaBackend::set_sample_cluster(0);
 }
 
 // A vocabulary of real size (odd: not a multiple of a warp): 64 live tokens with distinct logits
@@ -147,6 +152,9 @@ TEST(CudaSampling, LargeVocabularyThresholds) {
   cases[2].temperature = 1.0f, cases[2].top_p = 0.7f;
   cases[3].temperature = 0.9f, cases[3].top_k = 40, cases[3].top_p = 0.9f, cases[3].min_p = 0.02f;
   cases[4].temperature = 1.3f, cases[4].top_k = 1;
+  for (int cluster : {1, 2, 16}) {
+  SCOPED_TRACE(::testing::Message() << "at most " << cluster << " blocks per row");
+  CudaBackend::set_sample_cluster(cluster);
   for (size_t ci = 0; ci < cases.size(); ++ci) {
     SamplingParams p = cases[ci];
     p.seed = 77 + ci;
@@ -161,6 +169,46 @@ TEST(CudaSampling, LargeVocabularyThresholds) {
       EXPECT_NEAR(f, pr, 5 * sigma + 2e-3) << "case " << ci << " token " << id;
     }
     EXPECT_EQ(got, draw_rows(gpu, t, p, 0)) << "case " << ci << ": same (seed, counter), same ids";
+  }
+  }
+  CudaBackend::set_sample_cluster(0);
+}
+
+// A batch-1-like launch (3 rows of a 151936-token vocabulary, random logits: every block of a 16-block
+// cluster owns thousands of them): the thresholds and the draw sum fixed-point masses, so the ids
+// are the same for one block per row as for 2 or 16, under every filter.
+TEST(CudaSampling, ClusterSizeDoesNotChangeTheIds) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(26);
+  CudaBackend gpu(0);
+  const int64_t V = 151936, R = 3;
+  std::vector<float> l = random_bf16(rng, size_t(R * V), 6.0f);
+  Tensor t = gpu.alloc(DType::F32, {R, V});
+  gpu.upload(l.data(), t);
+  std::vector<SamplingParams> sets(4);
+  sets[0].temperature = 1.0f;
+  sets[1].temperature = 0.7f, sets[1].top_k = 50;
+  sets[2].temperature = 0.8f, sets[2].top_p = 0.9f;
+  sets[3].temperature = 1.1f, sets[3].top_k = 400, sets[3].top_p = 0.5f, sets[3].min_p = 0.01f;
+  for (size_t si = 0; si < sets.size(); ++si) {
+    SamplingParams p = sets[si];
+    p.seed = 5 + si;
+    std::vector<std::vector<int32_t>> by_cluster;
+    for (int cluster : {1, 2, 16}) {
+      CudaBackend::set_sample_cluster(cluster);
+      std::vector<int32_t> ids;
+      for (uint64_t counter = 0; counter < 48; counter += R) {
+        const auto got = draw_rows(gpu, t, p, counter);
+        ids.insert(ids.end(), got.begin(), got.end());
+      }
+      by_cluster.push_back(ids);
+    }
+    CudaBackend::set_sample_cluster(0);
+    EXPECT_EQ(by_cluster[1], by_cluster[0]) << "set " << si << ": 2 blocks per row vs 1";
+    EXPECT_EQ(by_cluster[2], by_cluster[0]) << "set " << si << ": 16 blocks per row vs 1";
+    std::map<int32_t, int> distinct;
+    for (auto id : by_cluster[0]) distinct[id]++;
+    EXPECT_GT(distinct.size(), 1u) << "set " << si << ": the draws vary with the counter";
   }
 }
 

@@ -102,6 +102,7 @@ std::unique_ptr<Backend> make_cuda_backend(int index) { return std::make_unique<
 void CudaBackend::set_gemv_stream(bool on) { cuda::set_gemv_stream(on); }
 void CudaBackend::set_prefill_kernel(const char* name) { cuda::set_prefill_kernel(cuda::parse_prefill_kernel(name)); }
 bool CudaBackend::prefill_wgmma_supported(int head_dim) { return cuda::prefill_wgmma_supported(head_dim); }
+void CudaBackend::set_sample_cluster(int c) { cuda::set_sample_cluster(c); }
 const char* CudaBackend::prefill_kernel(int head_dim) { return cuda::prefill_kernel_name(cuda::prefill_kernel_for(head_dim)); }
 
 CudaBackend::CudaBackend(int device)
@@ -781,7 +782,7 @@ bool CudaBackend::sample_rows_start(const Tensor& logits, const std::vector<RowS
   const int slot = begin_pick(logits);
   upload_meta(sample_words_, sample_params_, sample_params_cap_);
   launch_sample(logits.as<float>(), R, logits.cols(), static_cast<const cuda::SampleRow*>(sample_params_), d_ids_,
-                host_ids_dev_ + size_t(slot) * host_ids_cap_, st(stream_));
+                host_ids_dev_ + size_t(slot) * host_ids_cap_, n_sms_, st(stream_));
   end_pick(slot, R);
   return true;
 }

@@ -108,6 +108,9 @@ class CudaBackend : public Backend {
   static bool prefill_wgmma_supported(int head_dim);
   // The name of the prefill kernel a head_dim runs under the current choice ("wgmma", "mma32", "mma16").
   static const char* prefill_kernel(int head_dim);
+  // Seeded draws run each row as a thread-block cluster of up to 16 blocks on sm_90 (as many as the
+  // rows leave SMs for); tests force at most c blocks per row (0: back to that rule). Process-wide.
+  static void set_sample_cluster(int c);
 
   // Copies for tests and tools (synchronous).
   void upload(const void* host, const Tensor& dev);

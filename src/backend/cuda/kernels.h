@@ -184,7 +184,12 @@ struct SampleRow {
   float min_p;    // 0 = off
   uint64_t seed, step;
 };
+// Each row is one thread-block cluster of up to kSampleMaxCluster blocks on sm_90 (fewer when rows x
+// blocks would exceed n_sms), one block elsewhere.
+constexpr int kSampleMaxCluster = 16;
+int sample_max_cluster();       // the largest cluster this device launches the kernel in (1: none)
+void set_sample_cluster(int c);  // tests: at most c blocks per row whatever the rows (0: by rows, the default)
 void launch_sample(const float* logits, int64_t rows, int64_t vocab, const SampleRow* params, int32_t* ids, int32_t* host_ids,
-                   cudaStream_t s);
+                   int n_sms, cudaStream_t s);
 
 }  // namespace arbor::cuda

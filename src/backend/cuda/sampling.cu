@@ -4,6 +4,8 @@
 // keys whose mass reaches top_p; min-p keeps p >= min_p * p_max. Ties at a threshold are all kept.
 #include <cuda_runtime.h>
 
+#include <cooperative_groups.h>
+
 #include <cfloat>
 
 #include "backend/cuda/cuda_check.h"
@@ -39,22 +41,6 @@ struct MaxIdx {
 };
 
 __device__ __forceinline__ MaxIdx better(MaxIdx a, MaxIdx b) { return (b.v > a.v || (b.v == a.v && b.i < a.i)) ? b : a; }
-
-// (max, lowest index of the max) of row[0..n)
-__device__ MaxIdx row_argmax(const float* row, int64_t n, MaxIdx* red) {
-  MaxIdx best{-INFINITY, INT32_MAX};
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) best = better(best, MaxIdx{row[i], int32_t(i)});
-  for (int o = 16; o > 0; o >>= 1) {
-    MaxIdx other{__shfl_xor_sync(0xffffffffu, best.v, o), __shfl_xor_sync(0xffffffffu, best.i, o)};
-    best = better(best, other);
-  }
-  __syncthreads();
-  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = best;
-  __syncthreads();
-  MaxIdx r = red[0];
-  for (int w = 1; w < int(blockDim.x / 32); ++w) r = better(r, red[w]);
-  return r;
-}
 
 // Greedy ids over several blocks per row: block b of row r reduces its kArgmaxChunk logits to one key
 // (value, then lowest id), and the last block of the row to finish (a counter per row, reset by that
@@ -116,19 +102,56 @@ __device__ __forceinline__ uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-// ---- radix select --------------------------------------------------------------------------------
+// ---- seeded draws ----------------------------------------------------------------------------------
+// One thread-block cluster per row (sm_90; a cluster of one elsewhere): block `rank` of the cluster
+// owns a contiguous part of the row, and every reduction over the row (the max, the filters' masses,
+// the radix histograms, the draw's prefix) is reduced across the cluster's blocks through distributed
+// shared memory, so a row's passes run on up to kSampleMaxCluster SMs at once (launch_sample).
+//
 // The top-k and top-p thresholds: the largest key t with W(keys >= t) >= target, where W sums a
 // weight over the row's elements whose key is >= floor (top-k: 1 each; top-p: fixed-point
 // probabilities). Such a t is a key of the row; three passes find its digits (11, 11 and 10 bits, high
-// first) from histograms of W in shared memory, each pass over the elements under the digits found.
+// first) from histograms of W, each pass over the elements under the digits found so far.
 constexpr int kRadixBins = 2048;
 constexpr uint32_t kNoBin = 0xffffffffu;
-struct RadixSmem {
-  uint64_t hist[kRadixBins];
+struct SampleSmem {
+  uint64_t hist[kRadixBins];    // this block's histogram of the pass
+  uint64_t merged[kRadixBins];  // bins [rank * S, (rank + 1) * S) summed over the cluster, S = kRadixBins / size
   uint64_t part[kThreads / 32];
+  MaxIdx mi[kThreads / 32];
+  MaxIdx top;     // this block's (max, id), read by the cluster
+  uint64_t z;     // this block's top-p mass
+  uint64_t total;  // this block's kept mass in the draw
   uint64_t carry;
   uint32_t digit;
   int found;
+  int32_t chosen;
+};
+
+// The cluster of this block (size 1 without clusters).
+struct Cluster {
+  int rank = 0, size = 1;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __device__ Cluster() {
+    namespace cg = cooperative_groups;
+    rank = int(cg::this_cluster().block_rank()), size = int(cg::this_cluster().num_blocks());
+  }
+  __device__ void sync() const {
+    if (size > 1) cooperative_groups::this_cluster().sync();
+    else __syncthreads();
+  }
+  template <typename T>
+  __device__ T* at(T* p, int r) const {
+    return size > 1 ? cooperative_groups::this_cluster().map_shared_rank(p, r) : p;
+  }
+#else
+  __device__ Cluster() {}
+  __device__ void sync() const { __syncthreads(); }
+  template <typename T>
+  __device__ T* at(T* p, int) const {
+    return p;
+  }
+#endif
 };
 
 // hist[bin] += w for every lane with a bin (w < 2^40). Lanes that share a bin are summed first (the
@@ -149,11 +172,12 @@ __device__ __forceinline__ void hist_add(uint64_t* hist, uint32_t bin, uint64_t 
   if ((todo >> lane) & 1u) atomicAdd(reinterpret_cast<unsigned long long*>(hist + bin), w);
 }
 
-// 0 when W(keys >= floor) < target.
+// Over this block's part [lo, hi) of the row; the same result in every block of the cluster. 0 when
+// W(keys >= floor) < target.
 template <typename Weight>
-__device__ uint32_t radix_select(const float* row, int64_t vocab, float inv_temp, uint32_t floor, uint64_t target, Weight weight,
-                                 RadixSmem& sm) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+__device__ uint32_t radix_select(const float* row, int64_t lo, int64_t hi, float inv_temp, uint32_t floor, uint64_t target, Weight weight,
+                                 SampleSmem& sm, const Cluster& cl) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, slice = kRadixBins / cl.size;
   uint32_t prefix = 0;  // the digits found so far
   uint64_t carry = 0;   // W of the keys above the prefix's range
 #pragma unroll 1
@@ -162,11 +186,11 @@ __device__ uint32_t radix_select(const float* row, int64_t vocab, float inv_temp
     for (int b = threadIdx.x; b < kRadixBins; b += blockDim.x) sm.hist[b] = 0;
     if (threadIdx.x == 0) sm.found = 0;
     __syncthreads();
-    for (int64_t base = int64_t(warp) * 32; base < vocab; base += blockDim.x) {  // uniform per warp
+    for (int64_t base = lo + int64_t(warp) * 32; base < hi; base += blockDim.x) {  // uniform per warp
       const int64_t i = base + lane;
       uint32_t bin = kNoBin;
       uint64_t w = 0;
-      if (i < vocab) {
+      if (i < hi) {
         const float x = row[i] * inv_temp;
         const uint32_t key = fkey(x);
         if (key >= floor && (uint64_t(key) >> (shift + bits)) == prefix) {
@@ -176,10 +200,17 @@ __device__ uint32_t radix_select(const float* row, int64_t vocab, float inv_temp
       }
       hist_add(sm.hist, bin, w, lane);
     }
-    __syncthreads();
+    cl.sync();  // every block's histogram is complete
+    for (int b = threadIdx.x; b < slice; b += blockDim.x) {
+      uint64_t v = 0;
+      for (int q = 0; q < cl.size; ++q) v += cl.at(sm.hist, q)[cl.rank * slice + b];
+      sm.merged[b] = v;
+    }
+    cl.sync();  // every slice is merged (and no histogram is read any more)
+    auto merged = [&](int b) { return b < 0 ? uint64_t(0) : cl.at(sm.merged, b / slice)[b % slice]; };
     // Thread t owns bins nb-1-2t and nb-2-2t (from the top); W above them by an exclusive scan.
     const int b0 = nb - 1 - 2 * int(threadIdx.x), b1 = b0 - 1;
-    const uint64_t h0 = b0 >= 0 ? sm.hist[b0] : 0, h1 = b1 >= 0 ? sm.hist[b1] : 0;
+    const uint64_t h0 = merged(b0), h1 = merged(b1);
     uint64_t incl = h0 + h1;
     for (int o = 1; o < 32; o <<= 1) {
       const uint64_t v = __shfl_up_sync(0xffffffffu, incl, o);
@@ -198,102 +229,126 @@ __device__ uint32_t radix_select(const float* row, int64_t vocab, float inv_temp
     prefix = (prefix << bits) | sm.digit;
     carry = sm.carry;
     __syncthreads();  // read before the next pass resets them
-    if (!found) return 0;
+    if (!found) return 0;  // the same in every block
   }
   return prefix;
 }
 
+// Grid: rows x cluster size blocks along x, a row's blocks one cluster.
 __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, int64_t vocab, const SampleRow* params, int32_t* ids,
-                                                          int32_t* host_ids) {
+                                                          int32_t* host_ids, int cluster) {
   pdl_trigger();
   pdl_wait();
-  const SampleRow pr = params[blockIdx.x];
+  __shared__ SampleSmem sm;
+  const Cluster cl;  // cluster == cl.size (the launch's)
+  const int64_t r = blockIdx.x / cluster;
+  const SampleRow pr = params[r];
   const int32_t top_k = pr.top_k;
   const float top_p = pr.top_p, min_p = pr.min_p;
-  __shared__ MaxIdx red_mi[32];
-  __shared__ float red_f[32];
-  __shared__ RadixSmem sel;
-  __shared__ int32_t chosen;
-  const float* row = logits + blockIdx.x * vocab;
+  const float* row = logits + r * vocab;
+  const int64_t per = (vocab + cl.size - 1) / cl.size, lo = min(vocab, cl.rank * per), hi = min(vocab, lo + per);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+
+  // The row's (max, lowest id of the max): this block's part, then over the cluster.
+  MaxIdx best{-INFINITY, INT32_MAX};
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) best = better(best, MaxIdx{row[i], int32_t(i)});
+  for (int o = 16; o > 0; o >>= 1) best = better(best, MaxIdx{__shfl_xor_sync(0xffffffffu, best.v, o), __shfl_xor_sync(0xffffffffu, best.i, o)});
+  if (lane == 0) sm.mi[warp] = best;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    MaxIdx b = sm.mi[0];
+    for (int w = 1; w < int(blockDim.x / 32); ++w) b = better(b, sm.mi[w]);
+    sm.top = b;
+  }
+  cl.sync();
+  MaxIdx top = *cl.at(&sm.top, 0);
+  for (int q = 1; q < cl.size; ++q) top = better(top, *cl.at(&sm.top, q));
+  const int32_t top_id = top.i == INT32_MAX ? 0 : top.i;
+  auto write_id = [&](int32_t id) {
+    ids[r] = id;
+    if (host_ids) host_ids[r] = id;
+  };
 
   // Logits scaled by 1/temperature; inv_temp > 0 keeps their order, so the argmax is the row's.
-  const MaxIdx top = row_argmax(row, vocab, red_mi);
-  if (!(pr.temperature > 0)) {  // a greedy row
-    if (threadIdx.x == 0) {
-      const int32_t id = top.i == INT32_MAX ? 0 : top.i;
-      ids[blockIdx.x] = id;
-      if (host_ids) host_ids[blockIdx.x] = id;
-    }
-    return;
-  }
   const float inv_temp = 1.0f / pr.temperature;
   const float m = top.v * inv_temp;
+  if (!(pr.temperature > 0) || !(m > -INFINITY && m < INFINITY)) {  // a greedy row (or no finite logit: the top id)
+    if (cl.rank == 0 && threadIdx.x == 0) write_id(top_id);
+    cl.sync();  // no block leaves while another may read its shared memory
+    return;
+  }
 
+  // Probabilities relative to the top one, in fixed point (2^-40: below counts as 0). Sums of them
+  // are exact in any order, so a row's thresholds and draw do not depend on how it is cut over blocks.
+  auto mass = [m](float x) { return __float2ull_rn(__expf(x - m) * 1099511627776.0f); };
   // Thresholds on the keys fkey(x), each found by a radix select (three passes over the row).
   uint32_t kmin = 0;  // kept: fkey(x) >= kmin
-  if (top_k > 0 && top_k < vocab) kmin = radix_select(row, vocab, inv_temp, 0, uint64_t(top_k), [](float) { return uint64_t(1); }, sel);
+  if (top_k > 0 && top_k < vocab) kmin = radix_select(row, lo, hi, inv_temp, 0, uint64_t(top_k), [](float) { return uint64_t(1); }, sm, cl);
   if (top_p < 1.0f) {
-    // Probabilities relative to the top one, in fixed point (sums are exact, so the same row always
-    // gives the same thresholds); below 2^-40 counts as 0.
-    auto mass = [m](float x) { return __float2ull_rn(__expf(x - m) * 1099511627776.0f); };
     uint64_t z = 0;
-    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
       const float x = row[i] * inv_temp;
       if (fkey(x) >= kmin) z += mass(x);
     }
-    z = block_reduce(z, [](uint64_t a, uint64_t b) { return a + b; }, sel.part);
-    const uint64_t target = uint64_t(ceil(double(top_p) * double(z)));
+    z = block_reduce(z, [](uint64_t a, uint64_t b) { return a + b; }, sm.part);
+    if (threadIdx.x == 0) sm.z = z;
+    cl.sync();
+    uint64_t zall = 0;
+    for (int q = 0; q < cl.size; ++q) zall += *cl.at(&sm.z, q);
+    const uint64_t target = uint64_t(ceil(double(top_p) * double(zall)));
     // Largest P with mass(keys >= max(P, kmin)) >= target.
-    const uint32_t res = radix_select(row, vocab, inv_temp, kmin, target, mass, sel);
+    const uint32_t res = radix_select(row, lo, hi, inv_temp, kmin, target, mass, sm, cl);
     kmin = res > kmin ? res : kmin;
   }
   const float pmin = min_p > 0 ? min_p : 0.0f;  // p / p_max = exp(x - m)
+  auto kept = [&](float x) { return fkey(x) >= kmin && __expf(x - m) >= pmin ? mass(x) : uint64_t(0); };
 
-  // Draw u in [0, mass) and walk the kept tokens in id order: each thread owns a contiguous chunk.
-  const int64_t chunk = (vocab + blockDim.x - 1) / blockDim.x;
-  const int64_t c0 = threadIdx.x * chunk < vocab ? threadIdx.x * chunk : vocab, c1 = c0 + chunk < vocab ? c0 + chunk : vocab;
-  float mine = 0;
-  for (int64_t i = c0; i < c1; ++i) {
-    const float x = row[i] * inv_temp, p = __expf(x - m);
-    if (fkey(x) >= kmin && p >= pmin) mine += p;
-  }
-  // Exclusive prefix of the chunk sums (warp scan, then the warps' totals).
-  float incl = mine;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  // Draw u in [0, kept mass) and walk the kept tokens in id order: each block owns its part of the
+  // row, each thread a contiguous chunk of that. The top token is always kept (mass 2^40).
+  const int64_t n = hi - lo, chunk = (n + blockDim.x - 1) / blockDim.x;
+  const int64_t c0 = lo + min(n, int64_t(threadIdx.x) * chunk), c1 = min(hi, c0 + chunk);
+  uint64_t mine = 0;
+  for (int64_t i = c0; i < c1; ++i) mine += kept(row[i] * inv_temp);
+  // Exclusive prefix of the chunk sums (warp scan, then the warps' totals), then of the blocks'.
+  uint64_t incl = mine;
   for (int o = 1; o < 32; o <<= 1) {
-    const float v = __shfl_up_sync(0xffffffffu, incl, o);
+    const uint64_t v = __shfl_up_sync(0xffffffffu, incl, o);
     if (lane >= o) incl += v;
   }
+  if (lane == 31) sm.part[warp] = incl;
+  if (threadIdx.x == 0) sm.chosen = -1;
   __syncthreads();
-  if (lane == 31) red_f[warp] = incl;
-  if (threadIdx.x == 0) chosen = -1;
-  __syncthreads();
-  float before = incl - mine, total = 0;
+  uint64_t before = incl - mine, block_total = 0;
   for (int w = 0; w < int(blockDim.x / 32); ++w) {
-    if (w < warp) before += red_f[w];
-    total += red_f[w];
+    if (w < warp) before += sm.part[w];
+    block_total += sm.part[w];
+  }
+  if (threadIdx.x == 0) sm.total = block_total;
+  cl.sync();
+  uint64_t offset = 0, total = 0;
+  for (int q = 0; q < cl.size; ++q) {
+    const uint64_t t = *cl.at(&sm.total, q);
+    if (q < cl.rank) offset += t;
+    total += t;
   }
   const uint64_t h = mix64(mix64(pr.seed ^ 0x9E3779B97F4A7C15ull) + pr.step * 0xD1B54A32D192ED03ull);
-  const float u = float(double(h >> 11) * (1.0 / 9007199254740992.0)) * total;
-  if (mine > 0 && u >= before && u < before + mine) {
-    float acc = before;
-    int32_t pick = -1;
+  const uint64_t u = __umul64hi(h, total);  // uniform in [0, total)
+  // The block whose range holds u; nothing kept (min_p above 1): the first block gives the top id.
+  const bool owner = total == 0 ? cl.rank == 0 : u >= offset && u < offset + block_total;
+  before += offset;
+  if (owner && u >= before && u < before + mine) {
+    uint64_t acc = before;
     for (int64_t i = c0; i < c1; ++i) {
-      const float x = row[i] * inv_temp, p = __expf(x - m);
-      if (fkey(x) >= kmin && p >= pmin) {
-        pick = int32_t(i);
-        acc += p;
-        if (u < acc) break;
+      acc += kept(row[i] * inv_temp);
+      if (u < acc) {
+        sm.chosen = int32_t(i);
+        break;
       }
     }
-    chosen = pick;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    const int32_t id = chosen >= 0 ? chosen : (top.i == INT32_MAX ? 0 : top.i);  // rounding at the end: the top token
-    ids[blockIdx.x] = id;
-    if (host_ids) host_ids[blockIdx.x] = id;
-  }
+  if (owner && threadIdx.x == 0) write_id(sm.chosen >= 0 ? sm.chosen : top_id);
+  cl.sync();  // no block leaves while another may read its shared memory
 }
 
 }  // namespace
@@ -310,11 +365,51 @@ void launch_argmax(const float* logits, int64_t rows, int64_t vocab, uint64_t* p
   ARBOR_LAUNCH_CHECK("argmax_kernel");
 }
 
+int sample_max_cluster() {
+  static int cached[256] = {};  // per device: 0 = not asked yet
+  int dev = 0;
+  ARBOR_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 256) return 1;
+  if (cached[dev]) return cached[dev];
+  int major = 0, best = 1;
+  ARBOR_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  // sm_90 only: the kernel's cluster code is in the sm_90a build; another GPU runs the PTX, whose
+  // blocks would each take a whole row.
+  if (major == 9) {
+    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    for (int c = kSampleMaxCluster; c > 1 && best == 1; c /= 2) {
+      cudaLaunchAttribute attr{};
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = unsigned(c), attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = dim3(unsigned(c)), cfg.blockDim = dim3(kThreads), cfg.attrs = &attr, cfg.numAttrs = 1;
+      int n = 0;
+      if (cudaOccupancyMaxActiveClusters(&n, sample_kernel, &cfg) == cudaSuccess && n > 0) best = c;
+      else cudaGetLastError();
+    }
+  }
+  return cached[dev] = best;
+}
+
+static int forced_cluster = 0;
+void set_sample_cluster(int c) { forced_cluster = c; }
+
 void launch_sample(const float* logits, int64_t rows, int64_t vocab, const SampleRow* params, int32_t* ids, int32_t* host_ids,
-                   cudaStream_t s) {
+                   int n_sms, cudaStream_t s) {
   if (rows == 0) return;
-  ARBOR_CU_CHECK(vocab > 0 && vocab < INT32_MAX && rows <= INT32_MAX, "cuda: sample: %lld rows of %lld", (long long)rows, (long long)vocab);
-  pdl_launch(sample_kernel, unsigned(rows), kThreads, 0, s, logits, vocab, params, ids, host_ids);
+  ARBOR_CU_CHECK(vocab > 0 && vocab < INT32_MAX && rows <= INT32_MAX / kSampleMaxCluster, "cuda: sample: %lld rows of %lld", (long long)rows,
+                 (long long)vocab);
+  // As many blocks per row as leave every row's cluster a place at once (1 block of 1024 threads per SM).
+  int c = sample_max_cluster();
+  if (forced_cluster > 0) {
+    while (c > forced_cluster) c /= 2;
+  } else {
+    while (c > 1 && rows * c > n_sms) c /= 2;
+  }
+  if (c > 1)
+    pdl_launch_cluster(sample_kernel, unsigned(rows * c), kThreads, 0, s, dim3(unsigned(c), 1, 1), logits, vocab, params, ids, host_ids, c);
+  else
+    pdl_launch(sample_kernel, unsigned(rows), kThreads, 0, s, logits, vocab, params, ids, host_ids, 1);
   ARBOR_LAUNCH_CHECK("sample_kernel");
 }
 
