@@ -127,6 +127,43 @@ TEST(CudaOps, LinearEveryPathDtypeAndShape) {
   CudaBackend::set_gemv_stream(true);
 }
 
+// The tensor-core GEMV (3-8 rows, bf16 weights, K % 256 == 0) at decode-like shapes: row counts that
+// leave a row group partly filled, K slices of 2 to 112 MMA steps per warp, more row groups than
+// blocks; the same numbers with it off (the register kernel) as a second check.
+TEST(CudaOps, TensorCoreGemvShapes) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(41);
+  CudaBackend gpu(0);
+  CpuBackend cpu(2, WeightPlacement::Copy);
+  for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{1, 256}, {4101, 4096}, {515, 14336}, {40000, 256}})
+    for (int64_t T : {3, 4, 6, 7, 8}) {
+      if (N * K > (int64_t(1) << 24) && T != 8 && T != 3) continue;  // the big ones at two row counts
+      SCOPED_TRACE(::testing::Message() << "N " << N << " K " << K << " T " << T);
+      ASSERT_TRUE(CudaBackend::gemv_mma_takes(T, K, DType::BF16));
+      std::vector<float> wf = random_bf16(rng, size_t(N * K), 1.0f / std::sqrt(float(K)) * 2);
+      std::vector<uint16_t> w16 = to_bf16(wf);
+      std::vector<float> bias = random_bf16(rng, size_t(N), 0.5f);
+      Linear lg, lc;
+      const Tensor wh(w16.data(), DType::BF16, {N, K});
+      lg.w = gpu.load_weight(wh), lc.w = cpu.load_weight(wh);
+      const bool with_bias = (N + T) % 2 == 1;
+      if (with_bias) lg.bias = gpu.load_weight(Tensor(bias.data(), DType::F32, {N})), lc.bias = Tensor(bias.data(), DType::F32, {N});
+      std::vector<float> x = random_bf16(rng, size_t(T * K));
+      Tensor xg = dev_bf16(gpu, x, {T, K});
+      std::vector<float> yc(size_t(T * N));
+      cpu.linear(host_view(x, {T, K}), lc, host_view(yc, {T, N}));
+      for (bool mma : {true, false})
+        for (DType yt : {DType::BF16, DType::F32}) {
+          CudaBackend::set_gemv_mma(mma);
+          gpu.set_gemv_max_rows(mma ? 2 : 8);  // the default rule; or every row count on the register kernel
+          Tensor yg = gpu.alloc(yt, {T, N});
+          gpu.linear(xg, lg, yg);
+          EXPECT_LE(max_diff(host_f32(gpu, yg), yc), 1e-2f * max_abs(yc)) << "y " << dtype_name(yt) << (mma ? " tensor cores" : " register kernel");
+        }
+    }
+  CudaBackend::set_gemv_mma(true);
+}
+
 TEST(CudaOps, RopeFullAndPartial) {
   ARBOR_REQUIRE_GPU();
   std::mt19937 rng(5);

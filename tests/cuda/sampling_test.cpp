@@ -174,14 +174,12 @@ TEST(CudaSampling, LargeVocabularyThresholds) {
   CudaBackend::set_sample_cluster(0);
 }
 
-// A batch-1-like launch (3 rows of a 151936-token vocabulary, random logits: every block of a 16-block
-// cluster owns thousands of them): the thresholds and the draw sum fixed-point masses, so the ids
-// are the same for one block per row as for 2 or 16, under every filter.
-TEST(CudaSampling, ClusterSizeDoesNotChangeTheIds) {
-  ARBOR_REQUIRE_GPU();
-  std::mt19937 rng(26);
+// Batch-1-like launches (3 rows of random logits): the thresholds and the draw sum fixed-point masses,
+// so the ids are the same for one block per row as for 2 or 16, under every filter.
+void expect_same_ids_at_every_cluster_size(int64_t V, uint64_t counters, uint32_t seed) {
+  std::mt19937 rng(seed);
   CudaBackend gpu(0);
-  const int64_t V = 151936, R = 3;
+  const int64_t R = 3;
   std::vector<float> l = random_bf16(rng, size_t(R * V), 6.0f);
   Tensor t = gpu.alloc(DType::F32, {R, V});
   gpu.upload(l.data(), t);
@@ -197,7 +195,7 @@ TEST(CudaSampling, ClusterSizeDoesNotChangeTheIds) {
     for (int cluster : {1, 2, 16}) {
       CudaBackend::set_sample_cluster(cluster);
       std::vector<int32_t> ids;
-      for (uint64_t counter = 0; counter < 48; counter += R) {
+      for (uint64_t counter = 0; counter < counters; counter += R) {
         const auto got = draw_rows(gpu, t, p, counter);
         ids.insert(ids.end(), got.begin(), got.end());
       }
@@ -210,6 +208,19 @@ TEST(CudaSampling, ClusterSizeDoesNotChangeTheIds) {
     for (auto id : by_cluster[0]) distinct[id]++;
     EXPECT_GT(distinct.size(), 1u) << "set " << si << ": the draws vary with the counter";
   }
+}
+
+// Qwen3's vocabulary: every block of a 16-block cluster owns thousands of logits.
+TEST(CudaSampling, ClusterSizeDoesNotChangeTheIds) {
+  ARBOR_REQUIRE_GPU();
+  expect_same_ids_at_every_cluster_size(151936, 48, 26);
+}
+
+// An odd small vocabulary (a few hundred logits per block, the last block short); small enough for
+// compute-sanitizer racecheck (bench/cuda/run_device.sh).
+TEST(CudaSampling, ClusterSizeDoesNotChangeTheIdsSmallVocabulary) {
+  ARBOR_REQUIRE_GPU();
+  expect_same_ids_at_every_cluster_size(5003, 12, 27);
 }
 
 // Draws queued with a parameter set per row (the scheduler's path): four sets, a greedy one among

@@ -100,6 +100,11 @@ bool pdl_enabled() {
 std::unique_ptr<Backend> make_cuda_backend(int index) { return std::make_unique<CudaBackend>(index); }
 
 void CudaBackend::set_gemv_stream(bool on) { cuda::set_gemv_stream(on); }
+void CudaBackend::set_gemv_mma(bool on) { cuda::set_gemv_mma(on); }
+bool CudaBackend::gemv_mma_takes(int64_t T, int64_t K, DType w_dtype) { return cuda::gemv_mma_takes(T, K, w_dtype); }
+bool CudaBackend::use_gemv(int64_t T, int64_t K, DType w_dtype) const {
+  return T <= gemv_max_rows_ || (gemv_max_rows_ > 0 && cuda::gemv_mma_takes(T, K, w_dtype));
+}
 void CudaBackend::set_prefill_kernel(const char* name) { cuda::set_prefill_kernel(cuda::parse_prefill_kernel(name)); }
 bool CudaBackend::prefill_wgmma_supported(int head_dim) { return cuda::prefill_wgmma_supported(head_dim); }
 void CudaBackend::set_sample_cluster(int c) { cuda::set_sample_cluster(c); }
@@ -117,6 +122,7 @@ CudaBackend::CudaBackend(int device)
   if (const char* env = std::getenv("ARBOR_CUDA_FUSED")) fused_ = std::atoi(env) != 0;
   if (const char* env = std::getenv("ARBOR_CUDA_FUSED_PREP")) fused_prep_ = std::atoi(env) != 0;
   if (const char* env = std::getenv("ARBOR_CUDA_GEMV_STREAM")) set_gemv_stream(std::atoi(env) != 0);
+  if (const char* env = std::getenv("ARBOR_CUDA_GEMV_MMA")) set_gemv_mma(std::atoi(env) != 0);
   int cluster_launch = 0;
   ARBOR_CUDA_CHECK(cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, device));
   cluster_merge_ok_ = cluster_launch != 0;
@@ -445,7 +451,7 @@ void CudaBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
               dtype_name(l.w.dtype));
   if (T == 0) return;
   const float* bias = l.bias.empty() ? nullptr : l.bias.as<float>();
-  if (T <= gemv_max_rows_) {
+  if (use_gemv(T, K, l.w.dtype)) {
     launch_gemv(l.w.data, l.w.dtype, x.as<uint16_t>(), bias, y.data, y.dtype, T, N, K, n_sms_, st(stream_));
     return;
   }
@@ -470,7 +476,8 @@ void CudaBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
 void CudaBackend::linear_multi(const Tensor& x, const LinearOut* outs, int n) {
   // One GEMV launch over every matrix's rows when the step is GEMV-sized and the matrices agree on
   // K and dtype; otherwise (prefill: cuBLASLt) one linear() each.
-  bool one = fused_ && n >= 1 && n <= kGemvMaxSegments && x.rows() >= 1 && x.rows() <= gemv_max_rows_ && x.dtype == DType::BF16;
+  bool one = fused_ && n >= 1 && n <= kGemvMaxSegments && x.rows() >= 1 && use_gemv(x.rows(), x.cols(), outs[0].l->w.dtype) &&
+             x.dtype == DType::BF16;
   for (int i = 0; one && i < n; ++i) {
     const Linear& l = *outs[i].l;
     one = l.w.dtype == outs[0].l->w.dtype && (l.w.dtype == DType::BF16 || l.w.dtype == DType::F16) && l.in_features() == x.cols() &&
@@ -586,7 +593,7 @@ void CudaBackend::prep_attention(int64_t layer, Tensor q, Tensor k, const Tensor
 }
 
 void CudaBackend::gated_up(const Tensor& x, const Linear& wg, const Linear& wu, ActOp op, Tensor gate, Tensor up, Tensor out) {
-  const bool one = fused_ && x.rows() >= 1 && x.rows() <= gemv_max_rows_ && x.dtype == DType::BF16 && out.dtype == DType::BF16 &&
+  const bool one = fused_ && x.rows() >= 1 && use_gemv(x.rows(), x.cols(), wg.w.dtype) && x.dtype == DType::BF16 && out.dtype == DType::BF16 &&
                    wg.w.dtype == wu.w.dtype && (wg.w.dtype == DType::BF16 || wg.w.dtype == DType::F16) && wg.in_features() == x.cols() &&
                    wu.in_features() == x.cols() && wg.out_features() == wu.out_features() && out.cols() == wg.out_features() &&
                    out.rows() == x.rows();

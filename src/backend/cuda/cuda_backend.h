@@ -100,6 +100,10 @@ class CudaBackend : public Backend {
   // GEMVs of 1-2 rows with K % 256 == 0 stream through shared memory (gemv.cu); off: the register
   // kernel for every GEMV. Process-wide; ARBOR_CUDA_GEMV_STREAM=0 turns it off (A/B runs, tests).
   static void set_gemv_stream(bool on);
+  // 3-8 rows with bf16 weights and K % 256 == 0 take a tensor-core GEMV (gemv.cu) that reads every
+  // weight once, instead of cuBLASLt; off: the rule above alone. ARBOR_CUDA_GEMV_MMA=0 turns it off.
+  static void set_gemv_mma(bool on);
+  static bool gemv_mma_takes(int64_t T, int64_t K, DType w_dtype);
   // The prefill attention kernel by name: "auto" (default: wgmma on sm_90 at head_dim 64/128, else
   // mma32 up to head_dim 128, else mma16), "wgmma", "mma32", "mma16" (a kernel a shape cannot take
   // falls back down that list); process-wide, ARBOR_CUDA_ATTN_PREFILL sets it.
@@ -137,6 +141,7 @@ class CudaBackend : public Backend {
   bool prep_args(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const QKPrep& p, cuda::QKPrepArgs* a);
   void attention_impl(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out, const cuda::QKPrepArgs* prep);
   bool decode_attention_path(int64_t head_dim) const;
+  bool use_gemv(int64_t T, int64_t K, DType w_dtype) const;  // GEMV kernels (gemv_max_rows_, the tensor-core kernel) or cuBLASLt
   void not_capturing(const char* what);  // fails (and drops the recording) when called inside a capture
   void drop_graphs();                    // after a buffer the recordings point into moved
 

@@ -392,6 +392,171 @@ bool launch_stream(GemvSegments segs, int64_t units, bool f16, const uint16_t* x
   return true;
 }
 
+
+// ---- tensor-core streaming kernel (3-8 activation rows) ---------------------------------------------
+// y = x · Wᵀ as Wᵀ's tiles times x on mma.sync m16n8k16: a row group of 16 output rows is the MMA's
+// M, the (up to 8) activation rows its N, so every weight byte is read once whatever the rows. Blocks of
+// 8 warps (up to 4 per SM) own contiguous runs of row groups; the warps of a block split K and each
+// streams its K slice of the group's 16 rows through a private cp.async ring (16 rows x 16 k = 512
+// bytes a stage, per matrix), filled before griddepcontrol.wait and continuing across row groups; x's
+// fragments are read from global memory (L1). At the end of a group the warps' partial tiles are
+// summed in shared memory. Gated: gate and up rows of a group side by side (two tiles a stage).
+constexpr int kMmaWarps = 8;
+constexpr int kMmaStages = 4;
+constexpr int kMmaBlocksPerSm = 4;
+
+__device__ __forceinline__ void mma_bf16_16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void ldsm4(uint32_t addr, uint32_t* r) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+// Byte offset of (row, 8-element half h) in a stage's 16 x 16 tile: rows of 32 bytes, the halves of
+// rows 4-7 and 12-15 swapped so the 8 row reads of an ldmatrix hit distinct banks.
+__device__ __forceinline__ uint32_t tile_off(int row, int h) { return uint32_t(row * 32 + ((h ^ ((row >> 2) & 1)) * 16)); }
+
+template <int RPU>
+__global__ void __launch_bounds__(kMmaWarps * 32, kMmaBlocksPerSm) gemv_mma_kernel(GemvSegments segs, const uint16_t* __restrict__ x,
+                                                                                  bool y_f32, int T, int64_t K, int64_t rows,
+                                                                                  int gated_act) {
+  extern __shared__ __align__(16) unsigned char gemv_mma_smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  constexpr uint32_t kTile = 512, kStage = kTile * RPU, kWarpRing = kStage * kMmaStages;
+  const uint32_t ring0 = smem_addr(gemv_mma_smem) + uint32_t(warp) * kWarpRing;
+  float* red = reinterpret_cast<float*>(gemv_mma_smem + kMmaWarps * kWarpRing);  // [warp][RPU][lane][4]
+  const int64_t groups = (rows + 15) / 16;
+  const int64_t g_beg = groups * blockIdx.x / gridDim.x, g_end = groups * (blockIdx.x + 1) / gridDim.x;
+  const int64_t kslice = K / kMmaWarps, k0 = kslice * warp;  // this warp's K range
+  const int steps = int(kslice / 16);
+
+  // Issue side: stage (group ig, step is); lane copies row lane/2, half lane%2 of each tile.
+  const int lrow = lane >> 1, lh = lane & 1;
+  int64_t ig = g_beg;
+  int is = 0, islot = 0;
+  const uint16_t* p0 = nullptr;
+  const uint16_t* p1 = nullptr;
+  bool pvalid = false;
+  auto row_ptrs = [&] {
+    const int64_t rr = ig * 16 + lrow;
+    pvalid = ig < g_end && rr < rows;
+    if (pvalid) {
+      p0 = stream_row<RPU == 2 ? 2 : 1>(segs, rr, K, 0) + k0 + lh * 8;
+      if (RPU == 2) p1 = stream_row<2>(segs, rr, K, 1) + k0 + lh * 8;
+    }
+  };
+  row_ptrs();
+  auto issue = [&] {
+    if (ig < g_end) {
+      const uint32_t dst = ring0 + uint32_t(islot) * kStage + tile_off(lrow, lh);
+      cp_async16_zfill(dst, pvalid ? p0 + is * 16 : segs.w[0], pvalid);
+      if (RPU == 2) cp_async16_zfill(dst + kTile, pvalid ? p1 + is * 16 : segs.w[0], pvalid);
+      if (++is == steps) {
+        is = 0;
+        ++ig;
+        row_ptrs();
+      }
+    }
+    cp_async_commit();  // empty groups keep the count uniform
+    if (++islot == kMmaStages) islot = 0;
+  };
+#pragma unroll 1
+  for (int j = 0; j < kMmaStages; ++j) issue();
+  pdl_trigger();
+  pdl_wait();  // x is written by the previous kernel; the weights above did not wait for it
+
+  // x fragments: B[k][n] = x[n][k]; lane holds n = lane/4, k = 2(lane%4) (+1) and +8.
+  const int bn = lane >> 2, bk = (lane & 3) * 2;
+  const uint32_t* xr = reinterpret_cast<const uint32_t*>(x + int64_t(bn < T ? bn : 0) * K + k0 + bk);
+  const bool bvalid = bn < T;
+  // ldmatrix: lanes 8i..8i+7 address matrix i's rows (rows +8 for odd i, k half i/2).
+  const uint32_t lds_off = tile_off((lane & 7) + ((lane >> 3) & 1) * 8, lane >> 4);
+  int cslot = 0;
+#pragma unroll 1
+  for (int64_t g = g_beg; g < g_end; ++g) {
+    float acc[RPU][4];
+#pragma unroll
+    for (int q = 0; q < RPU; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.0f;
+    uint32_t b0 = bvalid ? __ldg(xr) : 0u, b1 = bvalid ? __ldg(xr + 4) : 0u;
+#pragma unroll 1
+    for (int s = 0; s < steps; ++s) {
+      cp_async_wait<kMmaStages - 1>();  // this stage has landed
+      __syncwarp();                     // every lane's copies of it
+      uint32_t a[RPU][4];
+#pragma unroll
+      for (int q = 0; q < RPU; ++q) ldsm4(ring0 + uint32_t(cslot) * kStage + q * kTile + lds_off, a[q]);
+      if (++cslot == kMmaStages) cslot = 0;
+      __syncwarp();  // every lane has read the slot before any refills it
+      issue();
+      const uint32_t c0 = b0, c1 = b1;
+      if (s + 1 < steps) {  // the next step's x fragments, in flight during this step's MMAs
+        b0 = bvalid ? __ldg(xr + (s + 1) * 8) : 0u;
+        b1 = bvalid ? __ldg(xr + (s + 1) * 8 + 4) : 0u;
+      }
+#pragma unroll
+      for (int q = 0; q < RPU; ++q) mma_bf16_16816(acc[q], a[q], c0, c1);
+    }
+    // Sum the warps' tiles: C[row][n] sits in lane (row % 8) * 4 + n / 2, register (row / 8) * 2 + n % 2.
+#pragma unroll
+    for (int q = 0; q < RPU; ++q)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) red[((warp * RPU + q) * 32 + lane) * 4 + e] = acc[q][e];
+    __syncthreads();
+    if (threadIdx.x < 128) {
+      const int row = threadIdx.x / 8, n = threadIdx.x % 8;
+      const int src = ((row % 8) * 4 + n / 2) * 4 + (row / 8) * 2 + n % 2;
+      float v[RPU];
+#pragma unroll
+      for (int q = 0; q < RPU; ++q) {
+        v[q] = 0.0f;
+        for (int w = 0; w < kMmaWarps; ++w) v[q] += red[(w * RPU + q) * 128 + src];
+      }
+      const int64_t rr = g * 16 + row;
+      if (n < T && rr < rows) {
+        const int si = stream_seg<RPU == 2 ? 2 : 1>(segs, rr);
+        const int64_t N = pick(segs.N, si), nrow = RPU == 2 ? rr : rr - pick(segs.pair0, si);
+        const float* bias = pick(segs.bias, si);
+        void* y = pick(segs.y, si);
+        const float b0v = bias ? bias[nrow] : 0.0f;
+        if (RPU == 2) {  // act(gate) * up, each rounded to bf16 first as the unfused ops store them
+          const float b1v = segs.bias[1] ? segs.bias[1][nrow] : 0.0f;
+          const float gt = __bfloat162float(__float2bfloat16(v[0] + b0v));
+          const float up = __bfloat162float(__float2bfloat16(v[RPU - 1] + b1v));
+          static_cast<__nv_bfloat16*>(y)[n * N + nrow] = __float2bfloat16(act_value(gated_act, gt) * up);
+        } else if (y_f32) {
+          static_cast<float*>(y)[n * N + nrow] = v[0] + b0v;
+        } else {
+          static_cast<__nv_bfloat16*>(y)[n * N + nrow] = __float2bfloat16(v[0] + b0v);
+        }
+      }
+    }
+    __syncthreads();  // red is read before the next group writes it
+  }
+  cp_async_wait<0>();  // nothing may be in flight into shared memory when the block exits
+}
+
+bool g_mma = true;
+
+// True when it launched: 3-8 rows, bf16 weights, K a multiple of 256, 16-byte aligned weights and x.
+// segs.pair0 holds row pairs on entry and is rewritten to first rows.
+bool launch_mma(GemvSegments segs, int64_t rows, bool f16, const uint16_t* x, bool y_f32, int64_t T, int64_t K, int n_sms, bool vec,
+                int gated_act, cudaStream_t s) {
+  if (!g_mma || f16 || !vec || T < 3 || T > 8 || K % 256 != 0) return false;
+  if (gated_act < 0)
+    for (int i = 0; i < segs.n; ++i) segs.pair0[i] = i == 0 ? 0 : segs.pair0[i - 1] + segs.N[i - 1];
+  const int64_t groups = (rows + 15) / 16;
+  const dim3 grid(unsigned(std::max<int64_t>(1, std::min<int64_t>(groups, int64_t(n_sms) * kMmaBlocksPerSm))));
+  const int rpu = gated_act >= 0 ? 2 : 1;
+  const size_t smem = size_t(kMmaWarps) * kMmaStages * 512 * rpu + size_t(kMmaWarps) * rpu * 128 * 4;
+  if (rpu == 2)
+    pdl_launch(gemv_mma_kernel<2>, grid, kMmaWarps * 32, smem, s, segs, x, y_f32, int(T), K, rows, gated_act);
+  else
+    pdl_launch(gemv_mma_kernel<1>, grid, kMmaWarps * 32, smem, s, segs, x, y_f32, int(T), K, rows, gated_act);
+  ARBOR_LAUNCH_CHECK("gemv_mma_kernel");
+  return true;
+}
+
 int g_warps_per_sm = 32;
 
 void launch(const GemvSegments& segs, int64_t pairs, DType w_dtype, const uint16_t* x, DType y_dtype, int64_t T, int64_t K, int n_sms,
@@ -403,6 +568,7 @@ void launch(const GemvSegments& segs, int64_t pairs, DType w_dtype, const uint16
   int64_t units = segs.N[0];
   for (int i = 1; gated_act < 0 && i < segs.n; ++i) units += segs.N[i];
   if (launch_stream(segs, units, f16, x, f32, T, K, n_sms, vec, gated_act, s)) return;
+  if (launch_mma(segs, units, f16, x, f32, T, K, n_sms, vec, gated_act, s)) return;
   // K split: the fewest warps per row pair that give about half the SMs' warp slots (64 per SM) work;
   // more than that only queue up. (Splitting further to end on whole waves of blocks measured slower:
   // docs/cuda-notes.md.)
@@ -421,6 +587,8 @@ void launch(const GemvSegments& segs, int64_t pairs, DType w_dtype, const uint16
 
 void set_gemv_warps_per_sm(int w) { g_warps_per_sm = w < 1 ? 1 : w; }
 void set_gemv_stream(bool on) { g_stream = on; }
+void set_gemv_mma(bool on) { g_mma = on; }
+bool gemv_mma_takes(int64_t T, int64_t K, DType w_dtype) { return g_mma && T >= 3 && T <= 8 && K % 256 == 0 && w_dtype == DType::BF16; }
 
 
 void launch_gemv_multi(const GemvOut* outs, int n, DType w_dtype, const uint16_t* x, DType y_dtype, int64_t T, int64_t K, int n_sms,

@@ -100,6 +100,10 @@ struct GemvSegments {
 void set_gemv_warps_per_sm(int w);
 // The streaming kernel for 1-2 rows with K % 256 == 0 (default on; off: the register kernel for all).
 void set_gemv_stream(bool on);
+// The tensor-core kernel for 3-8 rows with bf16 weights and K % 256 == 0 (default on; off: the
+// register kernel), and whether a shape would take it.
+void set_gemv_mma(bool on);
+bool gemv_mma_takes(int64_t T, int64_t K, DType w_dtype);
 
 // ---- attention_*.cu -------------------------------------------------------------------------------
 #ifdef __CUDACC__
