@@ -139,6 +139,7 @@ TEST(CudaOps, TensorCoreGemvShapes) {
     for (int64_t T : {3, 4, 6, 7, 8}) {
       if (N * K > (int64_t(1) << 24) && T != 8 && T != 3) continue;  // the big ones at two row counts
       SCOPED_TRACE(::testing::Message() << "N " << N << " K " << K << " T " << T);
+      CudaBackend::set_gemv_mma(true);
       ASSERT_TRUE(CudaBackend::gemv_mma_takes(T, K, DType::BF16));
       std::vector<float> wf = random_bf16(rng, size_t(N * K), 1.0f / std::sqrt(float(K)) * 2);
       std::vector<uint16_t> w16 = to_bf16(wf);
@@ -161,7 +162,7 @@ TEST(CudaOps, TensorCoreGemvShapes) {
           EXPECT_LE(max_diff(host_f32(gpu, yg), yc), 1e-2f * max_abs(yc)) << "y " << dtype_name(yt) << (mma ? " tensor cores" : " register kernel");
         }
     }
-  CudaBackend::set_gemv_mma(true);
+  CudaBackend::set_gemv_mma(false);  // the default
 }
 
 TEST(CudaOps, RopeFullAndPartial) {

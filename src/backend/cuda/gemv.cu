@@ -536,7 +536,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kMmaBlocksPerSm) gemv_mma_kern
   cp_async_wait<0>();  // nothing may be in flight into shared memory when the block exits
 }
 
-bool g_mma = true;
+bool g_mma = false;  // off by default: slower than cuBLASLt for the 8B at 4-8 rows (docs/cuda-notes.md, session 8)
 
 // True when it launched: 3-8 rows, bf16 weights, K a multiple of 256, 16-byte aligned weights and x.
 // segs.pair0 holds row pairs on entry and is rewritten to first rows.
