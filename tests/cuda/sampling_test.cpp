@@ -46,6 +46,20 @@ std::map<int32_t, double> reference_distribution(const std::vector<float>& logit
   return out;
 }
 
+// Logits [R, V] f32 on the device.
+Tensor dev_logits(CudaBackend& gpu, const std::vector<float>& l, int64_t R, int64_t V) {
+  Tensor t = gpu.alloc(DType::F32, {R, V});
+  gpu.upload(l.data(), t);
+  return t;
+}
+// R copies of one row of logits.
+std::vector<float> repeat_rows(const std::vector<float>& row, int64_t R) {
+  std::vector<float> l;
+  l.reserve(row.size() * size_t(R));
+  for (int64_t r = 0; r < R; ++r) l.insert(l.end(), row.begin(), row.end());
+  return l;
+}
+
 // R draws of parameters p at once, row r with counter first + r (each row its own hash of (seed, counter)).
 std::vector<int32_t> draw_rows(CudaBackend& gpu, const Tensor& t, const SamplingParams& p, uint64_t first) {
   std::vector<RowSampling> rows(static_cast<size_t>(t.rows()), RowSampling{p, 0});
@@ -74,8 +88,7 @@ TEST(CudaSampling, ArgmaxMatchesTheCpu) {
         for (int64_t i = 0; i < V; ++i) row(4)[i] = V > 1 ? std::nanf("") : row(4)[i];
       }
       if (R > 4 && V > 1) std::fill(row(0), row(0) + V, -INFINITY);
-      Tensor t = gpu.alloc(DType::F32, {R, V});
-      gpu.upload(l.data(), t);
+      Tensor t = dev_logits(gpu, l, R, V);
       for (int rep = 0; rep < 2; ++rep) {
         std::vector<int32_t> ids(static_cast<size_t>(R), -1);
         gpu.argmax_rows(t, ids.data());
@@ -91,10 +104,8 @@ TEST(CudaSampling, SeededDrawsFollowTheFilteredDistribution) {
   CudaBackend gpu(0);
   const int64_t V = 24, R = 8192;  // R draws at once: each row gets its own hash of (seed, counter)
   std::vector<float> row = random_bf16(rng, size_t(V), 3.0f);
-  std::vector<float> l;
-  for (int64_t r = 0; r < R; ++r) l.insert(l.end(), row.begin(), row.end());
-  Tensor t = gpu.alloc(DType::F32, {R, V});
-  gpu.upload(l.data(), t);
+  const std::vector<float> l = repeat_rows(row, R);
+  Tensor t = dev_logits(gpu, l, R, V);
   for (int cluster : {1, 16}) {  // one block per row, and 16 (most blocks own no logit: V is 24)
   SCOPED_TRACE(::testing::Message() << "at most " << cluster << " blocks per row");
   CudaBackend::set_sample_cluster(cluster);
@@ -141,11 +152,8 @@ TEST(CudaSampling, LargeVocabularyThresholds) {
   std::shuffle(ids.begin(), ids.end(), rng);
   for (int j = 0; j < 64; ++j) row[size_t(ids[size_t(j)])] = 0.1f * float(j);
   for (int j = 64; j < 164; ++j) row[size_t(ids[size_t(j)])] = -INFINITY;
-  std::vector<float> l;
-  l.reserve(size_t(R * V));
-  for (int64_t r = 0; r < R; ++r) l.insert(l.end(), row.begin(), row.end());
-  Tensor t = gpu.alloc(DType::F32, {R, V});
-  gpu.upload(l.data(), t);
+  const std::vector<float> l = repeat_rows(row, R);
+  Tensor t = dev_logits(gpu, l, R, V);
   std::vector<SamplingParams> cases(5);
   cases[0].temperature = 1.0f;
   cases[1].temperature = 0.7f, cases[1].top_k = 10;
@@ -181,8 +189,7 @@ void expect_same_ids_at_every_cluster_size(int64_t V, uint64_t counters, uint32_
   CudaBackend gpu(0);
   const int64_t R = 3;
   std::vector<float> l = random_bf16(rng, size_t(R * V), 6.0f);
-  Tensor t = gpu.alloc(DType::F32, {R, V});
-  gpu.upload(l.data(), t);
+  Tensor t = dev_logits(gpu, l, R, V);
   std::vector<SamplingParams> sets(4);
   sets[0].temperature = 1.0f;
   sets[1].temperature = 0.7f, sets[1].top_k = 50;
@@ -233,10 +240,8 @@ TEST(CudaSampling, PerRowDrawsFollowEachRowsDistribution) {
   const int64_t V = 30, per_set = 2048, sets = 4, R = per_set * sets;
   std::vector<float> row = random_bf16(rng, size_t(V), 3.0f);
   for (int64_t i = 0; i < V; ++i) row[size_t(i)] += 1e-3f * float(i);  // no ties (the kernel keeps ties at a cut, the reference one)
-  std::vector<float> l;
-  for (int64_t r = 0; r < R; ++r) l.insert(l.end(), row.begin(), row.end());
-  Tensor t = gpu.alloc(DType::F32, {R, V});
-  gpu.upload(l.data(), t);
+  const std::vector<float> l = repeat_rows(row, R);
+  Tensor t = dev_logits(gpu, l, R, V);
   std::vector<SamplingParams> set(sets);
   set[0].temperature = 1.0f;
   set[1].temperature = 0.0f;  // greedy

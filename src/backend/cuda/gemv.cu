@@ -217,6 +217,17 @@ constexpr int kStreamBlocksPerSm = 2;
 constexpr int64_t kStreamMaxXBytes = 64 * 1024;
 constexpr int kStreamSmemLimit = 200 * 1024;  // every stream kernel's shared-memory limit (as all variants were measured)
 
+// The streaming kernels' start: the ring's first STAGES stages of weights are issued (they do not
+// depend on the previous kernel), then the successor may launch, then wait for the previous kernel,
+// which writes x.
+template <int STAGES, class Issue>
+__device__ __forceinline__ void prime_ring(Issue& issue) {
+#pragma unroll 1
+  for (int j = 0; j < STAGES; ++j) issue();
+  pdl_trigger();
+  pdl_wait();
+}
+
 // Unit u of the launch: one output row (plain: the matrices' rows numbered consecutively, row0[i] the
 // first of matrix i) or one gate/up row pair (gated). q picks the gate (0) or up (1) row.
 template <int RPU>
@@ -270,10 +281,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 2) gemv_stream_kernel(GemvS
     cp_async_commit();  // empty groups keep the count uniform
     if (++islot == kStages) islot = 0;
   };
-#pragma unroll 1
-  for (int j = 0; j < kStages; ++j) issue();
-  pdl_trigger();
-  pdl_wait();  // x is written by the previous kernel; the weights above did not wait for it
+  prime_ring<kStages>(issue);
 
   const int64_t nv = K / 8;
   const uint4* xv = reinterpret_cast<const uint4*>(x) + lane;
@@ -461,10 +469,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kMmaBlocksPerSm) gemv_mma_kern
     cp_async_commit();  // empty groups keep the count uniform
     if (++islot == kMmaStages) islot = 0;
   };
-#pragma unroll 1
-  for (int j = 0; j < kMmaStages; ++j) issue();
-  pdl_trigger();
-  pdl_wait();  // x is written by the previous kernel; the weights above did not wait for it
+  prime_ring<kMmaStages>(issue);
 
   // x fragments: B[k][n] = x[n][k]; lane holds n = lane/4, k = 2(lane%4) (+1) and +8.
   const int bn = lane >> 2, bk = (lane & 3) * 2;
