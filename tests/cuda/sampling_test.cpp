@@ -107,32 +107,32 @@ TEST(CudaSampling, SeededDrawsFollowTheFilteredDistribution) {
   const std::vector<float> l = repeat_rows(row, R);
   Tensor t = dev_logits(gpu, l, R, V);
   for (int cluster : {1, 16}) {  // one block per row, and 16 (most blocks own no logit: V is 24)
-  SCOPED_TRACE(::testing::Message() << "at most " << cluster << " blocks per row");
-  CudaBackend::set_sample_cluster(cluster);
-  std::vector<SamplingParams> cases(5);
-  cases[0].temperature = 1.0f;
-  cases[1].temperature = 0.7f, cases[1].top_k = 5;
-  cases[2].temperature = 1.3f, cases[2].top_p = 0.6f;
-  cases[3].temperature = 1.0f, cases[3].min_p = 0.15f;
-  cases[4].temperature = 0.9f, cases[4].top_k = 12, cases[4].top_p = 0.9f, cases[4].min_p = 0.05f;
-  for (size_t ci = 0; ci < cases.size(); ++ci) {
-    SamplingParams p = cases[ci];
-    p.seed = 1234 + ci;
-    auto ref = reference_distribution(row, p);
-    const std::vector<int32_t> ids = draw_rows(gpu, t, p, 7 * uint64_t(R));
-    std::map<int32_t, int64_t> count;
-    for (auto id : ids) count[id]++;
-    for (auto [id, n] : count) EXPECT_TRUE(ref.count(id)) << "case " << ci << ": token " << id << " drawn " << n << " times is filtered out";
-    for (auto [id, pr] : ref) {
-      const double f = double(count[id]) / double(R), sigma = std::sqrt(pr * (1 - pr) / double(R));
-      EXPECT_NEAR(f, pr, 5 * sigma + 2e-3) << "case " << ci << " token " << id;
+    SCOPED_TRACE(::testing::Message() << "at most " << cluster << " blocks per row");
+    CudaBackend::set_sample_cluster(cluster);
+    std::vector<SamplingParams> cases(5);
+    cases[0].temperature = 1.0f;
+    cases[1].temperature = 0.7f, cases[1].top_k = 5;
+    cases[2].temperature = 1.3f, cases[2].top_p = 0.6f;
+    cases[3].temperature = 1.0f, cases[3].min_p = 0.15f;
+    cases[4].temperature = 0.9f, cases[4].top_k = 12, cases[4].top_p = 0.9f, cases[4].min_p = 0.05f;
+    for (size_t ci = 0; ci < cases.size(); ++ci) {
+      SamplingParams p = cases[ci];
+      p.seed = 1234 + ci;
+      auto ref = reference_distribution(row, p);
+      const std::vector<int32_t> ids = draw_rows(gpu, t, p, 7 * uint64_t(R));
+      std::map<int32_t, int64_t> count;
+      for (auto id : ids) count[id]++;
+      for (auto [id, n] : count) EXPECT_TRUE(ref.count(id)) << "case " << ci << ": token " << id << " drawn " << n << " times is filtered out";
+      for (auto [id, pr] : ref) {
+        const double f = double(count[id]) / double(R), sigma = std::sqrt(pr * (1 - pr) / double(R));
+        EXPECT_NEAR(f, pr, 5 * sigma + 2e-3) << "case " << ci << " token " << id;
+      }
+      EXPECT_EQ(ids, draw_rows(gpu, t, p, 7 * uint64_t(R))) << "same (seed, counter) must give the same ids";
+      EXPECT_NE(ids, draw_rows(gpu, t, p, 8 * uint64_t(R))) << "other counters must draw anew";
     }
-    EXPECT_EQ(ids, draw_rows(gpu, t, p, 7 * uint64_t(R))) << "same (seed, counter) must give the same ids";
-    EXPECT_NE(ids, draw_rows(gpu, t, p, 8 * uint64_t(R))) << "other counters must draw anew";
-  }
-  SamplingParams k1;
-  k1.temperature = 0.8f, k1.top_k = 1;
-  for (auto id : draw_rows(gpu, t, k1, 0)) ASSERT_EQ(id, argmax(row.data(), V));
+    SamplingParams k1;
+    k1.temperature = 0.8f, k1.top_k = 1;
+    for (auto id : draw_rows(gpu, t, k1, 0)) ASSERT_EQ(id, argmax(row.data(), V));
   }
   CudaBackend::set_sample_cluster(0);
 }
@@ -161,23 +161,23 @@ TEST(CudaSampling, LargeVocabularyThresholds) {
   cases[3].temperature = 0.9f, cases[3].top_k = 40, cases[3].top_p = 0.9f, cases[3].min_p = 0.02f;
   cases[4].temperature = 1.3f, cases[4].top_k = 1;
   for (int cluster : {1, 2, 16}) {
-  SCOPED_TRACE(::testing::Message() << "at most " << cluster << " blocks per row");
-  CudaBackend::set_sample_cluster(cluster);
-  for (size_t ci = 0; ci < cases.size(); ++ci) {
-    SamplingParams p = cases[ci];
-    p.seed = 77 + ci;
-    const auto ref = reference_distribution(row, p);
-    const std::vector<int32_t> got = draw_rows(gpu, t, p, 0);
-    std::map<int32_t, int64_t> count;
-    for (auto id : got) count[id]++;
-    for (auto [id, n] : count) EXPECT_TRUE(ref.count(id)) << "case " << ci << ": token " << id << " drawn " << n << " times is filtered out";
-    for (auto [id, pr] : ref) {
-      if (pr < 1e-4) continue;
-      const double f = double(count[id]) / double(R), sigma = std::sqrt(pr * (1 - pr) / double(R));
-      EXPECT_NEAR(f, pr, 5 * sigma + 2e-3) << "case " << ci << " token " << id;
+    SCOPED_TRACE(::testing::Message() << "at most " << cluster << " blocks per row");
+    CudaBackend::set_sample_cluster(cluster);
+    for (size_t ci = 0; ci < cases.size(); ++ci) {
+      SamplingParams p = cases[ci];
+      p.seed = 77 + ci;
+      const auto ref = reference_distribution(row, p);
+      const std::vector<int32_t> got = draw_rows(gpu, t, p, 0);
+      std::map<int32_t, int64_t> count;
+      for (auto id : got) count[id]++;
+      for (auto [id, n] : count) EXPECT_TRUE(ref.count(id)) << "case " << ci << ": token " << id << " drawn " << n << " times is filtered out";
+      for (auto [id, pr] : ref) {
+        if (pr < 1e-4) continue;
+        const double f = double(count[id]) / double(R), sigma = std::sqrt(pr * (1 - pr) / double(R));
+        EXPECT_NEAR(f, pr, 5 * sigma + 2e-3) << "case " << ci << " token " << id;
+      }
+      EXPECT_EQ(got, draw_rows(gpu, t, p, 0)) << "case " << ci << ": same (seed, counter), same ids";
     }
-    EXPECT_EQ(got, draw_rows(gpu, t, p, 0)) << "case " << ci << ": same (seed, counter), same ids";
-  }
   }
   CudaBackend::set_sample_cluster(0);
 }
