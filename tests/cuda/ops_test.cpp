@@ -139,7 +139,7 @@ TEST(CudaOps, TensorCoreGemvShapes) {
     for (int64_t T : {3, 4, 6, 7, 8}) {
       if (N * K > (int64_t(1) << 24) && T != 8 && T != 3) continue;  // the big ones at two row counts
       SCOPED_TRACE(::testing::Message() << "N " << N << " K " << K << " T " << T);
-      CudaBackend::set_gemv_mma(true);
+      CudaBackend::set_gemv_mma(1);
       ASSERT_TRUE(CudaBackend::gemv_mma_takes(T, K, DType::BF16));
       std::vector<float> wf = random_bf16(rng, size_t(N * K), 1.0f / std::sqrt(float(K)) * 2);
       std::vector<uint16_t> w16 = to_bf16(wf);
@@ -153,16 +153,16 @@ TEST(CudaOps, TensorCoreGemvShapes) {
       Tensor xg = dev_bf16(gpu, x, {T, K});
       std::vector<float> yc(size_t(T * N));
       cpu.linear(host_view(x, {T, K}), lc, host_view(yc, {T, N}));
-      for (bool mma : {true, false})
+      for (int mma : {1, 2, 0})  // tensor cores (x 1 or 4 steps ahead), then the register kernel
         for (DType yt : {DType::BF16, DType::F32}) {
           CudaBackend::set_gemv_mma(mma);
           gpu.set_gemv_max_rows(mma ? 2 : 8);  // the default rule; or every row count on the register kernel
           Tensor yg = gpu.alloc(yt, {T, N});
           gpu.linear(xg, lg, yg);
-          EXPECT_LE(max_diff(host_f32(gpu, yg), yc), 1e-2f * max_abs(yc)) << "y " << dtype_name(yt) << (mma ? " tensor cores" : " register kernel");
+          EXPECT_LE(max_diff(host_f32(gpu, yg), yc), 1e-2f * max_abs(yc)) << "y " << dtype_name(yt) << " gemv mma mode " << mma;
         }
     }
-  CudaBackend::set_gemv_mma(false);  // the default
+  CudaBackend::set_gemv_mma(0);  // the default
 }
 
 TEST(CudaOps, RopeFullAndPartial) {

@@ -100,7 +100,7 @@ bool pdl_enabled() {
 std::unique_ptr<Backend> make_cuda_backend(int index) { return std::make_unique<CudaBackend>(index); }
 
 void CudaBackend::set_gemv_stream(bool on) { cuda::set_gemv_stream(on); }
-void CudaBackend::set_gemv_mma(bool on) { cuda::set_gemv_mma(on); }
+void CudaBackend::set_gemv_mma(int mode) { cuda::set_gemv_mma(mode); }
 bool CudaBackend::gemv_mma_takes(int64_t T, int64_t K, DType w_dtype) { return cuda::gemv_mma_takes(T, K, w_dtype); }
 bool CudaBackend::use_gemv(int64_t T, int64_t K, DType w_dtype) const {
   return T <= gemv_max_rows_ || (gemv_max_rows_ > 0 && cuda::gemv_mma_takes(T, K, w_dtype));
@@ -122,7 +122,6 @@ CudaBackend::CudaBackend(int device)
   if (const char* env = std::getenv("ARBOR_CUDA_FUSED")) fused_ = std::atoi(env) != 0;
   if (const char* env = std::getenv("ARBOR_CUDA_FUSED_PREP")) fused_prep_ = std::atoi(env) != 0;
   if (const char* env = std::getenv("ARBOR_CUDA_GEMV_STREAM")) set_gemv_stream(std::atoi(env) != 0);
-  if (const char* env = std::getenv("ARBOR_CUDA_GEMV_MMA")) set_gemv_mma(std::atoi(env) != 0);
   int cluster_launch = 0;
   ARBOR_CUDA_CHECK(cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, device));
   cluster_merge_ok_ = cluster_launch != 0;

@@ -13,6 +13,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <cstdlib>
+
 #include "backend/cuda/cp_async.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
@@ -425,7 +428,9 @@ __device__ __forceinline__ void ldsm4(uint32_t addr, uint32_t* r) {
 // rows 4-7 and 12-15 swapped so the 8 row reads of an ldmatrix hit distinct banks.
 __device__ __forceinline__ uint32_t tile_off(int row, int h) { return uint32_t(row * 32 + ((h ^ ((row >> 2) & 1)) * 16)); }
 
-template <int RPU>
+// XL: steps of x fragments in flight ahead of the MMAs (1, or 4 for when x misses L1: at K = 14336 and
+// 8 rows x is 229 KB).
+template <int RPU, int XL>
 __global__ void __launch_bounds__(kMmaWarps * 32, kMmaBlocksPerSm) gemv_mma_kernel(GemvSegments segs, const uint16_t* __restrict__ x,
                                                                                   bool y_f32, int T, int64_t K, int64_t rows,
                                                                                   int gated_act) {
@@ -483,7 +488,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kMmaBlocksPerSm) gemv_mma_kern
     float acc[RPU][4];
 #pragma unroll
     for (int q = 0; q < RPU; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.0f;
-    uint32_t b0 = bvalid ? __ldg(xr) : 0u, b1 = bvalid ? __ldg(xr + 4) : 0u;
+    uint32_t bx0[XL], bx1[XL];  // x fragments of steps s .. s + XL - 1
+#pragma unroll
+    for (int j = 0; j < XL; ++j) {
+      const bool ok = bvalid && j < steps;
+      bx0[j] = ok ? __ldg(xr + j * 8) : 0u, bx1[j] = ok ? __ldg(xr + j * 8 + 4) : 0u;
+    }
 #pragma unroll 1
     for (int s = 0; s < steps; ++s) {
       cp_async_wait<kMmaStages - 1>();  // this stage has landed
@@ -494,11 +504,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kMmaBlocksPerSm) gemv_mma_kern
       if (++cslot == kMmaStages) cslot = 0;
       __syncwarp();  // every lane has read the slot before any refills it
       issue();
-      const uint32_t c0 = b0, c1 = b1;
-      if (s + 1 < steps) {  // the next step's x fragments, in flight during this step's MMAs
-        b0 = bvalid ? __ldg(xr + (s + 1) * 8) : 0u;
-        b1 = bvalid ? __ldg(xr + (s + 1) * 8 + 4) : 0u;
-      }
+      const uint32_t c0 = bx0[0], c1 = bx1[0];
+#pragma unroll
+      for (int j = 0; j + 1 < XL; ++j) bx0[j] = bx0[j + 1], bx1[j] = bx1[j + 1];
+      const bool ok = bvalid && s + XL < steps;  // step s + XL's fragments, in flight during the next MMAs
+      bx0[XL - 1] = ok ? __ldg(xr + (s + XL) * 8) : 0u, bx1[XL - 1] = ok ? __ldg(xr + (s + XL) * 8 + 4) : 0u;
 #pragma unroll
       for (int q = 0; q < RPU; ++q) mma_bf16_16816(acc[q], a[q], c0, c1);
     }
@@ -541,23 +551,28 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kMmaBlocksPerSm) gemv_mma_kern
   cp_async_wait<0>();  // nothing may be in flight into shared memory when the block exits
 }
 
-bool g_mma = false;  // off by default: slower than cuBLASLt for the 8B at 4-8 rows (docs/cuda-notes.md, session 8)
+// Off by default: slower than cuBLASLt for the 8B at 4-8 rows (docs/cuda-notes.md, session 8); 2: x 4
+// steps ahead. ARBOR_CUDA_GEMV_MMA sets it for the process (also for `arbor bench --gemv-only`).
+int g_mma = [] {
+  const char* env = std::getenv("ARBOR_CUDA_GEMV_MMA");
+  return env ? std::clamp(std::atoi(env), 0, 2) : 0;
+}();
 
 // True when it launched: 3-8 rows, bf16 weights, K a multiple of 256, 16-byte aligned weights and x.
 // segs.pair0 holds row pairs on entry and is rewritten to first rows.
 bool launch_mma(GemvSegments segs, int64_t rows, bool f16, const uint16_t* x, bool y_f32, int64_t T, int64_t K, int n_sms, bool vec,
                 int gated_act, cudaStream_t s) {
-  if (!g_mma || f16 || !vec || T < 3 || T > 8 || K % 256 != 0) return false;
+  if (g_mma == 0 || f16 || !vec || T < 3 || T > 8 || K % 256 != 0) return false;
   if (gated_act < 0)
     for (int i = 0; i < segs.n; ++i) segs.pair0[i] = i == 0 ? 0 : segs.pair0[i - 1] + segs.N[i - 1];
   const int64_t groups = (rows + 15) / 16;
   const dim3 grid(unsigned(std::max<int64_t>(1, std::min<int64_t>(groups, int64_t(n_sms) * kMmaBlocksPerSm))));
   const int rpu = gated_act >= 0 ? 2 : 1;
   const size_t smem = size_t(kMmaWarps) * kMmaStages * 512 * rpu + size_t(kMmaWarps) * rpu * 128 * 4;
-  if (rpu == 2)
-    pdl_launch(gemv_mma_kernel<2>, grid, kMmaWarps * 32, smem, s, segs, x, y_f32, int(T), K, rows, gated_act);
-  else
-    pdl_launch(gemv_mma_kernel<1>, grid, kMmaWarps * 32, smem, s, segs, x, y_f32, int(T), K, rows, gated_act);
+#define ARBOR_MMA(R, XL) pdl_launch(gemv_mma_kernel<R, XL>, grid, kMmaWarps * 32, smem, s, segs, x, y_f32, int(T), K, rows, gated_act)
+  if (rpu == 2) g_mma == 2 ? ARBOR_MMA(2, 4) : ARBOR_MMA(2, 1);
+  else g_mma == 2 ? ARBOR_MMA(1, 4) : ARBOR_MMA(1, 1);
+#undef ARBOR_MMA
   ARBOR_LAUNCH_CHECK("gemv_mma_kernel");
   return true;
 }
@@ -592,8 +607,8 @@ void launch(const GemvSegments& segs, int64_t pairs, DType w_dtype, const uint16
 
 void set_gemv_warps_per_sm(int w) { g_warps_per_sm = w < 1 ? 1 : w; }
 void set_gemv_stream(bool on) { g_stream = on; }
-void set_gemv_mma(bool on) { g_mma = on; }
-bool gemv_mma_takes(int64_t T, int64_t K, DType w_dtype) { return g_mma && T >= 3 && T <= 8 && K % 256 == 0 && w_dtype == DType::BF16; }
+void set_gemv_mma(int mode) { g_mma = mode < 0 ? 0 : mode > 2 ? 2 : mode; }
+bool gemv_mma_takes(int64_t T, int64_t K, DType w_dtype) { return g_mma != 0 && T >= 3 && T <= 8 && K % 256 == 0 && w_dtype == DType::BF16; }
 
 
 void launch_gemv_multi(const GemvOut* outs, int n, DType w_dtype, const uint16_t* x, DType y_dtype, int64_t T, int64_t K, int n_sms,
