@@ -7,7 +7,8 @@
 #   ab: 8B batch-1 decode (--decode-only) under each setting of AB (';'-separated environment
 #       assignments, "" for none; e.g. AB="ARBOR_CUDA_FUSED_PREP=0;ARBOR_CUDA_FUSED_PREP=1"), the list
 #       run twice in turn, so a change is judged on one machine (H200s of the tool differ by ~1.5%);
-#       a setting may also name another binary: AB="BIN=arbor_old;BIN=arbor" (both in $D).
+#       a setting may also name another binary: AB="BIN=arbor_old;BIN=arbor" (both in $D); AB_ARGS adds bench
+#       arguments (AB_ARGS="--decode-batch 8"), AB_CONFIG picks another config.
 set -u
 D=${ARBOR_RUN_DIR:-.cudarun}
 OUT=${OUT:-/tmp/arbor-out}
@@ -54,8 +55,9 @@ for step in $STEPS; do
           for kv in $setting; do
             case $kv in BIN=*) bin=${kv#BIN=} ;; *) envs+=("$kv") ;; esac
           done
-          env "${envs[@]}" timeout 60 "$D/$bin" bench --device cuda --dummy-weights --config bench/configs/llama-3.1-8b.json --decode-only \
-            > "$OUT/ab.log" 2>&1
+          # AB_ARGS: more bench arguments, e.g. "--decode-batch 8"; AB_CONFIG: another model config.
+          env "${envs[@]}" timeout 60 "$D/$bin" bench --device cuda --dummy-weights --config "${AB_CONFIG:-bench/configs/llama-3.1-8b.json}" \
+            --decode-only ${AB_ARGS:-} > "$OUT/ab.log" 2>&1
           rc=$?
           echo "ab round $round [$setting] rc=$rc $(tail -1 "$OUT/ab.log")"
         done
