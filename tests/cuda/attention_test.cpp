@@ -125,14 +125,17 @@ TEST(CudaAttention, PrefillLongSpans) {
 }
 
 // Decode's split merge every way (by the last split block / by a second kernel / in a thread-block
-// cluster), whichever the GQA group would pick by default; clusters of 16 (the most) and 5 blocks.
+// cluster), whichever the GQA group would pick by default; clusters of 16 (the most) and 5 blocks;
+// blocks of up to 4 heads with 4 and 8 warps.
 TEST(CudaAttention, DecodeSplitMergeInKernelSeparateAndCluster) {
   ARBOR_REQUIRE_GPU();
   std::mt19937 rng(15);
+  for (const char* warps : {"4", "8"})
   for (const char* merge : {"1", "0", "2"}) {
     for (const char* cluster : {"16", "5"}) {
       if (std::string(merge) != "2" && std::string(cluster) != "16") continue;
-      SCOPED_TRACE(::testing::Message() << "merge " << merge << " cluster " << cluster);
+      SCOPED_TRACE(::testing::Message() << "merge " << merge << " cluster " << cluster << " warps " << warps);
+      setenv("ARBOR_CUDA_ATTN_WARPS", warps, 1);
       setenv("ARBOR_CUDA_ATTN_MERGE", merge, 1);
       setenv("ARBOR_CUDA_ATTN_CLUSTER", cluster, 1);
       for (auto [h, kvh] : std::vector<std::pair<int64_t, int64_t>>{{2, 2}, {8, 2}, {8, 1}, {16, 2}})
@@ -144,6 +147,7 @@ TEST(CudaAttention, DecodeSplitMergeInKernelSeparateAndCluster) {
   }
   unsetenv("ARBOR_CUDA_ATTN_MERGE");
   unsetenv("ARBOR_CUDA_ATTN_CLUSTER");
+  unsetenv("ARBOR_CUDA_ATTN_WARPS");
 }
 
 // Small test models (head_dim 32) and Phi-3-mini's 96.

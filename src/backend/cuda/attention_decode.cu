@@ -20,13 +20,13 @@ namespace arbor::cuda {
 
 namespace {
 
-constexpr int kWarps = 4;
 // Query heads per block, HB = 4 or 8 (a larger GQA group is split over blocks): q and the
 // accumulators take 2 x HB x 8 registers per lane, so groups of <= 4 use HB = 4 for occupancy.
 
 // CLUSTER: the n_splits blocks of a (token, head chunk) are one thread-block cluster (n_splits <=
 // kDecodeMaxCluster) and merge their partials through distributed shared memory, in this launch.
-template <int D, int kHeads, bool PREP, bool CLUSTER>
+// kWarps: warps per block (4; 8 for 4-head blocks when asked: half the key steps per warp).
+template <int D, int kHeads, bool PREP, bool CLUSTER, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, int n_splits, int head_chunks, float* scratch,
                                                                   unsigned* counters, QKPrepArgs pa) {
   pdl_trigger();
@@ -347,10 +347,10 @@ __global__ void attn_combine_kernel(const float* scratch, int n_splits, int D, i
   out[(t * n_heads + h) * D + d] = __bfloat16_as_ushort(__float2bfloat16(L > 0 ? O / L : 0.0f));
 }
 
-template <int D, int HB, bool PREP, bool CLUSTER>
+template <int D, int HB, bool PREP, bool CLUSTER, int kWarps>
 void launch_k(dim3 grid, int n_splits, int chunks, const AttnArgs& a, float* scratch, unsigned* counters, const QKPrepArgs& pa,
               cudaStream_t s) {
-  auto* kernel = attn_decode_kernel<D, HB, PREP, CLUSTER>;
+  auto* kernel = attn_decode_kernel<D, HB, PREP, CLUSTER, kWarps>;
   if (!CLUSTER) {
     pdl_launch(kernel, grid, kWarps * 32, 0, s, a, n_splits, chunks, scratch, counters, pa);
   } else {
@@ -365,28 +365,26 @@ void launch_k(dim3 grid, int n_splits, int chunks, const AttnArgs& a, float* scr
 }
 template <int D, bool PREP>
 void launch_d(const AttnArgs& a, int64_t T, int n_splits, float* scratch, unsigned* counters, const QKPrepArgs& pa, bool cluster,
-              cudaStream_t s) {
+              bool wide, cudaStream_t s) {
   const int G = a.n_heads / a.n_kv_heads, hb = G <= 4 ? 4 : 8, chunks = (G + hb - 1) / hb;
   dim3 grid(unsigned(n_splits), unsigned(a.n_kv_heads * chunks), unsigned(T));
-  if (hb == 4) {
-    if (cluster) launch_k<D, 4, PREP, true>(grid, n_splits, chunks, a, scratch, counters, pa, s);
-    else launch_k<D, 4, PREP, false>(grid, n_splits, chunks, a, scratch, counters, pa, s);
-  } else {
-    if (cluster) launch_k<D, 8, PREP, true>(grid, n_splits, chunks, a, scratch, counters, pa, s);
-    else launch_k<D, 8, PREP, false>(grid, n_splits, chunks, a, scratch, counters, pa, s);
-  }
+#define ARBOR_DECODE(HB, C, W) launch_k<D, HB, PREP, C, W>(grid, n_splits, chunks, a, scratch, counters, pa, s)
+  if (hb == 4 && wide) cluster ? ARBOR_DECODE(4, true, 8) : ARBOR_DECODE(4, false, 8);
+  else if (hb == 4) cluster ? ARBOR_DECODE(4, true, 4) : ARBOR_DECODE(4, false, 4);
+  else cluster ? ARBOR_DECODE(8, true, 4) : ARBOR_DECODE(8, false, 4);
+#undef ARBOR_DECODE
 }
 template <int D>
 void launch_d(const AttnArgs& a, int64_t T, int n_splits, float* scratch, unsigned* counters, const QKPrepArgs* pa, bool cluster,
-              cudaStream_t s) {
-  if (pa) launch_d<D, true>(a, T, n_splits, scratch, counters, *pa, cluster, s);
-  else launch_d<D, false>(a, T, n_splits, scratch, counters, QKPrepArgs{}, cluster, s);
+              bool wide, cudaStream_t s) {
+  if (pa) launch_d<D, true>(a, T, n_splits, scratch, counters, *pa, cluster, wide, s);
+  else launch_d<D, false>(a, T, n_splits, scratch, counters, QKPrepArgs{}, cluster, wide, s);
 }
 
 }  // namespace
 
 void launch_attention_decode(const AttnArgs& a, int64_t T, int n_splits, float* scratch, unsigned* counters, cudaStream_t s,
-                             const QKPrepArgs* prep, bool cluster) {
+                             const QKPrepArgs* prep, bool cluster, bool wide) {
   if (T == 0) return;
   ARBOR_CU_CHECK(!prep || ((prep->half % 8 == 0) && prep->head_dim == a.head_dim),
                  "cuda: attention decode with q/k prep: rope half %d (a multiple of 8), head_dim %d", prep ? prep->half : 0, a.head_dim);
@@ -396,10 +394,10 @@ void launch_attention_decode(const AttnArgs& a, int64_t T, int n_splits, float* 
   ARBOR_CU_CHECK(!cluster || n_splits <= kDecodeMaxCluster, "cuda: attention decode: %d splits in one cluster (at most %d)", n_splits,
                  kDecodeMaxCluster);
   switch (a.head_dim) {
-    case 32: launch_d<32>(a, T, n_splits, scratch, counters, prep, cluster, s); break;
-    case 64: launch_d<64>(a, T, n_splits, scratch, counters, prep, cluster, s); break;
-    case 128: launch_d<128>(a, T, n_splits, scratch, counters, prep, cluster, s); break;
-    case 256: launch_d<256>(a, T, n_splits, scratch, counters, prep, cluster, s); break;
+    case 32: launch_d<32>(a, T, n_splits, scratch, counters, prep, cluster, wide, s); break;
+    case 64: launch_d<64>(a, T, n_splits, scratch, counters, prep, cluster, wide, s); break;
+    case 128: launch_d<128>(a, T, n_splits, scratch, counters, prep, cluster, wide, s); break;
+    case 256: launch_d<256>(a, T, n_splits, scratch, counters, prep, cluster, wide, s); break;
     default: fail_printf("cuda: decode attention: head_dim %d is not supported (32, 64, 128, 256)", a.head_dim);
   }
   if (n_splits > 1 && !counters && !cluster) {

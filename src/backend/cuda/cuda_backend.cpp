@@ -139,6 +139,10 @@ CudaBackend::CudaBackend(int device)
     attn_min_waves_ = std::atoi(env);
     ARBOR_CHECK(attn_min_waves_ >= 1 && attn_min_waves_ <= 8, "ARBOR_CUDA_ATTN_WAVES={}: 1..8 waves of split blocks at least", env);
   }
+  if (const char* env = std::getenv("ARBOR_CUDA_ATTN_WARPS")) {
+    attn_warps_ = std::atoi(env);
+    ARBOR_CHECK(attn_warps_ == 4 || attn_warps_ == 8, "ARBOR_CUDA_ATTN_WARPS={}: 4 or 8 warps per decode-attention block", env);
+  }
   if (const char* env = std::getenv("ARBOR_CUDA_ATTN_PREFILL")) set_prefill_kernel(env);
   device_name_ = fmt::format("{} (sm_{}{}, {} SMs, {:.0f} GiB)", prop.name, prop.major, prop.minor, n_sms_,
                              double(prop.totalGlobalMem) / double(1 << 30));
@@ -647,6 +651,10 @@ void CudaBackend::attention_impl(int64_t layer, const Tensor& q, const Attention
     // 1042 -> 1172 tok/s); other small groups merge in their last block (1 launch); larger groups (8B:
     // 4 heads per block) in a second kernel, which measured faster for them than the cluster (249 vs
     // 251 tok/s) and than the last block (233 vs 241).
+    // 8 warps per block (ARBOR_CUDA_ATTN_WARPS=8, blocks of <= 4 heads): about 170 registers a thread
+    // leave one such block per SM, so half the splits (one wave where two were).
+    const bool wide = attn_warps_ == 8 && G <= 4;
+    if (wide) n_splits = std::max<int64_t>(1, n_splits / 2);
     const bool cluster_default = G <= 2 && span <= 2048;
     const bool merge_in_cluster = cluster_merge_ok_ && (attn_merge_ >= 0 ? attn_merge_ == 2 : cluster_default);
     if (merge_in_cluster) n_splits = std::min<int64_t>(n_splits, attn_cluster_max_);
@@ -658,7 +666,7 @@ void CudaBackend::attention_impl(int64_t layer, const Tensor& q, const Attention
       if (attn_counters_cap_ != had) ARBOR_CUDA_CHECK(cudaMemsetAsync(attn_counters_, 0, attn_counters_cap_, st(stream_)));
     }
     launch_attention_decode(a, T, int(n_splits), static_cast<float*>(scratch_),
-                            merge_in_kernel ? static_cast<unsigned*>(attn_counters_) : nullptr, st(stream_), prep, merge_in_cluster);
+                            merge_in_kernel ? static_cast<unsigned*>(attn_counters_) : nullptr, st(stream_), prep, merge_in_cluster, wide);
     return;
   }
   ARBOR_CHECK(!prep, "cuda: attention: the q/k prep is fused only into the decode kernel");

@@ -149,8 +149,9 @@ constexpr int kDecodeMaxSplits = 512;
 constexpr int kDecodeMaxCluster = 16;
 // With prep (QKPrepArgs of this layer; each sequence one token in the batch): the q/k prep and KV write
 // of launch_qk_prep happen inside, on q/k/v straight from the projections (q and k are left unchanged).
+// wide: 8 warps per block instead of 4 where a block holds up to 4 query heads.
 void launch_attention_decode(const AttnArgs& a, int64_t T, int n_splits, float* scratch, unsigned* counters, cudaStream_t s,
-                             const QKPrepArgs* prep = nullptr, bool cluster = false);
+                             const QKPrepArgs* prep = nullptr, bool cluster = false, bool wide = false);
 // Flash attention over tiles of query rows (tokens x the GQA group's heads) with tensor cores
 // (wgmma or mma.sync, bf16 in, f32 accumulators) and online softmax. tiles [n_tiles, 8] int32:
 // {first token, n tokens, seq, min pos, max pos, 0, 0, 0}; each tile has at most kPrefillRows / group tokens.
