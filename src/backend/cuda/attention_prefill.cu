@@ -31,20 +31,6 @@ constexpr int kWarps = kRows / 16;   // 16 rows per warp (one m16 tile)
 constexpr int kThreads = kWarps * 32;
 static_assert(kRows % 16 == 0, "prefill rows per tile come in m16 tiles, one per warp");
 
-__device__ __forceinline__ void mma_bf16(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// The same, each matrix transposed (register i gets matrix i's (rows 2(lane%4), +1; column lane/4)).
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
-
 // D: head_dim; KT: keys per tile. Shared rows are padded by 8 elements (16 bytes) so the 8 rows an
 // ldmatrix reads fall in distinct banks. K/V tiles are double-buffered and fetched with cp.async, the
 // next tile's copy in flight while the tensor cores work on this one.

@@ -1,6 +1,6 @@
 // Pieces both prefill attention files share (attention_prefill.cu: mma.sync kernels,
 // attention_prefill_wgmma.cu: the wgmma kernels): what a block works on, base-2 exponentials, bf16
-// packing, ldmatrix. Device code: include from .cu files only.
+// packing (mma_sync.h: ldmatrix and mma.sync). Device code: include from .cu files only.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -8,6 +8,7 @@
 
 #include "backend/cuda/cp_async.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/mma_sync.h"
 
 namespace arbor::cuda {
 
@@ -25,13 +26,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// Four 8x8 b16 matrices from shared memory (a 32-bit shared address): lanes 8i..8i+7 give the row
-// addresses of matrix i; register i gets matrix i's (row lane/4, columns 2(lane%4), +1).
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
 // What a prefill block works on: the tile (block order: kv heads fastest, tiles last to first) and
 // the key range it may need; load_q copies its Q rows (padding rows zero-filled) into shared memory
 // as the first cp.async group. Shared by every prefill kernel.

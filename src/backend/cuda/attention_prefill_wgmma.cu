@@ -9,7 +9,6 @@
 // cache is paged, so rows are gathered one 16-byte chunk at a time) one tile ahead, in three K/V
 // buffers. Between the per-tile barriers the warpgroups run independently, so one's softmax can
 // overlap the other's MMAs. Measured against other shapes of it (docs/cuda-notes.md, session 7).
-#include <atomic>
 #include <climits>
 
 #include "backend/cuda/attention_prefill.h"
@@ -231,19 +230,7 @@ void launch_wg(const AttnArgs& a, const int32_t* tiles, int64_t n_tiles, cudaStr
 }  // namespace
 
 bool prefill_wgmma_supported(int head_dim) {
-  // The current device's compute capability, looked up once per device (the kernel is sm_90a SASS).
-  static std::atomic<int> cc_of[64] = {};
-  int dev = 0;
-  ARBOR_CUDA_CHECK(cudaGetDevice(&dev));
-  int cc = dev < 64 ? cc_of[dev].load(std::memory_order_relaxed) : 0;
-  if (cc == 0) {
-    int major = 0, minor = 0;
-    ARBOR_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    ARBOR_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    cc = major * 10 + minor;
-    if (dev < 64) cc_of[dev].store(cc, std::memory_order_relaxed);
-  }
-  return cc == 90 && (head_dim == 64 || head_dim == 128);
+  return current_device_cc() == 90 && (head_dim == 64 || head_dim == 128);  // the kernel is sm_90a SASS
 }
 
 void launch_attention_prefill_wgmma(const AttnArgs& a, const int32_t* tiles, int64_t n_tiles, cudaStream_t s) {

@@ -645,16 +645,16 @@ void CudaBackend::attention_impl(int64_t layer, const Tensor& q, const Attention
     const int64_t max_splits = (span + 15) / 16;
     const int64_t waves = std::clamp<int64_t>(span / 64 * blocks / n_sms_, attn_min_waves_, 8);
     int64_t n_splits = std::clamp<int64_t>((waves * n_sms_ + blocks - 1) / blocks, 1, std::min<int64_t>(max_splits, kDecodeMaxSplits));
+    // 8 warps per block (ARBOR_CUDA_ATTN_WARPS=8, blocks of <= 4 heads): about 170 registers a thread
+    // leave one such block per SM, so half the splits (one wave where two were).
+    const bool wide = attn_warps_ == 8 && G <= 4;
+    if (wide) n_splits = std::max<int64_t>(1, n_splits / 2);
     // The merge of the splits (docs/cuda-notes.md, sessions 3 and 5, H200): for GQA groups of 1-2 heads
     // at spans up to 2048, the splits of a (token, head chunk) form one thread-block cluster that
     // merges in distributed shared memory (at most attn_cluster_max_ splits; Qwen3-0.6B at ctx 512
     // 1042 -> 1172 tok/s); other small groups merge in their last block (1 launch); larger groups (8B:
     // 4 heads per block) in a second kernel, which measured faster for them than the cluster (249 vs
     // 251 tok/s) and than the last block (233 vs 241).
-    // 8 warps per block (ARBOR_CUDA_ATTN_WARPS=8, blocks of <= 4 heads): about 170 registers a thread
-    // leave one such block per SM, so half the splits (one wave where two were).
-    const bool wide = attn_warps_ == 8 && G <= 4;
-    if (wide) n_splits = std::max<int64_t>(1, n_splits / 2);
     const bool cluster_default = G <= 2 && span <= 2048;
     const bool merge_in_cluster = cluster_merge_ok_ && (attn_merge_ >= 0 ? attn_merge_ == 2 : cluster_default);
     if (merge_in_cluster) n_splits = std::min<int64_t>(n_splits, attn_cluster_max_);

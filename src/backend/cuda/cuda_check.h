@@ -1,6 +1,7 @@
 // The one check macro family for CUDA runtime, cuBLAS and kernel launches: each failure throws an
 // arbor::Error naming the call text, the file and the line (style.md: "every CUDA call goes through one
 // macro"). The throwers live in cuda_check.cpp: nvcc cannot compile fmt's consteval format checks.
+// Also the cached compute-capability lookup the launchers share.
 #pragma once
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -12,6 +13,10 @@ namespace arbor::cuda {
 [[noreturn]] void fail_cublas(cublasStatus_t s, const char* call, const char* file, int line);
 // printf-style message (usable from .cu files), thrown as arbor::Error.
 [[noreturn]] void fail_printf(const char* format, ...) __attribute__((format(printf, 1, 2)));
+
+// The current device's compute capability as 10 * major + minor, looked up once per device (the
+// kernels with sm_90a-only paths ask it on every launch).
+int current_device_cc();
 
 }  // namespace arbor::cuda
 

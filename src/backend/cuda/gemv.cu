@@ -19,6 +19,7 @@
 #include "backend/cuda/cp_async.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/mma_sync.h"
 #include "backend/cuda/pdl.h"
 
 namespace arbor::cuda {
@@ -380,12 +381,10 @@ void launch_stream_t(dim3 grid, size_t smem, cudaStream_t s, const GemvSegments&
 }
 
 // True when it launched: 1-2 rows, K a multiple of 256, 16-byte aligned weights and x. segs.pair0
-// holds row pairs on entry (the register kernel's numbering) and is rewritten to first rows.
-bool launch_stream(GemvSegments segs, int64_t units, bool f16, const uint16_t* x, bool y_f32, int64_t T, int64_t K, int n_sms, bool vec,
-                   int gated_act, cudaStream_t s) {
+// holds each matrix's first row (by_rows), not row pair.
+bool launch_stream(const GemvSegments& segs, int64_t units, bool f16, const uint16_t* x, bool y_f32, int64_t T, int64_t K, int n_sms,
+                   bool vec, int gated_act, cudaStream_t s) {
   if (!g_stream || !vec || T > 2 || K % 256 != 0) return false;
-  if (gated_act < 0)
-    for (int i = 0; i < segs.n; ++i) segs.pair0[i] = i == 0 ? 0 : segs.pair0[i - 1] + segs.N[i - 1];
   const int rpu = gated_act >= 0 ? 2 : 1;
   // Every warp gets at least one unit: fewer blocks than SMs for small matrices.
   const int64_t blocks = std::min<int64_t>(int64_t(n_sms) * kStreamBlocksPerSm, (units + kStreamWarps - 1) / kStreamWarps);
@@ -403,7 +402,6 @@ bool launch_stream(GemvSegments segs, int64_t units, bool f16, const uint16_t* x
   return true;
 }
 
-
 // ---- tensor-core streaming kernel (3-8 activation rows) ---------------------------------------------
 // y = x · Wᵀ as Wᵀ's tiles times x on mma.sync m16n8k16: a row group of 16 output rows is the MMA's
 // M, the (up to 8) activation rows its N, so every weight byte is read once whatever the rows. Blocks of
@@ -416,14 +414,6 @@ constexpr int kMmaWarps = 8;
 constexpr int kMmaStages = 4;
 constexpr int kMmaBlocksPerSm = 4;
 
-__device__ __forceinline__ void mma_bf16_16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void ldsm4(uint32_t addr, uint32_t* r) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
 // Byte offset of (row, 8-element half h) in a stage's 16 x 16 tile: rows of 32 bytes, the halves of
 // rows 4-7 and 12-15 swapped so the 8 row reads of an ldmatrix hit distinct banks.
 __device__ __forceinline__ uint32_t tile_off(int row, int h) { return uint32_t(row * 32 + ((h ^ ((row >> 2) & 1)) * 16)); }
@@ -500,7 +490,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kMmaBlocksPerSm) gemv_mma_kern
       __syncwarp();                     // every lane's copies of it
       uint32_t a[RPU][4];
 #pragma unroll
-      for (int q = 0; q < RPU; ++q) ldsm4(ring0 + uint32_t(cslot) * kStage + q * kTile + lds_off, a[q]);
+      for (int q = 0; q < RPU; ++q) ldsm_x4(ring0 + uint32_t(cslot) * kStage + q * kTile + lds_off, a[q][0], a[q][1], a[q][2], a[q][3]);
       if (++cslot == kMmaStages) cslot = 0;
       __syncwarp();  // every lane has read the slot before any refills it
       issue();
@@ -510,7 +500,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, kMmaBlocksPerSm) gemv_mma_kern
       const bool ok = bvalid && s + XL < steps;  // step s + XL's fragments, in flight during the next MMAs
       bx0[XL - 1] = ok ? __ldg(xr + (s + XL) * 8) : 0u, bx1[XL - 1] = ok ? __ldg(xr + (s + XL) * 8 + 4) : 0u;
 #pragma unroll
-      for (int q = 0; q < RPU; ++q) mma_bf16_16816(acc[q], a[q], c0, c1);
+      for (int q = 0; q < RPU; ++q) mma_bf16(acc[q], a[q][0], a[q][1], a[q][2], a[q][3], c0, c1);
     }
     // Sum the warps' tiles: C[row][n] sits in lane (row % 8) * 4 + n / 2, register (row / 8) * 2 + n % 2.
 #pragma unroll
@@ -558,13 +548,13 @@ int g_mma = [] {
   return env ? std::clamp(std::atoi(env), 0, 2) : 0;
 }();
 
-// True when it launched: 3-8 rows, bf16 weights, K a multiple of 256, 16-byte aligned weights and x.
-// segs.pair0 holds row pairs on entry and is rewritten to first rows.
-bool launch_mma(GemvSegments segs, int64_t rows, bool f16, const uint16_t* x, bool y_f32, int64_t T, int64_t K, int n_sms, bool vec,
-                int gated_act, cudaStream_t s) {
-  if (g_mma == 0 || f16 || !vec || T < 3 || T > 8 || K % 256 != 0) return false;
-  if (gated_act < 0)
-    for (int i = 0; i < segs.n; ++i) segs.pair0[i] = i == 0 ? 0 : segs.pair0[i - 1] + segs.N[i - 1];
+bool mma_takes(int64_t T, int64_t K, bool f16) { return g_mma != 0 && !f16 && T >= 3 && T <= 8 && K % 256 == 0; }
+
+// True when it launched: mma_takes, 16-byte aligned weights and x. segs.pair0 holds each matrix's
+// first row (by_rows).
+bool launch_mma(const GemvSegments& segs, int64_t rows, bool f16, const uint16_t* x, bool y_f32, int64_t T, int64_t K, int n_sms,
+                bool vec, int gated_act, cudaStream_t s) {
+  if (!vec || !mma_takes(T, K, f16)) return false;
   const int64_t groups = (rows + 15) / 16;
   const dim3 grid(unsigned(std::max<int64_t>(1, std::min<int64_t>(groups, int64_t(n_sms) * kMmaBlocksPerSm))));
   const int rpu = gated_act >= 0 ? 2 : 1;
@@ -587,8 +577,12 @@ void launch(const GemvSegments& segs, int64_t pairs, DType w_dtype, const uint16
   const bool f16 = w_dtype == DType::F16, f32 = y_dtype == DType::F32;
   int64_t units = segs.N[0];
   for (int i = 1; gated_act < 0 && i < segs.n; ++i) units += segs.N[i];
-  if (launch_stream(segs, units, f16, x, f32, T, K, n_sms, vec, gated_act, s)) return;
-  if (launch_mma(segs, units, f16, x, f32, T, K, n_sms, vec, gated_act, s)) return;
+  // The streaming kernels number the matrices' rows consecutively (pair0: first rows, not row pairs).
+  GemvSegments by_rows = segs;
+  if (gated_act < 0)
+    for (int i = 0; i < segs.n; ++i) by_rows.pair0[i] = i == 0 ? 0 : by_rows.pair0[i - 1] + segs.N[i - 1];
+  if (launch_stream(by_rows, units, f16, x, f32, T, K, n_sms, vec, gated_act, s)) return;
+  if (launch_mma(by_rows, units, f16, x, f32, T, K, n_sms, vec, gated_act, s)) return;
   // K split: the fewest warps per row pair that give about half the SMs' warp slots (64 per SM) work;
   // more than that only queue up. (Splitting further to end on whole waves of blocks measured slower:
   // docs/cuda-notes.md.)
@@ -607,8 +601,8 @@ void launch(const GemvSegments& segs, int64_t pairs, DType w_dtype, const uint16
 
 void set_gemv_warps_per_sm(int w) { g_warps_per_sm = w < 1 ? 1 : w; }
 void set_gemv_stream(bool on) { g_stream = on; }
-void set_gemv_mma(int mode) { g_mma = mode < 0 ? 0 : mode > 2 ? 2 : mode; }
-bool gemv_mma_takes(int64_t T, int64_t K, DType w_dtype) { return g_mma != 0 && T >= 3 && T <= 8 && K % 256 == 0 && w_dtype == DType::BF16; }
+void set_gemv_mma(int mode) { g_mma = std::clamp(mode, 0, 2); }
+bool gemv_mma_takes(int64_t T, int64_t K, DType w_dtype) { return w_dtype == DType::BF16 && mma_takes(T, K, false); }
 
 
 void launch_gemv_multi(const GemvOut* outs, int n, DType w_dtype, const uint16_t* x, DType y_dtype, int64_t T, int64_t K, int n_sms,

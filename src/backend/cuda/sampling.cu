@@ -1,11 +1,12 @@
 // Sampling on the GPU: greedy argmax (several blocks per row), and seeded temperature / top-k / top-p /
-// min-p (one block per row). Filters are thresholds on the (order-preserving) float keys found by
-// radix select, so nothing is sorted: top-k keeps keys >= the k-th largest; top-p keeps the largest
+// min-p (a thread-block cluster of up to 16 blocks per row on sm_90, one block elsewhere). Filters are
+// thresholds on the (order-preserving) float keys found by radix select, so nothing is sorted: top-k keeps keys >= the k-th largest; top-p keeps the largest
 // keys whose mass reaches top_p; min-p keeps p >= min_p * p_max. Ties at a threshold are all kept.
 #include <cuda_runtime.h>
 
 #include <cooperative_groups.h>
 
+#include <atomic>
 #include <cfloat>
 
 #include "backend/cuda/cuda_check.h"
@@ -366,29 +367,27 @@ void launch_argmax(const float* logits, int64_t rows, int64_t vocab, uint64_t* p
 }
 
 int sample_max_cluster() {
-  static int cached[256] = {};  // per device: 0 = not asked yet
+  // sm_90 only: the kernel's cluster code is in the sm_90a build; another GPU runs the PTX, whose
+  // blocks would each take a whole row. The answer is looked up once per device.
+  static std::atomic<int> cached[64] = {};  // 0 = not asked yet
   int dev = 0;
   ARBOR_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 256) return 1;
-  if (cached[dev]) return cached[dev];
-  int major = 0, best = 1;
-  ARBOR_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  // sm_90 only: the kernel's cluster code is in the sm_90a build; another GPU runs the PTX, whose
-  // blocks would each take a whole row.
-  if (major == 9) {
-    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    for (int c = kSampleMaxCluster; c > 1 && best == 1; c /= 2) {
-      cudaLaunchAttribute attr{};
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = unsigned(c), attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = dim3(unsigned(c)), cfg.blockDim = dim3(kThreads), cfg.attrs = &attr, cfg.numAttrs = 1;
-      int n = 0;
-      if (cudaOccupancyMaxActiveClusters(&n, sample_kernel, &cfg) == cudaSuccess && n > 0) best = c;
-      else cudaGetLastError();
-    }
+  if (current_device_cc() / 10 != 9 || dev >= 64) return 1;
+  if (const int c = cached[dev].load(std::memory_order_relaxed)) return c;
+  int best = 1;
+  ARBOR_CUDA_CHECK(cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  for (int c = kSampleMaxCluster; c > 1 && best == 1; c /= 2) {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = unsigned(c), attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned(c)), cfg.blockDim = dim3(kThreads), cfg.attrs = &attr, cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, sample_kernel, &cfg) == cudaSuccess && n > 0) best = c;
+    else cudaGetLastError();
   }
-  return cached[dev] = best;
+  cached[dev].store(best, std::memory_order_relaxed);
+  return best;
 }
 
 static int forced_cluster = 0;
