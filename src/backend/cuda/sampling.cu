@@ -241,7 +241,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
   pdl_trigger();
   pdl_wait();
   __shared__ SampleSmem sm;
-  const Cluster cl;  // cluster == cl.size (the launch's)
+  const Cluster cl;  // rows are counted with the launch's cluster size: cl.size is 1 in the PTX (pre-sm_90) build
   const int64_t r = blockIdx.x / cluster;
   const SampleRow pr = params[r];
   const int32_t top_k = pr.top_k;
