@@ -184,7 +184,10 @@ TEST(CudaSampling, LargeVocabularyThresholds) {
 
 // Batch-1-like launches (3 rows of random logits): the thresholds and the draw sum fixed-point masses,
 // so the ids are the same for one block per row as for 2 or 16, under every filter.
-void expect_same_ids_at_every_cluster_size(int64_t V, uint64_t counters, uint32_t seed) {
+// `clusters` lists the cluster sizes compared with the first; `first_set` skips parameter sets (the
+// racecheck test keeps only the last, which applies every filter).
+void expect_same_ids_at_every_cluster_size(int64_t V, uint64_t counters, uint32_t seed,
+                                           std::vector<int> clusters = {1, 2, 16}, size_t first_set = 0) {
   std::mt19937 rng(seed);
   CudaBackend gpu(0);
   const int64_t R = 3;
@@ -195,11 +198,11 @@ void expect_same_ids_at_every_cluster_size(int64_t V, uint64_t counters, uint32_
   sets[1].temperature = 0.7f, sets[1].top_k = 50;
   sets[2].temperature = 0.8f, sets[2].top_p = 0.9f;
   sets[3].temperature = 1.1f, sets[3].top_k = 400, sets[3].top_p = 0.5f, sets[3].min_p = 0.01f;
-  for (size_t si = 0; si < sets.size(); ++si) {
+  for (size_t si = first_set; si < sets.size(); ++si) {
     SamplingParams p = sets[si];
     p.seed = 5 + si;
     std::vector<std::vector<int32_t>> by_cluster;
-    for (int cluster : {1, 2, 16}) {
+    for (int cluster : clusters) {
       CudaBackend::set_sample_cluster(cluster);
       std::vector<int32_t> ids;
       for (uint64_t counter = 0; counter < counters; counter += R) {
@@ -209,8 +212,8 @@ void expect_same_ids_at_every_cluster_size(int64_t V, uint64_t counters, uint32_
       by_cluster.push_back(ids);
     }
     CudaBackend::set_sample_cluster(0);
-    EXPECT_EQ(by_cluster[1], by_cluster[0]) << "set " << si << ": 2 blocks per row vs 1";
-    EXPECT_EQ(by_cluster[2], by_cluster[0]) << "set " << si << ": 16 blocks per row vs 1";
+    for (size_t c = 1; c < clusters.size(); ++c)
+      EXPECT_EQ(by_cluster[c], by_cluster[0]) << "set " << si << ": " << clusters[c] << " blocks per row vs " << clusters[0];
     std::map<int32_t, int> distinct;
     for (auto id : by_cluster[0]) distinct[id]++;
     EXPECT_GT(distinct.size(), 1u) << "set " << si << ": the draws vary with the counter";
@@ -223,11 +226,18 @@ TEST(CudaSampling, ClusterSizeDoesNotChangeTheIds) {
   expect_same_ids_at_every_cluster_size(151936, 48, 26);
 }
 
-// An odd small vocabulary (75 logits per block of 16, the last block short); small enough for
-// compute-sanitizer racecheck (bench/cuda/run_device.sh).
+// An odd small vocabulary (75 logits per block of 16, the last block short).
 TEST(CudaSampling, ClusterSizeDoesNotChangeTheIdsSmallVocabulary) {
   ARBOR_REQUIRE_GPU();
   expect_same_ids_at_every_cluster_size(1201, 3, 27);
+}
+
+// The least work that still runs both code paths (one block per row, and a 2-block cluster reducing
+// through distributed shared memory): one launch each, for compute-sanitizer racecheck, whose
+// shared-memory tracking made the tests above run past minutes (bench/cuda/run_device.sh).
+TEST(CudaSampling, RacecheckOneAndTwoBlocksPerRow) {
+  ARBOR_REQUIRE_GPU();
+  expect_same_ids_at_every_cluster_size(1201, 3, 27, {1, 2}, 3);
 }
 
 // Draws queued with a parameter set per row (the scheduler's path): four sets, a greedy one among
