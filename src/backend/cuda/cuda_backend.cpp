@@ -645,9 +645,11 @@ void CudaBackend::attention_impl(int64_t layer, const Tensor& q, const Attention
     const int64_t max_splits = (span + 15) / 16;
     const int64_t waves = std::clamp<int64_t>(span / 64 * blocks / n_sms_, attn_min_waves_, 8);
     int64_t n_splits = std::clamp<int64_t>((waves * n_sms_ + blocks - 1) / blocks, 1, std::min<int64_t>(max_splits, kDecodeMaxSplits));
-    // 8 warps per block (ARBOR_CUDA_ATTN_WARPS=8, blocks of <= 4 heads): about 170 registers a thread
-    // leave one such block per SM, so half the splits (one wave where two were).
-    const bool wide = attn_warps_ == 8 && G <= 4;
+    // 8 warps per block (blocks of <= 4 heads): about 170 registers a thread leave one such block per
+    // SM, so half the splits (one wave where two were). Measured on the H200 (docs/cuda-notes.md,
+    // session 9): faster for one token with GQA groups of 3-4 at ctx 512 (8B 251.4 -> 254.0 and 254.7
+    // -> 257.2 tok/s), slower at ctx 8192, at batch 8-64 and for Qwen3's 2-head groups (cluster merge).
+    const bool wide = attn_warps_ == 8 ? G <= 4 : attn_warps_ == 0 && T == 1 && G >= 3 && G <= 4 && span <= 2048;
     if (wide) n_splits = std::max<int64_t>(1, n_splits / 2);
     // The merge of the splits (docs/cuda-notes.md, sessions 3 and 5, H200): for GQA groups of 1-2 heads
     // at spans up to 2048, the splits of a (token, head chunk) form one thread-block cluster that

@@ -188,7 +188,7 @@ class CudaBackend : public Backend {
   bool cluster_merge_ok_ = false;  // the device launches thread-block clusters (sm_90)
   int attn_min_waves_ = 2;         // decode attention's split blocks: this many waves over the SMs at least (ARBOR_CUDA_ATTN_WAVES)
   int attn_cluster_max_ = 16;      // splits of a cluster merge, at most (ARBOR_CUDA_ATTN_CLUSTER)
-  int attn_warps_ = 4;             // decode attention's warps per block of <= 4 heads (ARBOR_CUDA_ATTN_WARPS: 4 or 8; 8 not yet measured)
+  int attn_warps_ = 0;             // decode attention's warps per block of <= 4 heads: 0 by rule (attention_impl), else ARBOR_CUDA_ATTN_WARPS (4 or 8)
   int attn_merge_ = -1;  // decode attention's split merge: -1 by GQA group and span (attention_impl), 1 by the last block, 0 a second kernel, 2 a cluster (ARBOR_CUDA_ATTN_MERGE)
   void* attn_counters_ = nullptr;                  // decode attention's merge counters (zero between launches)
   size_t attn_counters_cap_ = 0;
