@@ -28,12 +28,12 @@ for step in $STEPS; do
       summary+=("test_cuda rc=$rc")
       ;;
     memcheck)
-      filter=${MEMCHECK_FILTER:-'CudaOps.Rope*:CudaOps.Norms*:CudaOps.Activ*:CudaAttention.HeadDims*:CudaAttention.DecodeSplit*:CudaFused.QKPrep*:CudaFused.Prep*:CudaSampling.*:CudaScheduler.Sampled*:CudaAttention.PrefillLongSpans'}
+      filter=${MEMCHECK_FILTER:-'CudaOps.Rope*:CudaOps.Norms*:CudaOps.Activ*:CudaAttention.HeadDims*:CudaAttention.DecodeSplit*:CudaFused.QKPrep*:CudaFused.Prep*:CudaSampling.*:CudaScheduler.Sampled*:CudaAttention.PrefillLongSpans:CudaOps.TensorCore*:CudaFused.*Gemv*'}
       timeout 200 compute-sanitizer --tool memcheck --error-exitcode 3 "$D/test_cuda" --gtest_filter="$filter" > "$OUT/memcheck.log" 2>&1
       rc=$?
       tail -4 "$OUT/memcheck.log"
       summary+=("memcheck rc=$rc")
-      timeout 150 compute-sanitizer --tool racecheck --error-exitcode 3 "$D/test_cuda" --gtest_filter="${RACECHECK_FILTER:-CudaAttention.HeadDims*:CudaAttention.DecodeSplit*:CudaFused.Prep*:CudaAttention.PrefillLongSpans}" > "$OUT/racecheck.log" 2>&1
+      timeout 150 compute-sanitizer --tool racecheck --error-exitcode 3 "$D/test_cuda" --gtest_filter="${RACECHECK_FILTER:-CudaAttention.HeadDims*:CudaAttention.DecodeSplit*:CudaFused.Prep*:CudaAttention.PrefillLongSpans:CudaSampling.Racecheck*}" > "$OUT/racecheck.log" 2>&1
       rc=$?
       tail -4 "$OUT/racecheck.log"
       summary+=("racecheck rc=$rc")

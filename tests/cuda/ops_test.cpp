@@ -127,15 +127,16 @@ TEST(CudaOps, LinearEveryPathDtypeAndShape) {
   CudaBackend::set_gemv_stream(true);
 }
 
-// The tensor-core GEMV (3-8 rows, bf16 weights, K % 256 == 0) at decode-like shapes: row counts that
-// leave a row group partly filled, K slices of 2 to 112 MMA steps per warp, more row groups than
-// blocks; the same numbers with it off (the register kernel) as a second check.
+// The tensor-core GEMVs (3-8 rows, bf16 weights, K % 256 == 0; the wide-stage one K % 512 == 0) at
+// decode-like shapes: row counts that leave a row group partly filled, K slices of 2 to 112 MMA steps
+// per warp, more row groups than blocks, x in shared memory (T x K x 2 <= 64 KB) and not; the same
+// numbers with them off (the register kernel) as a second check.
 TEST(CudaOps, TensorCoreGemvShapes) {
   ARBOR_REQUIRE_GPU();
   std::mt19937 rng(41);
   CudaBackend gpu(0);
   CpuBackend cpu(2, WeightPlacement::Copy);
-  for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{1, 256}, {4101, 4096}, {515, 14336}, {40000, 256}})
+  for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{1, 256}, {4101, 4096}, {515, 14336}, {40000, 256}, {77, 512}, {300, 8192}})
     for (int64_t T : {3, 4, 6, 7, 8}) {
       if (N * K > (int64_t(1) << 24) && T != 8 && T != 3) continue;  // the big ones at two row counts
       SCOPED_TRACE(::testing::Message() << "N " << N << " K " << K << " T " << T);
@@ -153,7 +154,7 @@ TEST(CudaOps, TensorCoreGemvShapes) {
       Tensor xg = dev_bf16(gpu, x, {T, K});
       std::vector<float> yc(size_t(T * N));
       cpu.linear(host_view(x, {T, K}), lc, host_view(yc, {T, N}));
-      for (int mma : {1, 2, 0})  // tensor cores (x 1 or 4 steps ahead), then the register kernel
+      for (int mma : {1, 2, 3, 0})  // tensor cores (x 1 or 4 steps ahead; wide stages), then the register kernel
         for (DType yt : {DType::BF16, DType::F32}) {
           CudaBackend::set_gemv_mma(mma);
           gpu.set_gemv_max_rows(mma ? 2 : 8);  // the default rule; or every row count on the register kernel
