@@ -72,7 +72,7 @@ TEST(CudaFused, GatedGemvMatchesLinearThenActivation) {
   CudaBackend gpu(0);
   gpu.set_gemv_max_rows(8);  // the fused GEMV at every row count it takes
   std::vector<std::vector<float>> keep;
-  for (int mma : {0, 1, 2, 3})  // 3-8 rows: the register kernel, then the tensor-core ones (K % 256 == 0; x 1 or 4 steps ahead; wide stages)
+  for (bool mma : {false, true})  // 3-8 rows: the register kernel, then the tensor-core one (K % 512 == 0)
   for (ActOp op : {ActOp::SiLU, ActOp::GeLU, ActOp::GeLUTanh})
     for (auto [T, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 37, 64}, {3, 256, 200}, {8, 1000, 512}, {5, 3, 4096}, {1, 2500, 512}, {2, 300, 1024}, {4, 70, 16384}}) {
       // (1, 2500, 512) and (2, 300, 1024) take the streaming kernel (K % 256 == 0, at most 2 rows);
@@ -91,7 +91,7 @@ TEST(CudaFused, GatedGemvMatchesLinearThenActivation) {
       const auto a = host_f32(gpu, fused), b = host_f32(gpu, ref);
       EXPECT_LE(max_diff(a, b), 1e-2f * max_abs(b) + 1e-6f);
     }
-  CudaBackend::set_gemv_mma(0);
+  CudaBackend::set_gemv_mma(true);  // the default
 }
 
 TEST(CudaFused, MultiGemvMatchesSeparateLinears) {
@@ -101,7 +101,7 @@ TEST(CudaFused, MultiGemvMatchesSeparateLinears) {
   gpu.set_gemv_max_rows(8);
   std::vector<std::vector<float>> keep;
   // K 512 / 1024 at 1-2 rows: the streaming kernel, whose warps' row runs cross matrix boundaries.
-  for (int mma : {0, 1, 2, 3})  // 3-8 rows: the register kernel, then the tensor-core ones (K % 256 == 0; x 1 or 4 steps ahead; wide stages)
+  for (bool mma : {false, true})  // 3-8 rows: the register kernel, then the tensor-core one (K % 512 == 0)
   for (auto [T, K] : std::vector<std::pair<int64_t, int64_t>>{{1, 128}, {2, 72}, {7, 4096}, {8, 100}, {1, 512}, {2, 1024}}) {
     SCOPED_TRACE(::testing::Message() << "T " << T << " K " << K << " mma " << mma);
     CudaBackend::set_gemv_mma(mma);
@@ -122,7 +122,7 @@ TEST(CudaFused, MultiGemvMatchesSeparateLinears) {
       EXPECT_LE(max_diff(a, e), 1e-2f * max_abs(e)) << "matrix " << i;
     }
   }
-  CudaBackend::set_gemv_mma(0);
+  CudaBackend::set_gemv_mma(true);  // the default
 }
 
 TEST(CudaFused, AddNormMatchesAddThenNorm) {

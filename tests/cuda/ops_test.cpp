@@ -127,20 +127,20 @@ TEST(CudaOps, LinearEveryPathDtypeAndShape) {
   CudaBackend::set_gemv_stream(true);
 }
 
-// The tensor-core GEMVs (3-8 rows, bf16 weights, K % 256 == 0; the wide-stage one K % 512 == 0) at
-// decode-like shapes: row counts that leave a row group partly filled, K slices of 2 to 112 MMA steps
-// per warp, more row groups than blocks, x in shared memory (T x K x 2 <= 64 KB) and not; the same
-// numbers with them off (the register kernel) as a second check.
+// The tensor-core GEMV (3-8 rows, bf16 weights, K % 512 == 0) at decode-like shapes: row counts that
+// leave a row group partly filled, K slices of 1 to 28 stages per warp, more row groups than blocks, x
+// in shared memory (T x K x 2 <= 64 KB) and not; the same numbers with it off (the register kernel)
+// as a second check.
 TEST(CudaOps, TensorCoreGemvShapes) {
   ARBOR_REQUIRE_GPU();
   std::mt19937 rng(41);
   CudaBackend gpu(0);
   CpuBackend cpu(2, WeightPlacement::Copy);
-  for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{1, 256}, {4101, 4096}, {515, 14336}, {40000, 256}, {77, 512}, {300, 8192}})
+  for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{1, 512}, {4101, 4096}, {515, 14336}, {40000, 512}, {77, 512}, {300, 8192}})
     for (int64_t T : {3, 4, 6, 7, 8}) {
       if (N * K > (int64_t(1) << 24) && T != 8 && T != 3) continue;  // the big ones at two row counts
       SCOPED_TRACE(::testing::Message() << "N " << N << " K " << K << " T " << T);
-      CudaBackend::set_gemv_mma(1);
+      CudaBackend::set_gemv_mma(true);
       ASSERT_TRUE(CudaBackend::gemv_mma_takes(T, K, DType::BF16));
       std::vector<float> wf = random_bf16(rng, size_t(N * K), 1.0f / std::sqrt(float(K)) * 2);
       std::vector<uint16_t> w16 = to_bf16(wf);
@@ -154,16 +154,16 @@ TEST(CudaOps, TensorCoreGemvShapes) {
       Tensor xg = dev_bf16(gpu, x, {T, K});
       std::vector<float> yc(size_t(T * N));
       cpu.linear(host_view(x, {T, K}), lc, host_view(yc, {T, N}));
-      for (int mma : {1, 2, 3, 0})  // tensor cores (x 1 or 4 steps ahead; wide stages), then the register kernel
+      for (bool mma : {true, false})  // tensor cores, then the register kernel
         for (DType yt : {DType::BF16, DType::F32}) {
           CudaBackend::set_gemv_mma(mma);
           gpu.set_gemv_max_rows(mma ? 2 : 8);  // the default rule; or every row count on the register kernel
           Tensor yg = gpu.alloc(yt, {T, N});
           gpu.linear(xg, lg, yg);
-          EXPECT_LE(max_diff(host_f32(gpu, yg), yc), 1e-2f * max_abs(yc)) << "y " << dtype_name(yt) << " gemv mma mode " << mma;
+          EXPECT_LE(max_diff(host_f32(gpu, yg), yc), 1e-2f * max_abs(yc)) << "y " << dtype_name(yt) << " tensor-core gemv " << mma;
         }
     }
-  CudaBackend::set_gemv_mma(0);  // the default
+  CudaBackend::set_gemv_mma(true);  // the default
 }
 
 TEST(CudaOps, RopeFullAndPartial) {

@@ -100,7 +100,7 @@ bool pdl_enabled() {
 std::unique_ptr<Backend> make_cuda_backend(int index) { return std::make_unique<CudaBackend>(index); }
 
 void CudaBackend::set_gemv_stream(bool on) { cuda::set_gemv_stream(on); }
-void CudaBackend::set_gemv_mma(int mode) { cuda::set_gemv_mma(mode); }
+void CudaBackend::set_gemv_mma(bool on) { cuda::set_gemv_mma(on); }
 bool CudaBackend::gemv_mma_takes(int64_t T, int64_t K, DType w_dtype) { return cuda::gemv_mma_takes(T, K, w_dtype); }
 bool CudaBackend::use_gemv(int64_t T, int64_t K, DType w_dtype) const {
   return T <= gemv_max_rows_ || (gemv_max_rows_ > 0 && cuda::gemv_mma_takes(T, K, w_dtype));

@@ -406,171 +406,38 @@ bool launch_stream(const GemvSegments& segs, int64_t units, bool f16, const uint
 // ---- tensor-core streaming kernel (3-8 activation rows) ---------------------------------------------
 // y = x · Wᵀ as Wᵀ's tiles times x on mma.sync m16n8k16: a row group of 16 output rows is the MMA's
 // M, the (up to 8) activation rows its N, so every weight byte is read once whatever the rows. Blocks of
-// 8 warps (up to 4 per SM) own contiguous runs of row groups; the warps of a block split K and each
-// streams its K slice of the group's 16 rows through a private cp.async ring (16 rows x 16 k = 512
-// bytes a stage, per matrix), filled before griddepcontrol.wait and continuing across row groups; x's
-// fragments are read from global memory (L1). At the end of a group the warps' partial tiles are
-// summed in shared memory. Gated: gate and up rows of a group side by side (two tiles a stage).
+// 8 warps own contiguous runs of row groups; the warps of a block split K and each streams its K slice
+// of the group's 16 rows through a private cp.async ring, filled before griddepcontrol.wait and
+// continuing across row groups. A stage is 16 rows x 64 k: each row's 128 bytes are one whole cache
+// line, copied by 8 lanes (session 8's first version fetched 32 bytes of each of 16 rows a step and
+// read x through L1: Nsight showed DRAM at 45% of its peak, L1 hits 30-50%; docs/cuda-notes.md, session
+// 9). x sits in shared memory for the whole launch when its T rows fit in 64 KB (K <= 4096 at 8 rows),
+// rows padded by 16 bytes so the fragment reads hit distinct banks; otherwise it is read from global
+// memory one stage ahead. At the end of a group the warps' partial tiles are summed in shared memory.
+// Gated: gate and up rows of a group side by side (two tiles a stage).
 constexpr int kMmaWarps = 8;
 constexpr int kMmaStages = 4;
-constexpr int kMmaBlocksPerSm = 4;
-
-// Byte offset of (row, 8-element half h) in a stage's 16 x 16 tile: rows of 32 bytes, the halves of
-// rows 4-7 and 12-15 swapped so the 8 row reads of an ldmatrix hit distinct banks.
-__device__ __forceinline__ uint32_t tile_off(int row, int h) { return uint32_t(row * 32 + ((h ^ ((row >> 2) & 1)) * 16)); }
-
-// XL: steps of x fragments in flight ahead of the MMAs (1, or 4 for when x misses L1: at K = 14336 and
-// 8 rows x is 229 KB).
-template <int RPU, int XL>
-__global__ void __launch_bounds__(kMmaWarps * 32, kMmaBlocksPerSm) gemv_mma_kernel(GemvSegments segs, const uint16_t* __restrict__ x,
-                                                                                  bool y_f32, int T, int64_t K, int64_t rows,
-                                                                                  int gated_act) {
-  extern __shared__ __align__(16) unsigned char gemv_mma_smem[];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  constexpr uint32_t kTile = 512, kStage = kTile * RPU, kWarpRing = kStage * kMmaStages;
-  const uint32_t ring0 = smem_addr(gemv_mma_smem) + uint32_t(warp) * kWarpRing;
-  float* red = reinterpret_cast<float*>(gemv_mma_smem + kMmaWarps * kWarpRing);  // [warp][RPU][lane][4]
-  const int64_t groups = (rows + 15) / 16;
-  const int64_t g_beg = groups * blockIdx.x / gridDim.x, g_end = groups * (blockIdx.x + 1) / gridDim.x;
-  const int64_t kslice = K / kMmaWarps, k0 = kslice * warp;  // this warp's K range
-  const int steps = int(kslice / 16);
-
-  // Issue side: stage (group ig, step is); lane copies row lane/2, half lane%2 of each tile.
-  const int lrow = lane >> 1, lh = lane & 1;
-  int64_t ig = g_beg;
-  int is = 0, islot = 0;
-  const uint16_t* p0 = nullptr;
-  const uint16_t* p1 = nullptr;
-  bool pvalid = false;
-  auto row_ptrs = [&] {
-    const int64_t rr = ig * 16 + lrow;
-    pvalid = ig < g_end && rr < rows;
-    if (pvalid) {
-      p0 = stream_row<RPU == 2 ? 2 : 1>(segs, rr, K, 0) + k0 + lh * 8;
-      if (RPU == 2) p1 = stream_row<2>(segs, rr, K, 1) + k0 + lh * 8;
-    }
-  };
-  row_ptrs();
-  auto issue = [&] {
-    if (ig < g_end) {
-      const uint32_t dst = ring0 + uint32_t(islot) * kStage + tile_off(lrow, lh);
-      cp_async16_zfill(dst, pvalid ? p0 + is * 16 : segs.w[0], pvalid);
-      if (RPU == 2) cp_async16_zfill(dst + kTile, pvalid ? p1 + is * 16 : segs.w[0], pvalid);
-      if (++is == steps) {
-        is = 0;
-        ++ig;
-        row_ptrs();
-      }
-    }
-    cp_async_commit();  // empty groups keep the count uniform
-    if (++islot == kMmaStages) islot = 0;
-  };
-  prime_ring<kMmaStages>(issue);
-
-  // x fragments: B[k][n] = x[n][k]; lane holds n = lane/4, k = 2(lane%4) (+1) and +8.
-  const int bn = lane >> 2, bk = (lane & 3) * 2;
-  const uint32_t* xr = reinterpret_cast<const uint32_t*>(x + int64_t(bn < T ? bn : 0) * K + k0 + bk);
-  const bool bvalid = bn < T;
-  // ldmatrix: lanes 8i..8i+7 address matrix i's rows (rows +8 for odd i, k half i/2).
-  const uint32_t lds_off = tile_off((lane & 7) + ((lane >> 3) & 1) * 8, lane >> 4);
-  int cslot = 0;
-#pragma unroll 1
-  for (int64_t g = g_beg; g < g_end; ++g) {
-    float acc[RPU][4];
-#pragma unroll
-    for (int q = 0; q < RPU; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.0f;
-    uint32_t bx0[XL], bx1[XL];  // x fragments of steps s .. s + XL - 1
-#pragma unroll
-    for (int j = 0; j < XL; ++j) {
-      const bool ok = bvalid && j < steps;
-      bx0[j] = ok ? __ldg(xr + j * 8) : 0u, bx1[j] = ok ? __ldg(xr + j * 8 + 4) : 0u;
-    }
-#pragma unroll 1
-    for (int s = 0; s < steps; ++s) {
-      cp_async_wait<kMmaStages - 1>();  // this stage has landed
-      __syncwarp();                     // every lane's copies of it
-      uint32_t a[RPU][4];
-#pragma unroll
-      for (int q = 0; q < RPU; ++q) ldsm_x4(ring0 + uint32_t(cslot) * kStage + q * kTile + lds_off, a[q][0], a[q][1], a[q][2], a[q][3]);
-      if (++cslot == kMmaStages) cslot = 0;
-      __syncwarp();  // every lane has read the slot before any refills it
-      issue();
-      const uint32_t c0 = bx0[0], c1 = bx1[0];
-#pragma unroll
-      for (int j = 0; j + 1 < XL; ++j) bx0[j] = bx0[j + 1], bx1[j] = bx1[j + 1];
-      const bool ok = bvalid && s + XL < steps;  // step s + XL's fragments, in flight during the next MMAs
-      bx0[XL - 1] = ok ? __ldg(xr + (s + XL) * 8) : 0u, bx1[XL - 1] = ok ? __ldg(xr + (s + XL) * 8 + 4) : 0u;
-#pragma unroll
-      for (int q = 0; q < RPU; ++q) mma_bf16(acc[q], a[q][0], a[q][1], a[q][2], a[q][3], c0, c1);
-    }
-    // Sum the warps' tiles: C[row][n] sits in lane (row % 8) * 4 + n / 2, register (row / 8) * 2 + n % 2.
-#pragma unroll
-    for (int q = 0; q < RPU; ++q)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) red[((warp * RPU + q) * 32 + lane) * 4 + e] = acc[q][e];
-    __syncthreads();
-    if (threadIdx.x < 128) {
-      const int row = threadIdx.x / 8, n = threadIdx.x % 8;
-      const int src = ((row % 8) * 4 + n / 2) * 4 + (row / 8) * 2 + n % 2;
-      float v[RPU];
-#pragma unroll
-      for (int q = 0; q < RPU; ++q) {
-        v[q] = 0.0f;
-        for (int w = 0; w < kMmaWarps; ++w) v[q] += red[(w * RPU + q) * 128 + src];
-      }
-      const int64_t rr = g * 16 + row;
-      if (n < T && rr < rows) {
-        const int si = stream_seg<RPU == 2 ? 2 : 1>(segs, rr);
-        const int64_t N = pick(segs.N, si), nrow = RPU == 2 ? rr : rr - pick(segs.pair0, si);
-        const float* bias = pick(segs.bias, si);
-        void* y = pick(segs.y, si);
-        const float b0v = bias ? bias[nrow] : 0.0f;
-        if (RPU == 2) {  // act(gate) * up, each rounded to bf16 first as the unfused ops store them
-          const float b1v = segs.bias[1] ? segs.bias[1][nrow] : 0.0f;
-          const float gt = __bfloat162float(__float2bfloat16(v[0] + b0v));
-          const float up = __bfloat162float(__float2bfloat16(v[RPU - 1] + b1v));
-          static_cast<__nv_bfloat16*>(y)[n * N + nrow] = __float2bfloat16(act_value(gated_act, gt) * up);
-        } else if (y_f32) {
-          static_cast<float*>(y)[n * N + nrow] = v[0] + b0v;
-        } else {
-          static_cast<__nv_bfloat16*>(y)[n * N + nrow] = __float2bfloat16(v[0] + b0v);
-        }
-      }
-    }
-    __syncthreads();  // red is read before the next group writes it
-  }
-  cp_async_wait<0>();  // nothing may be in flight into shared memory when the block exits
-}
-
-// ---- tensor-core GEMV, wide stages (mode 3) ---------------------------------------------------------
-// The same arithmetic as gemv_mma_kernel, with the two faults Nsight showed in it (session 9: DRAM at
-// 45% of its peak, L1 hit rate 30-50%) removed: a stage is 16 rows x 64 k (each row's 128 bytes one
-// whole cache line, copied by 8 lanes; the narrow kernel fetched 32 bytes of each of 16 rows a step),
-// four MMA steps a stage; and x sits in shared memory for the whole launch when T rows of it fit in
-// 64 KB (K <= 4096 at 8 rows), read without bank conflicts (rows padded by 16 bytes), otherwise it is
-// read from global memory one stage ahead. One block of 8 warps per SM when x is in shared memory.
-constexpr int kWideStages = 4;
-constexpr int kWideK = 64;                    // k per stage
-constexpr int64_t kWideMaxXBytes = 64 * 1024;  // x in shared memory up to this
+constexpr int kMmaK = 64;                    // k per stage
+constexpr int64_t kMmaMaxXBytes = 64 * 1024;  // x in shared memory up to this
 
 // Byte offset of (row, 16-byte chunk c) in a 16 x 64 tile: 128-byte rows, chunks XOR-swizzled by row so
 // the 8 row reads of an ldmatrix (one chunk column) hit distinct banks.
-__device__ __forceinline__ uint32_t wide_off(int row, int c) { return uint32_t(row * 128 + ((c ^ (row & 7)) << 4)); }
+__device__ __forceinline__ uint32_t mma_off(int row, int c) { return uint32_t(row * 128 + ((c ^ (row & 7)) << 4)); }
 
 template <int RPU, bool XS>
-__global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_wide_kernel(GemvSegments segs, const uint16_t* __restrict__ x, bool y_f32,
+__global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_kernel(GemvSegments segs, const uint16_t* __restrict__ x, bool y_f32,
                                                                        int T, int64_t K, int64_t rows, int gated_act) {
-  extern __shared__ __align__(16) unsigned char gemv_wide_smem[];
+  extern __shared__ __align__(16) unsigned char gemv_mma_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  constexpr uint32_t kTile = 16 * kWideK * 2, kStage = kTile * RPU, kWarpRing = kStage * kWideStages;
-  const uint32_t ring0 = smem_addr(gemv_wide_smem) + uint32_t(warp) * kWarpRing;
-  float* red = reinterpret_cast<float*>(gemv_wide_smem + kMmaWarps * kWarpRing);  // [warp][RPU][lane][4]
+  constexpr uint32_t kTile = 16 * kMmaK * 2, kStage = kTile * RPU, kWarpRing = kStage * kMmaStages;
+  const uint32_t ring0 = smem_addr(gemv_mma_smem) + uint32_t(warp) * kWarpRing;
+  float* red = reinterpret_cast<float*>(gemv_mma_smem + kMmaWarps * kWarpRing);  // [warp][RPU][lane][4]
   uint16_t* xs = reinterpret_cast<uint16_t*>(red + kMmaWarps * RPU * 128);         // XS: [T][K + 8]
   const int64_t xstride = K + 8;
   const int64_t groups = (rows + 15) / 16;
   const int64_t g_beg = groups * blockIdx.x / gridDim.x, g_end = groups * (blockIdx.x + 1) / gridDim.x;
   const int64_t kslice = K / kMmaWarps, k0 = kslice * warp;  // this warp's K range
-  const int stages = int(kslice / kWideK);
+  const int stages = int(kslice / kMmaK);
 
   // Issue side: stage (group ig, stage is); lane copies chunk lane%8 of rows j*4 + lane/8, j = 0..3.
   const int lr = lane >> 3, lc = lane & 7;
@@ -594,9 +461,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_wide_kernel(GemvSegme
       const uint32_t dst = ring0 + uint32_t(islot) * kStage;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const uint32_t off = wide_off(j * 4 + lr, lc);
-        cp_async16_zfill(dst + off, pv[j] ? p0[j] + is * kWideK : p0[j], pv[j]);
-        if (RPU == 2) cp_async16_zfill(dst + kTile + off, pv[j] ? p1[j] + is * kWideK : p1[j], pv[j]);
+        const uint32_t off = mma_off(j * 4 + lr, lc);
+        cp_async16_zfill(dst + off, pv[j] ? p0[j] + is * kMmaK : p0[j], pv[j]);
+        if (RPU == 2) cp_async16_zfill(dst + kTile + off, pv[j] ? p1[j] + is * kMmaK : p1[j], pv[j]);
       }
       if (++is == stages) {
         is = 0;
@@ -605,9 +472,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_wide_kernel(GemvSegme
       }
     }
     cp_async_commit();  // empty groups keep the count uniform
-    if (++islot == kWideStages) islot = 0;
+    if (++islot == kMmaStages) islot = 0;
   };
-  prime_ring<kWideStages>(issue);
+  prime_ring<kMmaStages>(issue);
 
   // x fragments: B[k][n] = x[n][k]; lane holds n = lane/4, k = 2(lane%4) (+1) and +8.
   const int bn = lane >> 2, bk = (lane & 3) * 2;
@@ -644,15 +511,15 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_wide_kernel(GemvSegme
     load_x(0);
 #pragma unroll 1
     for (int st = 0; st < stages; ++st) {
-      cp_async_wait<kWideStages - 1>();  // this stage has landed
+      cp_async_wait<kMmaStages - 1>();  // this stage has landed
       __syncwarp();                      // every lane's copies of it
       uint32_t a[4][RPU][4];
       const uint32_t slot = ring0 + uint32_t(cslot) * kStage;
 #pragma unroll
       for (int j = 0; j < 4; ++j)
 #pragma unroll
-        for (int q = 0; q < RPU; ++q) ldsm_x4(slot + q * kTile + wide_off(lrow, j * 2 + lhalf), a[j][q][0], a[j][q][1], a[j][q][2], a[j][q][3]);
-      if (++cslot == kWideStages) cslot = 0;
+        for (int q = 0; q < RPU; ++q) ldsm_x4(slot + q * kTile + mma_off(lrow, j * 2 + lhalf), a[j][q][0], a[j][q][1], a[j][q][2], a[j][q][3]);
+      if (++cslot == kMmaStages) cslot = 0;
       __syncwarp();  // every lane has read the slot before any refills it
       issue();
       uint32_t c[8];
@@ -703,27 +570,25 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_wide_kernel(GemvSegme
   cp_async_wait<0>();  // nothing may be in flight into shared memory when the block exits
 }
 
-// Off by default: slower than cuBLASLt for the 8B at 4-8 rows (docs/cuda-notes.md, session 8); 2: x 4
-// steps ahead; 3: the wide-stage kernel (K % 512 == 0). ARBOR_CUDA_GEMV_MMA sets it for the process (also
-// for `arbor bench --gemv-only`).
-int g_mma = [] {
+// On by default (faster than cuBLASLt at 4 and 8 rows for the 8B and Qwen3-0.6B: docs/cuda-notes.md,
+// session 9); ARBOR_CUDA_GEMV_MMA=0 sends 3-8 rows to cuBLASLt, read at process start (also for
+// `arbor bench --gemv-only`).
+bool g_mma = [] {
   const char* env = std::getenv("ARBOR_CUDA_GEMV_MMA");
-  return env ? std::clamp(std::atoi(env), 0, 3) : 0;
+  return env ? std::atoi(env) != 0 : true;
 }();
 
-bool mma_takes(int64_t T, int64_t K, bool f16) {
-  return g_mma != 0 && !f16 && T >= 3 && T <= 8 && K % (g_mma == 3 ? 512 : 256) == 0;
-}
+bool mma_takes(int64_t T, int64_t K, bool f16) { return g_mma && !f16 && T >= 3 && T <= 8 && K % 512 == 0; }
 
-constexpr int kWideSmemLimit = 210 * 1024;  // the largest launch: gated, x of 8 x 4096 in shared memory (≈ 202 KB)
+constexpr int kMmaSmemLimit = 210 * 1024;  // the largest launch: gated, x of 8 x 4096 in shared memory (≈ 202 KB)
 
 template <int RPU, bool XS>
-void launch_wide_t(int64_t groups, int n_sms, size_t smem, cudaStream_t s, const GemvSegments& segs, const uint16_t* x, bool y_f32,
+void launch_mma_t(int64_t groups, int n_sms, size_t smem, cudaStream_t s, const GemvSegments& segs, const uint16_t* x, bool y_f32,
                    int64_t T, int64_t K, int64_t rows, int gated_act) {
-  auto* kernel = gemv_mma_wide_kernel<RPU, XS>;
+  auto* kernel = gemv_mma_kernel<RPU, XS>;
   // Blocks per SM by shared memory, cached per size (a model has a few: x's size follows T and K).
   static std::vector<std::pair<size_t, int>> per_sm;
-  if (per_sm.empty()) ARBOR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWideSmemLimit));
+  if (per_sm.empty()) ARBOR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMmaSmemLimit));
   auto it = std::find_if(per_sm.begin(), per_sm.end(), [&](const auto& e) { return e.first == smem; });
   if (it == per_sm.end()) {
     int n = 0;
@@ -742,22 +607,12 @@ bool launch_mma(const GemvSegments& segs, int64_t rows, bool f16, const uint16_t
   if (!vec || !mma_takes(T, K, f16)) return false;
   const int64_t groups = (rows + 15) / 16;
   const int rpu = gated_act >= 0 ? 2 : 1;
-  if (g_mma == 3) {
-    const size_t x_bytes = size_t(T) * size_t(K + 8) * 2;
-    const bool xs = int64_t(T * K * 2) <= kWideMaxXBytes;
-    const size_t smem = size_t(kMmaWarps) * kWideStages * 16 * kWideK * 2 * rpu + size_t(kMmaWarps) * rpu * 128 * 4 + (xs ? x_bytes : 0);
-#define ARBOR_WIDE(R, XS) launch_wide_t<R, XS>(groups, n_sms, smem, s, segs, x, y_f32, T, K, rows, gated_act)
-    if (rpu == 2) xs ? ARBOR_WIDE(2, true) : ARBOR_WIDE(2, false);
-    else xs ? ARBOR_WIDE(1, true) : ARBOR_WIDE(1, false);
-#undef ARBOR_WIDE
-    ARBOR_LAUNCH_CHECK("gemv_mma_wide_kernel");
-    return true;
-  }
-  const dim3 grid(unsigned(std::max<int64_t>(1, std::min<int64_t>(groups, int64_t(n_sms) * kMmaBlocksPerSm))));
-  const size_t smem = size_t(kMmaWarps) * kMmaStages * 512 * rpu + size_t(kMmaWarps) * rpu * 128 * 4;
-#define ARBOR_MMA(R, XL) pdl_launch(gemv_mma_kernel<R, XL>, grid, kMmaWarps * 32, smem, s, segs, x, y_f32, int(T), K, rows, gated_act)
-  if (rpu == 2) g_mma == 2 ? ARBOR_MMA(2, 4) : ARBOR_MMA(2, 1);
-  else g_mma == 2 ? ARBOR_MMA(1, 4) : ARBOR_MMA(1, 1);
+  const size_t x_bytes = size_t(T) * size_t(K + 8) * 2;
+  const bool xs = int64_t(T * K * 2) <= kMmaMaxXBytes;
+  const size_t smem = size_t(kMmaWarps) * kMmaStages * 16 * kMmaK * 2 * rpu + size_t(kMmaWarps) * rpu * 128 * 4 + (xs ? x_bytes : 0);
+#define ARBOR_MMA(R, XS) launch_mma_t<R, XS>(groups, n_sms, smem, s, segs, x, y_f32, T, K, rows, gated_act)
+  if (rpu == 2) xs ? ARBOR_MMA(2, true) : ARBOR_MMA(2, false);
+  else xs ? ARBOR_MMA(1, true) : ARBOR_MMA(1, false);
 #undef ARBOR_MMA
   ARBOR_LAUNCH_CHECK("gemv_mma_kernel");
   return true;
@@ -797,7 +652,7 @@ void launch(const GemvSegments& segs, int64_t pairs, DType w_dtype, const uint16
 
 void set_gemv_warps_per_sm(int w) { g_warps_per_sm = w < 1 ? 1 : w; }
 void set_gemv_stream(bool on) { g_stream = on; }
-void set_gemv_mma(int mode) { g_mma = std::clamp(mode, 0, 3); }
+void set_gemv_mma(bool on) { g_mma = on; }
 bool gemv_mma_takes(int64_t T, int64_t K, DType w_dtype) { return w_dtype == DType::BF16 && mma_takes(T, K, false); }
 
 

@@ -100,9 +100,9 @@ struct GemvSegments {
 void set_gemv_warps_per_sm(int w);
 // The streaming kernel for 1-2 rows with K % 256 == 0 (default on; off: the register kernel for all).
 void set_gemv_stream(bool on);
-// The tensor-core kernel for 3-8 rows with bf16 weights and K % 256 == 0 (0 off, the default: the
-// register kernel; 1 on; 2 on with x's fragments 4 steps ahead), and whether a shape would take it.
-void set_gemv_mma(int mode);
+// The tensor-core kernel for 3-8 rows with bf16 weights and K % 512 == 0 (default on; off, or
+// ARBOR_CUDA_GEMV_MMA=0: cuBLASLt takes those rows), and whether a shape would take it.
+void set_gemv_mma(bool on);
 bool gemv_mma_takes(int64_t T, int64_t K, DType w_dtype);
 
 // ---- attention_*.cu -------------------------------------------------------------------------------
