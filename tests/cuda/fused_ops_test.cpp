@@ -72,14 +72,13 @@ TEST(CudaFused, GatedGemvMatchesLinearThenActivation) {
   CudaBackend gpu(0);
   gpu.set_gemv_max_rows(8);  // the fused GEMV at every row count it takes
   std::vector<std::vector<float>> keep;
-  for (int mode : {0, 1, 2})  // 3-8 rows: the register kernel, then the tensor-core one (K % 512 == 0; group sums by the block, by one warp)
+  for (bool mma : {false, true})  // 3-8 rows: the register kernel, then the tensor-core one (K % 512 == 0)
   for (ActOp op : {ActOp::SiLU, ActOp::GeLU, ActOp::GeLUTanh})
     for (auto [T, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 37, 64}, {3, 256, 200}, {8, 1000, 512}, {5, 3, 4096}, {1, 2500, 512}, {2, 300, 1024}, {4, 70, 16384}}) {
       // (1, 2500, 512) and (2, 300, 1024) take the streaming kernel (K % 256 == 0, at most 2 rows);
       // (4, 70, 16384): x too large for shared memory in the wide-stage kernel.
-      SCOPED_TRACE(::testing::Message() << "act " << int(op) << " T " << T << " N " << N << " K " << K << " mode " << mode);
-      CudaBackend::set_gemv_mma(mode > 0);
-      CudaBackend::set_gemv_mma_handoff(mode == 2);
+      SCOPED_TRACE(::testing::Message() << "act " << int(op) << " T " << T << " N " << N << " K " << K << " mma " << mma);
+      CudaBackend::set_gemv_mma(mma);
       const bool bias = K == 200 || K == 1024;
       Linear g = dev_linear(gpu, rng, N, K, bias, keep), u = dev_linear(gpu, rng, N, K, bias, keep);
       Tensor x = dev_bf16(gpu, random_bf16(rng, size_t(T * K)), {T, K});
@@ -102,11 +101,10 @@ TEST(CudaFused, MultiGemvMatchesSeparateLinears) {
   gpu.set_gemv_max_rows(8);
   std::vector<std::vector<float>> keep;
   // K 512 / 1024 at 1-2 rows: the streaming kernel, whose warps' row runs cross matrix boundaries.
-  for (int mode : {0, 1, 2})  // 3-8 rows: the register kernel, then the tensor-core one (K % 512 == 0; group sums by the block, by one warp)
+  for (bool mma : {false, true})  // 3-8 rows: the register kernel, then the tensor-core one (K % 512 == 0)
   for (auto [T, K] : std::vector<std::pair<int64_t, int64_t>>{{1, 128}, {2, 72}, {7, 4096}, {8, 100}, {1, 512}, {2, 1024}}) {
-    SCOPED_TRACE(::testing::Message() << "T " << T << " K " << K << " mode " << mode);
-    CudaBackend::set_gemv_mma(mode > 0);
-    CudaBackend::set_gemv_mma_handoff(mode == 2);
+    SCOPED_TRACE(::testing::Message() << "T " << T << " K " << K << " mma " << mma);
+    CudaBackend::set_gemv_mma(mma);
     const int64_t Ns[3] = {K >= 1024 ? 2048 : 96, K >= 1024 ? 513 : 33, 33};
     Linear l[3];
     Tensor y[3], r[3];

@@ -154,19 +154,16 @@ TEST(CudaOps, TensorCoreGemvShapes) {
       Tensor xg = dev_bf16(gpu, x, {T, K});
       std::vector<float> yc(size_t(T * N));
       cpu.linear(host_view(x, {T, K}), lc, host_view(yc, {T, N}));
-      for (int mode : {2, 1, 0})  // tensor cores (group sums handed to one warp; by the block), then the register kernel
+      for (bool mma : {true, false})  // tensor cores, then the register kernel
         for (DType yt : {DType::BF16, DType::F32}) {
-          const bool mma = mode > 0;
           CudaBackend::set_gemv_mma(mma);
-          CudaBackend::set_gemv_mma_handoff(mode == 2);
           gpu.set_gemv_max_rows(mma ? 2 : 8);  // the default rule; or every row count on the register kernel
           Tensor yg = gpu.alloc(yt, {T, N});
           gpu.linear(xg, lg, yg);
-          EXPECT_LE(max_diff(host_f32(gpu, yg), yc), 1e-2f * max_abs(yc)) << "y " << dtype_name(yt) << " gemv mode " << mode;
+          EXPECT_LE(max_diff(host_f32(gpu, yg), yc), 1e-2f * max_abs(yc)) << "y " << dtype_name(yt) << " tensor-core gemv " << mma;
         }
     }
-  CudaBackend::set_gemv_mma(true);  // the defaults
-  CudaBackend::set_gemv_mma_handoff(true);
+  CudaBackend::set_gemv_mma(true);  // the default
 }
 
 TEST(CudaOps, RopeFullAndPartial) {

@@ -101,7 +101,6 @@ std::unique_ptr<Backend> make_cuda_backend(int index) { return std::make_unique<
 
 void CudaBackend::set_gemv_stream(bool on) { cuda::set_gemv_stream(on); }
 void CudaBackend::set_gemv_mma(bool on) { cuda::set_gemv_mma(on); }
-void CudaBackend::set_gemv_mma_handoff(bool on) { cuda::set_gemv_mma_handoff(on); }
 bool CudaBackend::gemv_mma_takes(int64_t T, int64_t K, DType w_dtype) { return cuda::gemv_mma_takes(T, K, w_dtype); }
 bool CudaBackend::use_gemv(int64_t T, int64_t K, DType w_dtype) const {
   return T <= gemv_max_rows_ || (gemv_max_rows_ > 0 && cuda::gemv_mma_takes(T, K, w_dtype));

@@ -105,7 +105,6 @@ class CudaBackend : public Backend {
   // faster for Qwen3-0.6B at 8: docs/cuda-notes.md, session 8); ARBOR_CUDA_GEMV_MMA=1 turns it on, =2
   // with x's fragments loaded 4 steps ahead (not yet measured).
   static void set_gemv_mma(bool on);
-  static void set_gemv_mma_handoff(bool on);
   static bool gemv_mma_takes(int64_t T, int64_t K, DType w_dtype);
   // The prefill attention kernel by name: "auto" (default: wgmma on sm_90 at head_dim 64/128, else
   // mma32 up to head_dim 128, else mma16), "wgmma", "mma32", "mma16" (a kernel a shape cannot take

@@ -420,33 +420,19 @@ constexpr int kMmaStages = 4;
 constexpr int kMmaK = 64;                    // k per stage
 constexpr int64_t kMmaMaxXBytes = 64 * 1024;  // x in shared memory up to this
 
-// Named barriers 1-6 (0 is __syncthreads) over all the block's threads. arrive does not wait; the
-// shared-memory writes before it are visible to the threads that complete the sync. The ids are
-// immediates (a switch), so ptxas reserves 7 barriers a block, not all 16.
-template <bool SYNC, int N>
-__device__ __forceinline__ void named_bar_imm(int id) {
-#define ARBOR_BAR(I)                                                                   \
-  case I:                                                                              \
-    if (SYNC) asm volatile("bar.sync " #I ", %0;\n" ::"n"(N) : "memory");               \
-    else asm volatile("bar.arrive " #I ", %0;\n" ::"n"(N) : "memory");                  \
-    break;
-  switch (id) { ARBOR_BAR(1) ARBOR_BAR(2) ARBOR_BAR(3) ARBOR_BAR(4) ARBOR_BAR(5) ARBOR_BAR(6) }
-#undef ARBOR_BAR
-}
-
 // Byte offset of (row, 16-byte chunk c) in a 16 x 64 tile: 128-byte rows, chunks XOR-swizzled by row so
 // the 8 row reads of an ldmatrix (one chunk column) hit distinct banks.
 __device__ __forceinline__ uint32_t mma_off(int row, int c) { return uint32_t(row * 128 + ((c ^ (row & 7)) << 4)); }
 
 template <int RPU, bool XS>
 __global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_kernel(GemvSegments segs, const uint16_t* __restrict__ x, bool y_f32,
-                                                                  int T, int64_t K, int64_t rows, int gated_act, bool handoff) {
+                                                                       int T, int64_t K, int64_t rows, int gated_act) {
   extern __shared__ __align__(16) unsigned char gemv_mma_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   constexpr uint32_t kTile = 16 * kMmaK * 2, kStage = kTile * RPU, kWarpRing = kStage * kMmaStages;
   const uint32_t ring0 = smem_addr(gemv_mma_smem) + uint32_t(warp) * kWarpRing;
-  float* red = reinterpret_cast<float*>(gemv_mma_smem + kMmaWarps * kWarpRing);  // [2][warp][RPU][lane][4]
-  uint16_t* xs = reinterpret_cast<uint16_t*>(red + 2 * kMmaWarps * RPU * 128);     // XS: [T][K + 8]
+  float* red = reinterpret_cast<float*>(gemv_mma_smem + kMmaWarps * kWarpRing);  // [warp][RPU][lane][4]
+  uint16_t* xs = reinterpret_cast<uint16_t*>(red + kMmaWarps * RPU * 128);         // XS: [T][K + 8]
   const int64_t xstride = K + 8;
   const int64_t groups = (rows + 15) / 16;
   const int64_t g_beg = groups * blockIdx.x / gridDim.x, g_end = groups * (blockIdx.x + 1) / gridDim.x;
@@ -546,31 +532,19 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_kernel(GemvSegments s
         for (int q = 0; q < RPU; ++q) mma_bf16(acc[q], a[j][q][0], a[j][q][1], a[j][q][2], a[j][q][3], c[2 * j], c[2 * j + 1]);
     }
     // Sum the warps' tiles: C[row][n] sits in lane (row % 8) * 4 + n / 2, register (row / 8) * 2 + n % 2.
-    // handoff: the group's tiles go to buffer j % 2 and one warp (j % 8, so the work rotates) sums them
-    // while the others stream on (named barriers: "full" 1 + b, "free" 3 + 2b + use parity, so a warp
-    // running ahead never counts toward an earlier phase); else every warp waits for the sum (two
-    // block-wide barriers a group).
-    const int64_t j = g - g_beg;
-    const int b = handoff ? int(j & 1) : 0;
-    const int reducer = handoff ? int(j % kMmaWarps) : -1;
-    constexpr int kAll = kMmaWarps * 32;
-    if (handoff && j >= 2 && warp != int((j - 2) % kMmaWarps)) named_bar_imm<true, kAll>(3 + 2 * b + int((j >> 1) & 1));  // buffer b read
-    float* rb = red + b * (kMmaWarps * RPU * 128);
 #pragma unroll
     for (int q = 0; q < RPU; ++q)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) rb[((warp * RPU + q) * 32 + lane) * 4 + e] = acc[q][e];
-    if (!handoff) __syncthreads();
-    else if (warp != reducer) named_bar_imm<false, kAll>(1 + b);
-    else named_bar_imm<true, kAll>(1 + b);
-    for (int idx = handoff ? lane : int(threadIdx.x); idx < 128 && (handoff ? warp == reducer : true); idx += handoff ? 32 : 1 << 30) {
-      const int row = idx / 8, n = idx % 8;
+      for (int e = 0; e < 4; ++e) red[((warp * RPU + q) * 32 + lane) * 4 + e] = acc[q][e];
+    __syncthreads();
+    if (threadIdx.x < 128) {
+      const int row = threadIdx.x / 8, n = threadIdx.x % 8;
       const int src = ((row % 8) * 4 + n / 2) * 4 + (row / 8) * 2 + n % 2;
       float v[RPU];
 #pragma unroll
       for (int q = 0; q < RPU; ++q) {
         v[q] = 0.0f;
-        for (int w = 0; w < kMmaWarps; ++w) v[q] += rb[(w * RPU + q) * 128 + src];
+        for (int w = 0; w < kMmaWarps; ++w) v[q] += red[(w * RPU + q) * 128 + src];
       }
       const int64_t rr = g * 16 + row;
       if (n < T && rr < rows) {
@@ -591,8 +565,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_kernel(GemvSegments s
         }
       }
     }
-    if (!handoff) __syncthreads();  // red is read before the next group writes it
-    else if (warp == reducer && j + 2 < g_end - g_beg) named_bar_imm<false, kAll>(3 + 2 * b + int(((j + 2) >> 1) & 1));
+    __syncthreads();  // red is read before the next group writes it
   }
   cp_async_wait<0>();  // nothing may be in flight into shared memory when the block exits
 }
@@ -607,14 +580,7 @@ bool g_mma = [] {
 
 bool mma_takes(int64_t T, int64_t K, bool f16) { return g_mma && !f16 && T >= 3 && T <= 8 && K % 512 == 0; }
 
-// A row group's partial tiles summed by one warp while the others stream on (default), or by the
-// block after two block-wide barriers (ARBOR_CUDA_GEMV_MMA_HANDOFF=0, session 9's first version).
-bool g_mma_handoff = [] {
-  const char* env = std::getenv("ARBOR_CUDA_GEMV_MMA_HANDOFF");
-  return env ? std::atoi(env) != 0 : true;
-}();
-
-constexpr int kMmaSmemLimit = 220 * 1024;  // the largest launch: gated, x of 8 x 4096 in shared memory (≈ 208 KB)
+constexpr int kMmaSmemLimit = 210 * 1024;  // the largest launch: gated, x of 8 x 4096 in shared memory (≈ 202 KB)
 
 template <int RPU, bool XS>
 void launch_mma_t(int64_t groups, int n_sms, size_t smem, cudaStream_t s, const GemvSegments& segs, const uint16_t* x, bool y_f32,
@@ -631,7 +597,7 @@ void launch_mma_t(int64_t groups, int n_sms, size_t smem, cudaStream_t s, const 
     it = per_sm.end() - 1;
   }
   const dim3 grid(unsigned(std::max<int64_t>(1, std::min<int64_t>(groups, int64_t(n_sms) * it->second))));
-  pdl_launch(kernel, grid, kMmaWarps * 32, smem, s, segs, x, y_f32, int(T), K, rows, gated_act, g_mma_handoff);
+  pdl_launch(kernel, grid, kMmaWarps * 32, smem, s, segs, x, y_f32, int(T), K, rows, gated_act);
 }
 
 // True when it launched: mma_takes, 16-byte aligned weights and x. segs.pair0 holds each matrix's
@@ -643,7 +609,7 @@ bool launch_mma(const GemvSegments& segs, int64_t rows, bool f16, const uint16_t
   const int rpu = gated_act >= 0 ? 2 : 1;
   const size_t x_bytes = size_t(T) * size_t(K + 8) * 2;
   const bool xs = int64_t(T * K * 2) <= kMmaMaxXBytes;
-  const size_t smem = size_t(kMmaWarps) * kMmaStages * 16 * kMmaK * 2 * rpu + 2 * size_t(kMmaWarps) * rpu * 128 * 4 + (xs ? x_bytes : 0);
+  const size_t smem = size_t(kMmaWarps) * kMmaStages * 16 * kMmaK * 2 * rpu + size_t(kMmaWarps) * rpu * 128 * 4 + (xs ? x_bytes : 0);
 #define ARBOR_MMA(R, XS) launch_mma_t<R, XS>(groups, n_sms, smem, s, segs, x, y_f32, T, K, rows, gated_act)
   if (rpu == 2) xs ? ARBOR_MMA(2, true) : ARBOR_MMA(2, false);
   else xs ? ARBOR_MMA(1, true) : ARBOR_MMA(1, false);
@@ -687,7 +653,6 @@ void launch(const GemvSegments& segs, int64_t pairs, DType w_dtype, const uint16
 void set_gemv_warps_per_sm(int w) { g_warps_per_sm = w < 1 ? 1 : w; }
 void set_gemv_stream(bool on) { g_stream = on; }
 void set_gemv_mma(bool on) { g_mma = on; }
-void set_gemv_mma_handoff(bool on) { g_mma_handoff = on; }
 bool gemv_mma_takes(int64_t T, int64_t K, DType w_dtype) { return w_dtype == DType::BF16 && mma_takes(T, K, false); }
 
 

@@ -103,8 +103,6 @@ void set_gemv_stream(bool on);
 // The tensor-core kernel for 3-8 rows with bf16 weights and K % 512 == 0 (default on; off, or
 // ARBOR_CUDA_GEMV_MMA=0: cuBLASLt takes those rows), and whether a shape would take it.
 void set_gemv_mma(bool on);
-// Its row groups' sums: by one warp while the others stream on (default), or by the whole block.
-void set_gemv_mma_handoff(bool on);
 bool gemv_mma_takes(int64_t T, int64_t K, DType w_dtype);
 
 // ---- attention_*.cu -------------------------------------------------------------------------------
