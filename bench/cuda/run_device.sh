@@ -9,6 +9,11 @@
 #       run twice in turn, so a change is judged on one machine (H200s of the tool differ by ~1.5%);
 #       a setting may also name another binary: AB="BIN=arbor_old;BIN=arbor" (both in $D); AB_ARGS adds bench
 #       arguments (AB_ARGS="--decode-batch 8"), AB_CONFIG picks another config.
+#   sweep: compute-sanitizer over every CUDA test, a suite per run (SWEEP_LIMIT seconds each, default
+#       100): memcheck on all suites, racecheck on the kernel suites (CudaOps, CudaAttention, CudaFused,
+#       CudaSampling) except the sampler tests that launch 16-block clusters over large vocabularies,
+#       which racecheck does not finish (CudaSampling.RacecheckOneAndTwoBlocksPerRow covers that kernel).
+#       Eleven runs: split them over calls with SWEEP_TOOLS / SWEEP_SUITES (a call has 600 s at most).
 set -u
 D=${ARBOR_RUN_DIR:-.cudarun}
 OUT=${OUT:-/tmp/arbor-out}
@@ -45,6 +50,21 @@ for step in $STEPS; do
         rc=$?
         tail -14 "$OUT/bench_$cfg.log"
         summary+=("bench $cfg rc=$rc")
+      done
+      ;;
+    sweep)
+      for tool in ${SWEEP_TOOLS:-memcheck racecheck}; do
+        for suite in ${SWEEP_SUITES:-CudaOps CudaAttention CudaFused CudaSampling CudaScheduler CudaGenerate CudaModel}; do
+          filter="$suite.*"
+          if [ $tool = racecheck ]; then
+            case $suite in CudaScheduler|CudaGenerate|CudaModel) continue ;; esac
+            [ $suite = CudaSampling ] && filter="CudaSampling.*-CudaSampling.ClusterSize*:CudaSampling.LargeVocabulary*"
+          fi
+          timeout "${SWEEP_LIMIT:-100}" compute-sanitizer --tool $tool --error-exitcode 3 "$D/test_cuda" --gtest_filter="$filter" > "$OUT/sweep_${tool}_$suite.log" 2>&1
+          rc=$?
+          echo "sweep $tool $suite rc=$rc (124: time limit) $(grep -cE '^\[       OK' "$OUT/sweep_${tool}_$suite.log") tests ok; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sweep_${tool}_$suite.log" | tail -1)"
+          summary+=("sweep $tool $suite rc=$rc")
+        done
       done
       ;;
     ab)
