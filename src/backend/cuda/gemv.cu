@@ -10,6 +10,9 @@
 // kStages x 512 bytes deep, filled before griddepcontrol.wait (so with programmatic dependent launch
 // the weights start streaming while the previous kernel finishes); x is copied to shared memory once
 // per block after the wait.
+//
+// For 3-8 rows, bf16 weights and K a multiple of 512, a third kernel runs the products on tensor cores
+// (gemv_mma_kernel, below): 16 weight rows are an MMA's M and the activation rows its N.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -580,7 +583,7 @@ bool g_mma = [] {
 
 bool mma_takes(int64_t T, int64_t K, bool f16) { return g_mma && !f16 && T >= 3 && T <= 8 && K % 512 == 0; }
 
-constexpr int kMmaSmemLimit = 210 * 1024;  // the largest launch: gated, x of 8 x 4096 in shared memory (≈ 202 KB)
+constexpr int kMmaSmemLimit = 210 * 1024;  // the largest launch: gated, x of 8 x 4096 in shared memory (200.1 KB)
 
 template <int RPU, bool XS>
 void launch_mma_t(int64_t groups, int n_sms, size_t smem, cudaStream_t s, const GemvSegments& segs, const uint16_t* x, bool y_f32,
