@@ -429,7 +429,7 @@ __device__ __forceinline__ uint32_t mma_off(int row, int c) { return uint32_t(ro
 
 template <int RPU, bool XS>
 __global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_kernel(GemvSegments segs, const uint16_t* __restrict__ x, bool y_f32,
-                                                                       int T, int64_t K, int64_t rows, int gated_act) {
+                                                                  int T, int64_t K, int64_t rows, int gated_act) {
   extern __shared__ __align__(16) unsigned char gemv_mma_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   constexpr uint32_t kTile = 16 * kMmaK * 2, kStage = kTile * RPU, kWarpRing = kStage * kMmaStages;
@@ -587,7 +587,7 @@ constexpr int kMmaSmemLimit = 210 * 1024;  // the largest launch: gated, x of 8 
 
 template <int RPU, bool XS>
 void launch_mma_t(int64_t groups, int n_sms, size_t smem, cudaStream_t s, const GemvSegments& segs, const uint16_t* x, bool y_f32,
-                   int64_t T, int64_t K, int64_t rows, int gated_act) {
+                  int64_t T, int64_t K, int64_t rows, int gated_act) {
   auto* kernel = gemv_mma_kernel<RPU, XS>;
   // Blocks per SM by shared memory, cached per size (a model has a few: x's size follows T and K).
   static std::vector<std::pair<size_t, int>> per_sm;
