@@ -100,10 +100,9 @@ class CudaBackend : public Backend {
   // GEMVs of 1-2 rows with K % 256 == 0 stream through shared memory (gemv.cu); off: the register
   // kernel for every GEMV. Process-wide; ARBOR_CUDA_GEMV_STREAM=0 turns it off (A/B runs, tests).
   static void set_gemv_stream(bool on);
-  // On, 3-8 rows with bf16 weights and K % 256 == 0 take a tensor-core GEMV (gemv.cu) that reads
-  // every weight once, instead of cuBLASLt. Off by default (measured slower for the 8B at 4 and 8 rows,
-  // faster for Qwen3-0.6B at 8: docs/cuda-notes.md, session 8); ARBOR_CUDA_GEMV_MMA=1 turns it on, =2
-  // with x's fragments loaded 4 steps ahead (not yet measured).
+  // On (the default), 3-8 rows with bf16 weights and K % 512 == 0 take a tensor-core GEMV (gemv.cu)
+  // that reads every weight once, instead of cuBLASLt (faster at 4 and 8 rows for the 8B and Qwen3-0.6B:
+  // docs/cuda-notes.md, session 9). Process-wide; ARBOR_CUDA_GEMV_MMA=0 turns it off.
   static void set_gemv_mma(bool on);
   static bool gemv_mma_takes(int64_t T, int64_t K, DType w_dtype);
   // The prefill attention kernel by name: "auto" (default: wgmma on sm_90 at head_dim 64/128, else

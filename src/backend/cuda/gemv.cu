@@ -254,6 +254,34 @@ __device__ __forceinline__ const uint16_t* stream_row(const GemvSegments& segs, 
   return pick(segs.w, si) + (u - pick(segs.pair0, si)) * K;
 }
 
+// Unit u's outputs (the launch's row numbering: the matrices' rows numbered consecutively, or gate/up
+// row pairs) for activation rows r0 .. r0 + NR - 1: sum0 (plain; gated: the gate row) and sum1 (gated:
+// the up row) plus the bias, into its matrix's y; gated stores act(gate) * up, each rounded to bf16
+// first as the unfused ops store them. Shared by the streaming and tensor-core kernels.
+template <int RPU, int NR>
+__device__ __forceinline__ void store_unit(const GemvSegments& segs, int64_t u, int r0, const float (&sum0)[NR], const float (&sum1)[NR],
+                                           bool y_f32, int gated_act) {
+  const int si = stream_seg<RPU>(segs, u);
+  const int64_t N = pick(segs.N, si), n = RPU == 2 ? u : u - pick(segs.pair0, si);
+  const float* bias = pick(segs.bias, si);
+  void* y = pick(segs.y, si);
+  const float b0 = bias ? bias[n] : 0.0f;
+#pragma unroll
+  for (int i = 0; i < NR; ++i) {
+    const int r = r0 + i;
+    if (RPU == 2) {
+      const float b1 = segs.bias[1] ? segs.bias[1][n] : 0.0f;
+      const float g = __bfloat162float(__float2bfloat16(sum0[i] + b0));
+      const float up = __bfloat162float(__float2bfloat16(sum1[i] + b1));
+      static_cast<__nv_bfloat16*>(y)[r * N + n] = __float2bfloat16(act_value(gated_act, g) * up);
+    } else if (y_f32) {
+      static_cast<float*>(y)[r * N + n] = sum0[i] + b0;
+    } else {
+      static_cast<__nv_bfloat16*>(y)[r * N + n] = __float2bfloat16(sum0[i] + b0);
+    }
+  }
+}
+
 // RPU: weight rows per unit (1 plain, 2 gated); NR: activation rows (1 or 2). pair0 here holds each
 // matrix's first row (not row pair). Every lane reads its own ring slots only, so the ring needs no
 // barrier: cp.async.wait_group orders a thread's copies before its own reads.
@@ -335,26 +363,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 2) gemv_stream_kernel(GemvS
 #pragma unroll
       for (int r = 0; r < NR; ++r)
         for (int o = 16; o > 0; o >>= 1) acc[q][r] += __shfl_xor_sync(0xffffffffu, acc[q][r], o);
-    if (lane == 0) {
-      const int si = stream_seg<RPU>(segs, u);
-      const int64_t N = pick(segs.N, si), n = RPU == 2 ? u : u - pick(segs.pair0, si);
-      const float* bias = pick(segs.bias, si);
-      void* y = pick(segs.y, si);
-      const float b0 = bias ? bias[n] : 0.0f;
-#pragma unroll
-      for (int r = 0; r < NR; ++r) {
-        if (RPU == 2) {  // act(gate) * up, each rounded to bf16 first as the unfused ops store them
-          const float b1 = segs.bias[1] ? segs.bias[1][n] : 0.0f;
-          const float g = __bfloat162float(__float2bfloat16(acc[0][r] + b0));
-          const float up = __bfloat162float(__float2bfloat16(acc[RPU - 1][r] + b1));
-          static_cast<__nv_bfloat16*>(y)[r * N + n] = __float2bfloat16(act_value(gated_act, g) * up);
-        } else if (y_f32) {
-          static_cast<float*>(y)[r * N + n] = acc[0][r] + b0;
-        } else {
-          static_cast<__nv_bfloat16*>(y)[r * N + n] = __float2bfloat16(acc[0][r] + b0);
-        }
-      }
-    }
+    if (lane == 0) store_unit<RPU, NR>(segs, u, 0, acc[0], acc[RPU - 1], y_f32, gated_act);
 #pragma unroll
     for (int q = 0; q < RPU; ++q)
 #pragma unroll
@@ -454,7 +463,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_kernel(GemvSegments s
     for (int j = 0; j < 4; ++j) {
       const int64_t rr = ig * 16 + j * 4 + lr;
       pv[j] = ig < g_end && rr < rows;
-      p0[j] = pv[j] ? stream_row<RPU == 2 ? 2 : 1>(segs, rr, K, 0) + k0 + lc * 8 : segs.w[0];
+      p0[j] = pv[j] ? stream_row<RPU>(segs, rr, K, 0) + k0 + lc * 8 : segs.w[0];
       if (RPU == 2) p1[j] = pv[j] ? stream_row<2>(segs, rr, K, 1) + k0 + lc * 8 : segs.w[0];
     }
   };
@@ -550,23 +559,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_kernel(GemvSegments s
         for (int w = 0; w < kMmaWarps; ++w) v[q] += red[(w * RPU + q) * 128 + src];
       }
       const int64_t rr = g * 16 + row;
-      if (n < T && rr < rows) {
-        const int si = stream_seg<RPU == 2 ? 2 : 1>(segs, rr);
-        const int64_t N = pick(segs.N, si), nrow = RPU == 2 ? rr : rr - pick(segs.pair0, si);
-        const float* bias = pick(segs.bias, si);
-        void* y = pick(segs.y, si);
-        const float b0v = bias ? bias[nrow] : 0.0f;
-        if (RPU == 2) {  // act(gate) * up, each rounded to bf16 first as the unfused ops store them
-          const float b1v = segs.bias[1] ? segs.bias[1][nrow] : 0.0f;
-          const float gt = __bfloat162float(__float2bfloat16(v[0] + b0v));
-          const float up = __bfloat162float(__float2bfloat16(v[RPU - 1] + b1v));
-          static_cast<__nv_bfloat16*>(y)[n * N + nrow] = __float2bfloat16(act_value(gated_act, gt) * up);
-        } else if (y_f32) {
-          static_cast<float*>(y)[n * N + nrow] = v[0] + b0v;
-        } else {
-          static_cast<__nv_bfloat16*>(y)[n * N + nrow] = __float2bfloat16(v[0] + b0v);
-        }
-      }
+      if (n < T && rr < rows) store_unit<RPU, 1>(segs, rr, n, {v[0]}, {v[RPU - 1]}, y_f32, gated_act);
     }
     __syncthreads();  // red is read before the next group writes it
   }

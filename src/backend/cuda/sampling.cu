@@ -1,7 +1,8 @@
 // Sampling on the GPU: greedy argmax (several blocks per row), and seeded temperature / top-k / top-p /
 // min-p (a thread-block cluster of up to 16 blocks per row on sm_90, one block elsewhere). Filters are
-// thresholds on the (order-preserving) float keys found by radix select, so nothing is sorted: top-k keeps keys >= the k-th largest; top-p keeps the largest
-// keys whose mass reaches top_p; min-p keeps p >= min_p * p_max. Ties at a threshold are all kept.
+// thresholds on the (order-preserving) float keys found by radix select, so nothing is sorted: top-k
+// keeps keys >= the k-th largest; top-p keeps the largest keys whose mass reaches top_p; min-p keeps
+// p >= min_p * p_max. Ties at a threshold are all kept.
 #include <cuda_runtime.h>
 
 #include <cooperative_groups.h>
