@@ -109,12 +109,8 @@ TEST(CudaSampling, SeededDrawsFollowTheFilteredDistribution) {
   for (int cluster : {1, 16}) {  // one block per row, and 16 (most blocks own no logit: V is 24)
     SCOPED_TRACE(::testing::Message() << "at most " << cluster << " blocks per row");
     CudaBackend::set_sample_cluster(cluster);
-    std::vector<SamplingParams> cases(5);
-    cases[0].temperature = 1.0f;
-    cases[1].temperature = 0.7f, cases[1].top_k = 5;
-    cases[2].temperature = 1.3f, cases[2].top_p = 0.6f;
-    cases[3].temperature = 1.0f, cases[3].min_p = 0.15f;
-    cases[4].temperature = 0.9f, cases[4].top_k = 12, cases[4].top_p = 0.9f, cases[4].min_p = 0.05f;
+    // {temperature, top_k, top_p, min_p}; the seed is set per case below.
+    const std::vector<SamplingParams> cases = {{1.0f}, {0.7f, 5}, {1.3f, 0, 0.6f}, {1.0f, 0, 1.0f, 0.15f}, {0.9f, 12, 0.9f, 0.05f}};
     for (size_t ci = 0; ci < cases.size(); ++ci) {
       SamplingParams p = cases[ci];
       p.seed = 1234 + ci;
@@ -154,12 +150,8 @@ TEST(CudaSampling, LargeVocabularyThresholds) {
   for (int j = 64; j < 164; ++j) row[size_t(ids[size_t(j)])] = -INFINITY;
   const std::vector<float> l = repeat_rows(row, R);
   Tensor t = dev_logits(gpu, l, R, V);
-  std::vector<SamplingParams> cases(5);
-  cases[0].temperature = 1.0f;
-  cases[1].temperature = 0.7f, cases[1].top_k = 10;
-  cases[2].temperature = 1.0f, cases[2].top_p = 0.7f;
-  cases[3].temperature = 0.9f, cases[3].top_k = 40, cases[3].top_p = 0.9f, cases[3].min_p = 0.02f;
-  cases[4].temperature = 1.3f, cases[4].top_k = 1;
+  // {temperature, top_k, top_p, min_p}; the seed is set per case below.
+  const std::vector<SamplingParams> cases = {{1.0f}, {0.7f, 10}, {1.0f, 0, 0.7f}, {0.9f, 40, 0.9f, 0.02f}, {1.3f, 1}};
   for (int cluster : {1, 2, 16}) {
     SCOPED_TRACE(::testing::Message() << "at most " << cluster << " blocks per row");
     CudaBackend::set_sample_cluster(cluster);
@@ -193,11 +185,8 @@ void expect_same_ids_at_every_cluster_size(int64_t V, uint64_t counters, uint32_
   const int64_t R = 3;
   std::vector<float> l = random_bf16(rng, size_t(R * V), 6.0f);
   Tensor t = dev_logits(gpu, l, R, V);
-  std::vector<SamplingParams> sets(4);
-  sets[0].temperature = 1.0f;
-  sets[1].temperature = 0.7f, sets[1].top_k = 50;
-  sets[2].temperature = 0.8f, sets[2].top_p = 0.9f;
-  sets[3].temperature = 1.1f, sets[3].top_k = 400, sets[3].top_p = 0.5f, sets[3].min_p = 0.01f;
+  // {temperature, top_k, top_p, min_p}; the seed is set per set below.
+  const std::vector<SamplingParams> sets = {{1.0f}, {0.7f, 50}, {0.8f, 0, 0.9f}, {1.1f, 400, 0.5f, 0.01f}};
   for (size_t si = first_set; si < sets.size(); ++si) {
     SamplingParams p = sets[si];
     p.seed = 5 + si;
