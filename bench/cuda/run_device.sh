@@ -9,11 +9,15 @@
 #       run twice in turn, so a change is judged on one machine (H200s of the tool differ by ~1.5%);
 #       a setting may also name another binary: AB="BIN=arbor_old;BIN=arbor" (both in $D); AB_ARGS adds bench
 #       arguments (AB_ARGS="--decode-batch 8"), AB_CONFIG picks another config.
-#   sweep: compute-sanitizer over every CUDA test, a suite per run (SWEEP_LIMIT seconds each, default
-#       100): memcheck on all suites, racecheck on the kernel suites (CudaOps, CudaAttention, CudaFused,
-#       CudaSampling) except the sampler tests that launch 16-block clusters over large vocabularies,
-#       which racecheck does not finish (CudaSampling.RacecheckOneAndTwoBlocksPerRow covers that kernel).
-#       Eleven runs: split them over calls with SWEEP_TOOLS / SWEEP_SUITES (a call has 600 s at most).
+#   sweep: compute-sanitizer over every CUDA test in one call (~450 s on an H200): memcheck on every
+#       suite, racecheck on the kernel suites (CudaOps, CudaAttention, CudaFused, CudaSampling), each
+#       tool and suite its own process, four groups at once. Racecheck's cost grows with the sampler's
+#       launches (a 16-block cluster of 3 rows: ~170 s), so its sampler run keeps the tests whose
+#       launches it finishes: the argmax, the per-row draws (8192 rows, one block each) and
+#       the two CudaSampling.Racecheck* tests (clusters of 1, 2 and 16 blocks, a launch each); the
+#       statistical and large-vocabulary tests run the same kernel at sizes it does not finish.
+#       SWEEP_LIMIT: seconds a kernel-suite run may take (default 200; the sampler's racecheck gets
+#       SWEEP_SAMPLER_LIMIT, default 480); SWEEP_TOOLS / SWEEP_SUITES narrow it.
 set -u
 D=${ARBOR_RUN_DIR:-.cudarun}
 OUT=${OUT:-/tmp/arbor-out}
@@ -38,7 +42,7 @@ for step in $STEPS; do
       rc=$?
       tail -4 "$OUT/memcheck.log"
       summary+=("memcheck rc=$rc")
-      timeout 150 compute-sanitizer --tool racecheck --error-exitcode 3 "$D/test_cuda" --gtest_filter="${RACECHECK_FILTER:-CudaAttention.HeadDims*:CudaAttention.DecodeSplit*:CudaFused.Prep*:CudaAttention.PrefillLongSpans:CudaSampling.Racecheck*}" > "$OUT/racecheck.log" 2>&1
+      timeout 150 compute-sanitizer --tool racecheck --error-exitcode 3 "$D/test_cuda" --gtest_filter="${RACECHECK_FILTER:-CudaAttention.HeadDims*:CudaAttention.DecodeSplit*:CudaFused.Prep*:CudaAttention.PrefillLongSpans:CudaSampling.RacecheckOneAndTwo*}" > "$OUT/racecheck.log" 2>&1
       rc=$?
       tail -4 "$OUT/racecheck.log"
       summary+=("racecheck rc=$rc")
@@ -53,19 +57,34 @@ for step in $STEPS; do
       done
       ;;
     sweep)
-      for tool in ${SWEEP_TOOLS:-memcheck racecheck}; do
-        for suite in ${SWEEP_SUITES:-CudaOps CudaAttention CudaFused CudaSampling CudaScheduler CudaGenerate CudaModel}; do
-          filter="$suite.*"
-          if [ $tool = racecheck ]; then
-            case $suite in CudaScheduler|CudaGenerate|CudaModel) continue ;; esac
-            [ $suite = CudaSampling ] && filter="CudaSampling.*-CudaSampling.ClusterSize*:CudaSampling.LargeVocabulary*"
-          fi
-          timeout "${SWEEP_LIMIT:-100}" compute-sanitizer --tool $tool --error-exitcode 3 "$D/test_cuda" --gtest_filter="$filter" > "$OUT/sweep_${tool}_$suite.log" 2>&1
-          rc=$?
-          echo "sweep $tool $suite rc=$rc (124: time limit) $(grep -cE '^\[       OK' "$OUT/sweep_${tool}_$suite.log") tests ok; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sweep_${tool}_$suite.log" | tail -1)"
-          summary+=("sweep $tool $suite rc=$rc")
+      sweep_one() {  # tool suite: one compute-sanitizer process, its log and one summary line
+        local tool=$1 suite=$2 filter="$2.*" limit=${SWEEP_LIMIT:-200} start=$SECONDS
+        case $suite in CudaScheduler|CudaGenerate|CudaModel) limit=$((2 * limit)) ;; esac
+        if [ $tool = racecheck ] && [ $suite = CudaSampling ]; then
+          filter="CudaSampling.ArgmaxMatchesTheCpu:CudaSampling.PerRowDraws*:CudaSampling.Racecheck*"
+          limit=${SWEEP_SAMPLER_LIMIT:-480}
+        fi
+        timeout "$limit" compute-sanitizer --tool $tool --error-exitcode 3 "$D/test_cuda" --gtest_filter="$filter" > "$OUT/sweep_${tool}_$suite.log" 2>&1
+        local rc=$?
+        echo "sweep $tool $suite rc=$rc (124: past ${limit} s) in $((SECONDS - start)) s, $(grep -cE '^\[       OK' "$OUT/sweep_${tool}_$suite.log") tests ok; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sweep_${tool}_$suite.log" | tail -1)"
+      }
+      sweep_group() {  # tool suites...: one after another
+        local tool=$1; shift
+        for suite in "$@"; do
+          case " ${SWEEP_TOOLS:-memcheck racecheck} " in *" $tool "*) ;; *) continue ;; esac
+          case " ${SWEEP_SUITES:-CudaOps CudaAttention CudaFused CudaSampling CudaScheduler CudaGenerate CudaModel} " in *" $suite "*) ;; *) continue ;; esac
+          sweep_one $tool $suite
         done
-      done
+      }
+      # Four groups of about equal time (measured: memcheck on the kernel suites ~130 s, on the model
+      # suites ~210 s, racecheck on CudaOps + CudaAttention ~225 s, on CudaFused ~50 s and the sampler ~400 s).
+      sweep_group memcheck CudaOps CudaAttention CudaFused CudaSampling > "$OUT/sweep_group1.txt" &
+      sweep_group memcheck CudaScheduler CudaGenerate CudaModel > "$OUT/sweep_group2.txt" &
+      sweep_group racecheck CudaOps CudaAttention > "$OUT/sweep_group3.txt" &
+      sweep_group racecheck CudaFused CudaSampling > "$OUT/sweep_group4.txt" &
+      wait
+      cat "$OUT"/sweep_group*.txt
+      while read -r line; do summary+=("${line%% in *}"); done < <(cat "$OUT"/sweep_group*.txt)
       ;;
     ab)
       IFS=';' read -r -a settings <<< "${AB:-}"

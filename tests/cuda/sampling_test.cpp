@@ -229,6 +229,13 @@ TEST(CudaSampling, RacecheckOneAndTwoBlocksPerRow) {
   expect_same_ids_at_every_cluster_size(1201, 3, 27, {1, 2}, 3);
 }
 
+// The largest cluster (16 blocks, 75 logits each), for racecheck too: one launch of 3 rows takes it
+// about 170 s on an H200, so it runs in the sanitizer sweep, not in the quick racecheck filter.
+TEST(CudaSampling, RacecheckSixteenBlockCluster) {
+  ARBOR_REQUIRE_GPU();
+  expect_same_ids_at_every_cluster_size(1201, 3, 27, {1, 16}, 3);
+}
+
 // Draws queued with a parameter set per row (the scheduler's path): four sets, a greedy one among
 // them, interleaved over the rows of one launch; each set's rows follow its own distribution, greedy
 // rows give the argmax, and a row's draw depends on (seed, counter) only, not on its place.
