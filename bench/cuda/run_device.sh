@@ -12,7 +12,7 @@
 #   sweep: compute-sanitizer over every CUDA test in one call (~450 s on an H200): memcheck on every
 #       suite, racecheck on the kernel suites (CudaOps, CudaAttention, CudaFused, CudaSampling), each
 #       tool and suite its own process, four groups at once. Racecheck's cost grows with the sampler's
-#       launches (a 16-block cluster of 3 rows: ~170 s), so its sampler run keeps the tests whose
+#       launches (a 16-block cluster of 3 rows: 75 s alone, 175 s beside other runs), so its sampler run keeps the tests whose
 #       launches it finishes: the argmax, the per-row draws (8192 rows, one block each) and
 #       the two CudaSampling.Racecheck* tests (clusters of 1, 2 and 16 blocks, a launch each); the
 #       statistical and large-vocabulary tests run the same kernel at sizes it does not finish.

@@ -230,7 +230,8 @@ TEST(CudaSampling, RacecheckOneAndTwoBlocksPerRow) {
 }
 
 // The largest cluster (16 blocks, 75 logits each), for racecheck too: one launch of 3 rows takes it
-// about 170 s on an H200, so it runs in the sanitizer sweep, not in the quick racecheck filter.
+// over a minute on an H200 (~75 s alone, ~175 s beside other sanitizer runs), so it runs in the
+// sanitizer sweep, not in the quick racecheck filter.
 TEST(CudaSampling, RacecheckSixteenBlockCluster) {
   ARBOR_REQUIRE_GPU();
   expect_same_ids_at_every_cluster_size(1201, 3, 27, {1, 16}, 3);
