@@ -10,6 +10,7 @@ namespace arbor::cli {
 Args::Args(const std::vector<std::string>& args, const std::set<std::string>& value_flags, const std::set<std::string>& bool_flags) {
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
+    if (a == "--help" || a == "-h") throw HelpRequested{value_flags, bool_flags};
     if (a.size() < 3 || a.rfind("--", 0) != 0) {
       positional_.push_back(a);
       continue;
@@ -31,7 +32,7 @@ Args::Args(const std::vector<std::string>& args, const std::set<std::string>& va
       std::string known;
       for (const auto& f : value_flags) known += " --" + f;
       for (const auto& f : bool_flags) known += " --" + f;
-      fail("arguments: unknown flag --{}; known:{}", name, known);
+      fail("arguments: unknown flag --{}; known:{} (--help describes them)", name, known);
     }
   }
 }

@@ -353,7 +353,19 @@ int cmd_bench(const std::vector<std::string>& args) {
   return 0;
 }
 
-ARBOR_VERB("bench", "prefill/decode speed vs the measured hardware limit (--config FILE --dummy-weights)", cmd_bench);
+ARBOR_VERB("bench", "prefill/decode speed vs the measured hardware limit (--config FILE --dummy-weights)",
+           "(--model DIR | --config FILE --dummy-weights) [flags]",
+           ARBOR_MODEL_FLAGS_HELP
+           "  --prompt-tokens N     CPU: prompt length (default 128)\n"
+           "  --chunk N             CPU: prompt tokens per forward step (default 128)\n"
+           "  --decode-tokens N     decode steps timed (default 32 on the CPU, 64 on CUDA)\n"
+           "  --reps N              runs, the best one reported (default 3)\n"
+           "  --decode-only         CUDA: one decode figure only (graph replay), e.g. under a profiler\n"
+           "  --decode-batch B      CUDA, with --decode-only: sequences per step (1..64, default 1)\n"
+           "  --decode-ctx N        CUDA, with --decode-only: context length (1..8192, default 512)\n"
+           "  --prefill-only P,...  CUDA: prefill figures for these prompt lengths only (1..8192 each)\n"
+           "  --gemv-only           CUDA: stop after the ceilings and the GEMV table at the model's shapes\n",
+           cmd_bench);
 
 }  // namespace
 }  // namespace arbor::cli

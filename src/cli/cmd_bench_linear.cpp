@@ -189,5 +189,13 @@ int cmd_bench_linear(const std::vector<std::string>& argv) {
 
 }  // namespace
 
-ARBOR_VERB("bench-linear", "benchmark the CPU linear kernels at model shapes (GB/s, % of bandwidth, GFLOP/s)",
+ARBOR_VERB("bench-linear", "benchmark the CPU linear kernels at model shapes (GB/s, % of bandwidth, GFLOP/s)", "[flags]",
+           "  --model NAME          shapes of qwen3-0.6b, llama-3.2-1b or all (default all)\n"
+           "  --dtype bf16|f16|f32  weight type (default bf16)\n"
+           "  --threads N           threads (default: every CPU this process may run on)\n"
+           "  --reps N              passes per shape, the best reported (default 5)\n"
+           "  --decode-tokens N     rows of the decode (GEMV) calls (default 1)\n"
+           "  --gemm-tokens N       rows of the prefill (GEMM) calls; 0 skips them (default 512)\n"
+           "  --bw-mib N            buffer of the read-bandwidth passes, MiB (default 1024)\n"
+           "  --isa NAME            force one kernel level (default: the best this CPU has)\n",
            cmd_bench_linear);

@@ -60,4 +60,9 @@ int cmd_bench_tokenizer(const std::vector<std::string>& args) {
 
 }  // namespace
 
-ARBOR_VERB("bench-tokenizer", "encode throughput: bench-tokenizer --model DIR --file TEXT [--passes N]", cmd_bench_tokenizer);
+ARBOR_VERB("bench-tokenizer", "encode throughput: bench-tokenizer --model DIR --file TEXT [--passes N]", "--model DIR --file TEXT [flags]",
+           "  --model DIR           directory with tokenizer.json (or the file itself)\n"
+           "  --file TEXT           inputs, one per line\n"
+           "  --passes N            passes over the file, the first with a cold word cache (default 3)\n"
+           "  --no-special          do not add the tokenizer's special tokens (BOS ...)\n",
+           cmd_bench_tokenizer);

@@ -98,7 +98,17 @@ int cmd_chat(const std::vector<std::string>& args) {
   return 0;
 }
 
-ARBOR_VERB("chat", "interactive chat in the terminal with the model's chat template (default model if no --model)", cmd_chat);
+ARBOR_VERB("chat", "interactive chat in the terminal with the model's chat template (default model if no --model)",
+           "[--model DIR] [flags]   (one turn per line when stdin is not a terminal; /reset, /exit)",
+           ARBOR_MODEL_FLAGS_HELP
+           "  --system TEXT         a system message to start the conversation with\n"
+           "  --max-tokens N        longest reply (default 512)\n"
+           "  --temperature T       0 is greedy; this and the two below default to the model's\n"
+           "                        generation_config.json, else greedy and no filter\n"
+           "  --top-k K             keep the K most likely tokens (0: all)\n"
+           "  --top-p P             keep the most likely tokens up to mass P (1: all)\n"
+           "  --seed N              seed of the draws (default 0)\n",
+           cmd_chat);
 
 }  // namespace
 }  // namespace arbor::cli

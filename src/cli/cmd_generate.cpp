@@ -101,6 +101,20 @@ int cmd_generate(const std::vector<std::string>& args) {
 }
 
 ARBOR_VERB("generate", "generate from --prompt-ids 1,2,3 (ids out) or --prompt \"text\" [--chat] (text out, streamed)",
+           "[--model DIR] (--prompt-ids 1,2,3 | --prompt \"text\" | \"text\") [flags]",
+           ARBOR_MODEL_FLAGS_HELP
+           "  --prompt-ids IDS      token ids in (comma-separated), ids out; greedy and no stop unless asked\n"
+           "  --prompt TEXT         text in, text streamed out, sampled as generation_config.json says\n"
+           "  --chat                wrap --prompt in the model's chat template as one user turn\n"
+           "  --system TEXT         with --chat: a system message before it\n"
+           "  --max-tokens N        tokens to generate (default 16 with --prompt-ids, 256 with --prompt)\n"
+           "  --ignore-eos          with --prompt: do not stop at end of sequence\n"
+           "  --temperature T       0 is greedy\n"
+           "  --top-k K             keep the K most likely tokens (0: all)\n"
+           "  --top-p P             keep the most likely tokens up to mass P (1: all)\n"
+           "  --min-p P             drop tokens below P times the most likely one's probability (0: none)\n"
+           "  --seed N              seed of the draws (default 0)\n"
+           "  --logits-out FILE     write every fed token's logits, raw little-endian f32, one row each\n",
            cmd_generate);
 
 }  // namespace

@@ -49,7 +49,8 @@ int cmd_inspect(const std::vector<std::string>& args) {
   return 0;
 }
 
-ARBOR_VERB("inspect", "describe a checkpoint: architecture, parameters, dtypes, bytes, KV per token", cmd_inspect);
+ARBOR_VERB("inspect", "describe a checkpoint: architecture, parameters, dtypes, bytes, KV per token", "DIR [--config FILE]",
+           "  --config FILE         describe this config.json (without DIR: the config alone, no tensors)\n", cmd_inspect);
 
 }  // namespace
 }  // namespace arbor::cli

@@ -123,7 +123,12 @@ int cmd_pi(const std::vector<std::string>& args) {
   return 0;
 }
 
-ARBOR_VERB("pi", "write (or --remove) the pi coding agent's provider entry for a running server (--host, --port)", cmd_pi);
+ARBOR_VERB("pi", "write (or --remove) the pi coding agent's provider entry for a running server (--host, --port)", "[flags]",
+           "  --host ADDR           the running server's address (default 127.0.0.1)\n"
+           "  --port N              its port (default 8080)\n"
+           "  --max-tokens N        the entry's longest reply (default: half the served context, at most 16384)\n"
+           "  --remove              remove the entry instead (in $PI_CODING_AGENT_DIR or ~/.pi/agent, models.json)\n",
+           cmd_pi);
 
 }  // namespace
 }  // namespace arbor::cli

@@ -187,7 +187,32 @@ int cmd_serve(const std::vector<std::string>& args_in) {
   return 0;
 }
 
-ARBOR_VERB("serve", "serve the OpenAI/Anthropic HTTP API (--model DIR [--host 127.0.0.1 --port 8080 --max-batch 8 --no-prefix-cache])", cmd_serve);
+ARBOR_VERB("serve", "serve the OpenAI/Anthropic HTTP API (--model DIR [--host 127.0.0.1 --port 8080 --max-batch 8 --no-prefix-cache])",
+           "[--model DIR] [flags]   (also a bare `arbor`)",
+           ARBOR_MODEL_FLAGS_HELP
+           "  --host ADDR           address to listen on (default 127.0.0.1)\n"
+           "  --port N              port to listen on (default 8080; 0 picks a free one, logged at start)\n"
+           "  --api-key KEY         answer /v1/ requests only with 'Authorization: Bearer KEY' or 'x-api-key: KEY'\n"
+           "  --served-model-name NAME\n"
+           "                        the model id in /v1/models and in replies (default: the model directory's name)\n"
+           "  --tokenizer DIR       where tokenizer.json and tokenizer_config.json are (default: --model)\n"
+           "  --chat-template FILE  a Jinja chat template to use instead of the model's\n"
+           "  --thinking on|off     pass enable_thinking to the chat template (default: the template's own)\n"
+           "  --max-batch N         sequences decoded together (1..1024, default 8)\n"
+           "  --max-queue N         requests that may wait for a place beyond those; more get 429 (default 64)\n"
+           "  --max-step-tokens N   tokens one forward step may take, prompt chunks and decode rows together\n"
+           "                        (default 256, at least --max-batch)\n"
+           "  --kv-memory-gb G      memory for the KV cache when --kv-blocks is not given (default 4)\n"
+           "  --no-prefix-cache     do not reuse the KV blocks of earlier requests' shared prompt prefixes\n"
+           "  --temperature T       default sampling for requests that do not set it; these four start from\n"
+           "                        the model's generation_config.json\n"
+           "  --top-p P             likewise\n"
+           "  --top-k K             likewise\n"
+           "  --min-p P             likewise\n"
+           "  --max-tokens N        default completion length for requests without one (default: what the\n"
+           "                        context leaves)\n"
+           "  --max-body-mb M       largest request body accepted (default 8)\n",
+           cmd_serve);
 
 }  // namespace
 }  // namespace arbor::cli

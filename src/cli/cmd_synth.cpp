@@ -28,7 +28,12 @@ int cmd_synth(const std::vector<std::string>& args) {
   return 0;
 }
 
-ARBOR_VERB("synth", "write a deterministic random checkpoint for a config (--config FILE --out DIR)", cmd_synth);
+ARBOR_VERB("synth", "write a deterministic random checkpoint for a config (--config FILE --out DIR)", "--config FILE --out DIR [flags]",
+           "  --config FILE         the model's config.json (copied into DIR)\n"
+           "  --out DIR             where the safetensors shards go\n"
+           "  --dtype bf16|f16|f32  weight type (default bf16)\n"
+           "  --shard-gb G          largest shard (default 4)\n",
+           cmd_synth);
 
 }  // namespace
 }  // namespace arbor::cli

@@ -50,4 +50,13 @@ int cmd_template(const std::vector<std::string>& argv) {
 
 }  // namespace
 
-ARBOR_VERB("template", "render a model's chat template for a conversation (--model DIR --messages FILE.json)", cmd_template);
+ARBOR_VERB("template", "render a model's chat template for a conversation (--model DIR --messages FILE.json)",
+           "--model DIR --messages FILE.json [flags]",
+           "  --model DIR           tokenizer_config.json or chat_template.jinja is all it needs\n"
+           "  --messages FILE.json  a list of messages, or a request body with \"messages\" (and \"tools\")\n"
+           "  --tools FILE.json     tool definitions\n"
+           "  --kwargs JSON         more template variables, e.g. '{\"enable_thinking\":false}'\n"
+           "  --template-name NAME  one of several named templates (default: \"default\")\n"
+           "  --no-generation-prompt\n"
+           "                        leave out the assistant turn's opening\n",
+           cmd_template);

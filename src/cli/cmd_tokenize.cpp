@@ -84,5 +84,14 @@ int cmd_detokenize(const std::vector<std::string>& args) {
 
 }  // namespace
 
-ARBOR_VERB("tokenize", "print token ids and pieces of a text (--model DIR, --file F, --json, --no-special)", cmd_tokenize);
-ARBOR_VERB("detokenize", "print the text of token ids: detokenize --model DIR 1,2,3 [--skip-special]", cmd_detokenize);
+ARBOR_VERB("tokenize", "print token ids and pieces of a text (--model DIR, --file F, --json, --no-special)",
+           "--model DIR (\"text\" | --file F) [flags]",
+           "  --model DIR           directory with tokenizer.json (or the file itself)\n"
+           "  --file F              tokenize this file's text\n"
+           "  --json                one JSON object: {\"ids\": [...], \"pieces\": [...]}\n"
+           "  --no-special          do not add the tokenizer's special tokens (BOS ...)\n",
+           cmd_tokenize);
+ARBOR_VERB("detokenize", "print the text of token ids: detokenize --model DIR 1,2,3 [--skip-special]", "--model DIR IDS... [flags]",
+           "  --model DIR           directory with tokenizer.json (or the file itself)\n"
+           "  --skip-special        leave special tokens out of the text\n",
+           cmd_detokenize);

@@ -34,3 +34,18 @@ LoadedModel load_model_from_args(const Args& a, int64_t max_step_tokens = 256);
 std::vector<int32_t> parse_id_list(const std::string& s, const char* flag, const char* what = "a token id");
 
 }  // namespace arbor::cli
+
+// Their lines for a verb's --help (a string literal, joined with the verb's own lines; cli/verb.h).
+#define ARBOR_MODEL_FLAGS_HELP                                                                          \
+  "  --model DIR           checkpoint directory: config.json, *.safetensors (sharded or not), the\n"     \
+  "                        tokenizer files; default $ARBOR_MODEL, else the model shipped in models/\n"   \
+  "  --config FILE         a config.json to build the model from, with --dummy-weights\n"               \
+  "  --dummy-weights       deterministic random weights instead of a checkpoint's\n"                    \
+  "  --dtype bf16|f16|f32  the dummy weights' type (default bf16)\n"                                     \
+  "  --device cpu|cuda     where the model runs (default cpu; cuda needs a CUDA build and a GPU)\n"      \
+  "  --threads N           CPU threads (default: every CPU this process may run on)\n"                   \
+  "  --weights copy|mmap   CPU: weights copied to anonymous huge-page memory (default) or used from\n"   \
+  "                        the file mapping\n"                                                           \
+  "  --ctx-size N          positions a sequence may use (default: the model's maximum, at most 4096)\n"  \
+  "  --kv-blocks N         KV cache blocks of 16 tokens (default: one full-context sequence; serve:\n"   \
+  "                        --max-batch of them within --kv-memory-gb)\n"
