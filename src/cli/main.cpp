@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli/args.h"
+#include "cli/build_info.h"
 #include "cli/verb.h"
 
 namespace arbor::cli {
@@ -27,7 +28,7 @@ int usage() {
   std::sort(vs.begin(), vs.end(), [](auto& a, auto& b) { return std::string(a.name) < b.name; });
   std::printf("usage: arbor <verb> [flags]   (no verb: arbor serve)\n\nverbs:\n");
   for (const auto& v : vs) std::printf("  %-16s %s\n", v.name, v.summary);
-  std::printf("\narbor <verb> --help describes a verb's flags.\n");
+  std::printf("\narbor <verb> --help describes a verb's flags; arbor --version names the build.\n");
   return 0;
 }
 
@@ -69,6 +70,10 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   std::string verb = "serve";
   if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) return usage();
+  if (!args.empty() && (args[0] == "--version" || args[0] == "version")) {
+    std::printf("arbor %s\n%s\n", arbor::build_commit(), arbor::build_config());
+    return 0;
+  }
   if (!args.empty() && args[0].rfind("-", 0) != 0) {
     verb = args[0];
     args.erase(args.begin());
