@@ -2,6 +2,7 @@
 // (also `-h`, `arbor help VERB`) prints that verb's usage and flags and exits 0 without doing the
 // verb's work. The binary itself checks each help text against the flags the verb accepts and names
 // any difference on stderr, so a flag added without a line (or a line left after its flag went) fails here.
+// Also `arbor --version`.
 import test from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
@@ -47,4 +48,11 @@ test('--help wins over the rest of the line, and an unknown flag points to it', 
   const bad = run('tokenize', '--bogus');
   assert.equal(bad.status, 1);
   assert.match(bad.stderr, /^arbor tokenize: arguments: unknown flag --bogus; known: .*--help describes them/);
+});
+
+test('arbor --version names the commit and the build', () => {
+  const r = run('--version');
+  assert.equal(r.status, 0, r.stderr);
+  assert.match(r.stdout, /^arbor ([0-9a-f]{12}(-dirty)?|unknown commit \(not a git checkout\))\n[A-Za-z]+, .+, (no CUDA|CUDA [0-9.]+ \(.+\))\n$/);
+  assert.equal(run('version').stdout, r.stdout);
 });
