@@ -10,6 +10,7 @@
 
 #include "backend/cpu/bandwidth.h"
 #include "backend/cpu/cpu_backend.h"
+#include "cli/build_info.h"
 #include "cli/model_args.h"
 #include "cli/verb.h"
 #include "core/error.h"
@@ -82,6 +83,7 @@ int bench_cuda(const Args& a) {
   Model m(opt, *backend);
   const double load_s = seconds_since(t0);
   const ModelConfig& c = m.config();
+  std::printf("build      arbor %s (%s)\n", build_commit(), build_config());
   std::printf("model      %s\n", c.summary().c_str());
   std::printf("backend    %s\n", backend->name().c_str());
   std::printf("weights    %.3f GB (%s), loaded in %.2f s%s\n", double(m.weight_bytes()) * 1e-9, m.weight_dtypes().c_str(), load_s,
@@ -302,6 +304,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   Model& m = *lm.model;
   const ModelConfig& c = m.config();
   if (prompt + decode > m.ctx_size()) fail("bench: {} + {} tokens exceed the context {} (--ctx-size)", prompt, decode, m.ctx_size());
+  std::printf("build      arbor %s (%s)\n", build_commit(), build_config());
   std::printf("model      %s\n", c.summary().c_str());
   std::printf("backend    %s\n", lm.backend->name().c_str());
   std::printf("weights    %.3f GB (%s), loaded in %.2f s\n", double(m.weight_bytes()) * 1e-9, m.weight_dtypes().c_str(), lm.load_seconds);

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "cli/build_info.h"
 #include "cli/model_args.h"
 #include "cli/verb.h"
 #include "core/error.h"
@@ -163,6 +164,7 @@ int cmd_serve(const std::vector<std::string>& args_in) {
   server::ApiServer api(ctx, ho);
   api.listen();
   ctx.ready.store(true);
+  log_info("serve: arbor {} ({})", build_commit(), build_config());
   log_info("serve: {} ({}) on http://{}:{}/v1 — ctx {}, max batch {}, queue {}, {} KV blocks of {} tokens, prefix cache {}, tools {}, reasoning {}",
            ctx.model_id, m.config().summary(), ho.host, api.port(), ctx.ctx_size, max_batch, max_queue, pool.n_blocks(),
            pool.block_size(), prefix_cache ? "on" : "off", ctx.chat_format.tool_format_name(), ctx.chat_format.reasoning ? "<think>" : "none");
