@@ -135,6 +135,7 @@ int cmd_serve(const std::vector<std::string>& args_in) {
   ctx.eos_ids = eos_ids(m.config(), tok, model_dir);
   ctx.thinking = thinking;
   ctx.api_key = a.get_or("api-key", "");
+  ctx.version = build_commit();
   ctx.created = server::unix_now();
   // Defaults: built-in < generation_config.json < explicit flags.
   fs::path gc = fs::path(model_dir) / "generation_config.json";

@@ -1,5 +1,6 @@
 // Anthropic Messages (/v1/messages): request mapped onto the chat pipeline; response and the exact SSE
 // event sequence (message_start, content_block_start/delta/stop per block, message_delta, message_stop).
+// Also /v1/messages/count_tokens, which renders the same prompt and counts it.
 #include "server/api_error.h"
 #include "server/params.h"
 #include "server/routes.h"
@@ -107,18 +108,21 @@ json usage(const Generation& g) {
           {"cache_read_input_tokens", g.cached_tokens()}, {"output_tokens", g.completion_tokens()}};
 }
 
-}  // namespace
+// The prompt a Messages request renders to: system + messages, tools (unless tool_choice is "none"),
+// and the thinking switch, through the chat template. Shared by /v1/messages and its count_tokens.
+struct MessagesPrompt {
+  std::vector<int32_t> ids;
+  bool parse_tools = false;      // tools were given to the template: parse calls out of the reply
+  bool opens_reasoning = false;  // the prompt ends inside a <think> block
+};
 
-void handle_messages(ServerContext& ctx, const http::Request& req, http::ResponseWriter& w) {
-  json b = parse_body(req.body);
-  auto max_tokens = opt_int(b, "max_tokens", 1, INT64_MAX);
-  if (!max_tokens) bad_request("max_tokens", "is required");
+MessagesPrompt messages_prompt(ServerContext& ctx, const json& b, const std::string& raw_body) {
+  MessagesPrompt out;
   ojson messages = normalize_messages(to_openai_messages(b));
   ojson tools = nullptr;
-  bool parse_tools = false;
   if (auto t = b.find("tools"); t != b.end() && !t->is_null()) {
     if (!t->is_array()) bad_request("tools", "must be an array");
-    const ojson otools = ojson::parse(req.body)["tools"];  // key order matters to the template's tojson
+    const ojson otools = ojson::parse(raw_body)["tools"];  // key order matters to the template's tojson
     ojson list = ojson::array();
     for (size_t i = 0; i < otools.size(); ++i) {
       const ojson& tool = otools[i];
@@ -133,9 +137,32 @@ void handle_messages(ServerContext& ctx, const http::Request& req, http::Respons
       choice = (*tc)["type"].get<std::string>();
     if (!list.empty() && choice != "none") {
       tools = normalize_tools(list);
-      parse_tools = true;
+      out.parse_tools = true;
     }
   }
+  ojson kwargs = template_kwargs(json::object(), ctx);
+  if (auto th = b.find("thinking"); th != b.end() && !th->is_null()) {
+    if (!th->is_object() || !th->contains("type") || !(*th)["type"].is_string()) bad_request("thinking", "must be an object with a 'type'");
+    kwargs["enable_thinking"] = (*th)["type"] == "enabled";
+  }
+  out.ids = render_chat_prompt(ctx, messages, tools, kwargs, out.opens_reasoning);
+  return out;
+}
+
+}  // namespace
+
+// POST /v1/messages/count_tokens: the prompt tokens the same body would take in /v1/messages
+// ({"input_tokens": N}); max_tokens and the sampling fields are not needed.
+void handle_count_tokens(ServerContext& ctx, const http::Request& req, http::ResponseWriter& w) {
+  json b = parse_body(req.body);
+  send_json(w, 200, {{"input_tokens", messages_prompt(ctx, b, req.body).ids.size()}});
+}
+
+void handle_messages(ServerContext& ctx, const http::Request& req, http::ResponseWriter& w) {
+  json b = parse_body(req.body);
+  auto max_tokens = opt_int(b, "max_tokens", 1, INT64_MAX);
+  if (!max_tokens) bad_request("max_tokens", "is required");
+  MessagesPrompt mp = messages_prompt(ctx, b, req.body);
   json oai = {{"max_tokens", *max_tokens}};
   for (const char* k : {"temperature", "top_p", "top_k"})
     if (b.contains(k)) oai[k] = b[k];
@@ -144,18 +171,12 @@ void handle_messages(ServerContext& ctx, const http::Request& req, http::Respons
     oai["stop"] = *ss;
   }
   GenParams p = parse_sampling(oai, ctx);
-  if (parse_tools && ctx.chat_format.markers_are_special()) p.skip_special_tokens = false;
+  if (mp.parse_tools && ctx.chat_format.markers_are_special()) p.skip_special_tokens = false;
   if (p.sampling.temperature > 1.0f) bad_request("temperature", "must be between 0 and 1, got {}", p.sampling.temperature);
-  ojson kwargs = template_kwargs(json::object(), ctx);
-  if (auto th = b.find("thinking"); th != b.end() && !th->is_null()) {
-    if (!th->is_object() || !th->contains("type") || !(*th)["type"].is_string()) bad_request("thinking", "must be an object with a 'type'");
-    kwargs["enable_thinking"] = (*th)["type"] == "enabled";
-  }
   const bool stream = opt_bool(b, "stream").value_or(false);
-  bool opens_reasoning = false;
-  std::vector<int32_t> prompt = render_chat_prompt(ctx, messages, tools, kwargs, opens_reasoning);
-  Generation g(ctx, std::move(prompt), p);
-  ChatOutputParser parser(ctx.chat_format, opens_reasoning, parse_tools);
+  const bool parse_tools = mp.parse_tools;
+  Generation g(ctx, std::move(mp.ids), p);
+  ChatOutputParser parser(ctx.chat_format, mp.opens_reasoning, parse_tools);
   const std::string id = random_id("msg_");
 
   if (!stream) {

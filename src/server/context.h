@@ -48,6 +48,7 @@ struct ServerContext {
   SamplingDefaults defaults;
   std::string thinking;  // "" = template default, "on", "off"
   std::string api_key;   // "" = no check
+  std::string version;   // GET /version: the build's commit
   int64_t created = 0;   // unix seconds, for /v1/models
   std::atomic<bool> ready{false};
   Metrics metrics;

@@ -322,11 +322,11 @@ nlohmann::ordered_json template_kwargs(const json& body, const ServerContext& ct
 
 std::vector<int32_t> render_chat_prompt(const ServerContext& ctx, const nlohmann::ordered_json& messages,
                                         const nlohmann::ordered_json& tools, const nlohmann::ordered_json& kwargs,
-                                        bool& opens_reasoning) {
+                                        bool& opens_reasoning, bool add_generation_prompt) {
   if (!ctx.chat_template) throw ApiError(400, "the served model has no chat template; use /v1/completions", "messages");
   std::string prompt;
   try {
-    prompt = ctx.chat_template->render(messages, tools, true, kwargs);
+    prompt = ctx.chat_template->render(messages, tools, add_generation_prompt, kwargs);
   } catch (const std::exception& e) {
     // Templates raise for conversations they do not support (e.g. roles out of order).
     throw ApiError(400, fmt::format("the chat template rejected the conversation: {}", e.what()), "messages");

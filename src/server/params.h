@@ -44,6 +44,6 @@ nlohmann::ordered_json template_kwargs(const json& body, const ServerContext& ct
 // Renders and tokenizes a chat prompt. Also reports whether the prompt opens a <think> block.
 std::vector<int32_t> render_chat_prompt(const ServerContext& ctx, const nlohmann::ordered_json& messages,
                                         const nlohmann::ordered_json& tools, const nlohmann::ordered_json& kwargs,
-                                        bool& opens_reasoning);
+                                        bool& opens_reasoning, bool add_generation_prompt = true);
 
 }  // namespace arbor::server

@@ -11,6 +11,9 @@ namespace arbor::server {
 void handle_chat_completions(ServerContext& ctx, const http::Request& req, http::ResponseWriter& w);
 void handle_completions(ServerContext& ctx, const http::Request& req, http::ResponseWriter& w);
 void handle_messages(ServerContext& ctx, const http::Request& req, http::ResponseWriter& w);  // Anthropic
+void handle_count_tokens(ServerContext& ctx, const http::Request& req, http::ResponseWriter& w);  // Anthropic
+void handle_tokenize(ServerContext& ctx, const http::Request& req, http::ResponseWriter& w);    // vLLM / llama.cpp shapes
+void handle_detokenize(ServerContext& ctx, const http::Request& req, http::ResponseWriter& w);
 void handle_responses(ServerContext& ctx, const http::Request& req, http::ResponseWriter& w);  // OpenAI Responses
 void handle_models(ServerContext& ctx, const http::Request& req, http::ResponseWriter& w);
 void handle_metrics(ServerContext& ctx, const http::Request& req, http::ResponseWriter& w);

@@ -106,10 +106,15 @@ ApiServer::ApiServer(ServerContext& ctx, http::ServerOptions opt)
 void ApiServer::handle(const http::Request& req, http::ResponseWriter& w) {
   std::string route = req.path;
   const bool is_post = req.method == "POST", is_get = req.method == "GET" || req.method == "HEAD";
-  enum class R { None, Chat, Completions, Messages, Responses, Models, Health, Metrics, Root } r = R::None;
+  enum class R { None, Chat, Completions, Messages, CountTokens, Tokenize, Detokenize, Responses, Models, Health, Version, Metrics, Root } r =
+      R::None;
   if (req.path == "/v1/chat/completions" || req.path == "/chat/completions") r = R::Chat;
   else if (req.path == "/v1/completions" || req.path == "/completions") r = R::Completions;
   else if (req.path == "/v1/messages") r = R::Messages;
+  else if (req.path == "/v1/messages/count_tokens") r = R::CountTokens;
+  else if (req.path == "/tokenize" || req.path == "/v1/tokenize") r = R::Tokenize;
+  else if (req.path == "/detokenize" || req.path == "/v1/detokenize") r = R::Detokenize;
+  else if (req.path == "/version") r = R::Version;
   else if (req.path == "/v1/responses" || req.path == "/responses") r = R::Responses;
   else if (req.path == "/v1/models" || req.path.rfind("/v1/models/", 0) == 0) r = R::Models;
   else if (req.path == "/health" || req.path == "/v1/health") r = R::Health;
@@ -117,7 +122,7 @@ void ApiServer::handle(const http::Request& req, http::ResponseWriter& w) {
   else if (req.path == "/") r = R::Root;
   if (r == R::Models) route = "/v1/models";
   if (r == R::None) route = "other";
-  const bool anthropic = r == R::Messages;
+  const bool anthropic = r == R::Messages || r == R::CountTokens;
   auto error = [&](const ApiError& e) {
     if (w.started()) {
       // An error after the stream began: one error frame, then the stream ends (api.md).
@@ -139,7 +144,8 @@ void ApiServer::handle(const http::Request& req, http::ResponseWriter& w) {
   };
   try {
     if (r == R::None) throw ApiError(404, fmt::format("no route for {} {}", req.method.substr(0, 16), req.path.substr(0, 200)), "", "not_found");
-    const bool want_post = r == R::Chat || r == R::Completions || r == R::Messages || r == R::Responses;
+    const bool want_post = r == R::Chat || r == R::Completions || r == R::Messages || r == R::CountTokens || r == R::Tokenize ||
+                           r == R::Detokenize || r == R::Responses;
     if ((want_post && !is_post) || (!want_post && !is_get))
       throw ApiError(405, fmt::format("{} does not accept {}; use {}", req.path, req.method.substr(0, 16), want_post ? "POST" : "GET"));
     if (!ctx_.api_key.empty() && req.path.rfind("/v1/", 0) == 0) {
@@ -147,12 +153,16 @@ void ApiServer::handle(const http::Request& req, http::ResponseWriter& w) {
       if (auth != "Bearer " + ctx_.api_key && xkey != ctx_.api_key)
         throw ApiError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')", "", "invalid_api_key", "authentication_error");
     }
-    if (!ctx_.ready.load() && r != R::Health && r != R::Metrics && r != R::Root)
+    if (!ctx_.ready.load() && r != R::Health && r != R::Version && r != R::Metrics && r != R::Root)
       throw ApiError(503, "the model is still loading", "", "model_loading", "server_error");
     switch (r) {
       case R::Chat: handle_chat_completions(ctx_, req, w); break;
       case R::Completions: handle_completions(ctx_, req, w); break;
       case R::Messages: handle_messages(ctx_, req, w); break;
+      case R::CountTokens: handle_count_tokens(ctx_, req, w); break;
+      case R::Tokenize: handle_tokenize(ctx_, req, w); break;
+      case R::Detokenize: handle_detokenize(ctx_, req, w); break;
+      case R::Version: send_json(w, 200, {{"version", ctx_.version}}); break;
       case R::Responses: handle_responses(ctx_, req, w); break;
       case R::Models: handle_models(ctx_, req, w); break;
       case R::Metrics: handle_metrics(ctx_, req, w); break;
