@@ -36,6 +36,29 @@ int64_t default_kv_blocks(const Args& a, int64_t max_batch, bool cuda) {
   return std::max(per_seq + 1, std::min(max_batch * per_seq + 1, by_budget));
 }
 
+// --allowed-origins: "*" or origins as browsers send them (scheme://host[:port], no path), comma-separated;
+// a trailing slash is dropped. Empty: no CORS headers at all.
+std::vector<std::string> parse_origins(const std::string& list) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    size_t end = list.find(',', pos);
+    if (end == std::string::npos) end = list.size();
+    std::string o = list.substr(pos, end - pos);
+    o.erase(0, o.find_first_not_of(" \t"));
+    o.erase(o.find_last_not_of(" \t") + 1);
+    if (!o.empty() && o.back() == '/') o.pop_back();
+    pos = end + 1;
+    if (o.empty()) continue;
+    const size_t scheme = o.find("://");
+    if (o != "*" && (scheme == std::string::npos || (o.compare(0, scheme, "http") != 0 && o.compare(0, scheme, "https") != 0) ||
+                     o.find('/', scheme + 3) != std::string::npos || scheme + 3 == o.size()))
+      fail("arguments: --allowed-origins: '{}' is not * or an origin such as http://localhost:3000", o);
+    out.push_back(o);
+  }
+  return out;
+}
+
 // End-of-sequence ids: config.json and generation_config.json (engine/generation_config), plus the
 // tokenizer's eos token.
 std::vector<int32_t> eos_ids(const ModelConfig& c, const Tokenizer& tok, const std::string& model_dir) {
@@ -57,7 +80,7 @@ int cmd_serve(const std::vector<std::string>& args_in) {
 
   auto vf = model_value_flags();
   vf.insert({"host", "port", "max-batch", "max-queue", "temperature", "top-p", "top-k", "min-p", "max-tokens", "thinking",
-             "chat-template", "api-key", "kv-memory-gb", "tokenizer", "served-model-name", "max-body-mb", "max-step-tokens"});
+             "chat-template", "api-key", "kv-memory-gb", "tokenizer", "served-model-name", "max-body-mb", "max-step-tokens", "allowed-origins"});
   auto bf = model_bool_flags();
   bf.insert("no-prefix-cache");
   Args a(args_in, vf, bf);
@@ -136,6 +159,7 @@ int cmd_serve(const std::vector<std::string>& args_in) {
   ctx.thinking = thinking;
   ctx.api_key = a.get_or("api-key", "");
   ctx.version = build_commit();
+  ctx.allowed_origins = parse_origins(a.get_or("allowed-origins", "*"));
   ctx.created = server::unix_now();
   // Defaults: built-in < generation_config.json < explicit flags.
   fs::path gc = fs::path(model_dir) / "generation_config.json";
@@ -214,7 +238,9 @@ ARBOR_VERB("serve", "serve the OpenAI/Anthropic HTTP API (--model DIR [--host 12
            "  --min-p P             likewise\n"
            "  --max-tokens N        default completion length for requests without one (default: what the\n"
            "                        context leaves)\n"
-           "  --max-body-mb M       largest request body accepted (default 8)\n",
+           "  --max-body-mb M       largest request body accepted (default 8)\n"
+           "  --allowed-origins L   browser origins answered with CORS headers, comma-separated: * (any,\n"
+           "                        the default), e.g. http://localhost:3000, or '' for none\n",
            cmd_serve);
 
 }  // namespace

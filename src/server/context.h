@@ -49,6 +49,8 @@ struct ServerContext {
   std::string thinking;  // "" = template default, "on", "off"
   std::string api_key;   // "" = no check
   std::string version;   // GET /version: the build's commit
+  // Browser origins answered with CORS headers: "*" (any, the default) or exact origins; empty: none.
+  std::vector<std::string> allowed_origins = {"*"};
   int64_t created = 0;   // unix seconds, for /v1/models
   std::atomic<bool> ready{false};
   Metrics metrics;

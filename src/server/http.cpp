@@ -73,15 +73,24 @@ bool ResponseWriter::write_all(const char* p, size_t n) {
   return true;
 }
 
+std::string ResponseWriter::header_lines(const std::vector<std::pair<std::string, std::string>>& extra) const {
+  std::string h;
+  for (const auto& [k, v] : headers_) h += k + ": " + v + "\r\n";
+  for (const auto& [k, v] : extra) h += k + ": " + v + "\r\n";
+  return h;
+}
+
 bool ResponseWriter::send(int status, const std::string& content_type, const std::string& body,
                           const std::vector<std::pair<std::string, std::string>>& extra) {
   started_ = true;
   status_ = status;
-  std::string h = fmt::format("HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: {}\r\n", status,
-                              status_text(status), content_type, body.size(), keep_alive_ ? "keep-alive" : "close");
-  for (const auto& [k, v] : extra) h += k + ": " + v + "\r\n";
+  std::string h = fmt::format("HTTP/1.1 {} {}\r\n", status, status_text(status));
+  // 204 carries neither a body nor its headers (RFC 9110 8.6).
+  if (status != 204) h += fmt::format("Content-Type: {}\r\nContent-Length: {}\r\n", content_type, body.size());
+  h += fmt::format("Connection: {}\r\n", keep_alive_ ? "keep-alive" : "close");
+  h += header_lines(extra);
   h += "\r\n";
-  h += body;
+  if (status != 204) h += body;
   return write_all(h.data(), h.size());
 }
 
@@ -90,8 +99,10 @@ bool ResponseWriter::begin_stream(int status, const std::string& content_type) {
   streaming_ = true;
   status_ = status;
   std::string h = fmt::format(
-      "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\nConnection: {}\r\n\r\n",
+      "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\nConnection: {}\r\n",
       status, status_text(status), content_type, keep_alive_ ? "keep-alive" : "close");
+  h += header_lines();
+  h += "\r\n";
   return write_all(h.data(), h.size());
 }
 

@@ -38,6 +38,8 @@ class ResponseWriter {
   bool ended() const { return ended_; }
   bool failed() const { return failed_; }
   void set_keep_alive(bool k) { keep_alive_ = k; }
+  // A header every response of this writer carries (send and begin_stream), e.g. CORS headers.
+  void add_header(std::string name, std::string value) { headers_.emplace_back(std::move(name), std::move(value)); }
   bool keep_alive() const { return keep_alive_; }
   int status() const { return status_; }
 
@@ -47,6 +49,8 @@ class ResponseWriter {
   bool keep_alive_;
   bool started_ = false, failed_ = false, streaming_ = false, ended_ = false;
   int status_ = 0;
+  std::vector<std::pair<std::string, std::string>> headers_;
+  std::string header_lines(const std::vector<std::pair<std::string, std::string>>& extra = {}) const;
 };
 
 using Handler = std::function<void(const Request&, ResponseWriter&)>;

@@ -1,6 +1,7 @@
 // Routing, auth, /health, /v1/models, /metrics, and the response helpers.
 #include "server/server.h"
 
+#include <algorithm>
 #include <chrono>
 #include <random>
 
@@ -104,6 +105,29 @@ ApiServer::ApiServer(ServerContext& ctx, http::ServerOptions opt)
     : ctx_(ctx), http_(std::move(opt), [this](const http::Request& r, http::ResponseWriter& w) { handle(r, w); }) {}
 
 void ApiServer::handle(const http::Request& req, http::ResponseWriter& w) {
+  // CORS, for clients in a browser: an allowed Origin gets Access-Control-Allow-Origin on every answer,
+  // and a preflight (OPTIONS) is answered here, before the API key check (browsers send no credentials
+  // with it).
+  const std::string origin = req.header("origin");
+  const auto& allowed = ctx_.allowed_origins;
+  const bool any_origin = std::find(allowed.begin(), allowed.end(), "*") != allowed.end();
+  const bool cors = !origin.empty() && (any_origin || std::find(allowed.begin(), allowed.end(), origin) != allowed.end());
+  if (cors) {
+    w.add_header("Access-Control-Allow-Origin", any_origin ? "*" : origin);
+    if (!any_origin) w.add_header("Vary", "Origin");
+  }
+  if (req.method == "OPTIONS") {
+    std::vector<std::pair<std::string, std::string>> h = {{"Allow", "GET, HEAD, POST, OPTIONS"}};
+    if (cors) {
+      const std::string asked = req.header("access-control-request-headers").substr(0, 1024);
+      h.push_back({"Access-Control-Allow-Methods", "GET, HEAD, POST, OPTIONS"});
+      h.push_back({"Access-Control-Allow-Headers", asked.empty() ? "authorization, content-type, x-api-key, anthropic-version" : asked});
+      h.push_back({"Access-Control-Max-Age", "86400"});
+    }
+    w.send(204, "", "", h);
+    ctx_.metrics.count("OPTIONS", 204);
+    return;
+  }
   std::string route = req.path;
   const bool is_post = req.method == "POST", is_get = req.method == "GET" || req.method == "HEAD";
   enum class R { None, Chat, Completions, Messages, CountTokens, Tokenize, Detokenize, Responses, Models, Health, Version, Metrics, Root } r =
