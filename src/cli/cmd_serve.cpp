@@ -82,7 +82,7 @@ int cmd_serve(const std::vector<std::string>& args_in) {
   vf.insert({"host", "port", "max-batch", "max-queue", "temperature", "top-p", "top-k", "min-p", "max-tokens", "thinking",
              "chat-template", "api-key", "kv-memory-gb", "tokenizer", "served-model-name", "max-body-mb", "max-step-tokens", "allowed-origins"});
   auto bf = model_bool_flags();
-  bf.insert("no-prefix-cache");
+  bf.insert({"no-prefix-cache", "no-request-log"});
   Args a(args_in, vf, bf);
   const int64_t max_batch = a.get_int("max-batch", 8);
   const int64_t max_queue = a.get_int("max-queue", 64);
@@ -160,6 +160,7 @@ int cmd_serve(const std::vector<std::string>& args_in) {
   ctx.api_key = a.get_or("api-key", "");
   ctx.version = build_commit();
   ctx.allowed_origins = parse_origins(a.get_or("allowed-origins", "*"));
+  ctx.log_requests = !a.has("no-request-log");
   ctx.created = server::unix_now();
   // Defaults: built-in < generation_config.json < explicit flags.
   fs::path gc = fs::path(model_dir) / "generation_config.json";
@@ -240,7 +241,8 @@ ARBOR_VERB("serve", "serve the OpenAI/Anthropic HTTP API (--model DIR [--host 12
            "                        context leaves)\n"
            "  --max-body-mb M       largest request body accepted (default 8)\n"
            "  --allowed-origins L   browser origins answered with CORS headers, comma-separated: * (any,\n"
-           "                        the default), e.g. http://localhost:3000, or '' for none\n",
+           "                        the default), e.g. http://localhost:3000, or '' for none\n"
+           "  --no-request-log      no line per request on stderr (method, path, status, time, tokens, speed)\n",
            cmd_serve);
 
 }  // namespace

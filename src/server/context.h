@@ -36,6 +36,15 @@ struct Metrics {
   }
 };
 
+// What one request's generation did, for the request log line (server.cpp): filled by Generation::run
+// on the thread that handles the request.
+struct RequestStats {
+  bool generated = false;
+  int64_t prompt = 0, cached = 0, completion = 0, choices = 0;
+  double ttft_s = 0, total_s = 0;  // from submission to the first token, and to the last
+};
+RequestStats& this_thread_request_stats();
+
 struct ServerContext {
   Scheduler* scheduler = nullptr;
   const Tokenizer* tok = nullptr;
@@ -51,6 +60,7 @@ struct ServerContext {
   std::string version;   // GET /version: the build's commit
   // Browser origins answered with CORS headers: "*" (any, the default) or exact origins; empty: none.
   std::vector<std::string> allowed_origins = {"*"};
+  bool log_requests = true;  // one line per API request on stderr (not /health, /metrics, preflights)
   int64_t created = 0;   // unix seconds, for /v1/models
   std::atomic<bool> ready{false};
   Metrics metrics;

@@ -17,6 +17,11 @@ int64_t resolve_max_tokens(const ServerContext& ctx, int64_t requested, int64_t 
   return std::max<int64_t>(0, std::min(m, room));  // clamped to what the context leaves
 }
 
+RequestStats& this_thread_request_stats() {
+  thread_local RequestStats stats;
+  return stats;
+}
+
 Generation::Generation(ServerContext& ctx, std::vector<int32_t> prompt, const GenParams& p) : ctx_(ctx), params_(p) {
   prompt_tokens_ = int64_t(prompt.size());
   if (prompt_tokens_ >= ctx.ctx_size)
@@ -121,6 +126,11 @@ bool Generation::run(const DeltaFn& on_delta, const std::function<bool()>& gone)
     }
   }
   double ttft = reqs_[0]->ttft_seconds();
+  RequestStats& st = this_thread_request_stats();
+  st.generated = true;
+  st.prompt = prompt_tokens_, st.cached = cached_tokens(), st.completion = completion_tokens(), st.choices = int64_t(n);
+  st.ttft_s = ttft;
+  st.total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - reqs_[0]->submitted_at).count();
   if (ttft > 0) {
     ctx_.metrics.ttft_us_sum += int64_t(ttft * 1e6);
     ctx_.metrics.ttft_count += 1;
