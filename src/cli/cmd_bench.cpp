@@ -68,7 +68,7 @@ int bench_cuda(const Args& a) {
                                                                 : std::vector<int64_t>{512, 2048, 8192};
   const std::vector<int64_t> batches = {8, 32, 64};
   LoadOptions opt;
-  opt.model_dir = a.get_or("model", "");
+  opt.model_dir = resolve_model_dir(a.get_or("model", ""));
   opt.config_path = a.get_or("config", "");
   opt.dummy_weights = a.has("dummy-weights");
   if (opt.model_dir.empty() && opt.config_path.empty()) fail("arguments: --model DIR (or --config FILE with --dummy-weights) is required");

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cli/args.h"
+#include "cli/model_args.h"
 #include "cli/verb.h"
 #include "core/error.h"
 #include "core/json.h"
@@ -17,6 +18,7 @@ namespace {
 int cmd_bench_tokenizer(const std::vector<std::string>& args) {
   arbor::cli::Args a(args, {"model", "file", "passes"}, {"no-special"});
   auto model = a.get("model");
+  if (model) model = arbor::cli::resolve_model_dir(*model);
   auto file = a.get("file");
   if (!model || !file) arbor::fail("bench-tokenizer: needs --model DIR and --file TEXT (one input per line)");
   const int passes = static_cast<int>(a.get_int("passes", 3));
@@ -61,7 +63,7 @@ int cmd_bench_tokenizer(const std::vector<std::string>& args) {
 }  // namespace
 
 ARBOR_VERB("bench-tokenizer", "encode throughput: bench-tokenizer --model DIR --file TEXT [--passes N]", "--model DIR --file TEXT [flags]",
-           "  --model DIR           directory with tokenizer.json (or the file itself)\n"
+           "  --model DIR           directory with tokenizer.json, the file itself, or a cached repo id\n"
            "  --file TEXT           inputs, one per line\n"
            "  --passes N            passes over the file, the first with a cold word cache (default 3)\n"
            "  --no-special          do not add the tokenizer's special tokens (BOS ...)\n",

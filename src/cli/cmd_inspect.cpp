@@ -13,7 +13,7 @@ namespace {
 
 int cmd_inspect(const std::vector<std::string>& args) {
   Args a(args, {"config"}, {});
-  std::string dir = a.positional().empty() ? "" : a.positional()[0];
+  std::string dir = a.positional().empty() ? "" : resolve_model_dir(a.positional()[0]);
   std::string cfg_path = a.get_or("config", dir.empty() ? "" : dir + "/config.json");
   if (cfg_path.empty()) fail("arguments: usage: arbor inspect DIR");
   ModelConfig c = load_model_config(cfg_path);

@@ -96,10 +96,12 @@ int cmd_serve(const std::vector<std::string>& args_in) {
   if (thinking != "" && thinking != "on" && thinking != "off") fail("arguments: --thinking must be 'on' or 'off', got '{}'", thinking);
 
   std::vector<std::string> args = args_in;
-  // No --model (and no --config): the default model (see default_model_dir), named explicitly from here on.
-  std::string model_dir = a.get_or("model", "");
-  if (model_dir.empty() && !a.has("config")) {
-    model_dir = default_model_dir();
+  // No --model (and no --config): the default model (see default_model_dir); a repo id: its snapshot in
+  // the Hugging Face cache. Named explicitly from here on (a later --model wins).
+  std::string repo_id;
+  std::string model_dir = resolve_model_dir(a.get_or("model", ""), &repo_id);
+  if (model_dir.empty() && !a.has("config")) model_dir = default_model_dir();
+  if (model_dir != a.get_or("model", "")) {
     args.push_back("--model");
     args.push_back(model_dir);
   }
@@ -150,7 +152,9 @@ int cmd_serve(const std::vector<std::string>& args_in) {
 
   ctx.scheduler = &sched;
   ctx.tok = &tok;
-  ctx.model_id = a.get_or("served-model-name", model_dir.empty() ? "arbor" : fs::path(model_dir).lexically_normal().filename().string());
+  ctx.model_id = a.get_or("served-model-name", !repo_id.empty()   ? repo_id
+                                                : model_dir.empty() ? "arbor"
+                                                                    : fs::path(model_dir).lexically_normal().filename().string());
   if (ctx.model_id.empty()) ctx.model_id = fs::path(model_dir).lexically_normal().parent_path().filename().string();
   ctx.ctx_size = m.ctx_size();
   ctx.vocab_size = m.config().vocab_size;

@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "cli/args.h"
+#include "cli/model_args.h"
 #include "cli/verb.h"
 #include "core/error.h"
 #include "core/json.h"
@@ -22,6 +23,7 @@ ojson parse_json(const std::string& text, const std::string& what) {
 int cmd_template(const std::vector<std::string>& argv) {
   arbor::cli::Args args(argv, {"model", "messages", "tools", "kwargs", "template-name"}, {"no-generation-prompt"});
   auto model = args.get("model");
+  if (model) model = arbor::cli::resolve_model_dir(*model);
   auto messages_path = args.get("messages");
   if (!model || !messages_path) {
     std::fprintf(stderr,

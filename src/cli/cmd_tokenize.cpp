@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cli/args.h"
+#include "cli/model_args.h"
 #include "cli/verb.h"
 #include "core/error.h"
 #include "core/json.h"
@@ -15,7 +16,7 @@ namespace {
 std::string model_dir(const arbor::cli::Args& a) {
   auto m = a.get("model");
   if (!m) arbor::fail("--model DIR is required (a directory with tokenizer.json, or the file itself)");
-  return *m;
+  return arbor::cli::resolve_model_dir(*m);
 }
 
 int cmd_tokenize(const std::vector<std::string>& args) {
@@ -86,12 +87,12 @@ int cmd_detokenize(const std::vector<std::string>& args) {
 
 ARBOR_VERB("tokenize", "print token ids and pieces of a text (--model DIR, --file F, --json, --no-special)",
            "--model DIR (\"text\" | --file F) [flags]",
-           "  --model DIR           directory with tokenizer.json (or the file itself)\n"
+           "  --model DIR           directory with tokenizer.json, the file itself, or a cached repo id\n"
            "  --file F              tokenize this file's text\n"
            "  --json                one JSON object: {\"ids\": [...], \"pieces\": [...]}\n"
            "  --no-special          do not add the tokenizer's special tokens (BOS ...)\n",
            cmd_tokenize);
 ARBOR_VERB("detokenize", "print the text of token ids: detokenize --model DIR 1,2,3 [--skip-special]", "--model DIR IDS... [flags]",
-           "  --model DIR           directory with tokenizer.json (or the file itself)\n"
+           "  --model DIR           directory with tokenizer.json, the file itself, or a cached repo id\n"
            "  --skip-special        leave special tokens out of the text\n",
            cmd_detokenize);

@@ -1,7 +1,11 @@
 // Model-loading flags.
 #include "cli/model_args.h"
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
+#include <filesystem>
+#include <fstream>
 #include <chrono>
 #include <cstdlib>
 
@@ -19,6 +23,59 @@ std::set<std::string> model_value_flags() {
 }
 std::set<std::string> model_bool_flags() { return {"dummy-weights"}; }
 
+namespace {
+
+// The Hugging Face hub cache, as huggingface_hub finds it: $HF_HUB_CACHE, $HUGGINGFACE_HUB_CACHE,
+// $HF_HOME/hub, $XDG_CACHE_HOME/huggingface/hub, ~/.cache/huggingface/hub.
+std::string hf_hub_cache() {
+  auto env = [](const char* k) -> std::string {
+    const char* v = std::getenv(k);
+    return v && *v ? v : "";
+  };
+  if (auto d = env("HF_HUB_CACHE"); !d.empty()) return d;
+  if (auto d = env("HUGGINGFACE_HUB_CACHE"); !d.empty()) return d;
+  if (auto d = env("HF_HOME"); !d.empty()) return d + "/hub";
+  if (auto d = env("XDG_CACHE_HOME"); !d.empty()) return d + "/huggingface/hub";
+  return env("HOME") + "/.cache/huggingface/hub";
+}
+
+// "org/name": letters, digits, '-', '_', '.' on each side of one slash.
+bool looks_like_repo_id(const std::string& s) {
+  const size_t slash = s.find('/');
+  if (slash == std::string::npos || slash == 0 || slash + 1 == s.size() || s.find('/', slash + 1) != std::string::npos) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' || c == '/'; });
+}
+
+}  // namespace
+
+std::string resolve_model_dir(const std::string& spec, std::string* repo_id) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (spec.empty() || fs::exists(spec, ec) || !looks_like_repo_id(spec)) return spec;  // a path (errors name it later)
+  const std::string cache = hf_hub_cache();
+  const fs::path repo = fs::path(cache) / ("models--" + spec.substr(0, spec.find('/')) + "--" + spec.substr(spec.find('/') + 1));
+  if (!fs::is_directory(repo / "snapshots", ec))
+    fail("arguments: --model {}: no such directory, and no download of it in the Hugging Face cache ({} not found; the cache "
+         "is $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub)",
+         spec, repo.string());
+  std::string rev;
+  if (std::ifstream f(repo / "refs" / "main"); f) std::getline(f, rev);
+  fs::path snap;
+  if (!rev.empty() && fs::is_directory(repo / "snapshots" / rev, ec)) {
+    snap = repo / "snapshots" / rev;
+  } else {
+    std::vector<fs::path> all;
+    for (const auto& e : fs::directory_iterator(repo / "snapshots", ec))
+      if (e.is_directory()) all.push_back(e.path());
+    if (all.size() != 1)
+      fail("arguments: --model {}: {} has {} snapshots and no refs/main naming one; pass the snapshot's directory", spec,
+           (repo / "snapshots").string(), all.size());
+    snap = all[0];
+  }
+  if (repo_id) *repo_id = spec;
+  return snap.string();
+}
+
 std::string default_model_dir() {
   if (const char* env = std::getenv("ARBOR_MODEL"); env && *env) return env;
 #ifdef ARBOR_DEFAULT_MODEL
@@ -29,7 +86,7 @@ std::string default_model_dir() {
 
 LoadOptions load_options_from_args(const Args& a) {
   LoadOptions opt;
-  opt.model_dir = a.get_or("model", "");
+  opt.model_dir = resolve_model_dir(a.get_or("model", ""));
   opt.config_path = a.get_or("config", "");
   opt.dummy_weights = a.has("dummy-weights");
   if (opt.model_dir.empty() && opt.config_path.empty()) opt.model_dir = default_model_dir();

@@ -23,6 +23,10 @@ struct LoadedModel {
 
 // The model used when no --model is given: $ARBOR_MODEL, else the one shipped in models/.
 std::string default_model_dir();
+// --model's value as a directory: a path as given, or a Hugging Face repo id ("Qwen/Qwen3-0.6B") that
+// is not a path, found in the local hub cache (the snapshot refs/main names, or the only one; nothing
+// is downloaded). Sets *repo_id when it was one.
+std::string resolve_model_dir(const std::string& spec, std::string* repo_id = nullptr);
 // The pieces, for verbs that adjust the options (e.g. bench sizes the context itself):
 LoadOptions load_options_from_args(const Args& a);                 // --model/--config/--dummy-weights/--dtype/...
 std::unique_ptr<Backend> make_backend_from_args(const Args& a);    // --device/--threads/--weights
@@ -38,7 +42,8 @@ std::vector<int32_t> parse_id_list(const std::string& s, const char* flag, const
 // Their lines for a verb's --help (a string literal, joined with the verb's own lines; cli/verb.h).
 #define ARBOR_MODEL_FLAGS_HELP                                                                          \
   "  --model DIR           checkpoint directory: config.json, *.safetensors (sharded or not), the\n"     \
-  "                        tokenizer files; default $ARBOR_MODEL, else the model shipped in models/\n"   \
+  "                        tokenizer files; or a repo id (Qwen/Qwen3-0.6B) already in the Hugging Face\n" \
+  "                        cache; default $ARBOR_MODEL, else the model shipped in models/\n"             \
   "  --config FILE         a config.json to build the model from, with --dummy-weights\n"               \
   "  --dummy-weights       deterministic random weights instead of a checkpoint's\n"                    \
   "  --dtype bf16|f16|f32  the dummy weights' type (default bf16)\n"                                     \
