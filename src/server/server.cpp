@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "server/api_error.h"
 #include "server/routes.h"
+#include "server/webui.h"
 
 namespace arbor::server {
 
@@ -213,7 +214,13 @@ void ApiServer::handle(const http::Request& req, http::ResponseWriter& w) {
         else send_json(w, 503, {{"status", "loading"}});
         break;
       case R::Root:
-        w.send(200, "text/plain; charset=utf-8", fmt::format("arbor is serving {} (OpenAI API at /v1, Anthropic at /v1/messages)\n", ctx_.model_id));
+        // Browsers get the chat page; curl and friends a status line.
+        if (req.header("accept").find("text/html") != std::string::npos)
+          w.send(200, "text/html; charset=utf-8", webui_page(),
+                 {{"Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'"},
+                  {"X-Content-Type-Options", "nosniff"}});
+        else
+          w.send(200, "text/plain; charset=utf-8", fmt::format("arbor is serving {} (OpenAI API at /v1, Anthropic at /v1/messages)\n", ctx_.model_id));
         break;
       case R::None: break;
     }
