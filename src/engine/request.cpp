@@ -83,6 +83,16 @@ std::string Request::error() const {
   return error_;
 }
 
+std::vector<TokenEvent> Request::prompt_scores() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return prompt_scores_;
+}
+
+void Request::set_prompt_scores(std::vector<TokenEvent> s) {
+  std::lock_guard<std::mutex> lk(mu_);
+  prompt_scores_ = std::move(s);
+}
+
 double Request::ttft_seconds() const {
   std::lock_guard<std::mutex> lk(mu_);
   if (first_token_at.time_since_epoch().count() == 0) return 0;

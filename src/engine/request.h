@@ -65,6 +65,10 @@ class Request {
   std::vector<int32_t> stop_ids;   // generation ends after emitting one of these (the id is still reported)
   bool logprobs = false;
   int64_t top_logprobs = 0;
+  // >= 0: also score the prompt: the logprob of each prompt token after the first given the ones before
+  // it, with this many alternatives (OpenAI's echo + logprobs). Such a request takes no prefix-cache
+  // blocks (every prompt row's logits are computed).
+  int64_t prompt_logprobs = -1;
 
   // --- Consumer side ---
   // Waits up to `timeout` for events; moves them into `out`. Returns true when the request has finished and
@@ -79,11 +83,15 @@ class Request {
   int64_t cached_tokens() const { return cached_tokens_.load(); }
   // Seconds from submit to the first generated token (0 until then).
   double ttft_seconds() const;
+  // With prompt_logprobs: prompt tokens 1..P-1 scored (id, logprob, alternatives); complete once the
+  // first generated token has been reported.
+  std::vector<TokenEvent> prompt_scores() const;
 
   // --- Producer side (the scheduler thread) ---
   void push(TokenEvent ev);
   void finish(FinishReason r, std::string error = {});
   void set_cached_tokens(int64_t n) { cached_tokens_.store(n); }
+  void set_prompt_scores(std::vector<TokenEvent> s);
   std::chrono::steady_clock::time_point submitted_at;
   std::chrono::steady_clock::time_point first_token_at;
 
@@ -94,6 +102,7 @@ class Request {
   bool finished_ = false;
   FinishReason reason_ = FinishReason::None;
   std::string error_;
+  std::vector<TokenEvent> prompt_scores_;
   std::atomic<bool> cancelled_{false};
   std::atomic<int64_t> cached_tokens_{0};
 };

@@ -118,7 +118,7 @@ void Scheduler::admit_locked() {
     const int64_t limit = P + r->max_tokens;
     auto a = std::make_shared<Active>(Active{r, SequenceKV{}, Sampler(r->sampling), limit, 0, {}, -1, false});
     // The last prompt token is always computed: its logits give the first generated token.
-    const int64_t cached = opt_.prefix_cache ? a->kv.match_prefix(pool_, r->prompt, P - 1) : 0;
+    const int64_t cached = opt_.prefix_cache && r->prompt_logprobs < 0 ? a->kv.match_prefix(pool_, r->prompt, P - 1) : 0;
     if (!a->kv.reserve(pool_, limit)) {  // head of line waits for blocks (FIFO keeps it fair)
       a->kv.release(pool_);
       break;
@@ -239,7 +239,7 @@ Scheduler::Launched Scheduler::launch(std::vector<Part> parts, bool from_last_pi
     std::copy(p.a->kv.blocks.begin(), p.a->kv.blocks.end(), b.block_tables.begin() + int64_t(s * max_blocks));
     for (int64_t i = 0; i < p.n; ++i) {
       const int64_t pos = p.start + i;
-      if (p.wants_logits && i + 1 == p.n) b.logit_rows.push_back(int32_t(b.tokens.size()));
+      if (i + p.logit_rows() >= p.n) b.logit_rows.push_back(int32_t(b.tokens.size()));  // the part's last logit_rows() rows
       b.tokens.push_back(from_last_pick ? token_from_last_pick(int64_t(s)) : p.decode ? p.a->next : p.a->req->prompt[size_t(pos)]);
       b.pos.push_back(int32_t(pos));
       b.seq.push_back(int32_t(s));
@@ -253,6 +253,7 @@ Scheduler::Launched Scheduler::launch(std::vector<Part> parts, bool from_last_pi
   bool all_greedy = true;
   draws_.clear();
   for (auto& p : l.parts) {
+    if (p.logit_rows() > (p.wants_logits ? 1 : 0)) device_pick = false;  // prompt scores: every row to the host
     if (!p.wants_logits) continue;
     const SamplingParams& sp = p.a->sampler.params();
     if (p.a->req->processing.active() || p.a->req->logprobs) device_pick = false;
@@ -325,8 +326,19 @@ void Scheduler::finish(Launched& l) {
   for (auto& p : l.parts) {
     Active& a = *p.a;
     if (a.done) {  // retired while the step ran (a stop id in the step before, a cancel): nothing to keep
-      row += p.wants_logits;
+      row += size_t(p.logit_rows());
       continue;
+    }
+    if (p.logit_rows() > (p.wants_logits ? 1 : 0)) {  // prompt scores: row i predicts prompt token start + i + 1
+      const Request& r = *a.req;
+      const int64_t scored = p.wants_logits ? p.n - 1 : p.n;
+      for (int64_t i = 0; i < scored; ++i) {
+        TokenEvent ev;
+        ev.id = r.prompt[size_t(p.start + i + 1)];
+        compute_logprobs(logits_.data() + row++ * size_t(V), V, ev.id, r.prompt_logprobs, ev.logprob, ev.top);
+        a.prompt_scores.push_back(std::move(ev));
+      }
+      if (p.wants_logits) a.req->set_prompt_scores(std::move(a.prompt_scores));
     }
     if (p.decode) {
       a.kv.length += 1;

@@ -89,6 +89,7 @@ class Scheduler {
     std::vector<int32_t> generated;
     int32_t next = -1;      // sampled, not yet fed (-1 while prefilling)
     bool done = false;      // retired; removed from running_ at the end of the pass
+    std::vector<TokenEvent> prompt_scores = {};  // with prompt_logprobs: prompt tokens scored so far
   };
   // One request's share of a step: positions [start, start + n).
   struct Part {
@@ -96,6 +97,9 @@ class Scheduler {
     int64_t start, n;
     bool wants_logits;
     bool decode;  // one generated token fed (else a prompt chunk)
+    // Logit rows the step computes for this part: every row of a prompt chunk whose request scores its
+    // prompt, else the last row when wants_logits.
+    int64_t logit_rows() const { return !decode && a->req->prompt_logprobs >= 0 ? n : wants_logits ? 1 : 0; }
   };
   // A step whose forward is queued or done. picked: its ids are being picked on the device (a greedy
   // argmax or a draw per row), else its logits are in logits_ (the forward waited for them) or it failed.

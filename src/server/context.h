@@ -80,6 +80,7 @@ struct GenParams {
   int64_t top_logprobs = 0;
   bool skip_special_tokens = true;
   bool ignore_eos = false;  // vLLM's extension, for benchmarks: run to max_tokens
+  int64_t prompt_logprobs = -1;  // >= 0: score the prompt too, with this many alternatives (completions' echo)
 };
 
 struct ChoiceResult {
@@ -104,6 +105,9 @@ class Generation {
 
   const std::vector<ChoiceResult>& results() const { return results_; }
   int64_t prompt_tokens() const { return prompt_tokens_; }
+  // With GenParams::prompt_logprobs, after run(): prompt tokens 1..P-1 scored (the first choice's request
+  // scores them; every choice shares the prompt).
+  std::vector<TokenEvent> prompt_scores() const { return reqs_.empty() ? std::vector<TokenEvent>{} : reqs_[0]->prompt_scores(); }
   int64_t cached_tokens() const;
   int64_t completion_tokens() const;
 

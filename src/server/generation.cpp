@@ -41,6 +41,7 @@ Generation::Generation(ServerContext& ctx, std::vector<int32_t> prompt, const Ge
     if (!p.ignore_eos) r->stop_ids = ctx.eos_ids;
     r->logprobs = p.logprobs;
     r->top_logprobs = p.top_logprobs;
+    if (i == 0) r->prompt_logprobs = p.prompt_logprobs;
     AdmissionResult a = ctx.scheduler->submit(r);
     switch (a.status) {
       case Admission::Accepted: break;

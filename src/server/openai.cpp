@@ -225,6 +225,12 @@ void handle_completions(ServerContext& ctx, const http::Request& req, http::Resp
     include_usage = opt_bool(*so, "include_usage").value_or(false);
   }
   const std::string echo_text = echo ? ctx.tok->decode(prompt, false) : std::string();
+  // echo + logprobs scores the prompt as well (what lm-evaluation-harness asks for a loglikelihood):
+  // its tokens lead the logprobs, the first with null logprob and alternatives.
+  if (echo && p.logprobs) {
+    if (stream) bad_request("echo", "with logprobs is answered without streaming only; send 'stream': false");
+    p.prompt_logprobs = p.top_logprobs;
+  }
 
   Generation g(ctx, prompt, p);
   const std::string id = random_id("cmpl-");
@@ -248,6 +254,18 @@ void handle_completions(ServerContext& ctx, const http::Request& req, http::Resp
       c.offset += piece.size();
     }
   };
+  // Prompt token 0 (nothing before it to score it by), then the scored ones, into every choice.
+  auto add_prompt_scores = [&](const std::vector<TokenEvent>& scores) {
+    for (Choice& c : choices) {
+      std::string piece = piece_of(prompt[0]);
+      c.tokens.push_back(piece);
+      c.token_logprobs.push_back(nullptr);
+      c.top.push_back(nullptr);
+      c.offsets.push_back(c.offset);
+      c.offset += piece.size();
+      add_logprobs(c, scores);
+    }
+  };
   auto logprobs_json = [&](Choice& c, bool reset) -> json {
     if (!p.logprobs) return nullptr;
     json j = {{"tokens", c.tokens}, {"token_logprobs", c.token_logprobs}, {"top_logprobs", c.top}, {"text_offset", c.offsets}};
@@ -259,8 +277,13 @@ void handle_completions(ServerContext& ctx, const http::Request& req, http::Resp
                                  {"prompt_tokens_details", {{"cached_tokens", g.cached_tokens()}}}}; };
 
   if (!stream) {
+    bool prompt_scored = false;
     bool completed = g.run(
         [&](int i, const std::string& text, const std::vector<TokenEvent>& toks) {
+          if (p.prompt_logprobs >= 0 && !prompt_scored) {  // the first delta comes after the prompt's last chunk
+            prompt_scored = true;
+            add_prompt_scores(g.prompt_scores());
+          }
           choices[size_t(i)].text += text;
           add_logprobs(choices[size_t(i)], toks);
         },
