@@ -274,6 +274,45 @@ TEST(LogitProcessing, PenaltiesAndBiasMatchTheirDefinitions) {
   EXPECT_FLOAT_EQ(l[4], 8.0f);
 }
 
+// Prompt scoring (prompt_logprobs): a 40-token prompt over chunks of 16, beside a request that reads the
+// prefix cache, in a batch with it; every prompt token after the first gets the log-softmax of
+// generate()'s logits row before it (keep_logits), its top alternatives included, and the sampled tokens
+// do not change.
+TEST(Scheduler, PromptLogprobsMatchGenerateLogits) {
+  Tiny t(64, 16, 128);
+  const int64_t V = 97;
+  GenerateRequest g = generate_request(40, 4, 3, 0.0f, 0);
+  g.keep_logits = true;
+  const GenerateResult ref = generate(*t.model, *t.pool, g);
+  Scheduler s(*t.model, *t.pool, {4, 4});
+  auto warm = make_request(g.prompt, 2, 0.0f, 0);  // fills the prefix cache with this prompt's blocks
+  ASSERT_EQ(s.submit(warm).status, Admission::Accepted);
+  drain(*warm);
+  auto r = make_request(g.prompt, 3, 0.0f, 0);
+  r->prompt_logprobs = 2;
+  auto other = make_request(prompt_of(23, 8), 4, 0.0f, 0);
+  ASSERT_EQ(s.submit(r).status, Admission::Accepted);
+  ASSERT_EQ(s.submit(other).status, Admission::Accepted);
+  EXPECT_EQ(drain(*r), ref.tokens);
+  drain(*other);
+  EXPECT_EQ(r->cached_tokens(), 0);
+  const std::vector<TokenEvent> scores = r->prompt_scores();
+  ASSERT_EQ(scores.size(), g.prompt.size() - 1);
+  for (size_t i = 0; i + 1 < g.prompt.size(); ++i) {
+    TokenLogprob want;
+    std::vector<TokenLogprob> want_top;
+    compute_logprobs(ref.logits.data() + i * size_t(V), V, g.prompt[i + 1], 2, want, want_top);
+    EXPECT_EQ(scores[i].id, g.prompt[i + 1]);
+    EXPECT_NEAR(scores[i].logprob.logprob, want.logprob, 1e-4) << "prompt token " << i + 1;
+    ASSERT_EQ(scores[i].top.size(), 2u);
+    for (size_t k = 0; k < 2; ++k) {
+      EXPECT_EQ(scores[i].top[k].id, want_top[k].id) << "prompt token " << i + 1;
+      EXPECT_NEAR(scores[i].top[k].logprob, want_top[k].logprob, 1e-4);
+    }
+  }
+  EXPECT_EQ(s.stats().kv_blocks_used, 0);
+}
+
 TEST(LogitProcessing, LogprobsAreALogSoftmax) {
   std::vector<float> l = {1.0f, 3.0f, 2.0f, 3.0f};
   TokenLogprob c;
