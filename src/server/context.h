@@ -91,8 +91,11 @@ struct ChoiceResult {
 
 class Generation {
  public:
-  // Submits n requests; throws ApiError (400 context_length_exceeded / 429 / 503) when one is not admitted.
+  // Submits n requests; throws ApiError (400 context_length_exceeded / 429 / 503) when one is not admitted
+  // (and cancels those already submitted).
   Generation(ServerContext& ctx, std::vector<int32_t> prompt, const GenParams& p);
+  // Several prompts (/v1/completions' batch form): n requests each, prompt k's choice j at index k * n + j.
+  Generation(ServerContext& ctx, const std::vector<std::vector<int32_t>>& prompts, const GenParams& p);
   ~Generation();  // cancels whatever has not finished (client gone, exception)
   Generation(const Generation&) = delete;
   Generation& operator=(const Generation&) = delete;
@@ -104,10 +107,12 @@ class Generation {
   bool run(const DeltaFn& on_delta, const std::function<bool()>& gone);
 
   const std::vector<ChoiceResult>& results() const { return results_; }
-  int64_t prompt_tokens() const { return prompt_tokens_; }
+  int64_t prompt_tokens() const { return prompt_tokens_; }  // over all prompts, each counted once
   // With GenParams::prompt_logprobs, after run(): prompt tokens 1..P-1 scored (the first choice's request
   // scores them; every choice shares the prompt).
-  std::vector<TokenEvent> prompt_scores() const { return reqs_.empty() ? std::vector<TokenEvent>{} : reqs_[0]->prompt_scores(); }
+  std::vector<TokenEvent> prompt_scores(size_t prompt = 0) const {
+    return prompt * size_t(params_.n) < reqs_.size() ? reqs_[prompt * size_t(params_.n)]->prompt_scores() : std::vector<TokenEvent>{};
+  }
   int64_t cached_tokens() const;
   int64_t completion_tokens() const;
 

@@ -22,37 +22,49 @@ RequestStats& this_thread_request_stats() {
   return stats;
 }
 
-Generation::Generation(ServerContext& ctx, std::vector<int32_t> prompt, const GenParams& p) : ctx_(ctx), params_(p) {
-  prompt_tokens_ = int64_t(prompt.size());
-  if (prompt_tokens_ >= ctx.ctx_size)
-    throw ApiError(400,
-                   fmt::format("This model's maximum context length is {} tokens. However, your prompt has {} tokens, which leaves no room "
-                               "for the completion.",
-                               ctx.ctx_size, prompt_tokens_),
-                   "messages", "context_length_exceeded");
+Generation::Generation(ServerContext& ctx, std::vector<int32_t> prompt, const GenParams& p)
+    : Generation(ctx, std::vector<std::vector<int32_t>>{std::move(prompt)}, p) {}
+
+Generation::Generation(ServerContext& ctx, const std::vector<std::vector<int32_t>>& prompts, const GenParams& p) : ctx_(ctx), params_(p) {
+  for (size_t k = 0; k < prompts.size(); ++k) {
+    const int64_t P = int64_t(prompts[k].size());
+    if (P >= ctx.ctx_size)
+      throw ApiError(400,
+                     fmt::format("This model's maximum context length is {} tokens. However, your prompt{} has {} tokens, which leaves no "
+                                 "room for the completion.",
+                                 ctx.ctx_size, prompts.size() > 1 ? fmt::format(" {}", k) : std::string(), P),
+                     "messages", "context_length_exceeded");
+    prompt_tokens_ += P;
+  }
   uint64_t base_seed = p.seed_given ? p.sampling.seed : std::random_device{}() * 0x9E3779B97F4A7C15ull + std::random_device{}();
-  for (int64_t i = 0; i < p.n; ++i) {
-    auto r = std::make_shared<Request>();
-    r->prompt = prompt;
-    r->max_tokens = resolve_max_tokens(ctx, p.max_tokens, prompt_tokens_);
-    r->sampling = p.sampling;
-    r->sampling.seed = base_seed + uint64_t(i);  // choice i of a seeded request is reproducible on its own
-    r->processing = p.processing;
-    if (!p.ignore_eos) r->stop_ids = ctx.eos_ids;
-    r->logprobs = p.logprobs;
-    r->top_logprobs = p.top_logprobs;
-    if (i == 0) r->prompt_logprobs = p.prompt_logprobs;
-    AdmissionResult a = ctx.scheduler->submit(r);
-    switch (a.status) {
-      case Admission::Accepted: break;
-      case Admission::NeverFits:
-        throw ApiError(400, a.message, a.context_exceeded ? "messages" : "max_tokens",
-                       a.context_exceeded ? "context_length_exceeded" : "kv_capacity_exceeded");
-      case Admission::BadRequest: throw ApiError(400, a.message, "prompt");
-      case Admission::QueueFull: throw ApiError(429, a.message, "", "server_busy", "rate_limit_error");
-      case Admission::ShuttingDown: throw ApiError(503, a.message, "", "shutting_down", "server_error");
-    }
-    reqs_.push_back(std::move(r));
+  try {
+    for (size_t k = 0; k < prompts.size(); ++k)
+      for (int64_t i = 0; i < p.n; ++i) {
+        auto r = std::make_shared<Request>();
+        r->prompt = prompts[k];
+        r->max_tokens = resolve_max_tokens(ctx, p.max_tokens, int64_t(prompts[k].size()));
+        r->sampling = p.sampling;
+        r->sampling.seed = base_seed + uint64_t(i);  // choice i of a seeded request is reproducible on its own
+        r->processing = p.processing;
+        if (!p.ignore_eos) r->stop_ids = ctx.eos_ids;
+        r->logprobs = p.logprobs;
+        r->top_logprobs = p.top_logprobs;
+        if (i == 0) r->prompt_logprobs = p.prompt_logprobs;  // every choice of a prompt shares its scores
+        AdmissionResult a = ctx.scheduler->submit(r);
+        switch (a.status) {
+          case Admission::Accepted: break;
+          case Admission::NeverFits:
+            throw ApiError(400, a.message, a.context_exceeded ? "messages" : "max_tokens",
+                           a.context_exceeded ? "context_length_exceeded" : "kv_capacity_exceeded");
+          case Admission::BadRequest: throw ApiError(400, a.message, "prompt");
+          case Admission::QueueFull: throw ApiError(429, a.message, "", "server_busy", "rate_limit_error");
+          case Admission::ShuttingDown: throw ApiError(503, a.message, "", "shutting_down", "server_error");
+        }
+        reqs_.push_back(std::move(r));
+      }
+  } catch (...) {
+    for (auto& r : reqs_) r->cancel();  // no destructor runs for a constructor that throws
+    throw;
   }
   results_.resize(reqs_.size());
 }
@@ -61,7 +73,12 @@ Generation::~Generation() {
   for (auto& r : reqs_) r->cancel();
 }
 
-int64_t Generation::cached_tokens() const { return reqs_.empty() ? 0 : reqs_[0]->cached_tokens(); }
+// The prefix cache's share of prompt_tokens(): the first choice's of each prompt.
+int64_t Generation::cached_tokens() const {
+  int64_t n = 0;
+  for (size_t i = 0; i < reqs_.size(); i += size_t(params_.n)) n += reqs_[i]->cached_tokens();
+  return n;
+}
 
 int64_t Generation::completion_tokens() const {
   int64_t n = 0;

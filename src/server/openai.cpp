@@ -190,25 +190,36 @@ void handle_completions(ServerContext& ctx, const http::Request& req, http::Resp
   json b = parse_body(req.body);
   auto pit = b.find("prompt");
   if (pit == b.end() || pit->is_null()) bad_request("prompt", "is required");
-  const json* pr = &*pit;
-  if (pr->is_array() && pr->size() == 1 && ((*pr)[0].is_string() || (*pr)[0].is_array())) pr = &(*pr)[0];
-  std::vector<int32_t> prompt;
-  if (pr->is_string()) {
-    prompt = ctx.tok->encode(pr->get<std::string>(), true);
-  } else if (pr->is_array()) {
-    if (pr->empty()) bad_request("prompt", "must not be empty");
-    for (size_t i = 0; i < pr->size(); ++i) {
-      const json& t = (*pr)[i];
-      if (t.is_string() || t.is_array()) bad_request("prompt", "holds several prompts; send one prompt per request");
-      if (!t.is_number_integer() && !t.is_number_unsigned()) bad_request("prompt", "entry {} must be a token id (integer)", i);
-      int64_t id = t.get<int64_t>();
-      if (id < 0 || id >= ctx.vocab_size) bad_request("prompt", "entry {} ({}) is not a token id in 0..{}", i, id, ctx.vocab_size - 1);
-      prompt.push_back(int32_t(id));
+  // One prompt (a string or token ids) or several (an array of them: choices prompt-major, as OpenAI).
+  auto one_prompt = [&](const json& pr, const std::string& where) {
+    std::vector<int32_t> prompt;
+    if (pr.is_string()) {
+      prompt = ctx.tok->encode(pr.get<std::string>(), true);
+    } else if (pr.is_array()) {
+      if (pr.empty()) bad_request(where, "must not be empty");
+      for (size_t i = 0; i < pr.size(); ++i) {
+        const json& t = pr[i];
+        if (!t.is_number_integer() && !t.is_number_unsigned()) bad_request(where, "entry {} must be a token id (integer)", i);
+        int64_t id = t.get<int64_t>();
+        if (id < 0 || id >= ctx.vocab_size) bad_request(where, "entry {} ({}) is not a token id in 0..{}", i, id, ctx.vocab_size - 1);
+        prompt.push_back(int32_t(id));
+      }
+    } else {
+      bad_request(where, "must be a string or an array of token ids");
+    }
+    if (prompt.empty()) bad_request(where, "encodes to no tokens");
+    return prompt;
+  };
+  std::vector<std::vector<int32_t>> prompts;
+  const json& pr = *pit;
+  if (pr.is_array() && !pr.empty() && (pr[0].is_string() || pr[0].is_array())) {
+    for (size_t k = 0; k < pr.size(); ++k) {
+      if (!pr[k].is_string() && !pr[k].is_array()) bad_request(fmt::format("prompt[{}]", k), "must be a string or an array of token ids, as the first prompt is");
+      prompts.push_back(one_prompt(pr[k], fmt::format("prompt[{}]", k)));
     }
   } else {
-    bad_request("prompt", "must be a string or an array of token ids");
+    prompts.push_back(one_prompt(pr, "prompt"));
   }
-  if (prompt.empty()) bad_request("prompt", "encodes to no tokens");
   GenParams p = parse_sampling(b, ctx);
   if (auto lp = opt_int(b, "logprobs", 0, 20)) {
     p.logprobs = true;
@@ -224,7 +235,9 @@ void handle_completions(ServerContext& ctx, const http::Request& req, http::Resp
     if (!so->is_object()) bad_request("stream_options", "must be an object");
     include_usage = opt_bool(*so, "include_usage").value_or(false);
   }
-  const std::string echo_text = echo ? ctx.tok->decode(prompt, false) : std::string();
+  std::vector<std::string> echo_text(prompts.size());  // per prompt
+  if (echo)
+    for (size_t k = 0; k < prompts.size(); ++k) echo_text[k] = ctx.tok->decode(prompts[k], false);
   // echo + logprobs scores the prompt as well (what lm-evaluation-harness asks for a loglikelihood):
   // its tokens lead the logprobs, the first with null logprob and alternatives.
   if (echo && p.logprobs) {
@@ -232,7 +245,8 @@ void handle_completions(ServerContext& ctx, const http::Request& req, http::Resp
     p.prompt_logprobs = p.top_logprobs;
   }
 
-  Generation g(ctx, prompt, p);
+  Generation g(ctx, prompts, p);
+  const size_t per_prompt = size_t(p.n);
   const std::string id = random_id("cmpl-");
   const int64_t created = unix_now();
   struct Choice {
@@ -240,7 +254,7 @@ void handle_completions(ServerContext& ctx, const http::Request& req, http::Resp
     json tokens = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
     size_t offset = 0;
   };
-  std::vector<Choice> choices(size_t(p.n));
+  std::vector<Choice> choices(prompts.size() * per_prompt);
   auto add_logprobs = [&](Choice& c, const std::vector<TokenEvent>& toks) {
     if (!p.logprobs) return;
     for (const auto& t : toks) {
@@ -254,17 +268,15 @@ void handle_completions(ServerContext& ctx, const http::Request& req, http::Resp
       c.offset += piece.size();
     }
   };
-  // Prompt token 0 (nothing before it to score it by), then the scored ones, into every choice.
-  auto add_prompt_scores = [&](const std::vector<TokenEvent>& scores) {
-    for (Choice& c : choices) {
-      std::string piece = piece_of(prompt[0]);
-      c.tokens.push_back(piece);
-      c.token_logprobs.push_back(nullptr);
-      c.top.push_back(nullptr);
-      c.offsets.push_back(c.offset);
-      c.offset += piece.size();
-      add_logprobs(c, scores);
-    }
+  // Prompt k's token 0 (nothing before it to score it by), then its scored tokens, into c.
+  auto add_prompt_scores = [&](Choice& c, size_t k) {
+    std::string piece = piece_of(prompts[k][0]);
+    c.tokens.push_back(piece);
+    c.token_logprobs.push_back(nullptr);
+    c.top.push_back(nullptr);
+    c.offsets.push_back(c.offset);
+    c.offset += piece.size();
+    add_logprobs(c, g.prompt_scores(k));
   };
   auto logprobs_json = [&](Choice& c, bool reset) -> json {
     if (!p.logprobs) return nullptr;
@@ -277,13 +289,8 @@ void handle_completions(ServerContext& ctx, const http::Request& req, http::Resp
                                  {"prompt_tokens_details", {{"cached_tokens", g.cached_tokens()}}}}; };
 
   if (!stream) {
-    bool prompt_scored = false;
     bool completed = g.run(
         [&](int i, const std::string& text, const std::vector<TokenEvent>& toks) {
-          if (p.prompt_logprobs >= 0 && !prompt_scored) {  // the first delta comes after the prompt's last chunk
-            prompt_scored = true;
-            add_prompt_scores(g.prompt_scores());
-          }
           choices[size_t(i)].text += text;
           add_logprobs(choices[size_t(i)], toks);
         },
@@ -293,9 +300,21 @@ void handle_completions(ServerContext& ctx, const http::Request& req, http::Resp
       w.send(499, "application/json", http::error_body("client closed the request", "invalid_request_error"));
       return;
     }
+    // Scored prompts lead their choices' logprobs (complete now: every request has finished).
+    if (p.prompt_logprobs >= 0)
+      for (size_t i = 0; i < choices.size(); ++i) {
+        Choice lead, &c = choices[i];
+        add_prompt_scores(lead, i / per_prompt);
+        for (auto& o : c.offsets) o = o.get<size_t>() + lead.offset;
+        for (auto [head, tail] : {std::pair{&lead.tokens, &c.tokens}, std::pair{&lead.token_logprobs, &c.token_logprobs},
+                                  std::pair{&lead.top, &c.top}, std::pair{&lead.offsets, &c.offsets}}) {
+          head->insert(head->end(), tail->begin(), tail->end());
+          *tail = std::move(*head);
+        }
+      }
     json out = json::array();
     for (size_t i = 0; i < choices.size(); ++i)
-      out.push_back({{"index", i}, {"text", echo_text + choices[i].text}, {"logprobs", logprobs_json(choices[i], false)},
+      out.push_back({{"index", i}, {"text", echo_text[i / per_prompt] + choices[i].text}, {"logprobs", logprobs_json(choices[i], false)},
                      {"finish_reason", g.results()[i].finish_reason}});
     send_json(w, 200, {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", ctx.model_id},
                        {"system_fingerprint", "arbor"}, {"choices", out}, {"usage", usage()}});
@@ -310,7 +329,7 @@ void handle_completions(ServerContext& ctx, const http::Request& req, http::Resp
   };
   if (!w.begin_stream(200, "text/event-stream")) return;
   if (echo)
-    for (int64_t i = 0; i < p.n; ++i) w.write_chunk(chunk(int(i), echo_text, nullptr, nullptr));
+    for (size_t i = 0; i < choices.size(); ++i) w.write_chunk(chunk(int(i), echo_text[i / per_prompt], nullptr, nullptr));
   try {
     bool completed = g.run(
         [&](int i, const std::string& text, const std::vector<TokenEvent>& toks) {

@@ -83,3 +83,36 @@ test('echo + logprobs with n > 1 scores the prompt once for every choice; stream
     await s.stop();
   }
 });
+
+test('several prompts in one request: choices prompt-major, each as its own request answers', async () => {
+  const s = await startServer();
+  try {
+    const prompts = ['The state of the union is', ids.slice(0, 9), [5, 6, 7]];
+    const single = [];
+    for (const prompt of prompts) {
+      const r = await post(`${s.baseURL}/completions`, { prompt, max_tokens: 3, temperature: 0, logprobs: 2, echo: true });
+      assert.equal(r.status, 200, r.text);
+      single.push(r.body);
+    }
+    const r = await post(`${s.baseURL}/completions`, { prompt: prompts, n: 2, max_tokens: 3, temperature: 0, logprobs: 2, echo: true });
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.body.choices.length, 6);
+    r.body.choices.forEach((c, i) => {
+      const want = single[Math.floor(i / 2)].choices[0];
+      assert.equal(c.index, i);
+      assert.equal(c.text, want.text, `choice ${i}`);
+      assert.deepEqual(c.logprobs.tokens, want.logprobs.tokens, `choice ${i}`);
+      assert.deepEqual(c.logprobs.text_offset, want.logprobs.text_offset, `choice ${i}`);
+      c.logprobs.token_logprobs.forEach((lp, t) => {
+        const w = want.logprobs.token_logprobs[t];
+        assert.ok(lp === w || Math.abs(lp - w) <= 1e-4, `choice ${i} token ${t}: ${lp} vs ${w}`);
+      });
+    });
+    assert.equal(r.body.usage.prompt_tokens, single.reduce((n, b) => n + b.usage.prompt_tokens, 0));
+    const bad = await post(`${s.baseURL}/completions`, { prompt: ['fine', 5], max_tokens: 1 });
+    assert.equal(bad.status, 400);
+    assert.equal(bad.body.error.param, 'prompt[1]');
+  } finally {
+    await s.stop();
+  }
+});
