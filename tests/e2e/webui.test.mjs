@@ -35,6 +35,13 @@ test('GET / serves the page to browsers and a status line to others', async () =
   }
 });
 
+test('every element the page script looks up exists in the page', () => {
+  const script = page.slice(page.indexOf('<script>'), page.lastIndexOf('</script>'));
+  const used = [...script.matchAll(/\$\('([a-z_]+)'\)/g)].map((m) => m[1]);
+  assert.ok(used.length >= 10, `${used.length} lookups`);
+  for (const id of new Set(used)) assert.match(page, new RegExp(`id="${id}"`), `#${id} is looked up but not in the page`);
+});
+
 test("the page's streaming client gives the API's greedy reply, with stats", async () => {
   const s = await startServer();
   try {
