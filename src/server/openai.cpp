@@ -211,14 +211,17 @@ void handle_completions(ServerContext& ctx, const http::Request& req, http::Resp
     return prompt;
   };
   std::vector<std::vector<int32_t>> prompts;
+  std::vector<const json*> given;  // each prompt as the request gave it
   const json& pr = *pit;
   if (pr.is_array() && !pr.empty() && (pr[0].is_string() || pr[0].is_array())) {
     for (size_t k = 0; k < pr.size(); ++k) {
       if (!pr[k].is_string() && !pr[k].is_array()) bad_request(fmt::format("prompt[{}]", k), "must be a string or an array of token ids, as the first prompt is");
       prompts.push_back(one_prompt(pr[k], fmt::format("prompt[{}]", k)));
+      given.push_back(&pr[k]);
     }
   } else {
     prompts.push_back(one_prompt(pr, "prompt"));
+    given.push_back(&pr);
   }
   GenParams p = parse_sampling(b, ctx);
   if (auto lp = opt_int(b, "logprobs", 0, 20)) {
@@ -235,9 +238,11 @@ void handle_completions(ServerContext& ctx, const http::Request& req, http::Resp
     if (!so->is_object()) bad_request("stream_options", "must be an object");
     include_usage = opt_bool(*so, "include_usage").value_or(false);
   }
-  std::vector<std::string> echo_text(prompts.size());  // per prompt
+  // Per prompt: a text prompt as given (as OpenAI and vLLM echo it), token ids decoded.
+  std::vector<std::string> echo_text(prompts.size());
   if (echo)
-    for (size_t k = 0; k < prompts.size(); ++k) echo_text[k] = ctx.tok->decode(prompts[k], false);
+    for (size_t k = 0; k < prompts.size(); ++k)
+      echo_text[k] = given[k]->is_string() ? given[k]->get<std::string>() : ctx.tok->decode(prompts[k], false);
   // echo + logprobs scores the prompt as well (what lm-evaluation-harness asks for a loglikelihood):
   // its tokens lead the logprobs, the first with null logprob and alternatives.
   if (echo && p.logprobs) {

@@ -109,6 +109,8 @@ test('several prompts in one request: choices prompt-major, each as its own requ
       });
     });
     assert.equal(r.body.usage.prompt_tokens, single.reduce((n, b) => n + b.usage.prompt_tokens, 0));
+    assert.ok(r.body.choices[0].text.startsWith('The state of the union is'), r.body.choices[0].text);  // a text prompt echoes as given
+    assert.ok(r.body.choices[0].text.length > 'The state of the union is'.length);
     const bad = await post(`${s.baseURL}/completions`, { prompt: ['fine', 5], max_tokens: 1 });
     assert.equal(bad.status, 400);
     assert.equal(bad.body.error.param, 'prompt[1]');
