@@ -132,7 +132,9 @@ int cmd_serve(const std::vector<std::string>& args_in) {
       bos = str("bos_token");
       eos = str("eos_token");
     }
-    ctx.chat_template = ChatTemplate::from_source(read_text_file(*t), bos, eos);
+    const auto builtin = fs::exists(*t) ? std::nullopt : ChatTemplate::builtin(*t);
+    if (!fs::exists(*t) && !builtin) fail("arguments: --chat-template {}: no such file, and not a built-in template (chatml)", *t);
+    ctx.chat_template = ChatTemplate::from_source(builtin ? *builtin : read_text_file(*t), bos, eos);
   } else {
     try {
       ctx.chat_template = ChatTemplate::from_model_dir(tok_dir);
@@ -228,7 +230,8 @@ ARBOR_VERB("serve", "serve the OpenAI/Anthropic HTTP API (--model DIR [--host 12
            "  --served-model-name NAME\n"
            "                        the model id in /v1/models and in replies (default: the model directory's name)\n"
            "  --tokenizer DIR       where tokenizer.json and tokenizer_config.json are (default: --model)\n"
-           "  --chat-template FILE  a Jinja chat template to use instead of the model's\n"
+           "  --chat-template FILE  a Jinja chat template to use instead of the model's, or the name of a\n"
+           "                        built-in one: chatml\n"
            "  --thinking on|off     pass enable_thinking to the chat template (default: the template's own)\n"
            "  --max-batch N         sequences decoded together (1..1024, default 8)\n"
            "  --max-queue N         requests that may wait for a place beyond those; more get 429 (default 64)\n"

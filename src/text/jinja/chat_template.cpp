@@ -61,6 +61,15 @@ ChatTemplate ChatTemplate::from_model_dir(const std::string& dir, const std::str
   return ct;
 }
 
+std::optional<std::string> ChatTemplate::builtin(const std::string& name) {
+  if (name == "chatml")
+    return "{%- for message in messages -%}\n"
+           "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}\n"
+           "{%- endfor -%}\n"
+           "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}\n";
+  return std::nullopt;
+}
+
 ChatTemplate ChatTemplate::from_source(const std::string& source, const std::string& bos_token, const std::string& eos_token) {
   ChatTemplate ct;
   ct.source_ = source;

@@ -20,6 +20,9 @@ class ChatTemplate {
   // A template given as source, with the special tokens it should see (empty = not defined).
   static ChatTemplate from_source(const std::string& source, const std::string& bos_token = "",
                                   const std::string& eos_token = "");
+  // The source of a template built in by name, for models that ship none (llama.cpp's
+  // --chat-template NAME): "chatml" (<|im_start|>role\ncontent<|im_end|>). nullopt for other names.
+  static std::optional<std::string> builtin(const std::string& name);
 
   // messages: list of {role, content (string or list of parts), tool_calls, ...}; tools: list or null;
   // kwargs: extra template variables (enable_thinking, ...), which override the special tokens.
