@@ -1,7 +1,8 @@
 // The chat page at GET /: browsers get src/server/webui/index.html byte for byte (with a strict
 // content security policy), other clients the status line. The page's own client functions (request
 // body, SSE reading, streaming, stats) run here in a VM context against a real server, and must give
-// what the non-streaming API gives for the same greedy request.
+// what the non-streaming API gives for the same greedy request. Its DOM wiring runs on a minimal fake
+// DOM: clicks, streamed text, stats, the API key prompt.
 import test from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
@@ -80,5 +81,82 @@ test("the page's client reports the server's errors and stops when aborted", asy
     assert.ok(pieces >= 3 && pieces < 400, `${pieces} pieces`);  // events already read may still arrive
   } finally {
     await s.stop();
+  }
+});
+
+// A minimal DOM: the page's elements by id (from its HTML), created elements, text, events. Enough to
+// run the page's init() and click through a conversation without a browser.
+class FakeElement {
+  constructor(tag, id = '') {
+    Object.assign(this, { tagName: tag, id, children: [], listeners: {}, style: {}, className: '', hidden: false, value: '', _text: '' });
+    this.scrollTop = 0;
+    this.scrollHeight = 0;
+  }
+  get textContent() { return this.children.length ? this.children.map((c) => c.textContent).join('') : this._text; }
+  set textContent(t) { this.children = []; this._text = String(t); }
+  append(...els) { this.children.push(...els); }
+  appendChild(el) { this.children.push(el); return el; }
+  prepend(el) { this.children.unshift(el); }
+  addEventListener(type, fn) { (this.listeners[type] ||= []).push(fn); }
+  dispatch(type, extra = {}) { for (const fn of this.listeners[type] || []) fn({ key: '', shiftKey: false, preventDefault() {}, ...extra }); }
+  focus() {}
+}
+
+function runPage(base) {
+  const byId = new Map([...page.matchAll(/<(\w+)[^>]*\sid="([^"]+)"/g)].map(([, tag, id]) => [id, new FakeElement(tag, id)]));
+  for (const m of page.matchAll(/<(\w+)[^>]*\sid="([^"]+)"[^>]*\shidden[\s>]/g)) byId.get(m[2]).hidden = true;
+  const document = { getElementById: (id) => byId.get(id) ?? null, createElement: (tag) => new FakeElement(tag) };
+  const store = new Map();
+  const localStorage = { getItem: (k) => store.get(k) ?? null, setItem: (k, v) => store.set(k, String(v)) };
+  const pageFetch = (url, opts) => fetch(url.startsWith('/') ? base + url : url, opts);
+  const script = page.slice(page.indexOf('<script>') + 8, page.lastIndexOf('</script>'));
+  vm.runInContext(script, vm.createContext({ fetch: pageFetch, TextDecoder, AbortController, console, document, localStorage }));
+  return byId;
+}
+
+async function until(cond, what) {
+  for (let i = 0; i < 2000; i++) {  // up to 20 s
+    if (cond()) return;
+    await new Promise((r) => setTimeout(r, 10));
+  }
+  assert.fail(`timed out waiting for ${what}`);
+}
+
+test('the page, clicked through: model shown, a reply streamed in, stats, new chat; a key asked for', async () => {
+  const s = await startServer();
+  try {
+    const el = runPage(s.url);
+    await until(() => /context/.test(el.get('model').textContent), 'the model line');
+    assert.match(el.get('model').textContent, /^qwen3-tiny · context \d+$/);
+    el.get('temperature').value = '0';
+    el.get('max_tokens').value = '6';
+    el.get('input').value = 'Say something.';
+    el.get('send').dispatch('click');
+    assert.equal(el.get('send').textContent, 'Stop');
+    await until(() => el.get('send').textContent === 'Send', 'the reply to end');
+    const log = el.get('log').children;
+    assert.equal(log.length, 2);
+    assert.equal(log[0].className, 'msg user');
+    assert.equal(log[0].textContent, 'Say something.');
+    assert.equal(log[1].className, 'msg assistant');
+    const ref = await post(`${s.baseURL}/chat/completions`, { messages: [{ role: 'user', content: 'Say something.' }], temperature: 0, max_tokens: 6 });
+    assert.equal(log[1].textContent, ref.body.choices[0].message.content);
+    assert.match(el.get('stats').textContent, /prompt tokens · 6 generated · [0-9.]+ tok\/s · length$/);
+    assert.equal(el.get('input').value, '');
+    el.get('new').dispatch('click');
+    assert.equal(el.get('log').children.length, 0);
+  } finally {
+    await s.stop();
+  }
+  const locked = await startServer(['--api-key', 'k2']);
+  try {
+    const el = runPage(locked.url);
+    await until(() => el.get('model').textContent === 'needs an API key', 'the key prompt');
+    assert.equal(el.get('keylabel').hidden, false);
+    el.get('key').value = 'k2';
+    el.get('key').dispatch('change');
+    await until(() => /context/.test(el.get('model').textContent), 'the model line after the key');
+  } finally {
+    await locked.stop();
   }
 });
