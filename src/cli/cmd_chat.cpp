@@ -36,13 +36,13 @@ std::optional<std::string> read_turn(bool tty) {
 
 int cmd_chat(const std::vector<std::string>& args) {
   auto vf = model_value_flags();
-  vf.insert({"system", "max-tokens", "temperature", "top-k", "top-p", "seed"});
+  vf.insert({"system", "max-tokens", "temperature", "top-k", "top-p", "seed", "chat-template"});
   Args a(args, vf, model_bool_flags());
   LoadedModel lm = load_model_from_args(a);
   Model& m = *lm.model;
   const std::string dir = load_options_from_args(a).model_dir;
   Tokenizer tok = Tokenizer::from_file(dir);
-  ChatTemplate tmpl = ChatTemplate::from_model_dir(dir);
+  ChatTemplate tmpl = chat_template_from_args(a, dir);
   GenerationDefaults defaults = read_generation_defaults(dir, m.config());
   SamplingParams sampling = defaults.sampling;
   sampling.temperature = float(a.get_double("temperature", sampling.temperature));
@@ -107,7 +107,8 @@ ARBOR_VERB("chat", "interactive chat in the terminal with the model's chat templ
            "                        generation_config.json, else greedy and no filter\n"
            "  --top-k K             keep the K most likely tokens (0: all)\n"
            "  --top-p P             keep the most likely tokens up to mass P (1: all)\n"
-           "  --seed N              seed of the draws (default 0)\n",
+           "  --seed N              seed of the draws (default 0)\n"
+           "  --chat-template FILE  a Jinja chat template to use instead of the model's, or chatml\n",
            cmd_chat);
 
 }  // namespace

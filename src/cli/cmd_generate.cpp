@@ -19,7 +19,7 @@ namespace {
 
 int cmd_generate(const std::vector<std::string>& args) {
   auto vf = model_value_flags();
-  vf.insert({"prompt-ids", "prompt", "system", "max-tokens", "temperature", "top-k", "top-p", "min-p", "seed", "logits-out"});
+  vf.insert({"prompt-ids", "prompt", "system", "max-tokens", "temperature", "top-k", "top-p", "min-p", "seed", "logits-out", "chat-template"});
   auto bf = model_bool_flags();
   bf.insert({"chat", "ignore-eos"});
   Args a(args, vf, bf);
@@ -28,6 +28,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   if (!ids && !text && !a.positional().empty()) text = a.positional()[0];
   if (!ids == !text) fail("arguments: give either --prompt-ids 1,2,3 or --prompt \"text\"");
   if (a.has("chat") && !text) fail("arguments: --chat needs --prompt \"text\"");
+  if (a.has("chat-template") && !a.has("chat")) fail("arguments: --chat-template applies with --chat only");
 
   LoadedModel lm = load_model_from_args(a);
   Model& m = *lm.model;
@@ -42,7 +43,7 @@ int cmd_generate(const std::vector<std::string>& args) {
     if (model_dir.empty()) fail("arguments: --prompt needs a model directory with tokenizer.json (--model DIR)");
     tok = std::make_unique<Tokenizer>(Tokenizer::from_file(model_dir));
     if (a.has("chat")) {
-      ChatTemplate tmpl = ChatTemplate::from_model_dir(model_dir);
+      ChatTemplate tmpl = chat_template_from_args(a, model_dir);
       nlohmann::ordered_json messages = nlohmann::ordered_json::array();
       if (auto sys = a.get("system")) messages.push_back({{"role", "system"}, {"content", *sys}});
       messages.push_back({{"role", "user"}, {"content", *text}});
@@ -107,6 +108,7 @@ ARBOR_VERB("generate", "generate from --prompt-ids 1,2,3 (ids out) or --prompt \
            "  --prompt TEXT         text in, text streamed out, sampled as generation_config.json says\n"
            "  --chat                wrap --prompt in the model's chat template as one user turn\n"
            "  --system TEXT         with --chat: a system message before it\n"
+           "  --chat-template FILE  with --chat: a Jinja chat template instead of the model's, or chatml\n"
            "  --max-tokens N        tokens to generate (default 16 with --prompt-ids, 256 with --prompt)\n"
            "  --ignore-eos          with --prompt: do not stop at end of sequence\n"
            "  --temperature T       0 is greedy\n"

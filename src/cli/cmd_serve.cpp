@@ -117,24 +117,8 @@ int cmd_serve(const std::vector<std::string>& args_in) {
   Tokenizer tok = Tokenizer::from_file(tok_dir);
 
   server::ServerContext ctx;
-  if (auto t = a.get("chat-template")) {
-    std::string bos, eos;
-    fs::path tc = fs::path(tok_dir) / "tokenizer_config.json";
-    if (fs::exists(tc)) {
-      json j = read_json_file(tc.string());
-      auto str = [&](const char* k) -> std::string {
-        auto it = j.find(k);
-        if (it == j.end()) return {};
-        if (it->is_string()) return it->get<std::string>();
-        if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) return (*it)["content"].get<std::string>();
-        return {};
-      };
-      bos = str("bos_token");
-      eos = str("eos_token");
-    }
-    const auto builtin = fs::exists(*t) ? std::nullopt : ChatTemplate::builtin(*t);
-    if (!fs::exists(*t) && !builtin) fail("arguments: --chat-template {}: no such file, and not a built-in template (chatml)", *t);
-    ctx.chat_template = ChatTemplate::from_source(builtin ? *builtin : read_text_file(*t), bos, eos);
+  if (a.has("chat-template")) {
+    ctx.chat_template = chat_template_from_args(a, tok_dir);
   } else {
     try {
       ctx.chat_template = ChatTemplate::from_model_dir(tok_dir);

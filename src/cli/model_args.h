@@ -8,6 +8,7 @@
 #include "backend/backend.h"
 #include "cli/args.h"
 #include "model/model.h"
+#include "text/jinja/chat_template.h"
 
 namespace arbor::cli {
 
@@ -32,6 +33,10 @@ LoadOptions load_options_from_args(const Args& a);                 // --model/--
 std::unique_ptr<Backend> make_backend_from_args(const Args& a);    // --device/--threads/--weights
 // Builds the backend named by --device (cpu default) and loads the model named by --model/--config.
 LoadedModel load_model_from_args(const Args& a, int64_t max_step_tokens = 256);
+
+// The chat template for a model's conversations: --chat-template FILE or a built-in name (chatml), with
+// the tokenizer_config.json special tokens of tok_dir; without the flag, tok_dir's own template.
+ChatTemplate chat_template_from_args(const Args& a, const std::string& tok_dir);
 
 // Parses "1,2,3" into non-negative integers; throws naming the flag, the bad entry and what an entry
 // should be (`what`, e.g. "a token id").
