@@ -77,26 +77,12 @@ std::string resolve_model_dir(const std::string& spec, std::string* repo_id) {
 }
 
 ChatTemplate chat_template_from_args(const Args& a, const std::string& tok_dir) {
-  namespace fs = std::filesystem;
   auto t = a.get("chat-template");
   if (!t) return ChatTemplate::from_model_dir(tok_dir);
-  std::string bos, eos;
-  const fs::path tc = fs::path(tok_dir) / "tokenizer_config.json";
-  if (fs::exists(tc)) {
-    json j = read_json_file(tc.string());
-    auto str = [&](const char* k) -> std::string {
-      auto it = j.find(k);
-      if (it == j.end()) return {};
-      if (it->is_string()) return it->get<std::string>();
-      if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) return (*it)["content"].get<std::string>();
-      return {};
-    };
-    bos = str("bos_token");
-    eos = str("eos_token");
-  }
-  const auto builtin = fs::exists(*t) ? std::nullopt : ChatTemplate::builtin(*t);
-  if (!fs::exists(*t) && !builtin) fail("arguments: --chat-template {}: no such file, and not a built-in template (chatml)", *t);
-  return ChatTemplate::from_source(builtin ? *builtin : read_text_file(*t), bos, eos);
+  const bool is_file = std::filesystem::exists(*t);
+  const auto builtin = is_file ? std::nullopt : ChatTemplate::builtin(*t);
+  if (!is_file && !builtin) fail("arguments: --chat-template {}: no such file, and not a built-in template (chatml)", *t);
+  return ChatTemplate::from_source_for_dir(builtin ? *builtin : read_text_file(*t), tok_dir);
 }
 
 std::string default_model_dir() {

@@ -7,19 +7,41 @@ namespace arbor {
 
 using ojson = nlohmann::ordered_json;
 
+namespace {
+
+// DIR/tokenizer_config.json, or an empty object when there is none.
+ojson tokenizer_config(const std::string& dir) {
+  const std::string cfg_path = dir + "/tokenizer_config.json";
+  ojson cfg = ojson::object();
+  if (!file_exists(cfg_path)) return cfg;
+  try {
+    cfg = ojson::parse(read_text_file(cfg_path));
+  } catch (const ojson::parse_error& e) {
+    fail("chat template: {}: {}", cfg_path, e.what());
+  }
+  if (!cfg.is_object()) fail("chat template: {}: expected a JSON object", cfg_path);
+  return cfg;
+}
+
+// The special tokens a template sees: strings or AddedToken objects {"content": ...}; null means not set.
+std::map<std::string, std::string> special_tokens_of(const ojson& cfg) {
+  std::map<std::string, std::string> out;
+  for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"}) {
+    if (!cfg.contains(key)) continue;
+    const ojson& v = cfg[key];
+    if (v.is_string()) out[key] = v.get<std::string>();
+    else if (v.is_object() && v.contains("content") && v["content"].is_string()) out[key] = v["content"].get<std::string>();
+  }
+  return out;
+}
+
+}  // namespace
+
 ChatTemplate ChatTemplate::from_model_dir(const std::string& dir, const std::string& name) {
   ChatTemplate ct;
-  std::string cfg_path = dir + "/tokenizer_config.json";
-  std::string jinja_path = dir + "/chat_template.jinja";
-  ojson cfg = ojson::object();
-  if (file_exists(cfg_path)) {
-    try {
-      cfg = ojson::parse(read_text_file(cfg_path));
-    } catch (const ojson::parse_error& e) {
-      fail("chat template: {}: {}", cfg_path, e.what());
-    }
-    if (!cfg.is_object()) fail("chat template: {}: expected a JSON object", cfg_path);
-  }
+  const std::string cfg_path = dir + "/tokenizer_config.json";
+  const std::string jinja_path = dir + "/chat_template.jinja";
+  const ojson cfg = tokenizer_config(dir);
   std::string origin;
   if (file_exists(jinja_path)) {
     ct.source_ = read_text_file(jinja_path);
@@ -50,14 +72,14 @@ ChatTemplate ChatTemplate::from_model_dir(const std::string& dir, const std::str
   } else {
     fail("chat template: {} has no chat_template.jinja and no chat_template in tokenizer_config.json", dir);
   }
-  // Special tokens are strings or AddedToken objects {"content": ...}; null means not set.
-  for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"}) {
-    if (!cfg.contains(key)) continue;
-    const ojson& v = cfg[key];
-    if (v.is_string()) ct.special_tokens_[key] = v.get<std::string>();
-    else if (v.is_object() && v.contains("content") && v["content"].is_string()) ct.special_tokens_[key] = v["content"].get<std::string>();
-  }
+  ct.special_tokens_ = special_tokens_of(cfg);
   ct.template_ = jinja::Template::parse(ct.source_, origin);
+  return ct;
+}
+
+ChatTemplate ChatTemplate::from_source_for_dir(const std::string& source, const std::string& dir) {
+  ChatTemplate ct = from_source(source);
+  ct.special_tokens_ = special_tokens_of(tokenizer_config(dir));
   return ct;
 }
 
@@ -70,11 +92,9 @@ std::optional<std::string> ChatTemplate::builtin(const std::string& name) {
   return std::nullopt;
 }
 
-ChatTemplate ChatTemplate::from_source(const std::string& source, const std::string& bos_token, const std::string& eos_token) {
+ChatTemplate ChatTemplate::from_source(const std::string& source) {
   ChatTemplate ct;
   ct.source_ = source;
-  if (!bos_token.empty()) ct.special_tokens_["bos_token"] = bos_token;
-  if (!eos_token.empty()) ct.special_tokens_["eos_token"] = eos_token;
   ct.template_ = jinja::Template::parse(source, "chat_template");
   return ct;
 }

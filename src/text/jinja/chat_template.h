@@ -17,9 +17,11 @@ class ChatTemplate {
   // chat_template. `name` picks one of the named templates of the list form ("default", "tool_use", ...).
   // Throws arbor::Error naming the directory when there is no template or it does not parse.
   static ChatTemplate from_model_dir(const std::string& dir, const std::string& name = "default");
-  // A template given as source, with the special tokens it should see (empty = not defined).
-  static ChatTemplate from_source(const std::string& source, const std::string& bos_token = "",
-                                  const std::string& eos_token = "");
+  // A template given as source, with no special tokens defined.
+  static ChatTemplate from_source(const std::string& source);
+  // A template given as source, with the special tokens of DIR/tokenizer_config.json (none without one):
+  // what a model's own template would see, for a template that replaces it.
+  static ChatTemplate from_source_for_dir(const std::string& source, const std::string& dir);
   // The source of a template built in by name, for models that ship none (llama.cpp's
   // --chat-template NAME): "chatml" (<|im_start|>role\ncontent<|im_end|>). nullopt for other names.
   static std::optional<std::string> builtin(const std::string& name);
