@@ -237,9 +237,10 @@ Scheduler::Launched Scheduler::launch(std::vector<Part> parts, bool from_last_pi
   for (size_t s = 0; s < l.parts.size(); ++s) {
     const Part& p = l.parts[s];
     std::copy(p.a->kv.blocks.begin(), p.a->kv.blocks.end(), b.block_tables.begin() + int64_t(s * max_blocks));
+    const int64_t first_logit_row = p.n - p.logit_rows();
     for (int64_t i = 0; i < p.n; ++i) {
       const int64_t pos = p.start + i;
-      if (i + p.logit_rows() >= p.n) b.logit_rows.push_back(int32_t(b.tokens.size()));  // the part's last logit_rows() rows
+      if (i >= first_logit_row) b.logit_rows.push_back(int32_t(b.tokens.size()));
       b.tokens.push_back(from_last_pick ? token_from_last_pick(int64_t(s)) : p.decode ? p.a->next : p.a->req->prompt[size_t(pos)]);
       b.pos.push_back(int32_t(pos));
       b.seq.push_back(int32_t(s));
@@ -253,7 +254,7 @@ Scheduler::Launched Scheduler::launch(std::vector<Part> parts, bool from_last_pi
   bool all_greedy = true;
   draws_.clear();
   for (auto& p : l.parts) {
-    if (p.logit_rows() > (p.wants_logits ? 1 : 0)) device_pick = false;  // prompt scores: every row to the host
+    if (p.scores_prompt()) device_pick = false;  // every row's logits go to the host
     if (!p.wants_logits) continue;
     const SamplingParams& sp = p.a->sampler.params();
     if (p.a->req->processing.active() || p.a->req->logprobs) device_pick = false;
@@ -329,7 +330,7 @@ void Scheduler::finish(Launched& l) {
       row += size_t(p.logit_rows());
       continue;
     }
-    if (p.logit_rows() > (p.wants_logits ? 1 : 0)) {  // prompt scores: row i predicts prompt token start + i + 1
+    if (p.scores_prompt()) {  // row i predicts prompt token start + i + 1; the last row of the last chunk samples
       const Request& r = *a.req;
       const int64_t scored = p.wants_logits ? p.n - 1 : p.n;
       for (int64_t i = 0; i < scored; ++i) {

@@ -97,9 +97,10 @@ class Scheduler {
     int64_t start, n;
     bool wants_logits;
     bool decode;  // one generated token fed (else a prompt chunk)
-    // Logit rows the step computes for this part: every row of a prompt chunk whose request scores its
-    // prompt, else the last row when wants_logits.
-    int64_t logit_rows() const { return !decode && a->req->prompt_logprobs >= 0 ? n : wants_logits ? 1 : 0; }
+    // A prompt chunk of a request that scores its prompt: every row's logits are computed.
+    bool scores_prompt() const { return !decode && a->req->prompt_logprobs >= 0; }
+    // Logit rows the step computes for this part (its last ones): all when scoring, else the last when wants_logits.
+    int64_t logit_rows() const { return scores_prompt() ? n : wants_logits ? 1 : 0; }
   };
   // A step whose forward is queued or done. picked: its ids are being picked on the device (a greedy
   // argmax or a draw per row), else its logits are in logits_ (the forward waited for them) or it failed.

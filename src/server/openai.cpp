@@ -294,10 +294,11 @@ void handle_completions(ServerContext& ctx, const http::Request& req, http::Resp
                                  {"prompt_tokens_details", {{"cached_tokens", g.cached_tokens()}}}}; };
 
   if (!stream) {
+    std::vector<std::vector<TokenEvent>> generated(choices.size());  // logprobs are built at the end, after any prompt scores
     bool completed = g.run(
         [&](int i, const std::string& text, const std::vector<TokenEvent>& toks) {
           choices[size_t(i)].text += text;
-          add_logprobs(choices[size_t(i)], toks);
+          generated[size_t(i)].insert(generated[size_t(i)].end(), toks.begin(), toks.end());
         },
         [&] { return w.client_gone(); });
     if (!completed) {
@@ -305,18 +306,11 @@ void handle_completions(ServerContext& ctx, const http::Request& req, http::Resp
       w.send(499, "application/json", http::error_body("client closed the request", "invalid_request_error"));
       return;
     }
-    // Scored prompts lead their choices' logprobs (complete now: every request has finished).
-    if (p.prompt_logprobs >= 0)
-      for (size_t i = 0; i < choices.size(); ++i) {
-        Choice lead, &c = choices[i];
-        add_prompt_scores(lead, i / per_prompt);
-        for (auto& o : c.offsets) o = o.get<size_t>() + lead.offset;
-        for (auto [head, tail] : {std::pair{&lead.tokens, &c.tokens}, std::pair{&lead.token_logprobs, &c.token_logprobs},
-                                  std::pair{&lead.top, &c.top}, std::pair{&lead.offsets, &c.offsets}}) {
-          head->insert(head->end(), tail->begin(), tail->end());
-          *tail = std::move(*head);
-        }
-      }
+    // A scored prompt leads its choices' logprobs (its scores are complete: every request has finished).
+    for (size_t i = 0; i < choices.size(); ++i) {
+      if (p.prompt_logprobs >= 0) add_prompt_scores(choices[i], i / per_prompt);
+      add_logprobs(choices[i], generated[i]);
+    }
     json out = json::array();
     for (size_t i = 0; i < choices.size(); ++i)
       out.push_back({{"index", i}, {"text", echo_text[i / per_prompt] + choices[i].text}, {"logprobs", logprobs_json(choices[i], false)},
