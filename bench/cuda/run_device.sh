@@ -9,15 +9,16 @@
 #       run twice in turn, so a change is judged on one machine (H200s of the tool differ by ~1.5%);
 #       a setting may also name another binary: AB="BIN=arbor_old;BIN=arbor" (both in $D); AB_ARGS adds bench
 #       arguments (AB_ARGS="--decode-batch 8"), AB_CONFIG picks another config.
-#   sweep: compute-sanitizer over every CUDA test in one call (~450 s on an H200): memcheck on every
-#       suite, racecheck on the kernel suites (CudaOps, CudaAttention, CudaFused, CudaSampling), each
-#       tool and suite its own process, four groups at once. Racecheck's cost grows with the sampler's
-#       launches (a 16-block cluster of 3 rows: 75 s alone, 175 s beside other runs), so its sampler run keeps the tests whose
-#       launches it finishes: the argmax, the per-row draws (8192 rows, one block each) and
+#   sweep: compute-sanitizer over every CUDA test in one call (~460 s on an H200, estimated from its
+#       parts' times; not yet run whole): memcheck on every suite, racecheck on the kernel suites
+#       (CudaOps, CudaAttention, CudaFused, CudaSampling), each tool and suite its own process, four
+#       groups at once. Racecheck's cost grows with the sampler's cluster (one launch of 3 rows at 16
+#       blocks: 175 s beside other runs; both Racecheck* tests 78 s alone), so its sampler run keeps the
+#       tests whose launches it finishes: the argmax, the per-row draws (8192 rows, one block each) and
 #       the two CudaSampling.Racecheck* tests (clusters of 1, 2 and 16 blocks, a launch each); the
 #       statistical and large-vocabulary tests run the same kernel at sizes it does not finish.
-#       SWEEP_LIMIT: seconds a kernel-suite run may take (default 200; the sampler's racecheck gets
-#       SWEEP_SAMPLER_LIMIT, default 480); SWEEP_TOOLS / SWEEP_SUITES narrow it.
+#       SWEEP_LIMIT: seconds a kernel-suite run may take (default 200, twice that for the model suites;
+#       the sampler's racecheck gets SWEEP_SAMPLER_LIMIT, default 480); SWEEP_TOOLS / SWEEP_SUITES narrow it.
 set -u
 D=${ARBOR_RUN_DIR:-.cudarun}
 OUT=${OUT:-/tmp/arbor-out}
@@ -70,14 +71,16 @@ for step in $STEPS; do
       }
       sweep_group() {  # tool suites...: one after another
         local tool=$1; shift
+        case " ${SWEEP_TOOLS:-memcheck racecheck} " in *" $tool "*) ;; *) return ;; esac
         for suite in "$@"; do
-          case " ${SWEEP_TOOLS:-memcheck racecheck} " in *" $tool "*) ;; *) continue ;; esac
           case " ${SWEEP_SUITES:-CudaOps CudaAttention CudaFused CudaSampling CudaScheduler CudaGenerate CudaModel} " in *" $suite "*) ;; *) continue ;; esac
           sweep_one $tool $suite
         done
       }
-      # Four groups of about equal time (measured: memcheck on the kernel suites ~130 s, on the model
-      # suites ~210 s, racecheck on CudaOps + CudaAttention ~225 s, on CudaFused ~50 s and the sampler ~400 s).
+      # Four groups of about equal time, from session 10's runs of the parts (four or more processes at
+      # once): memcheck on the kernel suites 127 s, on the model suites 212 s, racecheck on CudaOps +
+      # CudaAttention 225 s, on CudaFused 49 s; the sampler's four racecheck tests were run apart (4 + 225 +
+      # 2.5 + 78 to 175 s), so ~310-410 s is an estimate.
       sweep_group memcheck CudaOps CudaAttention CudaFused CudaSampling > "$OUT/sweep_group1.txt" &
       sweep_group memcheck CudaScheduler CudaGenerate CudaModel > "$OUT/sweep_group2.txt" &
       sweep_group racecheck CudaOps CudaAttention > "$OUT/sweep_group3.txt" &

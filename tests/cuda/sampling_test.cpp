@@ -205,7 +205,7 @@ void expect_same_ids_at_every_cluster_size(int64_t V, uint64_t counters, uint32_
       EXPECT_EQ(by_cluster[c], by_cluster[0]) << "set " << si << ": " << clusters[c] << " blocks per row vs " << clusters[0];
     std::map<int32_t, int> distinct;
     for (auto id : by_cluster[0]) distinct[id]++;
-    EXPECT_GT(distinct.size(), 1u) << "set " << si << ": the draws vary with the counter";
+    EXPECT_GT(distinct.size(), 1u) << "set " << si << ": the draws vary (over the rows, and over counters when there are several)";
   }
 }
 
@@ -223,7 +223,8 @@ TEST(CudaSampling, ClusterSizeDoesNotChangeTheIdsSmallVocabulary) {
 
 // The least work that still runs both code paths (one block per row, and a 2-block cluster reducing
 // through distributed shared memory): one launch each, for compute-sanitizer racecheck, whose
-// shared-memory tracking made the tests above run past minutes (bench/cuda/run_device.sh).
+// shared-memory tracking made the tests above run past minutes (bench/cuda/run_device.sh). Outside the
+// sanitizer these two repeat part of ClusterSizeDoesNotChangeTheIdsSmallVocabulary.
 TEST(CudaSampling, RacecheckOneAndTwoBlocksPerRow) {
   ARBOR_REQUIRE_GPU();
   expect_same_ids_at_every_cluster_size(1201, 3, 27, {1, 2}, 3);

@@ -122,6 +122,7 @@ CudaBackend::CudaBackend(int device)
   if (const char* env = std::getenv("ARBOR_CUDA_FUSED")) fused_ = std::atoi(env) != 0;
   if (const char* env = std::getenv("ARBOR_CUDA_FUSED_PREP")) fused_prep_ = std::atoi(env) != 0;
   if (const char* env = std::getenv("ARBOR_CUDA_GEMV_STREAM")) set_gemv_stream(std::atoi(env) != 0);
+  if (const char* env = std::getenv("ARBOR_CUDA_GEMV_MMA")) set_gemv_mma(std::atoi(env) != 0);
   int cluster_launch = 0;
   ARBOR_CUDA_CHECK(cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, device));
   cluster_merge_ok_ = cluster_launch != 0;

@@ -433,7 +433,8 @@ constexpr int kMmaK = 64;                    // k per stage
 constexpr int64_t kMmaMaxXBytes = 64 * 1024;  // x in shared memory up to this
 
 // Byte offset of (row, 16-byte chunk c) in a 16 x 64 tile: 128-byte rows, chunks XOR-swizzled by row so
-// the 8 row reads of an ldmatrix (one chunk column) hit distinct banks.
+// the 8 row reads of an ldmatrix (one chunk column) hit distinct banks. The one-panel case of wgmma.h's
+// swz_offset (c < 8), kept apart: its panel term is arithmetic this kernel's inner loop does not need.
 __device__ __forceinline__ uint32_t mma_off(int row, int c) { return uint32_t(row * 128 + ((c ^ (row & 7)) << 4)); }
 
 template <int RPU, bool XS>
@@ -567,12 +568,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_kernel(GemvSegments s
 }
 
 // On by default (faster than cuBLASLt at 4 and 8 rows for the 8B and Qwen3-0.6B: docs/cuda-notes.md,
-// session 9); ARBOR_CUDA_GEMV_MMA=0 sends 3-8 rows to cuBLASLt, read at process start (also for
-// `arbor bench --gemv-only`).
-bool g_mma = [] {
-  const char* env = std::getenv("ARBOR_CUDA_GEMV_MMA");
-  return env ? std::atoi(env) != 0 : true;
-}();
+// session 9); ARBOR_CUDA_GEMV_MMA=0 sends 3-8 rows to cuBLASLt (read by the CudaBackend constructor,
+// beside the other switches).
+bool g_mma = true;
 
 bool mma_takes(int64_t T, int64_t K, bool f16) { return g_mma && !f16 && T >= 3 && T <= 8 && K % 512 == 0; }
 
