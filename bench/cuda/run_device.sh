@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine (device tool): the CUDA tests, compute-sanitizer memcheck/racecheck on
 # a short filter, and the benchmarks, with logs under $OUT. Expects the binaries built here and copied
-# to .cudarun/ (arbor, test_cuda, lib/ with libfmt, libpcre2-8, libutf8proc), carried with the call:
+# to .cudarun/ by bench/cuda/pack.sh (arbor, test_cuda, lib/ with the shared libraries), carried with the call:
 #   run(command="bash bench/cuda/run_device.sh", carry=[".cudarun"])
 # Steps can be chosen: STEPS="tests bench memcheck" (default: all, in that order), plus
 #   ab: 8B batch-1 decode (--decode-only) under each setting of AB (';'-separated environment

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Copies the binaries built here (build/arbor, build/test_cuda, and any other build/NAME given) into
+# .cudarun/ with the non-system shared libraries they need (lib/), for the GPU machine:
+#   bash bench/cuda/pack.sh [extra binaries...]; then run(command="bash bench/cuda/run_device.sh", carry=[".cudarun"])
+# The GPU machine has glibc, libstdc++ and CUDA's libraries (/usr/local/cuda/lib64) but not these.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+b=${ARBOR_BUILD_DIR:-build}
+rm -rf .cudarun && mkdir -p .cudarun/lib
+for n in arbor test_cuda "$@"; do cp "$b/$n" .cudarun/; done
+for lib in libpcre2-8.so.0 libutf8proc.so.2 libfmt.so.9 libedit.so.2 libtinfo.so.6 libbsd.so.0 libmd.so.0; do
+  cp -L "/lib/x86_64-linux-gnu/$lib" .cudarun/lib/
+done
+du -sh .cudarun
