@@ -1,8 +1,10 @@
 # Checks the shipped model against its golden on any CPU with torch (no
-# transformers, no safetensors package): reads model.safetensors by hand,
-# runs the greedy continuation of every golden case in float32 with
-# llama_model.py, and compares ids; also checks the file is within 12 MB.
+# transformers, no safetensors package): reads model.safetensors (or the
+# shards an index names) by hand, runs the greedy continuation of every
+# golden case in float32 with llama_model.py, and compares ids; also checks
+# the weights are within 12 MB (--max-bytes for another model).
 #   /usr/bin/python3 tools/default_model/check_golden.py [models/arbor-tiny-sotu]
+#   /usr/bin/python3 tools/default_model/check_golden.py tests/fixtures/eval-model --max-bytes 28000000
 import json
 import os
 import struct
@@ -42,20 +44,49 @@ def read_safetensors(path):
     return out
 
 
+def read_checkpoint(model_dir):
+    """name -> float32 tensor from model.safetensors or the shards of
+    model.safetensors.index.json; returns (tensors, total bytes of the files)."""
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.exists(index):
+        weight_map = json.load(open(index))["weight_map"]
+        files = sorted(set(weight_map.values()))
+    else:
+        weight_map, files = None, ["model.safetensors"]
+    state, size = {}, 0
+    for f in files:
+        path = os.path.join(model_dir, f)
+        size += os.path.getsize(path)
+        part = read_safetensors(path)
+        for name in part:
+            if name in state:
+                sys.exit(f"check_golden: tensor {name} is in two files")
+            if weight_map is not None and weight_map.get(name) != f:
+                sys.exit(f"check_golden: {f} holds {name}, which the index puts in {weight_map.get(name)}")
+        state.update(part)
+    if weight_map is not None and set(weight_map) != set(state):
+        sys.exit(f"check_golden: the index and the shards name different tensors: {sorted(set(weight_map) ^ set(state))}")
+    return state, size
+
+
 def main():
-    model_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "..", "..", "models", "arbor-tiny-sotu")
-    st_path = os.path.join(model_dir, "model.safetensors")
-    size = os.path.getsize(st_path)
-    print(f"model.safetensors: {size} bytes")
-    if size > MAX_BYTES:
-        sys.exit(f"check_golden: {st_path} is {size} bytes, over {MAX_BYTES}")
+    args = list(sys.argv[1:])
+    max_bytes = MAX_BYTES
+    if "--max-bytes" in args:
+        i = args.index("--max-bytes")
+        max_bytes = int(args[i + 1])
+        del args[i:i + 2]
+    model_dir = args[0] if args else os.path.join(HERE, "..", "..", "models", "arbor-tiny-sotu")
+    state, size = read_checkpoint(model_dir)
+    print(f"weights: {size} bytes")
+    if size > max_bytes:
+        sys.exit(f"check_golden: {model_dir}: weights are {size} bytes, over {max_bytes}")
     hf = json.load(open(os.path.join(model_dir, "config.json")))
     cfg = {k: hf[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                               "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
                               "tie_word_embeddings")}
     cfg["rope_theta"] = hf.get("rope_parameters", {}).get("rope_theta", hf.get("rope_theta", 10000.0))
     model = LlamaLM(cfg).eval()
-    state = read_safetensors(st_path)
     state.setdefault("lm_head.weight", state["model.embed_tokens.weight"])
     model.load_state_dict(state, strict=True)
 

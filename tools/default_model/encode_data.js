@@ -1,13 +1,14 @@
-// Step 3: tokenizes the splits with the shipped tokenizer (npm `tokenizers`)
+// Step 3: tokenizes the splits with the model's tokenizer (npm `tokenizers`)
 // into flat uint16 token streams that train.py reads; chat samples are
 // rendered with the shipped chat template (npm @huggingface/jinja).
 //
-//   node tools/default_model/encode_data.js
+//   node tools/default_model/encode_data.js [--preset eval]
 //
 // Writes data/{train,val,test}_{docs,chat}.bin (little-endian uint16 ids) and
-// data/meta.json (token and byte counts, special ids).
-//   docs stream: per address  <|bos|> text <|endoftext|>
-//   chat stream: per sample   template(messages) <|endoftext|>
+// data/meta.json (token and byte counts, special ids); the eval preset has no
+// chat stream.
+//   docs stream: per document  <|bos|> text <|endoftext|>
+//   chat stream: per sample    template(messages) <|endoftext|>
 'use strict';
 
 const crypto = require('crypto');
@@ -46,9 +47,9 @@ async function main() {
   const tokFile = path.join(C.MODEL_DIR, 'tokenizer.json');
   const tok = tk.Tokenizer.fromFile(tokFile);
   const cfg = JSON.parse(fs.readFileSync(path.join(C.MODEL_DIR, 'tokenizer_config.json'), 'utf8'));
-  const template = new Template(cfg.chat_template);
+  const template = C.CHAT ? new Template(cfg.chat_template) : null;
   const eot = tok.tokenToId(C.EOT);
-  const meta = { tokenizer: 'models/' + C.MODEL_NAME + '/tokenizer.json',
+  const meta = { preset: C.PRESET, tokenizer: path.relative(C.REPO_ROOT, tokFile),
     tokenizer_sha256: crypto.createHash('sha256').update(fs.readFileSync(tokFile)).digest('hex'),
     vocab_size: tok.getVocabSize(true),
     special: Object.fromEntries(C.SPECIAL_TOKENS.map((t) => [t, tok.tokenToId(t)])), files: {} };
@@ -58,6 +59,10 @@ async function main() {
     const nDoc = writeStream(path.join(C.DATA_DIR, `${split}_docs.bin`), docIds, eot);
     meta.files[`${split}_docs.bin`] = { tokens: nDoc, sequences: docs.length,
       text_bytes: docs.reduce((s, d) => s + Buffer.byteLength(d), 0) };
+    if (!C.CHAT) {
+      console.log(`${split}: docs ${nDoc} tokens`);
+      continue;
+    }
 
     const chats = fs.readFileSync(path.join(C.DATA_DIR, `chat_${split}.jsonl`), 'utf8').trim().split('\n')
       .map((l) => JSON.parse(l).messages);

@@ -199,4 +199,7 @@ function main() {
   fs.writeFileSync(path.join(DATA_DIR, 'split.json'), JSON.stringify(summary, null, 1) + '\n');
 }
 
-main();
+// tools/eval_model/prepare_data.js reuses the text clean-up and the paragraphs.
+module.exports = { normalize, splitSentences, paragraphs, TEST_LAST, VAL_EVERY, VAL_OFFSET };
+
+if (require.main === module) main();

@@ -1,7 +1,8 @@
 // Step 2: byte-level BPE trained with npm `tokenizers` on the training split,
-// written as models/arbor-tiny-sotu/tokenizer.json + tokenizer_config.json.
+// written as models/arbor-tiny-sotu/tokenizer.json + tokenizer_config.json
+// (with --preset eval: tests/fixtures/eval-model/, no chat template).
 //
-//   node tools/default_model/train_tokenizer.js
+//   node tools/default_model/train_tokenizer.js [--preset eval]
 //
 // The Node binding trains only with the model's default BpeTrainer (vocab cap
 // 30000, no special tokens, alphabet = bytes seen). BPE training is greedy and
@@ -80,18 +81,19 @@ function tokenizerConfig(vocab) {
   for (const t of C.SPECIAL_TOKENS) {
     decoder[String(vocab[t])] = { content: t, lstrip: false, normalized: false, rstrip: false, single_word: false, special: true };
   }
-  return {
+  const cfg = {
     added_tokens_decoder: decoder,
     bos_token: C.BOS,
-    eos_token: C.IM_END,
+    eos_token: C.EOS,
     pad_token: C.PAD,
     unk_token: null,
-    additional_special_tokens: [C.EOT, C.IM_START],
-    chat_template: C.CHAT_TEMPLATE,
+    additional_special_tokens: C.SPECIAL_TOKENS.filter((t) => ![C.BOS, C.EOS, C.PAD].includes(t)),
+    chat_template: C.CHAT ? C.CHAT_TEMPLATE : undefined,  // undefined: JSON.stringify leaves it out
     clean_up_tokenization_spaces: false,
     model_max_length: C.CONTEXT,
     tokenizer_class: 'PreTrainedTokenizerFast',
   };
+  return cfg;
 }
 
 // Round trip through a fresh load of the written file: every held-out address
