@@ -51,6 +51,13 @@ struct BatchInfo {
   std::vector<int32_t> block_tables;  // [S, max_blocks] (row-major, unused entries -1)
   int32_t max_blocks = 0;
   std::vector<int32_t> logit_rows;    // token indices whose logits are wanted, in output order
+  // Longrope's per-sequence regime (RopeTable): long_rope[s] != 0 when sequence s takes the long
+  // factors at every position (its prompt was longer than original_max_position_embeddings); empty:
+  // no sequence does. Set by whoever builds the batch (SequenceKV::long_rope); Model::forward turns it
+  // into rope_rows, the row of the rope tables each token reads (empty: its position), which is what
+  // the backends read.
+  std::vector<uint8_t> long_rope;     // [S] or empty
+  std::vector<int32_t> rope_rows;     // [T] or empty
   int64_t n_tokens() const { return int64_t(tokens.size()); }
   int64_t n_seqs() const { return int64_t(ctx_len.size()); }
 };
@@ -105,7 +112,8 @@ class Backend {
     for (int i = 0; i < n; ++i) linear(x, *outs[i].l, outs[i].y);
   }
   // Rotates the first rot_dim dims of each head of x [T, n_heads*head_dim] in place, at each token's
-  // position; cos/sin tables are [n_positions, rot_dim/2] on the device (from upload_table).
+  // position (its rope_rows entry when the batch has them); cos/sin tables are [n_rows, rot_dim/2] on
+  // the device (from upload_table).
   virtual void rope(Tensor x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const Tensor& cos, const Tensor& sin) = 0;
   // Writes k, v [T, n_kv_heads*head_dim] into layer's KV blocks at each token's slot.
   virtual void kv_write(int64_t layer, const Tensor& k, const Tensor& v) = 0;

@@ -160,6 +160,7 @@ int bench_cuda(const Args& a) {
   // Prefill: one forward over the whole prompt (median of reps after one warm-up).
   for (int64_t P : prefills) guarded(fmt::format("prefill {}", P), [&] {
     SequenceKV seq;
+    seq.long_rope = m.long_rope_for(P);  // a prompt past a longrope model's original context, as served
     if (!seq.reserve(pool, P)) fail("bench: {} tokens need more KV blocks than the pool's {}", P, pool.free_blocks());
     BatchInfo b = make_batch({ids_for(P, 1)}, {0}, {&seq}, false);
     forward(b);

@@ -25,6 +25,8 @@ BatchInfo make_batch(const std::vector<std::vector<int32_t>>& tokens, const std:
     }
     b.ctx_len.push_back(int32_t(start[s] + int64_t(tokens[s].size())));
   }
+  if (std::any_of(kv.begin(), kv.end(), [](const SequenceKV* s) { return s->long_rope; }))
+    for (auto* s : kv) b.long_rope.push_back(s->long_rope ? 1 : 0);
   return b;
 }
 
@@ -46,6 +48,7 @@ GenerateResult generate(Model& model, BlockPool& pool, const GenerateRequest& re
     SequenceKV& s;
     ~Release() { s.release(p); }
   } release{pool, seq};
+  seq.long_rope = model.long_rope_for(int64_t(req.prompt.size()));
   ARBOR_CHECK(seq.reserve(pool, limit), "generate: {} tokens need {} KV blocks, the pool has {} free", limit,
               pool.blocks_for(limit), pool.free_blocks());
   Sampler sampler(req.sampling);

@@ -117,6 +117,7 @@ void Scheduler::admit_locked() {
     const int64_t P = int64_t(r->prompt.size());
     const int64_t limit = P + r->max_tokens;
     auto a = std::make_shared<Active>(Active{r, SequenceKV{}, Sampler(r->sampling), limit, 0, {}, -1, false});
+    a->kv.long_rope = model_.long_rope_for(P);  // before the prefix match: the regimes' blocks hash apart
     // The last prompt token is always computed: its logits give the first generated token.
     const int64_t cached = opt_.prefix_cache && r->prompt_logprobs < 0 ? a->kv.match_prefix(pool_, r->prompt, P - 1) : 0;
     if (!a->kv.reserve(pool_, limit)) {  // head of line waits for blocks (FIFO keeps it fair)
@@ -247,6 +248,9 @@ Scheduler::Launched Scheduler::launch(std::vector<Part> parts, bool from_last_pi
     }
     b.ctx_len.push_back(int32_t(p.start + p.n));
   }
+  for (size_t s = 0; s < l.parts.size() && b.long_rope.empty(); ++s)
+    if (l.parts[s].a->kv.long_rope)
+      for (auto& p : l.parts) b.long_rope.push_back(p.a->kv.long_rope ? 1 : 0);
   const int64_t R = l.rows = int64_t(b.logit_rows.size());
   // Rows with nothing to apply to their logits (no penalties, bias, JSON mask, logprobs) are drawn
   // where the logits are: greedy, or sampled with (the request's seed, the drawn token's position).

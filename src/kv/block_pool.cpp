@@ -130,7 +130,7 @@ int64_t SequenceKV::match_prefix(BlockPool& pool, const std::vector<int32_t>& to
   ARBOR_CHECK(blocks.empty() && length == 0, "kv: match_prefix on a sequence that already holds {} blocks", blocks.size());
   const int64_t bs = pool.block_size();
   const int64_t full = std::min<int64_t>(max_tokens, int64_t(tokens.size())) / bs;
-  BlockPool::Hash prev = 0;
+  BlockPool::Hash prev = chain_root();
   for (int64_t i = 0; i < full; ++i) {
     const int32_t* t = tokens.data() + i * bs;
     const BlockPool::Hash h = pool.chain_hash(prev, t);
@@ -152,6 +152,7 @@ void SequenceKV::publish(BlockPool& pool, const std::vector<int32_t>& head, cons
   if (hashed_blocks >= full) return;
   ARBOR_CHECK(int64_t(head.size() + tail.size()) >= full * bs, "kv: publish needs {} token ids, got {}", full * bs, head.size() + tail.size());
   std::vector<int32_t> t(static_cast<size_t>(bs));
+  if (hashed_blocks == 0) last_hash = chain_root();
   for (; hashed_blocks < full; ++hashed_blocks) {
     for (int64_t i = 0; i < bs; ++i) {
       const size_t pos = size_t(hashed_blocks * bs + i);

@@ -85,6 +85,11 @@ struct SequenceKV {
   int64_t cached_blocks = 0;  // leading blocks taken from the prefix cache by match_prefix()
   int64_t hashed_blocks = 0;  // leading full blocks whose chain hash is known (matched or published)
   BlockPool::Hash last_hash = 0;  // chain hash of block hashed_blocks - 1
+  // Keys rotated in longrope's long regime (Model::long_rope_for the prompt). Such KV differs from
+  // the same tokens' KV in the default regime, so the two regimes' blocks hash apart (chain_root).
+  bool long_rope = false;
+  BlockPool::Hash chain_root() const { return long_rope ? kLongRopeRoot : 0; }
+  static constexpr BlockPool::Hash kLongRopeRoot = 0x6c6f6e67726f7065ull;  // "longrope"
 
   // Grows the table to hold `tokens` tokens; false if the pool is out of blocks.
   bool reserve(BlockPool& pool, int64_t tokens);
@@ -98,6 +103,7 @@ struct SequenceKV {
     pool.release(blocks);
     length = cached_blocks = hashed_blocks = 0;
     last_hash = 0;
+    long_rope = false;
   }
 };
 

@@ -120,21 +120,31 @@ Model::Model(const LoadOptions& opt, Backend& backend) : backend_(backend) {
   attn_sliding_ = ap;
   attn_sliding_.window = c.sliding_window;
 
-  // Rope tables for every position up to ctx_size, computed once here and put on the device.
-  auto make_tables = [&](const RopeConfig& rc, RopeTable& table, Tensor& cos, Tensor& sin) {
-    table = RopeTable(rc, c.rotary_dim(), c.max_position);
+  // Rope tables for every position up to ctx_size, computed once here and put on the device. With a
+  // longrope rope the tables hold two regimes, [2 ctx_size, rot/2]: rows [0, ctx) the default regime,
+  // rows [ctx, 2 ctx) the long one (a table without a long regime repeats its rows there), and a
+  // sequence in the long regime reads row ctx + position (forward: rope_rows).
+  rope_full_ = RopeTable(c.rope, c.rotary_dim(), c.max_position);
+  rope_local_ = RopeTable(c.rope_local, c.rotary_dim(), c.max_position);
+  const int64_t regimes = rope_full_.has_long_regime() || rope_local_.has_long_regime() ? 2 : 1;
+  auto make_tables = [&](RopeTable& table, Tensor& cos, Tensor& sin) {
     table.ensure(ctx_size_);
     const int64_t half = c.rotary_dim() / 2;
-    std::vector<float> hc(size_t(ctx_size_ * half)), hs(hc.size());
-    for (int64_t p = 0; p < ctx_size_; ++p) {
-      std::memcpy(hc.data() + p * half, table.cos(p), size_t(half) * sizeof(float));
-      std::memcpy(hs.data() + p * half, table.sin(p), size_t(half) * sizeof(float));
+    std::vector<float> hc(size_t(regimes * ctx_size_ * half)), hs(hc.size());
+    for (int64_t r = 0; r < regimes; ++r) {
+      const bool long_regime = r == 1 && table.has_long_regime();
+      for (int64_t p = 0; p < ctx_size_; ++p) {
+        const int64_t row = r * ctx_size_ + p;
+        std::memcpy(hc.data() + row * half, table.cos(p, long_regime), size_t(half) * sizeof(float));
+        std::memcpy(hs.data() + row * half, table.sin(p, long_regime), size_t(half) * sizeof(float));
+      }
     }
-    cos = backend_.upload_table(hc, {ctx_size_, half});
-    sin = backend_.upload_table(hs, {ctx_size_, half});
+    cos = backend_.upload_table(hc, {regimes * ctx_size_, half});
+    sin = backend_.upload_table(hs, {regimes * ctx_size_, half});
   };
-  make_tables(c.rope, rope_full_, cos_full_, sin_full_);
-  make_tables(c.rope_local, rope_local_, cos_local_, sin_local_);
+  make_tables(rope_full_, cos_full_, sin_full_);
+  make_tables(rope_local_, cos_local_, sin_local_);
+  has_long_rope_ = regimes == 2;
 
   KVLayout kv;
   kv.n_layers = c.n_layers, kv.block_size = opt.block_size, kv.n_kv_heads = c.n_kv_heads, kv.head_dim = c.head_dim;
@@ -189,6 +199,8 @@ bool Model::make_graph_batch(const BatchInfo& b) {
   g.seq.assign(b.seq.begin(), b.seq.end());
   g.ctx_len.assign(b.ctx_len.begin(), b.ctx_len.end());
   g.logit_rows.assign(b.logit_rows.begin(), b.logit_rows.end());
+  g.long_rope.clear();  // already in rope_rows
+  g.rope_rows.assign(b.rope_rows.begin(), b.rope_rows.end());
   g.max_blocks = mb;
   g.block_tables.assign(size_t(B) * size_t(mb), -1);
   for (int64_t s = 0; s < T; ++s)
@@ -197,17 +209,41 @@ bool Model::make_graph_batch(const BatchInfo& b) {
   for (int64_t i = T; i < B; ++i) {
     g.tokens.push_back(0), g.pos.push_back(0), g.seq.push_back(int32_t(i)), g.ctx_len.push_back(1);
     g.logit_rows.push_back(int32_t(i));
+    if (!g.rope_rows.empty()) g.rope_rows.push_back(0);
     g.block_tables[size_t(i * mb)] = pad_block;
   }
   return true;
 }
 
-void Model::forward(const BatchInfo& b, float* logits_out) {
-  const int64_t T = b.n_tokens(), R = int64_t(b.logit_rows.size());
+bool Model::long_rope_for(int64_t prompt_tokens) const {
+  return rope_full_.long_regime_for(prompt_tokens) || rope_local_.long_regime_for(prompt_tokens);
+}
+
+// The batch with rope_rows filled when one of its sequences takes the long regime, else b itself.
+const BatchInfo& Model::with_rope_rows(const BatchInfo& b) {
+  ARBOR_CHECK(b.long_rope.empty() || int64_t(b.long_rope.size()) == b.n_seqs(), "model: {} long-rope flags for {} sequences",
+              b.long_rope.size(), b.n_seqs());
+  ARBOR_CHECK(b.rope_rows.empty(), "model: the batch already has rope rows (the model fills them)");
+  if (!has_long_rope_ || std::none_of(b.long_rope.begin(), b.long_rope.end(), [](uint8_t f) { return f != 0; })) return b;
+  rope_batch_ = b;
+  rope_batch_.rope_rows.resize(size_t(b.n_tokens()));
+  for (int64_t i = 0; i < b.n_tokens(); ++i) {
+    const int32_t s = b.seq[size_t(i)];
+    ARBOR_CHECK(s >= 0 && s < b.n_seqs(), "model: token {} of sequence {}, the batch has {}", i, s, b.n_seqs());
+    rope_batch_.rope_rows[size_t(i)] = b.pos[size_t(i)] + (b.long_rope[size_t(s)] ? int32_t(ctx_size_) : 0);
+  }
+  return rope_batch_;
+}
+
+void Model::forward(const BatchInfo& batch, float* logits_out) {
+  const int64_t T = batch.n_tokens(), R = int64_t(batch.logit_rows.size());
   ARBOR_CHECK(T > 0 && T <= max_step_tokens_, "model: a step carries {} tokens, the plan allows 1..{}", T, max_step_tokens_);
+  ARBOR_CHECK(batch.pos.size() == size_t(T) && batch.seq.size() == size_t(T), "model: {} tokens with {} positions and {} sequence ids", T,
+              batch.pos.size(), batch.seq.size());
   for (int64_t i = 0; i < T; ++i)
-    ARBOR_CHECK(b.pos[size_t(i)] >= 0 && b.pos[size_t(i)] < ctx_size_, "model: position {} outside the context ({} tokens)",
-                b.pos[size_t(i)], ctx_size_);
+    ARBOR_CHECK(batch.pos[size_t(i)] >= 0 && batch.pos[size_t(i)] < ctx_size_, "model: position {} outside the context ({} tokens)",
+                batch.pos[size_t(i)], ctx_size_);
+  const BatchInfo& b = with_rope_rows(batch);
   for (auto r : b.logit_rows) ARBOR_CHECK(r >= 0 && r < T, "model: logit row {} outside the batch ({})", r, T);
   ARBOR_CHECK(logits_out || R <= logit_cap_, "model: {} logit rows left on the device, the buffer holds {}", R, logit_cap_);
   Backend& be = backend_;

@@ -50,11 +50,17 @@ class Model {
   void forward(const BatchInfo& b, float* logits_out);
   Tensor device_logits(int64_t rows) const;  // the last forward's logits [rows, vocab] f32
   int64_t logit_capacity() const { return logit_cap_; }
+  // Whether a sequence whose prompt has prompt_tokens tokens takes longrope's long regime (the long
+  // factors at every position, as transformers rotates a first forward longer than
+  // original_max_position_embeddings): the caller sets SequenceKV::long_rope, hence BatchInfo::long_rope.
+  // Always false for the other ropes.
+  bool long_rope_for(int64_t prompt_tokens) const;
 
  private:
   void plan_buffers();
   int64_t graph_bucket(int64_t T) const;     // 0: no graph for T tokens
   bool make_graph_batch(const BatchInfo& b);  // fills graph_batch_ when b is a graphable decode step
+  const BatchInfo& with_rope_rows(const BatchInfo& b);
   // The layer stack; with final_norm, every row's final norm too (into rows_normed_: the logits path
   // when row i is logit row i, the last residual add fused with that norm).
   void run_layers(int64_t T, bool final_norm = false);
@@ -75,7 +81,9 @@ class Model {
   float embed_scale_ = 1.0f;
   AttentionParams attn_full_, attn_sliding_;
   RopeTable rope_full_, rope_local_;
-  Tensor cos_full_, sin_full_, cos_local_, sin_local_;  // [ctx, rot/2] on the device
+  Tensor cos_full_, sin_full_, cos_local_, sin_local_;  // [ctx, rot/2] on the device ([2 ctx, rot/2] with a long regime)
+  bool has_long_rope_ = false;
+  BatchInfo rope_batch_;                      // a batch with long-regime sequences, with its rope_rows
 
   static constexpr int64_t kLogitChunk = 16;  // logit rows per lm_head call (at least)
   int64_t logit_cap_ = kLogitChunk;           // rows of the logits buffer

@@ -1,6 +1,9 @@
 // Rope variants. Formulas follow transformers' modeling_rope_utils (float32 frequencies); where
 // transformers recomputes with the running sequence length (dynamic NTK, longrope), the length used
 // for a token is its own position + 1, which is what incremental decoding with a KV cache sees.
+// Longrope's long regime is the one exception: transformers picks the factors once per forward from
+// max(position) + 1, so a prompt longer than original_max_position_embeddings is rotated with the
+// long factors at every position (cos(pos, true)); the caller decides which regime a sequence takes.
 #include "model/rope.h"
 
 #include <algorithm>
@@ -116,19 +119,29 @@ std::vector<float> RopeTable::freqs_for(int64_t pos) const {
   return inv_freq_;
 }
 
+const float* RopeTable::table(const std::vector<float>& def, const std::vector<float>& lng, int64_t pos, bool long_regime) const {
+  ARBOR_CHECK(pos >= 0 && pos < cached_, "rope: position {} outside the cached {}", pos, cached_);
+  ARBOR_CHECK(!long_regime || has_long_regime(), "rope: the long regime of a {} rope", rope_kind_name(cfg_.kind));
+  return (long_regime ? lng : def).data() + pos * (rot_dim_ / 2);
+}
+
 void RopeTable::ensure(int64_t n) {
   if (n <= cached_) return;
   int64_t want = std::max(n, std::min<int64_t>(std::max<int64_t>(cached_ * 2, 256), std::max(n, max_position_)));
   const int64_t half = rot_dim_ / 2;
-  cos_.resize(size_t(want * half));
-  sin_.resize(size_t(want * half));
-  for (int64_t p = cached_; p < want; ++p) {
-    std::vector<float> f = freqs_for(p);
+  auto fill = [&](std::vector<float>& cs, std::vector<float>& sn, int64_t p, const std::vector<float>& f) {
     for (int64_t i = 0; i < half; ++i) {
       float angle = float(p) * f[size_t(i)];  // float32 product, as torch computes it
-      cos_[size_t(p * half + i)] = float(std::cos(double(angle))) * attention_factor_;
-      sin_[size_t(p * half + i)] = float(std::sin(double(angle))) * attention_factor_;
+      cs[size_t(p * half + i)] = float(std::cos(double(angle))) * attention_factor_;
+      sn[size_t(p * half + i)] = float(std::sin(double(angle))) * attention_factor_;
     }
+  };
+  cos_.resize(size_t(want * half));
+  sin_.resize(size_t(want * half));
+  if (has_long_regime()) cos_long_.resize(size_t(want * half)), sin_long_.resize(size_t(want * half));
+  for (int64_t p = cached_; p < want; ++p) {
+    fill(cos_, sin_, p, freqs_for(p));
+    if (has_long_regime()) fill(cos_long_, sin_long_, p, inv_freq_long_);
   }
   cached_ = want;
 }

@@ -1,6 +1,7 @@
-// KV write and attention over the paged cache, CUDA (both kernels: tensor-core prefill and split-K
-// decode) against the CPU reference: head_dim 32/64/96/128/256, GQA ratios 1..8, sliding windows,
-// softcap, block-boundary context lengths, several sequences per batch. Skipped without a GPU.
+// KV write and attention over the paged cache, CUDA (the tensor-core prefill and split-K decode
+// kernels, and the generic kernel for every other head_dim) against the CPU reference: head_dim
+// 32/64/96/128/256 and 16..320 on the generic kernel, GQA ratios 1..8, sliding windows, softcap,
+// block-boundary context lengths, several sequences per batch. Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -74,12 +75,17 @@ void run_case(const Case& c, std::mt19937& rng) {
   gpu.begin_batch(query);
   Tensor qg = dev_bf16(gpu, q, {TQ, q_row});
   // The prefill path with each of its kernels (wgmma where this GPU and head_dim take it; 32 and 16
-  // query rows per warp on mma.sync), then decode.
-  std::vector<std::pair<CudaBackend::AttentionPath, const char*>> runs = {
-      {CudaBackend::AttentionPath::Prefill, "mma16"}, {CudaBackend::AttentionPath::Prefill, "mma32"}, {CudaBackend::AttentionPath::Decode, "auto"}};
-  if (CudaBackend::prefill_wgmma_supported(int(hd))) runs.push_back({CudaBackend::AttentionPath::Prefill, "wgmma"});
+  // query rows per warp on mma.sync), then decode, then the generic kernel. A head_dim the tuned
+  // kernels do not take runs the generic kernel whichever path is asked for.
+  using Path = CudaBackend::AttentionPath;
+  const bool tuned = hd == 32 || hd == 64 || hd == 96 || hd == 128 || hd == 256;
+  EXPECT_EQ(std::string(CudaBackend::prefill_kernel(int(hd))) == "generic", !tuned);
+  std::vector<std::pair<Path, const char*>> runs = {{Path::Prefill, "mma16"}, {Path::Prefill, "mma32"}, {Path::Decode, "auto"}};
+  if (CudaBackend::prefill_wgmma_supported(int(hd))) runs.push_back({Path::Prefill, "wgmma"});
+  if (!tuned) runs = {{Path::Prefill, "auto"}, {Path::Decode, "auto"}};
+  runs.push_back({Path::Generic, "auto"});
   for (auto [path, kernel] : runs) {
-    if (path == CudaBackend::AttentionPath::Decode && hd == 96) continue;  // served by the prefill kernel
+    if (path == Path::Decode && hd == 96) continue;  // served by the prefill kernel
     SCOPED_TRACE(::testing::Message() << "prefill kernel " << kernel);
     gpu.set_attention_path(path);
     CudaBackend::set_prefill_kernel(kernel);
@@ -90,7 +96,7 @@ void run_case(const Case& c, std::mt19937& rng) {
     // Outputs are convex combinations of values in [-1, 1]: an absolute bound. bf16 probabilities
     // (prefill) and a bf16 output give about 4e-3.
     const std::vector<float> got = host_f32(gpu, og);
-    const char* name = path == CudaBackend::AttentionPath::Prefill ? "prefill" : "decode";
+    const char* name = path == Path::Prefill ? "prefill" : path == Path::Decode ? "decode" : "generic";
     EXPECT_LE(max_diff(got, ref), 1.5e-2f) << name;
     for (size_t i = 0; i < got.size(); ++i)  // the first bad element, to tell a layout error from a numeric one
       if (!(std::fabs(got[i] - ref[i]) <= 1.5e-2f)) {
@@ -157,6 +163,25 @@ TEST(CudaAttention, HeadDims32And96) {
   for (int64_t hd : {32, 96})
     for (auto [h, kvh] : std::vector<std::pair<int64_t, int64_t>>{{4, 2}, {8, 1}, {3, 3}}) run_case({hd, h, kvh, 0, 0.0f, {33, 17}, {33, 1}}, rng);
   run_case({32, 4, 2, 9, 30.0f, {40, 600}, {40, 1}}, rng);
+}
+
+// head_dims the tuned kernels do not take (the generic kernel): GQA ratios 1..8, sliding windows,
+// softcap, odd lengths around block boundaries, prefill chunks beside decode tokens, block sizes that
+// are not a power of two, long decode contexts, and head_dims past 128 and 256 (more dims per lane).
+TEST(CudaAttention, HeadDimGenericKernel) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(19);
+  for (int64_t hd : {16, 24, 40, 48, 80, 112}) {
+    run_case({hd, 4, 2, 0, 0.0f, {33, 17}, {33, 1}}, rng);
+    run_case({hd, 8, 1, 0, 0.0f, {1, 15, 16, 17, 31, 32, 33}, {1, 15, 1, 17, 2, 32, 1}}, rng);
+    run_case({hd, 6, 2, 7, 0.0f, {40, 3, 70}, {40, 3, 1}}, rng);    // sliding window
+    run_case({hd, 3, 3, 0, 30.0f, {100, 5}, {37, 5}, 12}, rng);     // softcap, block size 12
+  }
+  run_case({16, 4, 4, 0, 0.0f, {1500}, {1}}, rng);  // a long decode context
+  run_case({112, 8, 2, 100, 0.0f, {700, 45}, {1, 45}}, rng);
+  run_case({20, 2, 1, 0, 0.0f, {41}, {41}}, rng);   // not a multiple of 8
+  run_case({200, 4, 2, 0, 0.0f, {50}, {50}}, rng);  // 8 dims per lane
+  run_case({320, 2, 1, 9, 0.0f, {60, 2}, {60, 1}}, rng);  // 16 dims per lane
 }
 
 TEST(CudaAttention, BlockBoundariesAndMixedBatches) {

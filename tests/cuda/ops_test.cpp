@@ -183,6 +183,22 @@ TEST(CudaOps, RopeFullAndPartial) {
     cpu.rope(host_view(x, {T, H * hd}), H, hd, rot, Tensor(cs.data(), DType::F32, {P, rot / 2}), Tensor(sn.data(), DType::F32, {P, rot / 2}));
     EXPECT_LE(max_diff(host_f32(gpu, xg), x), 1e-2f * max_abs(x)) << hd << "/" << rot;
   }
+  // Table rows other than the positions (BatchInfo::rope_rows: a longrope sequence in the long regime
+  // reads row ctx + position), head_dims of the generic attention path, a partial rotary.
+  for (auto [hd, rot] : std::vector<std::pair<int64_t, int64_t>>{{24, 24}, {40, 30}, {112, 112}}) {
+    const int64_t T = 5, H = 2, P = 50;
+    std::vector<float> cs(size_t(2 * P * rot / 2)), sn(cs.size());
+    for (size_t i = 0; i < cs.size(); ++i) cs[i] = std::cos(0.29f * float(i)), sn[i] = std::sin(0.29f * float(i));
+    std::vector<float> x = random_bf16(rng, size_t(T * H * hd));
+    BatchInfo b = token_batch({1, 2, 3, 4, 5}, {0, 49, 7, 8, 20});
+    b.rope_rows = {0, 99, 7, 58, 70};
+    gpu.begin_batch(b), cpu.begin_batch(b);
+    Tensor xg = dev_bf16(gpu, x, {T, H * hd});
+    gpu.rope(xg, H, hd, rot, gpu.upload_table(cs, {2 * P, rot / 2}), gpu.upload_table(sn, {2 * P, rot / 2}));
+    cpu.rope(host_view(x, {T, H * hd}), H, hd, rot, Tensor(cs.data(), DType::F32, {2 * P, rot / 2}),
+             Tensor(sn.data(), DType::F32, {2 * P, rot / 2}));
+    EXPECT_LE(max_diff(host_f32(gpu, xg), x), 1e-2f * max_abs(x)) << hd << "/" << rot << " with rope rows";
+  }
 }
 
 TEST(CudaOps, ActivationsResidualSoftcapGather) {
@@ -246,7 +262,14 @@ TEST(CudaOps, ErrorsNameTheProblem) {
   }
   KVLayout kv;
   kv.n_layers = 1, kv.n_blocks = 2, kv.n_kv_heads = 1, kv.head_dim = 80;
-  EXPECT_THROW(gpu.alloc_kv(kv), Error);
+  EXPECT_NO_THROW(gpu.alloc_kv(kv));  // the generic attention kernel takes it
+  kv.head_dim = 520;
+  try {
+    gpu.alloc_kv(kv);
+    FAIL() << "head_dim 520 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("head_dim 520"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -108,6 +108,44 @@ TEST(BlockPool, PublishedBlocksStayCachedAndMatchInOrder) {
   EXPECT_EQ(pool.free_blocks(), 8);
 }
 
+// Keys rotated in longrope's long regime are not the default regime's keys of the same tokens: a
+// sequence matches only blocks its own regime published.
+TEST(BlockPool, LongRopeBlocksMatchOnlyTheirRegime) {
+  BlockPool pool(8, 4);
+  const auto toks = iota_tokens(9, 100);
+  SequenceKV a;
+  a.long_rope = true;
+  ASSERT_TRUE(a.reserve(pool, 9));
+  a.length = 9;
+  a.publish(pool, toks, {});
+  const auto long_blocks = std::vector<int32_t>(a.blocks.begin(), a.blocks.begin() + 2);
+  a.release(pool);
+  EXPECT_FALSE(a.long_rope);  // a released sequence starts over in the default regime
+  EXPECT_EQ(pool.cached_blocks(), 2);
+
+  SequenceKV plain;
+  EXPECT_EQ(plain.match_prefix(pool, toks, 9), 0);
+  plain.release(pool);
+  SequenceKV lng;
+  lng.long_rope = true;
+  EXPECT_EQ(lng.match_prefix(pool, toks, 9), 8);
+  EXPECT_EQ(lng.blocks, long_blocks);
+  lng.release(pool);
+
+  // The default regime's blocks of the same tokens live beside them; each regime finds its own.
+  SequenceKV b = computed(pool, toks);
+  const auto short_blocks = std::vector<int32_t>(b.blocks.begin(), b.blocks.begin() + 2);
+  b.release(pool);
+  EXPECT_EQ(pool.cached_blocks(), 4);
+  SequenceKV c, d;
+  d.long_rope = true;
+  EXPECT_EQ(c.match_prefix(pool, toks, 9), 8);
+  EXPECT_EQ(d.match_prefix(pool, toks, 9), 8);
+  EXPECT_EQ(c.blocks, short_blocks);
+  EXPECT_EQ(d.blocks, long_blocks);
+  c.release(pool), d.release(pool);
+}
+
 TEST(BlockPool, LookupChecksTokensAndParent) {
   BlockPool pool(4, 4);
   const auto toks = iota_tokens(8, 0);

@@ -12,15 +12,19 @@
 namespace arbor::test {
 
 // Returns the number of rows checked. schedules[s] lists stream s's chunk sizes (the last repeats).
+// long_rope[s] (when given): stream s takes longrope's long regime (SequenceKV::long_rope).
 inline int64_t run_mixed_batches(Model& m, BlockPool& pool, const std::vector<std::vector<int32_t>>& streams,
                                  const std::vector<std::vector<int64_t>>& schedules,
-                                 const std::function<void(int, int64_t, const float*)>& check) {
+                                 const std::function<void(int, int64_t, const float*)>& check,
+                                 const std::vector<bool>& long_rope = {}) {
   const size_t S = streams.size();
   const int64_t V = m.config().vocab_size;
   std::vector<SequenceKV> kv(S);
   std::vector<int64_t> done(S, 0), step(S, 0);
-  for (size_t s = 0; s < S; ++s)
+  for (size_t s = 0; s < S; ++s) {
     if (!kv[s].reserve(pool, int64_t(streams[s].size()))) throw Error("mixed batches: KV pool too small");
+    kv[s].long_rope = s < long_rope.size() && long_rope[s];
+  }
   int64_t rows_checked = 0;
   for (;;) {
     std::vector<std::vector<int32_t>> toks;

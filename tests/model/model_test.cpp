@@ -114,6 +114,51 @@ TEST(Rope, DynamicMatchesDefaultInsideTheTrainedContext) {
   EXPECT_GT(std::fabs(a.cos(47)[1] - b.cos(47)[1]), 1e-4);
 }
 
+// Longrope, straight from the definition: inv_freq_i = 1 / (factor_i * theta^(2i/d)), cos/sin of
+// pos * inv_freq scaled by sqrt(1 + ln(max / orig) / ln(orig)). The default regime (a prompt that fits
+// original_max_position_embeddings) takes the short factors below it and the long ones from it on,
+// token by token as decoding with a cache goes; the long regime (a longer prompt) the long factors at
+// every position.
+TEST(Rope, LongRopeRegimesFollowTheDefinition) {
+  RopeConfig rc;
+  rc.kind = RopeKind::LongRope;
+  rc.theta = 10000;
+  rc.original_max_position = 32;
+  const int64_t d = 12, max_pos = 256;
+  for (int i = 0; i < d / 2; ++i) rc.short_factor.push_back(1.0 + 0.1 * i), rc.long_factor.push_back(1.0 + 2.0 * i);
+  RopeTable t(rc, d, max_pos);
+  t.ensure(64);
+  ASSERT_TRUE(t.has_long_regime());
+  const double af = std::sqrt(1 + std::log(double(max_pos) / 32) / std::log(32.0));
+  EXPECT_NEAR(t.attention_factor(), af, 1e-6);
+  auto ref = [&](int64_t pos, int i, bool long_factors, bool sine) {
+    const double f = (long_factors ? rc.long_factor : rc.short_factor)[size_t(i)];
+    const double inv = 1.0 / (f * std::pow(10000.0, double(2 * i) / double(d)));
+    return (sine ? std::sin(double(pos) * inv) : std::cos(double(pos) * inv)) * af;
+  };
+  double worst = 0;
+  bool regimes_differ = false;
+  for (int64_t pos = 0; pos < 64; ++pos)
+    for (int i = 0; i < d / 2; ++i) {
+      worst = std::max({worst, std::fabs(t.cos(pos)[i] - ref(pos, i, pos >= 32, false)),
+                        std::fabs(t.sin(pos)[i] - ref(pos, i, pos >= 32, true)),
+                        std::fabs(t.cos(pos, true)[i] - ref(pos, i, true, false)),
+                        std::fabs(t.sin(pos, true)[i] - ref(pos, i, true, true))});
+      regimes_differ = regimes_differ || std::fabs(t.cos(pos)[i] - t.cos(pos, true)[i]) > 1e-3;
+    }
+  EXPECT_LE(worst, 5e-5);  // float32 angles, as torch computes them
+  EXPECT_TRUE(regimes_differ);
+  EXPECT_FALSE(t.long_regime_for(32));  // transformers: long once max(position) + 1 > 32
+  EXPECT_TRUE(t.long_regime_for(33));
+  RopeConfig plain;
+  plain.theta = 10000;
+  RopeTable p(plain, d, max_pos);
+  p.ensure(8);
+  EXPECT_FALSE(p.has_long_regime());
+  EXPECT_FALSE(p.long_regime_for(1000));
+  EXPECT_THROW(p.cos(3, true), Error);
+}
+
 class Loaded : public testing::Test {
  protected:
   static std::string make(const std::string& name, const json& cfg) {

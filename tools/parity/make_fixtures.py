@@ -4,12 +4,21 @@ shaped like a real model of its family (the family's head_dim where it sets one,
 and float32 reference logits from Hugging Face transformers computed on the CPU.
 
 Runs on the GPU machine (it has torch + transformers; no weights needed):
-    python3 tools/parity/make_fixtures.py OUT_DIR
-Writes OUT_DIR/<name>/{config.json, model.safetensors, golden.json, logits.bin}, then copy the folders
-to tests/fixtures/models/. logits.bin is little-endian float32 [rows, vocab]: one row per token fed to
-the model (the prompt, then each greedy token except the last); row i predicts token i+1.
+    python3 tools/parity/make_fixtures.py OUT_DIR [NAME ...]
+Writes OUT_DIR/<name>/{config.json, model.safetensors, golden.json, logits.bin} for every fixture (or
+only the NAMEs given), then copy the folders to tests/fixtures/models/. OUT_DIR/summary.json gets one
+entry per fixture built (merged into the file when OUT_DIR already has one). logits.bin is
+little-endian float32 [rows, vocab]: one row per token fed to the model (the prompt, then each greedy
+token except the last); row i predicts token i+1.
 Some fixtures keep the config.json layout real Hub checkpoints use (rope_scaling, rope_theta,
 sliding_window_pattern ...) instead of the transformers-5 layout that save_pretrained writes.
+
+Goldens: by default greedy decoding with a full forward over the whole sequence at every step, and the
+logits of one forward over every row. Fixtures whose rope depends on the forward's length (longrope:
+transformers takes the long factors for a whole forward once max(position) + 1 exceeds
+original_max_position_embeddings) are made as transformers generates with a KV cache instead
+(golden "cache"): the prompt in one forward, then one token per forward with past_key_values, each
+row's logits from the forward that fed its token (keys already in the cache stay as they were rotated).
 """
 import json
 import os
@@ -23,7 +32,21 @@ VOCAB = 256
 PROMPT_LEN = 21   # longer than the sliding windows below, and crosses a 16-token KV block
 NEW_TOKENS = 8
 
-# name -> (model_type, config kwargs in the Hub layout, keep_hub_layout)
+# Longrope factors for rotary dims of 2 * n.
+def longrope_factors(n):
+    return {"type": "longrope", "short_factor": [1.0 + 0.05 * i for i in range(n)],
+            "long_factor": [1.0 + 0.5 * i for i in range(n)]}
+
+
+# A llama-shaped model of the given head_dim (head_dims the tuned CUDA attention kernels do not take).
+def odd_head_dim(head_dim, heads, kv_heads, **extra):
+    return dict(dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=heads,
+                     num_key_value_heads=kv_heads, head_dim=head_dim, rms_norm_eps=1e-5, rope_theta=10000.0,
+                     max_position_embeddings=4096, tie_word_embeddings=False), **extra)
+
+
+# name -> (model_type, config kwargs in the Hub layout, keep_hub_layout[, options]); options:
+# prompt_len, new_tokens, golden ("forward", the default, or "cache": see the module docstring).
 FIXTURES = {
     "llama3": ("llama", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                              num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-5, rope_theta=500000.0,
@@ -83,6 +106,28 @@ FIXTURES = {
                                 num_key_value_heads=1, rms_norm_eps=1e-6, rope_theta=2000000.0,
                                 no_rope_layer_interval=4, max_position_embeddings=65536,
                                 tie_word_embeddings=True), False),
+    # Phi-3 longrope past the original context (original_max_position_embeddings 32): a 37-token prompt
+    # (every position takes the long factors), full rotary dims (the CUDA fused q/k prep and decode).
+    "phi3_longrope_prompt": ("phi3", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                                          num_key_value_heads=1, rms_norm_eps=1e-5, rope_theta=10000.0,
+                                          max_position_embeddings=256, original_max_position_embeddings=32,
+                                          tie_word_embeddings=False, rope_scaling=longrope_factors(16)), True,
+                             dict(prompt_len=37, new_tokens=8, golden="cache")),
+    # A 27-token prompt (short factors) whose decoding crosses position 32: tokens from there on take
+    # the long factors, the keys before keep the short ones. Partial rotary (24 of 32 dims).
+    "phi3_longrope_cross": ("phi3", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                                         num_key_value_heads=1, rms_norm_eps=1e-5, rope_theta=10000.0,
+                                         partial_rotary_factor=0.75, max_position_embeddings=256,
+                                         original_max_position_embeddings=32, tie_word_embeddings=False,
+                                         rope_scaling=longrope_factors(12)), True,
+                            dict(prompt_len=27, new_tokens=12, golden="cache")),
+    # head_dims the CUDA tuned attention kernels do not take (the generic kernel serves them).
+    "llama_hd16": ("llama", odd_head_dim(16, 4, 2), True),
+    "llama_hd24": ("llama", odd_head_dim(24, 4, 1), True),
+    "qwen3_hd40": ("qwen3", odd_head_dim(40, 4, 2, rms_norm_eps=1e-6, tie_word_embeddings=True), False),
+    "mistral_hd48": ("mistral", odd_head_dim(48, 4, 2, sliding_window=7), True),
+    "llama_hd80": ("llama", odd_head_dim(80, 2, 2), True),
+    "llama_hd112": ("llama", odd_head_dim(112, 3, 1), True),
 }
 
 
@@ -104,23 +149,53 @@ def forward_logits(model, ids):
         return model(torch.tensor([ids])).logits[0].float()
 
 
+def cached_greedy(model, prompt, new_tokens):
+    """Greedy decoding as transformers generates with a KV cache: the prompt in one forward, then one
+    token per forward. Returns the generated ids and the logits of every token fed [rows, vocab]."""
+    with torch.no_grad():
+        out = model(torch.tensor([prompt]), use_cache=True)
+        rows, past, generated = [out.logits[0].float()], out.past_key_values, []
+        for step in range(new_tokens):
+            generated.append(int(rows[-1][-1].argmax()))
+            if step + 1 == new_tokens:
+                break
+            out = model(torch.tensor([[generated[-1]]]), past_key_values=past, use_cache=True)
+            rows.append(out.logits[0].float())
+            past = out.past_key_values
+    return generated, torch.cat(rows, 0)
+
+
 def main():
     out = sys.argv[1]
     torch.set_num_threads(8)
+    os.makedirs(out, exist_ok=True)
+    summary_path = os.path.join(out, "summary.json")
     summary = {}
+    if os.path.exists(summary_path):
+        with open(summary_path) as f:
+            summary = json.load(f)
     only = set(sys.argv[2:])
-    for i, (name, (model_type, kw, keep_hub)) in enumerate(FIXTURES.items()):
+    unknown = only - set(FIXTURES)
+    if unknown:
+        sys.exit(f"make_fixtures: unknown fixture(s) {sorted(unknown)}; known: {list(FIXTURES)}")
+    failed = []
+    for i, (name, spec) in enumerate(FIXTURES.items()):
         if only and name not in only:
             continue
+        model_type, kw, keep_hub = spec[:3]
+        options = spec[3] if len(spec) > 3 else {}
         try:
-            build(out, i, name, model_type, kw, keep_hub, summary)
+            build(out, i, name, model_type, kw, keep_hub, options, summary)
         except Exception as e:  # one broken family must not hide the others' results
             print(f"{name}: FAILED: {type(e).__name__}: {e}", flush=True)
-    with open(os.path.join(out, "summary.json"), "w") as f:
+            failed.append(name)
+    with open(summary_path, "w") as f:
         json.dump(summary, f, indent=1)
+    if failed:
+        sys.exit(f"make_fixtures: failed: {failed}")
 
 
-def build(out, i, name, model_type, kw, keep_hub, summary):
+def build(out, i, name, model_type, kw, keep_hub, options, summary):
     if True:
         d = os.path.join(out, name)
         os.makedirs(d, exist_ok=True)
@@ -137,15 +212,21 @@ def build(out, i, name, model_type, kw, keep_hub, summary):
         # The reference: the saved bf16 checkpoint, upcast to float32, eager attention, on the CPU.
         ref = AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32, attn_implementation="eager").eval()
         g = torch.Generator().manual_seed(7 + i)
-        prompt = torch.randint(3, VOCAB, (PROMPT_LEN,), generator=g).tolist()
-        ids = list(prompt)
-        for _ in range(NEW_TOKENS):  # greedy, full forward each step (no cache)
-            ids.append(int(forward_logits(ref, ids)[-1].argmax()))
-        generated = ids[len(prompt):]
-        logits = forward_logits(ref, ids[:-1])
+        prompt_len, new_tokens = options.get("prompt_len", PROMPT_LEN), options.get("new_tokens", NEW_TOKENS)
+        prompt = torch.randint(3, VOCAB, (prompt_len,), generator=g).tolist()
+        mode = options.get("golden", "forward")
+        if mode == "cache":
+            generated, logits = cached_greedy(ref, prompt, new_tokens)
+        else:
+            ids = list(prompt)
+            for _ in range(new_tokens):  # greedy, full forward each step (no cache)
+                ids.append(int(forward_logits(ref, ids)[-1].argmax()))
+            generated = ids[len(prompt):]
+            logits = forward_logits(ref, ids[:-1])
+        assert logits.shape[0] == len(prompt) + len(generated) - 1, (logits.shape, len(prompt), len(generated))
         logits.numpy().astype("<f4").tofile(os.path.join(d, "logits.bin"))
         golden = {"prompt_ids": prompt, "generated_ids": generated, "rows": logits.shape[0], "vocab": logits.shape[1],
-                  "max_abs_logit": float(logits.abs().max()), "transformers": transformers.__version__,
+                  "max_abs_logit": float(logits.abs().max()), "golden": mode, "transformers": transformers.__version__,
                   "torch": torch.__version__}
         with open(os.path.join(d, "golden.json"), "w") as f:
             json.dump(golden, f, indent=1)

@@ -162,9 +162,10 @@ void CpuBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
 
 void CpuBackend::rope(Tensor x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const Tensor& cos, const Tensor& sin) {
   const int64_t half = rot_dim / 2, n_pos = cos.shape[0];
-  const auto& pos = batch_->pos;
+  const auto& pos = batch_->rope_rows.empty() ? batch_->pos : batch_->rope_rows;
+  ARBOR_CHECK(pos.size() == batch_->pos.size(), "rope: {} table rows for {} tokens", pos.size(), batch_->pos.size());
   for (size_t t = 0; t < pos.size(); ++t) {
-    ARBOR_CHECK(pos[t] >= 0 && pos[t] < n_pos, "rope: position {} outside the table ({} positions)", pos[t], n_pos);
+    ARBOR_CHECK(pos[t] >= 0 && pos[t] < n_pos, "rope: table row {} outside the table ({} rows)", pos[t], n_pos);
     const float* c = cos.as<float>() + int64_t(pos[t]) * half;
     const float* s = sin.as<float>() + int64_t(pos[t]) * half;
     float* row = x.as<float>() + int64_t(t) * n_heads * head_dim;

@@ -76,8 +76,9 @@ __global__ void __launch_bounds__(kWarps * 32) attn_decode_kernel(AttnArgs a, in
 #pragma unroll
     for (int j = 0; j < NPRE; ++j)
       if (kp0 + j * NSG < k_end && kp0 + j * NSG != pos) load_kv(kp0 + j * NSG, kr[j], vr[j]);
-    load_prep_row<LPK>(pa, pa.q_norm, pos, sl, q_prep);
-    if (owner) load_prep_row<LPK>(pa, pa.k_norm, pos, sl, k_prep);
+    const int32_t rope_row = pa.rope_rows[t];  // pos, or its row in a longrope table's long regime
+    load_prep_row<LPK>(pa, pa.q_norm, rope_row, sl, q_prep);
+    if (owner) load_prep_row<LPK>(pa, pa.k_norm, rope_row, sl, k_prep);
   }
   pdl_wait();
   if (!PREP)

@@ -108,7 +108,10 @@ bool CudaBackend::use_gemv(int64_t T, int64_t K, DType w_dtype) const {
 void CudaBackend::set_prefill_kernel(const char* name) { cuda::set_prefill_kernel(cuda::parse_prefill_kernel(name)); }
 bool CudaBackend::prefill_wgmma_supported(int head_dim) { return cuda::prefill_wgmma_supported(head_dim); }
 void CudaBackend::set_sample_cluster(int c) { cuda::set_sample_cluster(c); }
-const char* CudaBackend::prefill_kernel(int head_dim) { return cuda::prefill_kernel_name(cuda::prefill_kernel_for(head_dim)); }
+const char* CudaBackend::prefill_kernel(int head_dim) {
+  if (!cuda::attention_tuned_head_dim(head_dim, false)) return "generic";
+  return cuda::prefill_kernel_name(cuda::prefill_kernel_for(head_dim));
+}
 
 CudaBackend::CudaBackend(int device)
     : device_(device), staging_(std::make_unique<Staging>()), graphs_(std::make_unique<Graphs>()) {
@@ -326,8 +329,9 @@ Tensor CudaBackend::load_weight(const Tensor& host) {
 }
 
 void CudaBackend::alloc_kv(const KVLayout& layout) {
-  ARBOR_CHECK(layout.head_dim == 32 || layout.head_dim == 64 || layout.head_dim == 96 || layout.head_dim == 128 || layout.head_dim == 256,
-              "cuda: head_dim {} is not supported by the attention kernels (32, 64, 96, 128, 256)", layout.head_dim);
+  // 32, 64, 96, 128, 256 take the tuned kernels; any other head_dim up to 512 the generic one.
+  ARBOR_CHECK(layout.head_dim >= 1 && layout.head_dim <= cuda::kGenericMaxHeadDim,
+              "cuda: head_dim {} is not supported by the attention kernels (1..{})", layout.head_dim, cuda::kGenericMaxHeadDim);
   kv_ = layout;
   // One block more than the layout: the spare block that padding tokens of decode graphs write to.
   const size_t per_layer = size_t((layout.n_blocks + 1) * layout.block_size * layout.n_kv_heads * layout.head_dim) * 2;
@@ -395,30 +399,43 @@ void CudaBackend::begin_batch(const BatchInfo& b) {
     max_run_ = std::max(max_run_, e - t);
     t = e;
   }
-  // One packed upload: tokens | pos | seq | block_tables | logit_rows, each padded to 4 ints (16 B).
+  const bool rope_rows = !b.rope_rows.empty();
+  ARBOR_CHECK(!rope_rows || b.rope_rows.size() == size_t(T), "cuda: batch has {} tokens but {} rope rows", T, b.rope_rows.size());
+  // One packed upload: tokens | pos | seq | block_tables | logit_rows [| rope_rows], each padded to 4
+  // ints (16 B).
   auto pad = [](size_t n) { return (n + 3) / 4 * 4; };
   const size_t nt = pad(size_t(T)), nb = pad(b.block_tables.size()), nr = pad(b.logit_rows.size());
-  std::vector<int32_t> packed(3 * nt + nb + nr, 0);
+  std::vector<int32_t> packed(3 * nt + nb + nr + (rope_rows ? nt : 0), 0);
   std::copy(b.tokens.begin(), b.tokens.end(), packed.begin());
   std::copy(b.pos.begin(), b.pos.end(), packed.begin() + int64_t(nt));
   std::copy(b.seq.begin(), b.seq.end(), packed.begin() + int64_t(2 * nt));
   std::copy(b.block_tables.begin(), b.block_tables.end(), packed.begin() + int64_t(3 * nt));
   std::copy(b.logit_rows.begin(), b.logit_rows.end(), packed.begin() + int64_t(3 * nt + nb));
+  if (rope_rows) std::copy(b.rope_rows.begin(), b.rope_rows.end(), packed.begin() + int64_t(3 * nt + nb + nr));
   upload_meta(packed, meta_, meta_cap_);
   int32_t* base = static_cast<int32_t*>(meta_);
   d_tokens_ = base, d_pos_ = base + nt, d_seq_ = base + 2 * nt, d_tables_ = base + 3 * nt, d_logit_rows_ = base + 3 * nt + nb;
+  d_rope_rows_ = rope_rows ? base + 3 * nt + nb + nr : d_pos_;
   // The attention split reads the longest context rounded up (so that the launch shape, and a
   // recording of it, serve every step until the context crosses the next power of two).
   min_pos_ = INT32_MAX, max_pos_ = -1;
   for (auto p : b.pos) min_pos_ = std::min(min_pos_, p), max_pos_ = std::max(max_pos_, p);
+  min_rope_row_ = min_pos_, max_rope_row_ = max_pos_;
+  if (rope_rows) {
+    min_rope_row_ = INT32_MAX, max_rope_row_ = -1;
+    for (auto r : b.rope_rows) min_rope_row_ = std::min(min_rope_row_, r), max_rope_row_ = std::max(max_rope_row_, r);
+  }
   span_bucket_ = 64;
   while (span_bucket_ < int64_t(max_pos_) + 1) span_bucket_ *= 2;
   slots_checked_ = false;
   // A decode step (one token per sequence, every row's logits) may run as a recorded graph: its
   // kernels read tokens, positions and tables from meta_, whose layout the key pins down.
+  // (with rope_rows the layout has one more segment, and the rope reads it: bit 63 of the key).
   const bool decode_step = T > 0 && T <= kGraphMaxTokens && max_run_ == 1 && b.n_seqs() == T &&
                            int64_t(b.logit_rows.size()) == T && kv_.head_dim != 96;
-  graph_key_ = decode_step ? (uint64_t(T) | uint64_t(b.max_blocks) << 16 | uint64_t(__builtin_ctzll(uint64_t(span_bucket_))) << 48) : 0;
+  graph_key_ = decode_step ? (uint64_t(T) | uint64_t(b.max_blocks) << 16 | uint64_t(__builtin_ctzll(uint64_t(span_bucket_))) << 48 |
+                              uint64_t(rope_rows) << 63)
+                           : 0;
 }
 
 void CudaBackend::embed(const Tensor& table, Tensor out, float scale) {
@@ -517,14 +534,14 @@ void CudaBackend::rope(Tensor x, int64_t n_heads, int64_t head_dim, int64_t rot_
   check_rope_positions(cos.shape[0]);
   ARBOR_CHECK(rot_dim % 2 == 0 && rot_dim <= head_dim && cos.cols() == rot_dim / 2, "rope: rot_dim {} for head_dim {}, table {}",
               rot_dim, head_dim, cos.shape_str());
-  launch_rope(x.as<uint16_t>(), d_pos_, b.n_tokens(), n_heads, head_dim, rot_dim, cos.as<float>(), sin.as<float>(), st(stream_));
+  launch_rope(x.as<uint16_t>(), d_rope_rows_, b.n_tokens(), n_heads, head_dim, rot_dim, cos.as<float>(), sin.as<float>(), st(stream_));
 }
 
-void CudaBackend::check_rope_positions(int64_t n_pos) const {
+void CudaBackend::check_rope_positions(int64_t n_rows) const {
   const auto& b = batch();
   if (b.pos.empty()) return;
-  const int32_t bad = min_pos_ < 0 ? min_pos_ : max_pos_;
-  ARBOR_CHECK(min_pos_ >= 0 && max_pos_ < n_pos, "rope: position {} outside the table ({} positions)", bad, n_pos);
+  const int32_t bad = min_rope_row_ < 0 ? min_rope_row_ : max_rope_row_;
+  ARBOR_CHECK(min_rope_row_ >= 0 && max_rope_row_ < n_rows, "rope: table row {} outside the table ({} rows)", bad, n_rows);
 }
 
 void CudaBackend::check_kv_slots(int64_t layer, const Tensor& k, const Tensor& v) {
@@ -568,7 +585,8 @@ bool CudaBackend::prep_args(int64_t layer, const Tensor& q, const Tensor& k, con
   a->q = const_cast<uint16_t*>(q.as<uint16_t>()), a->k = const_cast<uint16_t*>(k.as<uint16_t>()), a->v = v.as<uint16_t>();
   a->q_norm = p.q_norm ? p.q_norm->as<float>() : nullptr, a->k_norm = p.k_norm ? p.k_norm->as<float>() : nullptr;
   a->plus_one = p.norm == NormOp::RMSPlusOne, a->eps = p.eps;
-  a->pos = d_pos_, a->seq = d_seq_, a->tables = d_tables_, a->max_blocks = b.max_blocks, a->block_size = int32_t(kv_.block_size);
+  a->pos = d_pos_, a->rope_rows = d_rope_rows_, a->seq = d_seq_, a->tables = d_tables_, a->max_blocks = b.max_blocks,
+  a->block_size = int32_t(kv_.block_size);
   a->k_pool = static_cast<uint16_t*>(k_pools_[size_t(layer)]), a->v_pool = static_cast<uint16_t*>(v_pools_[size_t(layer)]);
   a->T = int(b.n_tokens()), a->n_heads = int(p.n_heads), a->n_kv_heads = int(p.n_kv_heads), a->head_dim = int(p.head_dim);
   return true;
@@ -612,8 +630,9 @@ void CudaBackend::gated_up(const Tensor& x, const Linear& wg, const Linear& wu, 
 
 bool CudaBackend::decode_attention_path(int64_t head_dim) const {
   // head_dim 96 (Phi-3-mini) has no decode kernel (96/8 lanes per key do not tile a warp): the
-  // prefill kernel serves its decode steps too.
-  return head_dim != 96 && (attn_path_ == AttentionPath::Decode || (attn_path_ == AttentionPath::Auto && max_run_ <= kDecodeMaxRun));
+  // prefill kernel serves its decode steps too; the other untuned head_dims run the generic kernel.
+  return cuda::attention_tuned_head_dim(int(head_dim), true) &&
+         (attn_path_ == AttentionPath::Decode || (attn_path_ == AttentionPath::Auto && max_run_ <= kDecodeMaxRun));
 }
 
 void CudaBackend::attention(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out) { attention_impl(layer, q, p, out, nullptr); }
@@ -634,6 +653,11 @@ void CudaBackend::attention_impl(int64_t layer, const Tensor& q, const Attention
   a.n_heads = int32_t(p.n_heads), a.n_kv_heads = int32_t(p.n_kv_heads), a.head_dim = int32_t(p.head_dim);
   a.scale = p.scale, a.softcap = p.softcap, a.window = int32_t(p.window);
   const int64_t G = p.n_heads / p.n_kv_heads;
+  if (attn_path_ == AttentionPath::Generic || (!decode_attention_path(p.head_dim) && !cuda::attention_tuned_head_dim(int(p.head_dim), false))) {
+    ARBOR_CHECK(!prep, "cuda: attention: the q/k prep is fused only into the decode kernel");
+    launch_attention_generic(a, T, st(stream_));
+    return;
+  }
   if (decode_attention_path(p.head_dim)) {
     // Splits from the bucketed context (begin_batch): each token cuts its own key range into
     // n_splits parts in the kernel, so the launch shape depends only on the bucket.

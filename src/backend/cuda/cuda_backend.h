@@ -66,8 +66,10 @@ class CudaBackend : public Backend {
   void drop_picks() override;
 
   // Which attention kernel runs: Auto picks decode (split-K) when no sequence has more than
-  // kDecodeMaxRun tokens in the batch, else the tensor-core prefill kernel. Tests force each.
-  enum class AttentionPath : uint8_t { Auto, Prefill, Decode };
+  // kDecodeMaxRun tokens in the batch, else the tensor-core prefill kernel. A head_dim neither takes
+  // (other than 32, 64, 96, 128, 256; decode: not 96) runs the generic kernel (attention_generic.cu,
+  // any head_dim up to 512) whatever the path. Tests force each; Generic forces the generic kernel.
+  enum class AttentionPath : uint8_t { Auto, Prefill, Decode, Generic };
   void set_attention_path(AttentionPath p) { attn_path_ = p; }
   static constexpr int64_t kDecodeMaxRun = 4;
 
@@ -111,7 +113,8 @@ class CudaBackend : public Backend {
   static void set_prefill_kernel(const char* name);
   // Whether the wgmma prefill kernel runs on this process's device at this head_dim.
   static bool prefill_wgmma_supported(int head_dim);
-  // The name of the prefill kernel a head_dim runs under the current choice ("wgmma", "mma32", "mma16").
+  // The name of the prefill kernel a head_dim runs under the current choice ("wgmma", "mma32", "mma16",
+  // or "generic" for a head_dim the tuned kernels do not take).
   static const char* prefill_kernel(int head_dim);
   // Seeded draws run each row as a thread-block cluster of up to 16 blocks on sm_90 (as many as the
   // rows leave SMs for); tests force at most c blocks per row (0: back to that rule). Process-wide.
@@ -162,6 +165,7 @@ class CudaBackend : public Backend {
   uint64_t graph_key_ = 0;  // the current batch's shape key; 0: not a graph batch
   int64_t span_bucket_ = 0;  // longest context of the batch rounded up to a power of two (>= 64)
   int32_t min_pos_ = 0, max_pos_ = -1;  // the batch's position range
+  int32_t min_rope_row_ = 0, max_rope_row_ = -1;  // the rope table rows it reads (BatchInfo::rope_rows, else pos)
   bool slots_checked_ = false;          // check_kv_slots has checked this batch's tokens
   struct Graphs;
   std::unique_ptr<Graphs> graphs_;  // executable graphs by shape key
@@ -171,13 +175,14 @@ class CudaBackend : public Backend {
   uint64_t batch_serial_ = 0;
   int64_t max_run_ = 0;                            // most tokens of one sequence in the batch
   std::vector<int32_t> runs_;                      // [n_runs, 3]: first token, n tokens, seq
-  void* meta_ = nullptr;                           // tokens | pos | seq | block_tables | logit_rows
+  void* meta_ = nullptr;                           // tokens | pos | seq | block_tables | logit_rows [| rope_rows]
   size_t meta_cap_ = 0;
   int32_t* d_tokens_ = nullptr;
   int32_t* d_pos_ = nullptr;
   int32_t* d_seq_ = nullptr;
   int32_t* d_tables_ = nullptr;
   int32_t* d_logit_rows_ = nullptr;
+  int32_t* d_rope_rows_ = nullptr;  // the batch's rope_rows, or d_pos_ when it has none
   void* tiles_ = nullptr;                          // prefill tiles [n, 8] int32
   size_t tiles_cap_ = 0;
   uint64_t tiles_serial_ = ~uint64_t(0);

@@ -142,7 +142,7 @@ __global__ void rms_row_kernel(uint16_t* x, const uint16_t* o, float scale, cons
   *reinterpret_cast<uint4*>(out + base) = oq;
 }
 
-__global__ void rope_kernel(uint16_t* x, const int32_t* pos, int64_t n_heads, int64_t head_dim, int64_t half, const float* cos,
+__global__ void rope_kernel(uint16_t* x, const int32_t* rows, int64_t n_heads, int64_t head_dim, int64_t half, const float* cos,
                             const float* sin) {
   pdl_trigger();
   pdl_wait();
@@ -150,7 +150,7 @@ __global__ void rope_kernel(uint16_t* x, const int32_t* pos, int64_t n_heads, in
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;  // over n_heads * half
   if (i >= n_heads * half) return;
   const int64_t h = i / half, j = i % half;
-  const float c = cos[int64_t(pos[t]) * half + j], s = sin[int64_t(pos[t]) * half + j];
+  const float c = cos[int64_t(rows[t]) * half + j], s = sin[int64_t(rows[t]) * half + j];
   uint16_t* v = x + (t * n_heads + h) * head_dim;
   const float a = ld(v, j), bb = ld(v, j + half);
   st(v, j, a * c - bb * s);
@@ -200,7 +200,7 @@ __global__ void qk_prep_kernel(QKPrepArgs a) {
     for (int j = lane; j < D; j += 32) s[j] = __bfloat162float(__float2bfloat16(s[j] * inv * (a.plus_one ? 1.0f + nw[j] : nw[j])));
   }
   __syncwarp();
-  const int32_t p = a.pos[t];
+  const int32_t p = a.pos[t], rr = a.rope_rows[t];
   int64_t kslot = 0;
   const int64_t row = int64_t(a.n_kv_heads) * D;
   if (is_k) kslot = int64_t(a.tables[int64_t(a.seq[t]) * a.max_blocks + p / a.block_size]) * a.block_size + p % a.block_size;
@@ -208,7 +208,7 @@ __global__ void qk_prep_kernel(QKPrepArgs a) {
     float out = s[j];
     if (a.cos && j < 2 * a.half) {
       const int jj = j < a.half ? j : j - a.half;
-      const float c = a.cos[int64_t(p) * a.half + jj], sn = a.sin[int64_t(p) * a.half + jj];
+      const float c = a.cos[int64_t(rr) * a.half + jj], sn = a.sin[int64_t(rr) * a.half + jj];
       out = j < a.half ? s[j] * c - s[j + a.half] * sn : s[j] * c + s[j - a.half] * sn;
     }
     const bf16 o = __float2bfloat16(out);
@@ -240,7 +240,7 @@ __global__ void qk_prep_vec_kernel(QKPrepArgs a) {
   float f[8];
   unpack8(*reinterpret_cast<const uint4*>(x), f);
   PrepRow r;
-  load_prep_row<LPK>(a, is_k ? a.k_norm : a.q_norm, p, sl, r);
+  load_prep_row<LPK>(a, is_k ? a.k_norm : a.q_norm, a.rope_rows[t], sl, r);
   prep_row<LPK>(a, r, lane, sl, f);
   if (!valid) return;
   const uint4 o = pack8(f);
@@ -434,13 +434,13 @@ void launch_qk_prep(const QKPrepArgs& a, cudaStream_t s) {
   ARBOR_LAUNCH_CHECK("qk_prep_kernel");
 }
 
-void launch_rope(uint16_t* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const float* cos,
+void launch_rope(uint16_t* x, const int32_t* rows, int64_t T, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const float* cos,
                  const float* sin, cudaStream_t s) {
   if (T == 0) return;
   ARBOR_CU_CHECK(T <= 65535, "cuda: rope: %lld tokens exceed one grid dimension", (long long)T);
   const int64_t half = rot_dim / 2;
   dim3 grid(grid_for(n_heads * half, 128), unsigned(T));
-  pdl_launch(rope_kernel, grid, 128, 0, s, x, pos, n_heads, head_dim, half, cos, sin);
+  pdl_launch(rope_kernel, grid, 128, 0, s, x, rows, n_heads, head_dim, half, cos, sin);
   ARBOR_LAUNCH_CHECK("rope_kernel");
 }
 

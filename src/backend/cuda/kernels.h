@@ -20,8 +20,9 @@ void launch_embed(const void* table, DType table_dtype, const int32_t* tokens, c
 // Rows of x [R, C] bf16 normalised; w, b f32 [C] (b may be null); out may alias x.
 void launch_norm(NormOp op, const uint16_t* x, const float* w, const float* b, float eps, int64_t R, int64_t C, uint16_t* out,
                  cudaStream_t s);
-// Rotates the first rot_dim dims of each head (halves [0, rot/2) and [rot/2, rot)); cos/sin [n_pos, rot/2] f32.
-void launch_rope(uint16_t* x, const int32_t* pos, int64_t T, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
+// Rotates the first rot_dim dims of each head (halves [0, rot/2) and [rot/2, rot)); cos/sin [n_rows, rot/2]
+// f32, token t at row rows[t] (its position, or BatchInfo::rope_rows).
+void launch_rope(uint16_t* x, const int32_t* rows, int64_t T, int64_t n_heads, int64_t head_dim, int64_t rot_dim,
                  const float* cos, const float* sin, cudaStream_t s);
 // k, v [T, row] into the pools [n_blocks, block_size, row] at each token's slot (row = n_kv_heads*head_dim).
 void launch_kv_write(const uint16_t* k, const uint16_t* v, const int32_t* pos, const int32_t* seq,
@@ -36,10 +37,11 @@ struct QKPrepArgs {
   const float* k_norm = nullptr;
   bool plus_one = false;        // weights are (1 + w) (Gemma)
   float eps = 0;
-  const float* cos = nullptr;   // [n_pos, half] or null (no rope)
+  const float* cos = nullptr;   // [n_rows, half] or null (no rope)
   const float* sin = nullptr;
   int half = 0;                 // rot_dim / 2
   const int32_t* pos = nullptr;
+  const int32_t* rope_rows = nullptr;  // [T] the cos/sin row of each token (BatchInfo::rope_rows, or pos)
   const int32_t* seq = nullptr;
   const int32_t* tables = nullptr;
   int32_t max_blocks = 0, block_size = 16;
@@ -170,6 +172,14 @@ const char* prefill_kernel_name(PrefillKernel k);
 // The wgmma kernel runs on this device (sm_90) at this head_dim (64, 128).
 bool prefill_wgmma_supported(int head_dim);
 void launch_attention_prefill_wgmma(const AttnArgs& a, const int32_t* tiles, int64_t n_tiles, cudaStream_t s);
+
+// Any head_dim up to kGenericMaxHeadDim (attention_generic.cu): one warp per (token, query head), for
+// the head_dims the kernels above do not take (attention_tuned_head_dim), prefill and decode alike.
+constexpr int kGenericMaxHeadDim = 512;
+void launch_attention_generic(const AttnArgs& a, int64_t T, cudaStream_t s);
+// Whether the decode kernel (decode true: 32, 64, 128, 256) or the prefill kernels (32, 64, 96, 128,
+// 256) take this head_dim.
+bool attention_tuned_head_dim(int head_dim, bool decode);
 
 // ---- sampling.cu ----------------------------------------------------------------------------------
 // ids[r] = argmax of logits row r (ties: lowest id, as torch.argmax; NaN never wins, a row of NaNs

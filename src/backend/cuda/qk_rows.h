@@ -31,9 +31,10 @@ struct PrepRow {
   float w[8], c[8], s[8];
 };
 
-// Loads the weights of norm nw (null: none) and the cos/sin of position pos for lane sub-index sl.
+// Loads the weights of norm nw (null: none) and the cos/sin of table row `row` (the token's position,
+// or its rope_rows entry) for lane sub-index sl.
 template <int LPK>
-__device__ __forceinline__ void load_prep_row(const QKPrepArgs& pa, const float* nw, int32_t pos, int sl, PrepRow& r) {
+__device__ __forceinline__ void load_prep_row(const QKPrepArgs& pa, const float* nw, int32_t row, int sl, PrepRow& r) {
   r.has_norm = nw != nullptr;
   if (nw)
 #pragma unroll
@@ -41,7 +42,7 @@ __device__ __forceinline__ void load_prep_row(const QKPrepArgs& pa, const float*
   const int hl = pa.half / 8;
   r.rot = pa.cos && sl < 2 * hl;
   if (r.rot) {
-    const int64_t c0 = int64_t(pos) * pa.half + (sl < hl ? sl : sl - hl) * 8;
+    const int64_t c0 = int64_t(row) * pa.half + (sl < hl ? sl : sl - hl) * 8;
 #pragma unroll
     for (int e = 0; e < 8; ++e) r.c[e] = pa.cos[c0 + e], r.s[e] = pa.sin[c0 + e];
   }
