@@ -127,7 +127,7 @@ FIXTURES = {
     "qwen3_hd40": ("qwen3", odd_head_dim(40, 4, 2, rms_norm_eps=1e-6, tie_word_embeddings=True), False),
     "mistral_hd48": ("mistral", odd_head_dim(48, 4, 2, sliding_window=7), True),
     "llama_hd80": ("llama", odd_head_dim(80, 2, 2), True),
-    "llama_hd112": ("llama", odd_head_dim(112, 3, 1), True),
+    "llama_hd112": ("llama", odd_head_dim(112, 2, 1), True),  # transformers wants hidden % heads == 0
 }
 
 
