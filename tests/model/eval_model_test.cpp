@@ -42,9 +42,16 @@ TEST(EvalModel, TokenizerRoundTripsTheHeldOutText) {
   EXPECT_EQ(tok.bos_id(), std::optional<int32_t>(1));
   EXPECT_EQ(tok.eos_id(), std::optional<int32_t>(2)) << "documents end in <|endoftext|>";
   EXPECT_EQ(tok.decode(ids, true), text);
-  // 4.19 bytes a token on the held-out documents (train_tokenizer.js): a far lower rate would mean the
+  // npm `tokenizers` (the reference binding) gives 79,573 ids for this file, with this polynomial hash
+  // (h = h * 1000003 + id mod 2^61 - 1): arbor perplexity scores the ids the reference would.
+  EXPECT_EQ(ids.size(), 79573u);
+  const uint64_t p = (uint64_t(1) << 61) - 1;
+  uint64_t h = 0;
+  for (int32_t id : ids) h = uint64_t((static_cast<unsigned __int128>(h) * 1000003u + uint64_t(id)) % p);
+  EXPECT_EQ(h, 490710053296500294ull);
+  // 3.74 bytes a token on the held-out documents (train_tokenizer.js): a far lower rate would mean the
   // merges were not applied.
-  EXPECT_GT(double(text.size()) / double(ids.size()), 3.5);
+  EXPECT_GT(double(text.size()) / double(ids.size()), 3.2);
 }
 
 TEST(EvalModel, ShapesSuitGroupsOf64AndBlocksOf256) {
@@ -65,7 +72,7 @@ TEST(EvalModel, GreedyIdsMatchTransformers) {
   LoadOptions opt;
   opt.model_dir = kDir;
   Model m(opt, be);
-  EXPECT_LE(m.weight_bytes(), uint64_t(28'000'000));
+  EXPECT_LE(m.weight_bytes(), uint64_t(16'500'000));
   BlockPool pool(be.kv_layout().n_blocks, be.kv_layout().block_size);
   for (const auto& c : g["cases"]) {
     std::vector<int32_t> want_prompt = c["prompt_ids"].get<std::vector<int32_t>>();

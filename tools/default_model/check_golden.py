@@ -4,7 +4,7 @@
 # golden case in float32 with llama_model.py, and compares ids; also checks
 # the weights are within 12 MB (--max-bytes for another model).
 #   /usr/bin/python3 tools/default_model/check_golden.py [models/arbor-tiny-sotu]
-#   /usr/bin/python3 tools/default_model/check_golden.py tests/fixtures/eval-model --max-bytes 28000000
+#   /usr/bin/python3 tools/default_model/check_golden.py tests/fixtures/eval-model --max-bytes 16500000
 import json
 import os
 import struct

@@ -27,8 +27,8 @@ const CHAT_TEMPLATE =
   "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
 // Per preset: where the model's tokenizer files go, where the data lives, the
-// total vocabulary (special tokens included; 8192 = 2^13 keeps the ids inside
-// uint16 for the .bin files), whether there is a chat stream and template, the
+// total vocabulary (special tokens included; a power of two, inside uint16 for
+// the .bin files), whether there is a chat stream and template, the
 // eos token, and the training context (also max_position_embeddings).
 const PRESETS = {
   default: {
@@ -43,10 +43,10 @@ const PRESETS = {
   // Plain text only (no chat samples, no chat template): documents end in
   // <|endoftext|>, which is therefore the eos.
   eval: {
-    MODEL_NAME: 'arbor-eval-14m',
+    MODEL_NAME: 'arbor-eval-8m',
     MODEL_DIR: path.join(REPO_ROOT, 'tests', 'fixtures', 'eval-model'),
     DATA_DIR: path.join(REPO_ROOT, 'tools', 'eval_model', 'data'),
-    VOCAB_SIZE: 8192,
+    VOCAB_SIZE: 4096,
     CHAT: false,
     EOS: EOT,
     CONTEXT: 1024,

@@ -37,7 +37,7 @@ EXPORTS = {
     "default": {"name": "arbor-tiny-sotu", "repo_dir": "models/arbor-tiny-sotu",
                 "golden_prompts": [GOLDEN_PROMPT], "golden_chat": GOLDEN_CHAT, "samples": SAMPLE_PROMPTS,
                 "max_shard_size": None, "heldout": None, "heldout_ctx": []},
-    "eval": {"name": "arbor-eval-14m", "repo_dir": "tests/fixtures/eval-model",
+    "eval": {"name": "arbor-eval-8m", "repo_dir": "tests/fixtures/eval-model",
              "golden_prompts": ["The state of the Union is", "Call me Ishmael. Some years ago"], "golden_chat": None,
              "samples": [{"prompt": p} for p in ("The state of the Union is", "Call me Ishmael.",
                                                    "The jury said", "Fellow-Citizens of the Senate and House of Representatives:",
