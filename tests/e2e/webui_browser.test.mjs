@@ -13,7 +13,7 @@ import path from 'node:path';
 import puppeteer from 'puppeteer-core';
 import { startServer, deadline, post, sleep } from './lib.mjs';
 
-deadline(120000);
+deadline(180000);  // it runs in about 40 s on a loaded 2-core machine
 const CHROMIUM = process.env.ARBOR_CHROMIUM || '/usr/bin/chromium';
 const SHOTS = process.env.ARBOR_SCREENSHOTS || '';
 
@@ -198,7 +198,8 @@ test('a reader who scrolls up while a reply streams stays there; at the bottom, 
     const up = await geometry();
     await replyLonger(page, up.length + 150);
     const later = await geometry();
-    assert.equal(later.top, up.top, 'the log moved while the reader was scrolled up');
+    // (A smooth scroll may still be moving up; toward the end the log must not move.)
+    assert.ok(later.top <= up.top + 1 && later.gap > up.gap + 50, `the log moved while the reader was scrolled up: ${JSON.stringify({ up, later })}`);
     await page.mouse.wheel({ deltaY: 100000 });
     await waitFor(page, () => { const l = document.getElementById('log'); return l.scrollHeight - l.scrollTop - l.clientHeight < 24; });
     await replyLonger(page, later.length + 150);
