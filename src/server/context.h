@@ -37,9 +37,9 @@ struct Metrics {
 };
 
 // What one request's generation did, for the request log line (server.cpp): filled by Generation::run
-// on the thread that handles the request.
+// on the thread that handles the request, also when the client went away mid-generation (cancelled).
 struct RequestStats {
-  bool generated = false;
+  bool generated = false, cancelled = false;
   int64_t prompt = 0, cached = 0, completion = 0, choices = 0;
   double ttft_s = 0, total_s = 0;  // from submission to the first token, and to the last
 };

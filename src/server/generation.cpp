@@ -95,6 +95,14 @@ bool Generation::run(const DeltaFn& on_delta, const std::function<bool()>& gone)
   size_t remaining = n;
   std::vector<TokenEvent> evs;
   auto last_probe = std::chrono::steady_clock::now();
+  // The request log's figures (server.cpp), for a generation that ran to its end or was cancelled.
+  auto record_stats = [&](bool cancelled) {
+    RequestStats& st = this_thread_request_stats();
+    st.generated = true, st.cancelled = cancelled;
+    st.prompt = prompt_tokens_, st.cached = cached_tokens(), st.completion = completion_tokens(), st.choices = int64_t(n);
+    st.ttft_s = reqs_[0]->ttft_seconds();
+    st.total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - reqs_[0]->submitted_at).count();
+  };
   while (remaining > 0) {
     for (size_t i = 0; i < n; ++i) {
       if (done[i]) continue;
@@ -139,16 +147,13 @@ bool Generation::run(const DeltaFn& on_delta, const std::function<bool()>& gone)
       if (gone && gone()) {
         for (auto& r : reqs_) r->cancel();
         ctx_.metrics.cancelled_by_client += 1;
+        record_stats(true);
         return false;
       }
     }
   }
-  double ttft = reqs_[0]->ttft_seconds();
-  RequestStats& st = this_thread_request_stats();
-  st.generated = true;
-  st.prompt = prompt_tokens_, st.cached = cached_tokens(), st.completion = completion_tokens(), st.choices = int64_t(n);
-  st.ttft_s = ttft;
-  st.total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - reqs_[0]->submitted_at).count();
+  record_stats(false);
+  const double ttft = reqs_[0]->ttft_seconds();
   if (ttft > 0) {
     ctx_.metrics.ttft_us_sum += int64_t(ttft * 1e6);
     ctx_.metrics.ttft_count += 1;

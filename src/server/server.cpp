@@ -103,11 +103,14 @@ void handle_metrics(ServerContext& ctx, const http::Request&, http::ResponseWrit
 }
 
 // "server: POST /v1/chat/completions 200 0.412 s; prompt 25 tokens (16 cached), 40 generated, first after
-// 0.031 s, 103.5 tok/s after it" (the generation part only where one ran).
+// 0.031 s, 103.5 tok/s after it" (the generation part only where one ran). A generation the client
+// stopped or disconnected from says so before its figures: "200 0.412 s; cancelled: the client went away;
+// prompt ..." (200 for a stream already under way, 499 for an answer not yet sent).
 static void log_request(const http::Request& req, const http::ResponseWriter& w, std::chrono::steady_clock::time_point started) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::string line = fmt::format("server: {} {} {} {:.3f} s", req.method.substr(0, 16), req.path.substr(0, 200), w.started() ? w.status() : 0, secs);
   const RequestStats& st = this_thread_request_stats();
+  if (st.cancelled) line += "; cancelled: the client went away";
   if (st.generated) {
     line += fmt::format("; prompt {} tokens ({} cached), {} generated", st.prompt, st.cached, st.completion);
     const int64_t after_first = st.completion - st.choices;

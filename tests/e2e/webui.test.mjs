@@ -2,7 +2,8 @@
 // content security policy), other clients the status line. The page's own client functions (request
 // body, SSE reading, streaming, stats) run here in a VM context against a real server, and must give
 // what the non-streaming API gives for the same greedy request. Its DOM wiring runs on a minimal fake
-// DOM: clicks, streamed text, stats, the API key prompt.
+// DOM: clicks, streamed text, stats, the API key prompt. webui_browser.test.mjs drives the same page in a
+// real browser (layout, focus, scrolling, keys, stopping).
 import test from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
@@ -66,6 +67,17 @@ test("the page's streaming client gives the API's greedy reply, with stats", asy
   }
 });
 
+test('errors are worded for people where the server words them for developers', () => {
+  const p = pageFunctions();
+  const status = (n, message = 'invalid or missing API key (send ...)') => Object.assign(new Error(message), { status: n });
+  assert.match(p.errorText(status(401)), /^This server needs an API key\./);
+  assert.match(p.errorText(status(401), { keyGiven: true }), /^The server did not accept this API key\./);
+  assert.match(p.errorText(status(429, 'queue full (64 waiting)')), /busy/);
+  assert.match(p.errorText(new TypeError('Failed to fetch')), /^The connection to the server failed \(Failed to fetch\)/);
+  const context = status(400, "This model's maximum context length is 4096 tokens. However, your prompt has 5000 tokens");
+  assert.equal(p.errorText(context), context.message);  // already written for people: shown as it is
+});
+
 test("the page's client reports the server's errors and stops when aborted", async () => {
   const s = await startServer(['--api-key', 'k1']);
   try {
@@ -88,17 +100,20 @@ test("the page's client reports the server's errors and stops when aborted", asy
 // run the page's init() and click through a conversation without a browser.
 class FakeElement {
   constructor(tag, id = '') {
-    Object.assign(this, { tagName: tag, id, children: [], listeners: {}, style: {}, className: '', hidden: false, value: '', _text: '' });
-    this.scrollTop = 0;
-    this.scrollHeight = 0;
+    Object.assign(this, { tagName: tag, id, children: [], listeners: {}, style: {}, attributes: {}, className: '', hidden: false, value: '', _text: '' });
+    Object.assign(this, { scrollTop: 0, scrollHeight: 0, clientHeight: 0, parent: null });
   }
   get textContent() { return this.children.length ? this.children.map((c) => c.textContent).join('') : this._text; }
   set textContent(t) { this.children = []; this._text = String(t); }
-  append(...els) { this.children.push(...els); }
-  appendChild(el) { this.children.push(el); return el; }
-  prepend(el) { this.children.unshift(el); }
+  adopt(els) { for (const el of els) el.parent = this; return els; }
+  append(...els) { this.children.push(...this.adopt(els)); }
+  appendChild(el) { this.append(el); return el; }
+  prepend(el) { this.children.unshift(...this.adopt([el])); }
+  remove() { if (this.parent) this.parent.children = this.parent.children.filter((c) => c !== this); this.parent = null; }
+  setAttribute(k, v) { this.attributes[k] = String(v); }
+  removeAttribute(k) { delete this.attributes[k]; }
   addEventListener(type, fn) { (this.listeners[type] ||= []).push(fn); }
-  dispatch(type, extra = {}) { for (const fn of this.listeners[type] || []) fn({ key: '', shiftKey: false, preventDefault() {}, ...extra }); }
+  dispatch(type, extra = {}) { for (const fn of this.listeners[type] || []) fn({ key: '', shiftKey: false, isComposing: false, preventDefault() {}, ...extra }); }
   focus() {}
 }
 
@@ -122,7 +137,7 @@ async function until(cond, what) {
   assert.fail(`timed out waiting for ${what}`);
 }
 
-test('the page, clicked through: model shown, a reply streamed in, stats, new chat; a key asked for', async () => {
+test('the page, clicked through: model shown, a reply streamed in, stats, new chat; a key asked for, the message kept', async () => {
   const s = await startServer();
   try {
     const el = runPage(s.url);
@@ -153,9 +168,28 @@ test('the page, clicked through: model shown, a reply streamed in, stats, new ch
     const el = runPage(locked.url);
     await until(() => el.get('model').textContent === 'needs an API key', 'the key prompt');
     assert.equal(el.get('keylabel').hidden, false);
+    const log = el.get('log');
+    el.get('input').value = 'Hello?';
+    el.get('input').dispatch('keydown', { key: 'Enter' });
+    await until(() => el.get('send').textContent === 'Send' && log.children[0]?.className === 'msg error', 'the refusal');
+    assert.equal(log.children.length, 1);  // the refused turn's own bubble is gone: it is not part of the conversation
+    assert.equal(log.children[0].textContent, 'This server needs an API key. Enter it in the API key box at the top, then send again. Your message is back in the box below.');
+    assert.equal(el.get('input').value, 'Hello?');
+    el.get('key').value = 'not-it';
+    el.get('key').dispatch('change');
+    await until(() => el.get('model').textContent === 'API key not accepted', 'the refused key');
     el.get('key').value = 'k2';
     el.get('key').dispatch('change');
     await until(() => /context/.test(el.get('model').textContent), 'the model line after the key');
+    el.get('max_tokens').value = '3';
+    el.get('input').dispatch('keydown', { key: 'Enter', isComposing: true });  // an input method's Enter: not a send
+    assert.equal(el.get('send').textContent, 'Send');
+    el.get('input').dispatch('keydown', { key: 'Enter' });
+    assert.equal(el.get('send').textContent, 'Stop');
+    await until(() => el.get('send').textContent === 'Send', 'the reply after the key');
+    assert.deepEqual(log.children.map((c) => c.className), ['msg error', 'msg user', 'msg assistant']);
+    assert.equal(log.children[1].textContent, 'Hello?');
+    assert.match(el.get('stats').textContent, / 3 generated · .*length$/);
   } finally {
     await locked.stop();
   }
