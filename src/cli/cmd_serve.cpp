@@ -186,8 +186,9 @@ int cmd_serve(const std::vector<std::string>& args_in) {
   };
   ho.header_timeout_ms = seconds_flag("header-timeout", 10);
   ho.body_timeout_ms = seconds_flag("body-timeout", 30);
-  ho.max_connections = int(a.get_int("max-connections", 1024));
-  ho.max_connections_per_client = int(a.get_int("max-client-connections", 64));
+  // One client may use the whole capacity (a load test from another host); the total leaves room beyond it.
+  ho.max_connections = int(a.get_int("max-connections", std::max(1024, 2 * ho.max_active_requests)));
+  ho.max_connections_per_client = int(a.get_int("max-client-connections", ho.max_active_requests));
   if (ho.max_connections < 1 || ho.max_connections > 1000000) fail("arguments: --max-connections must be in 1..1000000, got {}", ho.max_connections);
   if (ho.max_connections_per_client < 1) fail("arguments: --max-client-connections must be at least 1, got {}", ho.max_connections_per_client);
   server::ApiServer api(ctx, ho);
@@ -251,12 +252,14 @@ ARBOR_VERB("serve", "serve the OpenAI/Anthropic HTTP API (--model DIR [--host 12
            "                        408 (default 10)\n"
            "  --body-timeout S      its body within S seconds of the headers, else 408 (default 30)\n"
            "                        (a connection with no request closes after 5 s)\n"
-           "  --max-connections N   open connections, idle and half-read ones included (default 1024);\n"
-           "                        they cost no thread until a whole request has arrived. At the cap a new\n"
-           "                        one replaces the stalest idle or unfinished one\n"
+           "  --max-connections N   open connections, idle and half-read ones included (default 1024, or\n"
+           "                        twice the requests below if more); they cost no thread until a whole\n"
+           "                        request has arrived. At the cap a new one replaces the stalest idle or\n"
+           "                        unfinished one. Requests answered at once: max batch + max queue + 64\n"
            "  --max-client-connections N\n"
-           "                        open connections from one address (default 64; more get 429); loopback\n"
-           "                        clients, such as a reverse proxy on this host, are not limited\n"
+           "                        open connections from one address (default: max batch + max queue + 64;\n"
+           "                        more get 429); loopback clients, such as a reverse proxy on this host,\n"
+           "                        are not limited\n"
            "  --allowed-origins L   browser origins answered with CORS headers, comma-separated: * (any,\n"
            "                        the default), e.g. http://localhost:3000, or '' for none\n"
            "  --no-request-log      no line per request on stderr (method, path, status, time, tokens, speed)\n",
