@@ -159,11 +159,13 @@ RequestParser::Status RequestParser::parse_head(std::string& buf) {
     if (!why.empty()) return fail(400, why);
     line_checked_ = le != std::string::npos;
   }
+  // The head, its blank line included, is at most max_header_ bytes; without its end in n bytes it is at
+  // least n + 1 long.
   if (end == std::string::npos) {
-    if (buf.size() > max_header_) return fail(431, fmt::format("request headers exceed {} bytes", max_header_));
+    if (buf.size() >= max_header_) return fail(431, fmt::format("request headers exceed {} bytes", max_header_));
     return Status::NeedMore;
   }
-  if (end > max_header_) return fail(431, fmt::format("request headers exceed {} bytes", max_header_));
+  if (end + 4 > max_header_) return fail(431, fmt::format("request headers exceed {} bytes", max_header_));
 
   const std::string head = buf.substr(0, end);
   buf.erase(0, end + 4);
@@ -248,6 +250,7 @@ RequestParser::Status RequestParser::parse_chunks(std::string& buf) {
       if (buf.size() - pos > 1024) return fail(400, "malformed chunk size line");
       break;
     }
+    if (e - pos > 1024) return fail(400, "malformed chunk size line");
     std::string_view line = std::string_view(buf).substr(pos, e - pos);
     line = line.substr(0, line.find(';'));  // chunk extensions are ignored
     uint64_t n;
