@@ -271,11 +271,13 @@ void Server::answer_error(Conn& c, int status, const std::string& message) {
   if (c.peer_closed) close_connection(c);
 }
 
-// The connection to give up for a new one when every socket is taken: one already closing, else the
-// longest idle, else the request that has taken longest to arrive. Never one whose request is answered.
+// The connection to give up for a new one when every socket is taken: one already closing, else the one
+// that has held its place longest without a whole request (idle, or still arriving). Never one whose
+// request is being answered. A fresh connection is the newest, so a flood of slow ones cannot push out a
+// real request between its accept and its first read.
 bool Server::evict_stalest() {
   Conn* best = nullptr;
-  auto rank = [](const Conn& c) { return c.state == Conn::State::Lingering ? 0 : c.state == Conn::State::Idle ? 1 : 2; };
+  auto rank = [](const Conn& c) { return c.state == Conn::State::Lingering ? 0 : 1; };
   for (auto& c : conns_) {
     if (c->fd < 0 || c->state == Conn::State::Answering) continue;
     if (!best || rank(*c) < rank(*best) || (rank(*c) == rank(*best) && c->since_ms < best->since_ms)) best = c.get();
