@@ -80,7 +80,8 @@ int cmd_serve(const std::vector<std::string>& args_in) {
 
   auto vf = model_value_flags();
   vf.insert({"host", "port", "max-batch", "max-queue", "temperature", "top-p", "top-k", "min-p", "max-tokens", "thinking",
-             "chat-template", "api-key", "kv-memory-gb", "tokenizer", "served-model-name", "max-body-mb", "max-step-tokens", "allowed-origins"});
+             "chat-template", "api-key", "kv-memory-gb", "tokenizer", "served-model-name", "max-body-mb", "max-step-tokens", "allowed-origins",
+             "header-timeout", "body-timeout", "max-connections", "max-client-connections"});
   auto bf = model_bool_flags();
   bf.insert({"no-prefix-cache", "no-request-log"});
   Args a(args_in, vf, bf);
@@ -176,7 +177,20 @@ int cmd_serve(const std::vector<std::string>& args_in) {
   ho.host = a.get_or("host", "127.0.0.1");
   ho.port = int(port);
   ho.max_body_bytes = size_t(a.get_double("max-body-mb", 8.0) * 1024 * 1024);
-  ho.max_connections = int(max_batch + max_queue + 64);
+  // Every request the scheduler can hold (running and queued) plus room for /health, /metrics and errors.
+  ho.max_active_requests = int(max_batch + max_queue + 64);
+  auto seconds_flag = [&](const char* name, double def) {
+    const double v = a.get_double(name, def);
+    if (!(v >= 0.05 && v <= 3600)) fail("arguments: --{} must be between 0.05 and 3600 seconds, got {}", name, v);
+    return int(v * 1000);
+  };
+  ho.header_timeout_ms = seconds_flag("header-timeout", 10);
+  ho.body_timeout_ms = seconds_flag("body-timeout", 30);
+  // One client may use the whole capacity (a load test from another host); the total leaves room beyond it.
+  ho.max_connections = int(a.get_int("max-connections", std::max(1024, 2 * ho.max_active_requests)));
+  ho.max_connections_per_client = int(a.get_int("max-client-connections", ho.max_active_requests));
+  if (ho.max_connections < 1 || ho.max_connections > 1000000) fail("arguments: --max-connections must be in 1..1000000, got {}", ho.max_connections);
+  if (ho.max_connections_per_client < 1) fail("arguments: --max-client-connections must be at least 1, got {}", ho.max_connections_per_client);
   server::ApiServer api(ctx, ho);
   api.listen();
   ctx.ready.store(true);
@@ -210,7 +224,9 @@ ARBOR_VERB("serve", "serve the OpenAI/Anthropic HTTP API (--model DIR [--host 12
            ARBOR_MODEL_FLAGS_HELP
            "  --host ADDR           address to listen on (default 127.0.0.1)\n"
            "  --port N              port to listen on (default 8080; 0 picks a free one, logged at start)\n"
-           "  --api-key KEY         answer /v1/ requests only with 'Authorization: Bearer KEY' or 'x-api-key: KEY'\n"
+           "  --api-key KEY         require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every route\n"
+           "                        (the API, /tokenize, /detokenize, /metrics) except /health, /version and\n"
+           "                        the chat page at / (which asks for the key)\n"
            "  --served-model-name NAME\n"
            "                        the model id in /v1/models and in replies (default: the model directory's name)\n"
            "  --tokenizer DIR       where tokenizer.json and tokenizer_config.json are (default: --model)\n"
@@ -230,7 +246,20 @@ ARBOR_VERB("serve", "serve the OpenAI/Anthropic HTTP API (--model DIR [--host 12
            "  --min-p P             likewise\n"
            "  --max-tokens N        default completion length for requests without one (default: what the\n"
            "                        context leaves)\n"
-           "  --max-body-mb M       largest request body accepted (default 8)\n"
+           "  --max-body-mb M       largest request body accepted (default 8); headers: at most 64 KiB; JSON\n"
+           "                        nested at most 128 levels deep (deeper: 400)\n"
+           "  --header-timeout S    a request's headers must arrive within S seconds of its first byte, else\n"
+           "                        408 (default 10)\n"
+           "  --body-timeout S      its body within S seconds of the headers, else 408 (default 30)\n"
+           "                        (a connection with no request closes after 5 s)\n"
+           "  --max-connections N   open connections, idle and half-read ones included (default 1024, or\n"
+           "                        twice the requests below if more); they cost no thread until a whole\n"
+           "                        request has arrived. At the cap a new one replaces the stalest idle or\n"
+           "                        unfinished one. Requests answered at once: max batch + max queue + 64\n"
+           "  --max-client-connections N\n"
+           "                        open connections from one address (default: max batch + max queue + 64;\n"
+           "                        more get 429); loopback clients, such as a reverse proxy on this host,\n"
+           "                        are not limited\n"
            "  --allowed-origins L   browser origins answered with CORS headers, comma-separated: * (any,\n"
            "                        the default), e.g. http://localhost:3000, or '' for none\n"
            "  --no-request-log      no line per request on stderr (method, path, status, time, tokens, speed)\n",

@@ -2,6 +2,7 @@
 // event sequence (message_start, content_block_start/delta/stop per block, message_delta, message_stop).
 // Also /v1/messages/count_tokens, which renders the same prompt and counts it.
 #include "server/api_error.h"
+#include "server/json_body.h"
 #include "server/params.h"
 #include "server/routes.h"
 
@@ -197,9 +198,10 @@ void handle_messages(ServerContext& ctx, const http::Request& req, http::Respons
     if (!text.empty()) content.push_back({{"type", "text"}, {"text", text}});
     const auto& calls = parser.calls();
     for (const auto& c : calls) {
-      json input = json::parse(c.arguments, nullptr, false);  // valid by construction; {} if not
+      // Valid by construction; {} if not, or if the model nested it past the depth a client may send.
+      std::optional<json> input = read_json<json>(c.arguments, nullptr);
       content.push_back({{"type", "tool_use"}, {"id", tool_use_id(c.id)}, {"name", c.name},
-                         {"input", input.is_object() ? input : json::object()}});
+                         {"input", input && input->is_object() ? std::move(*input) : json::object()}});
     }
     const ChoiceResult& r = g.results()[0];
     send_json(w, 200, {{"id", id}, {"type", "message"}, {"role", "assistant"}, {"model", ctx.model_id}, {"content", content},

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <random>
 
+#include "core/log.h"
 #include "server/api_error.h"
 #include "server/context.h"
 #include "text/tokenizer/stream_decoder.h"
@@ -131,7 +132,11 @@ bool Generation::run(const DeltaFn& on_delta, const std::function<bool()>& gone)
       if (finished) {
         text += dec[i].flush();
         FinishReason fr = r.finish_reason();
-        if (fr == FinishReason::Error) throw ApiError(500, r.error(), "", "internal_error", "server_error");
+        if (fr == FinishReason::Error) {
+          // The engine's message is for the operator; the client learns only that it failed.
+          log_info("server: the engine failed a request: {}", r.error());
+          throw ApiError(500, "the engine failed on this request; the server log has the details", "", "internal_error", "server_error");
+        }
         // Only the scheduler's shutdown cancels a request we did not cancel ourselves.
         if (fr == FinishReason::Cancelled)
           throw ApiError(503, "the request was cancelled: the server is shutting down", "", "shutting_down", "server_error");

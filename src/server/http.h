@@ -1,15 +1,19 @@
-// A small HTTP/1.1 server over POSIX sockets: one thread per connection (bounded), keep-alive,
-// Content-Length and chunked request bodies with a size limit, chunked streaming responses, and a
-// non-blocking "has the client gone away" probe so a handler can cancel work for a closed connection.
+// A small HTTP/1.1 server over POSIX sockets. One thread (the reactor) accepts connections and reads
+// requests from all of them without blocking, under deadlines; a request is handed to a thread of its own
+// only once it has arrived whole, so idle and slow clients hold a socket, never a thread. Keep-alive,
+// pipelining, Content-Length and chunked request bodies with size limits (parsing: http_parser.h),
+// chunked streaming responses, and a non-blocking "has the client gone away" probe so a handler can
+// cancel work for a closed connection.
 // (Debian's cpp-httplib ships as a split library that the build does not link; this keeps the server
 // self-contained and gives it the disconnect detection httplib 0.11 lacks.)
 #pragma once
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -25,7 +29,8 @@ struct Request {
 // Writes one response. Either send() once, or begin_stream() + write_chunk()... + end_stream().
 class ResponseWriter {
  public:
-  ResponseWriter(int fd, bool keep_alive) : fd_(fd), keep_alive_(keep_alive) {}
+  // nonblocking: writes that would block fail instead of waiting (the reactor's short error answers).
+  ResponseWriter(int fd, bool keep_alive, bool nonblocking = false) : fd_(fd), keep_alive_(keep_alive), nonblocking_(nonblocking) {}
   bool send(int status, const std::string& content_type, const std::string& body,
             const std::vector<std::pair<std::string, std::string>>& extra_headers = {});
   bool begin_stream(int status, const std::string& content_type);
@@ -46,7 +51,7 @@ class ResponseWriter {
  private:
   bool write_all(const char* p, size_t n);
   int fd_;
-  bool keep_alive_;
+  bool keep_alive_, nonblocking_;
   bool started_ = false, failed_ = false, streaming_ = false, ended_ = false;
   int status_ = 0;
   std::vector<std::pair<std::string, std::string>> headers_;
@@ -60,9 +65,18 @@ struct ServerOptions {
   int port = 8080;                      // 0 = any free port (see Server::port())
   size_t max_body_bytes = 8u << 20;     // larger bodies get 413
   size_t max_header_bytes = 64u << 10;  // larger headers get 431
-  int max_connections = 256;            // beyond this new connections get 503 and are closed
-  int idle_timeout_ms = 5000;           // keep-alive connection with no request (clients keep theirs ~4 s)
-  int read_timeout_ms = 10000;          // a request that stalls mid-way
+  // Open sockets, idle and half-read ones included (each costs a descriptor and its buffer, no thread).
+  // At the cap a new connection replaces the stalest one that has no request being answered; when every
+  // one has, it gets 503. Lowered to fit the process's descriptor limit.
+  int max_connections = 1024;
+  // Open sockets from one client address (beyond: 429 and closed). Loopback clients are not counted: a
+  // reverse proxy on the same host is one address for all of its users.
+  int max_connections_per_client = 64;
+  int max_active_requests = 256;  // requests being answered at once (a thread each); beyond: 503
+  int idle_timeout_ms = 5000;     // a connection with no request (clients keep theirs ~4 s)
+  int header_timeout_ms = 10000;  // from a request's first byte to the end of its headers; then 408
+  int body_timeout_ms = 30000;    // from the end of the headers to the end of the body; then 408
+  int send_timeout_ms = 10000;    // one write to a client that stopped reading
 };
 
 class Server {
@@ -72,23 +86,38 @@ class Server {
   // Binds and listens; throws arbor::Error naming the address on failure.
   void listen();
   int port() const { return port_; }
-  // Accepts until stop(); then waits for connection threads to end.
+  // Accepts and reads requests until stop(); then waits for the requests being answered to end.
   void run();
-  // Thread-safe and async-signal-unsafe: call from a normal thread. Stops accepting; idle connections close.
+  // Thread-safe and async-signal-unsafe: call from a normal thread. Stops accepting; connections without a
+  // request being answered close.
   void stop();
-  int active_connections() const { return active_.load(); }
+  int open_connections() const { return open_.load(); }
+  const ServerOptions& options() const { return opt_; }
 
  private:
-  void serve_connection(int fd);
+  struct Conn;
+  void accept_new();
+  bool evict_stalest();
+  void read_from(Conn& c);
+  void advance(Conn& c);  // parses what arrived: answers an error, hands a whole request to a thread, or waits
+  void dispatch(Conn& c);
+  void answer_error(Conn& c, int status, const std::string& message);
+  void close_connection(Conn& c);
+  void take_returned();
+  void wake();
   ServerOptions opt_;
   Handler handler_;
   int listen_fd_ = -1;
   int port_ = 0;
   int wake_pipe_[2] = {-1, -1};
   std::atomic<bool> stopping_{false};
-  std::atomic<int> active_{0};
-  std::mutex mu_;
-  std::condition_variable cv_;
+  // Reactor thread only: the connections it reads from, and open sockets per client address.
+  std::vector<std::unique_ptr<Conn>> conns_;
+  std::unordered_map<std::string, int> per_client_;
+  int64_t accept_paused_until_ms_ = 0;  // after EMFILE: the listening socket is not polled until then
+  std::atomic<int> open_{0}, busy_{0};  // open sockets; requests being answered
+  std::mutex returned_mu_;
+  std::vector<std::pair<Conn*, bool>> returned_;  // answered connections for the reactor (and: close it)
 };
 
 // Writes an OpenAI-style error body {"error":{"message","type","param","code"}}.

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "server/api_error.h"
+#include "server/json_body.h"
 #include "text/tokenizer/token_bytes.h"
 
 namespace arbor::server {
@@ -33,12 +34,16 @@ const json* get(const json& j, const char* name) {
 
 json parse_body(const std::string& body) {
   if (body.empty()) throw ApiError(400, "the request body is empty; expected a JSON object");
-  json j;
-  try {
-    j = json::parse(body);
-  } catch (const json::parse_error& e) {
-    throw ApiError(400, fmt::format("the request body is not valid JSON: {}", e.what()));
+  JsonReadError err;
+  std::optional<json> parsed = read_json<json>(body, &err);
+  if (!parsed) {
+    switch (err.kind) {
+      case JsonReadError::Kind::Syntax: throw ApiError(400, fmt::format("the request body is not valid JSON: {}", err.message));
+      case JsonReadError::Kind::TooDeep: throw ApiError(400, "the request body " + err.message, err.where.substr(0, err.where.find_first_of(".[")));
+      case JsonReadError::Kind::NumberOverflow: throw ApiError(400, err.message, err.where);
+    }
   }
+  json& j = *parsed;
   if (!j.is_object()) throw ApiError(400, fmt::format("the request body must be a JSON object, got {}", type_name(j)));
   return j;
 }
@@ -241,8 +246,11 @@ nlohmann::ordered_json normalize_messages(const json& msgs) {
           if (auto a = fn->find("arguments"); a != fn->end() && !a->is_null()) {
             if (a->is_string()) {
               // Templates expect a mapping (transformers passes dicts); keep the text when it is not an object.
-              ojson parsed = ojson::parse(a->get<std::string>(), nullptr, false);
-              args = !parsed.is_discarded() && parsed.is_object() ? parsed : ojson(a->get<std::string>());
+              // The text is JSON inside JSON: its depth is bounded like the body's.
+              JsonReadError err;
+              std::optional<ojson> parsed = read_json<ojson>(a->get<std::string>(), &err);
+              if (!parsed && err.kind == JsonReadError::Kind::TooDeep) bad_request(cw + ".function.arguments", "{}", err.message);
+              args = parsed && parsed->is_object() ? std::move(*parsed) : ojson(a->get<std::string>());
             } else if (a->is_object()) {
               args = ojson::parse(a->dump());
             } else {

@@ -121,6 +121,27 @@ static void log_request(const http::Request& req, const http::ResponseWriter& w,
   log_line(line);
 }
 
+// 'Authorization: Bearer KEY' (the scheme in any case, RFC 9110 11.1) or 'x-api-key: KEY' (Anthropic's),
+// compared in time that does not depend on where the first difference is.
+static bool has_api_key(const http::Request& req, const std::string& key) {
+  auto same = [&](std::string_view given) {
+    unsigned diff = given.size() != key.size();
+    for (size_t i = 0; i < given.size(); ++i) diff |= unsigned(given[i] ^ key[i % std::max<size_t>(key.size(), 1)]);
+    return diff == 0;
+  };
+  const std::string auth = req.header("authorization");
+  const size_t sp = auth.find(' ');
+  std::string scheme = auth.substr(0, sp);
+  for (auto& c : scheme) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (scheme == "bearer" && sp != std::string::npos) {
+    std::string_view token = std::string_view(auth).substr(sp);
+    token.remove_prefix(std::min(token.find_first_not_of(' '), token.size()));
+    if (same(token)) return true;
+  }
+  const std::string xkey = req.header("x-api-key");
+  return !xkey.empty() && same(xkey);
+}
+
 ApiServer::ApiServer(ServerContext& ctx, http::ServerOptions opt)
     : ctx_(ctx), http_(std::move(opt), [this](const http::Request& r, http::ResponseWriter& w) { handle(r, w); }) {}
 
@@ -189,16 +210,17 @@ void ApiServer::handle(const http::Request& req, http::ResponseWriter& w) {
     }
   };
   try {
+    // With --api-key everything needs the key but what a browser or a probe must reach without one:
+    // /health, /version and GET / (the chat page, which asks for the key itself).
+    const bool open_route = r == R::Health || r == R::Version || r == R::Root;
+    if (!ctx_.api_key.empty() && !open_route && !has_api_key(req, ctx_.api_key))
+      throw ApiError(401, "invalid or missing API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')", "", "invalid_api_key",
+                     "authentication_error");
     if (r == R::None) throw ApiError(404, fmt::format("no route for {} {}", req.method.substr(0, 16), req.path.substr(0, 200)), "", "not_found");
     const bool want_post = r == R::Chat || r == R::Completions || r == R::Messages || r == R::CountTokens || r == R::Tokenize ||
                            r == R::Detokenize || r == R::Responses;
     if ((want_post && !is_post) || (!want_post && !is_get))
       throw ApiError(405, fmt::format("{} does not accept {}; use {}", req.path, req.method.substr(0, 16), want_post ? "POST" : "GET"));
-    if (!ctx_.api_key.empty() && req.path.rfind("/v1/", 0) == 0) {
-      std::string auth = req.header("authorization"), xkey = req.header("x-api-key");
-      if (auth != "Bearer " + ctx_.api_key && xkey != ctx_.api_key)
-        throw ApiError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')", "", "invalid_api_key", "authentication_error");
-    }
     if (!ctx_.ready.load() && r != R::Health && r != R::Version && r != R::Metrics && r != R::Root)
       throw ApiError(503, "the model is still loading", "", "model_loading", "server_error");
     switch (r) {
@@ -231,8 +253,9 @@ void ApiServer::handle(const http::Request& req, http::ResponseWriter& w) {
     if (e.status >= 500) log_info("server: {} {}: {} {}", req.method, req.path, e.status, e.what());
     error(e);
   } catch (const std::exception& e) {
-    log_info("server: {} {}: internal error: {}", req.method, req.path, e.what());
-    error(ApiError(500, fmt::format("internal error: {}", e.what()), "", "internal_error", "server_error"));
+    // The cause goes to the log only: an exception's text is the server's internals, not the client's business.
+    log_info("server: {} {}: internal error: {}", req.method.substr(0, 16), req.path.substr(0, 200), e.what());
+    error(ApiError(500, "internal error; the server log has the details", "", "internal_error", "server_error"));
   }
   ctx_.metrics.count(route, w.started() ? w.status() : 0);
   if (ctx_.log_requests && r != R::Health && r != R::Metrics) log_request(req, w, started);
