@@ -55,11 +55,8 @@ ARBOR_TRELLIS_AVX2 void step_avx2(const float* prev, float* cur, uint8_t* bp, co
   const int Q = 1 << (L - K);
   const __m256 xv = _mm256_set1_ps(x2n);
   __m256i spread[fan];
-  for (int i = 0; i < fan; ++i) {
-    alignas(32) int idx[8];
-    for (int l = 0; l < 8; ++l) idx[l] = (8 * i + l) >> K;
-    spread[i] = _mm256_load_si256(reinterpret_cast<const __m256i*>(idx));
-  }
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int i = 0; i < fan; ++i) spread[i] = _mm256_srli_epi32(_mm256_add_epi32(lane, _mm256_set1_epi32(8 * i)), K);
   // Low byte of each 32-bit lane to the lane's first 4 bytes (per 128-bit half), then halves together.
   const __m256i byte_pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12,
                                              -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
@@ -92,11 +89,8 @@ ARBOR_TRELLIS_AVX512 void step_avx512(const float* prev, float* cur, uint8_t* bp
   const int Q = 1 << (L - K);
   const __m512 xv = _mm512_set1_ps(x2n);
   __m512i spread[fan];
-  for (int i = 0; i < fan; ++i) {
-    alignas(64) int idx[16];
-    for (int l = 0; l < 16; ++l) idx[l] = (16 * i + l) >> K;
-    spread[i] = _mm512_load_si512(idx);
-  }
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int i = 0; i < fan; ++i) spread[i] = _mm512_srli_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(16 * i)), K);
   for (int q0 = 0; q0 < Q; q0 += 16) {
     __m512 m = _mm512_loadu_ps(prev + q0);
     __m512i arg = _mm512_setzero_si512();
