@@ -264,16 +264,25 @@ bool trellis_is_tail_biting(const uint16_t* states, const TrellisParams& p) {
   return true;
 }
 
-uint16_t trellis_row_scale(const float* row, int64_t n, double code_rms) {
+float trellis_default_scale_gain(int k) {
+  switch (k) {
+    case 2: return 1.04f;
+    case 3: return 1.10f;
+    case 4: return 1.14f;
+    default: return 1.0f;
+  }
+}
+
+uint16_t trellis_row_scale(const float* row, int64_t n, double code_rms, float gain) {
   double sum = 0;
   for (int64_t i = 0; i < n; ++i) sum += double(row[i]) * double(row[i]);
   if (sum == 0) return f32_to_f16(1.0f);
-  const uint16_t h = f32_to_f16(float(std::sqrt(sum / double(n)) / code_rms));
+  const uint16_t h = f32_to_f16(float(double(gain) * std::sqrt(sum / double(n)) / code_rms));
   return h == 0 ? uint16_t(1) : h;  // a row too small for f16 gets the smallest subnormal
 }
 
 TrellisEncoded trellis_encode_stored(const std::string& name, const float* stored, int64_t rows, int64_t cols, int k,
-                                     int axis, ThreadPool* pool, TrellisIsa isa) {
+                                     int axis, ThreadPool* pool, const TrellisEncodeOptions& opt) {
   const TrellisParams p{k, 12, 256};
   ARBOR_CHECK(k >= 2 && k <= 4, "trellis: '{}': bits {} (supported: 2, 3, 4)", name, k);
   ARBOR_CHECK(axis == 0 || axis == 1, "trellis: '{}': axis {} (supported: 0, 1)", name, axis);
@@ -292,24 +301,25 @@ TrellisEncoded trellis_encode_stored(const std::string& name, const float* store
   enc.words.resize(size_t(rows * wpr));
   enc.scales.resize(size_t(rows));
   const double code_rms = trellis_code_rms(p.L);
+  const float gain = opt.scale_gain > 0 ? opt.scale_gain : trellis_default_scale_gain(k);
 
   const int n_threads = pool ? pool->size() : 1;
   std::vector<std::unique_ptr<TrellisViterbi>> viterbi(static_cast<size_t>(n_threads));
   auto encode_rows = [&](int thread, int64_t r0, int64_t r1) {
     auto& vit = viterbi[size_t(thread)];
-    if (!vit) vit = std::make_unique<TrellisViterbi>(p, isa);
+    if (!vit) vit = std::make_unique<TrellisViterbi>(p, opt.isa);
     std::vector<float> x(size_t(p.T));
     std::vector<uint16_t> states(size_t(p.T));
     for (int64_t r = r0; r < r1; ++r) {
       const float* row = stored + r * cols;
       for (int64_t c = 0; c < cols; ++c)
         ARBOR_CHECK(std::isfinite(row[c]), "trellis: '{}': weight [{}, {}] of the coded matrix is {}", name, r, c, row[c]);
-      const uint16_t scale_bits = trellis_row_scale(row, cols, code_rms);
+      const uint16_t scale_bits = trellis_row_scale(row, cols, code_rms, gain);
       enc.scales[size_t(r)] = scale_bits;
       const float inv = 1.0f / f16_to_f32(scale_bits);  // targets against the scale the file will hold
       for (int64_t b = 0; b < cols / p.T; ++b) {
         for (int t = 0; t < p.T; ++t) x[size_t(t)] = row[b * p.T + t] * inv;
-        vit->encode_block(x.data(), states.data());
+        vit->encode_block(x.data(), states.data(), opt.tail_biting);
         trellis_pack_block(states.data(), p, enc.words.data() + r * wpr + b * p.words_per_block());
       }
     }
@@ -322,12 +332,12 @@ TrellisEncoded trellis_encode_stored(const std::string& name, const float* store
 }
 
 TrellisEncoded trellis_encode_linear(const std::string& name, const float* w, int64_t out, int64_t in, int k, int axis,
-                                     ThreadPool* pool, TrellisIsa isa) {
-  if (axis == 1) return trellis_encode_stored(name, w, out, in, k, axis, pool, isa);
+                                     ThreadPool* pool, const TrellisEncodeOptions& opt) {
+  if (axis == 1) return trellis_encode_stored(name, w, out, in, k, axis, pool, opt);
   std::vector<float> transposed(size_t(out * in));
   for (int64_t o = 0; o < out; ++o)
     for (int64_t i = 0; i < in; ++i) transposed[size_t(i * out + o)] = w[o * in + i];
-  return trellis_encode_stored(name, transposed.data(), in, out, k, axis, pool, isa);
+  return trellis_encode_stored(name, transposed.data(), in, out, k, axis, pool, opt);
 }
 
 }  // namespace arbor::quant

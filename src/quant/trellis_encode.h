@@ -59,8 +59,19 @@ void trellis_pack_block(const uint16_t* states, const TrellisParams& p, uint32_t
 // Whether states[T] is a tail-biting path (every transition, the wrap from s_{T-1} to s_0 included).
 bool trellis_is_tail_biting(const uint16_t* states, const TrellisParams& p);
 
-// f16 bits of RMS(row) / code_rms, clamped to the smallest positive f16; an all-zero row gets 1.
-uint16_t trellis_row_scale(const float* row, int64_t n, double code_rms);
+// f16 bits of gain * RMS(row) / code_rms, clamped to the smallest positive f16; an all-zero row gets 1.
+// formats.md and issue 20 give gain 1 (the RMS ratio). The 1MAD values are a sum of four uniform bytes,
+// bounded at +-3.45 and lighter-tailed than a Gaussian, so a somewhat larger scale serves the tails
+// better: on an i.i.d. Gaussian source the distortion falls until a gain of about 1.04 / 1.11 / 1.14 at
+// k = 2 / 3 / 4 (measured, docs/benchmarks.md "Trellis encoder (CPU)"), by 0.4% / 3% / 10%.
+uint16_t trellis_row_scale(const float* row, int64_t n, double code_rms, float gain = 1.0f);
+float trellis_default_scale_gain(int k);  // 1.04, 1.10, 1.14 for k = 2, 3, 4 (the measured optima, rounded down)
+
+struct TrellisEncodeOptions {
+  float scale_gain = 0.0f;  // <= 0: trellis_default_scale_gain(k); 1: the RMS ratio of formats.md
+  TailBiting tail_biting = TailBiting::rotate;
+  TrellisIsa isa = trellis_best_isa();
+};
 
 // An encoded linear: the plain layout [rows, cols*k/32] (never interleaved) and f16 scales [rows].
 struct TrellisEncoded {
@@ -73,10 +84,10 @@ struct TrellisEncoded {
 // rows spread over `pool` (nullptr: this thread). `axis` only labels the result's geometry. Fails on a
 // non-finite weight, naming `name` and the row.
 TrellisEncoded trellis_encode_stored(const std::string& name, const float* stored, int64_t rows, int64_t cols, int k,
-                                     int axis, ThreadPool* pool, TrellisIsa isa = trellis_best_isa());
+                                     int axis, ThreadPool* pool, const TrellisEncodeOptions& opt = {});
 // Encodes a linear weight w [out, in]: axis 1 codes each output row along the input dim; axis 0 codes
 // the transpose (stored [in, out]).
 TrellisEncoded trellis_encode_linear(const std::string& name, const float* w, int64_t out, int64_t in, int k, int axis,
-                                     ThreadPool* pool, TrellisIsa isa = trellis_best_isa());
+                                     ThreadPool* pool, const TrellisEncodeOptions& opt = {});
 
 }  // namespace arbor::quant
