@@ -39,10 +39,22 @@ after(async () => {
 // A fresh browser context (its own localStorage) with the page loaded. problems: page errors, console
 // errors and CSP violations (a 401 answer's console line only where allowed); chats: the bodies the page
 // posted to /v1/chat/completions.
-async function openPage(s, { width = 1000, height = 700, mobile = false, allow401 = false } = {}) {
+// longReplies: the page's chat requests go out with ignore_eos, so that a reply runs to the context's
+// end (~1000 tokens) instead of the test model's ~100-token greedy answers, which a fast machine
+// finishes before a test can stop or scroll them. throttle (bytes/s): the browser receives the stream
+// that slowly (a quick server has sent everything long before the reader scrolls).
+async function openPage(s, { width = 1000, height = 700, mobile = false, allow401 = false, longReplies = false, throttle = 0 } = {}) {
   const context = await browser.createBrowserContext();
   const page = await context.newPage();
   await page.setViewport({ width, height, isMobile: mobile, hasTouch: mobile, deviceScaleFactor: mobile ? 2 : 1 });
+  if (longReplies) {
+    await page.setRequestInterception(true);
+    page.on('request', (r) => {
+      if (r.method() === 'POST' && r.url().endsWith('/v1/chat/completions')) r.continue({ postData: JSON.stringify({ ...JSON.parse(r.postData()), ignore_eos: true }) });
+      else r.continue();
+    });
+  }
+  if (throttle) await page.emulateNetworkConditions({ download: throttle, upload: 1e7, latency: 0 });
   const problems = [], chats = [];
   page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
   page.on('console', (m) => {
@@ -121,7 +133,7 @@ test('loads clean and labelled, streams the greedy reply with its stats, and a s
 });
 
 test('Stop stops the server too; Enter mid-reply sends after stopping it; new chat mid-reply starts clean', async () => {
-  const { page, problems, chats, close } = await openPage(server);
+  const { page, problems, chats, close } = await openPage(server, { longReplies: true });
   try {
     await setField(page, 'temperature', '0');
     await setField(page, 'max_tokens', '20000');
@@ -184,7 +196,7 @@ test('Stop stops the server too; Enter mid-reply sends after stopping it; new ch
 
 test('a reader who scrolls up while a reply streams stays there; at the bottom, it follows', async () => {
   // Narrow, so that the reply overflows the conversation within a few hundred tokens.
-  const { page, problems, close } = await openPage(server, { width: 420, height: 520 });
+  const { page, problems, close } = await openPage(server, { width: 420, height: 520, longReplies: true, throttle: 8000 });
   try {
     await setField(page, 'temperature', '0');
     await setField(page, 'max_tokens', '20000');
