@@ -13,15 +13,51 @@
 
 namespace arbor {
 
-// A linear layer's weights: W [out, in] row-major (HF nn.Linear), optional bias [out].
-// `format` leaves room for quantized layouts (MLX affine, Trellis); only Dense exists today.
-enum class WeightFormat : uint8_t { Dense };
+// How a linear layer's matrix is stored. Dense: one F32/F16/BF16 tensor [rows, cols]. Affine (MLX:
+// b-bit codes packed in uint32 words, a scale and a bias per group of `group_size` columns) and
+// Trellis (packed trellis words, a scale per row) are the formats to come (../shared/design/formats.md
+// §2-3): no backend runs them yet, and every kernel pick fails on them naming what it supports.
+enum class WeightFormat : uint8_t { Dense, Affine, Trellis };
+inline const char* weight_format_name(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::Dense: return "dense";
+    case WeightFormat::Affine: return "affine";
+    case WeightFormat::Trellis: return "trellis";
+  }
+  return "?";
+}
+
+// One weight matrix as the decoder uses it: a linear layer (y = x · Wᵀ + bias) or an embedding table
+// (a row per token id; the tied LM head reuses it). The same description serves on the host (views of
+// the checkpoint, or generated) and on a backend (Backend::load_linear's result). W is logically
+// [rows, cols] = [out features, in features] (HF nn.Linear); how its values are stored is `format`'s.
 struct Linear {
   WeightFormat format = WeightFormat::Dense;
-  Tensor w;     // [out, in]
-  Tensor bias;  // [out] or empty
-  int64_t out_features() const { return w.shape[0]; }
-  int64_t in_features() const { return w.shape[1]; }
+  int64_t n_rows = 0, n_cols = 0;
+  Tensor data;    // Dense: W [rows, cols]. Affine: codes, uint32 [rows, cols*bits/32]. Trellis: packed words.
+  Tensor scales;  // Affine: [rows, cols/group_size]; Trellis: [rows]; Dense: empty
+  Tensor biases;  // Affine: [rows, cols/group_size]; else empty (the quantization offsets, not `bias`)
+  Tensor bias;    // the layer's additive bias [rows], or empty
+  int32_t group_size = 0, bits = 0;  // Affine (Trellis: bits per weight)
+
+  int64_t rows() const { return n_rows; }
+  int64_t cols() const { return n_cols; }
+  bool empty() const { return data.empty(); }
+  // A dense layer from W [rows, cols] (and bias [rows]).
+  static Linear dense(const Tensor& w, const Tensor& bias = {}) {
+    Linear l;
+    l.n_rows = w.ndim == 2 ? w.shape[0] : 0, l.n_cols = w.ndim == 2 ? w.shape[1] : 0;
+    l.data = w, l.bias = bias;
+    return l;
+  }
+  // "dense BF16 [4096, 4096]", "affine 4-bit g64 [4096, 4096]": what error messages name.
+  std::string describe() const {
+    std::string s = weight_format_name(format);
+    if (format == WeightFormat::Dense) s += fmt::format(" {}", dtype_name(data.dtype));
+    else if (format == WeightFormat::Affine) s += fmt::format(" {}-bit g{}", bits, group_size);
+    else s += fmt::format(" {}-bit", bits);
+    return s + fmt::format(" [{}, {}]", n_rows, n_cols);
+  }
 };
 
 enum class NormOp : uint8_t { RMS, RMSPlusOne, LayerNorm };
@@ -86,6 +122,10 @@ class Backend {
   virtual Tensor alloc(DType t, std::initializer_list<int64_t> shape) = 0;
   // A weight as the backend will read it (CPU: a view of the host data, or a copy; CUDA: uploaded).
   virtual Tensor load_weight(const Tensor& host) = 0;
+  // A host matrix (Linear) as the backend will read it: its tensors loaded, possibly repacked into the
+  // backend's compute layout (the format on disk is unchanged). Fails on a format the backend cannot
+  // run, naming the ones it can.
+  virtual Linear load_linear(const Linear& host) = 0;
   // True when load_weight may return a view of the host tensor (which must then outlive the backend).
   virtual bool views_host_weights() const = 0;
   virtual void alloc_kv(const KVLayout& layout) = 0;
@@ -94,8 +134,8 @@ class Backend {
   // Sets the batch the following ops run on (uploads its metadata).
   virtual void begin_batch(const BatchInfo& b) = 0;
 
-  // out[t] = table[token[t]] * scale                                       out [T, hidden]
-  virtual void embed(const Tensor& table, Tensor out, float scale) = 0;
+  // out[t] = table[token[t]] * scale (table: rows = vocab, cols = hidden)  out [T, hidden]
+  virtual void embed(const Linear& table, Tensor out, float scale) = 0;
   // out = norm(x) * w (+ b); rows of x normalised independently           x, out [R, C]
   virtual void norm(NormOp op, const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor out) = 0;
   // Per-head norm: x viewed as [R * n_heads, head_dim], in place.

@@ -21,155 +21,144 @@ bool has_norm_bias(const ArchDescriptor& a) { return a.norm == NormKind::LayerNo
 
 }  // namespace
 
-std::vector<TensorSpec> expected_tensors(const ModelConfig& c, const ArchDescriptor& a) {
-  std::vector<TensorSpec> out;
+void for_each_weight(const ModelConfig& c, const ArchDescriptor& a, ModelWeights* m, const std::function<void(const WeightSlot&)>& fn) {
   const int64_t H = c.hidden_size, F = c.intermediate_size, Q = c.q_dim(), KV = c.kv_dim();
   const bool qkv_bias = c.attention_bias || a.qkv_bias;
-  auto add = [&](std::string n, std::vector<int64_t> s) { out.push_back({std::move(n), std::move(s)}); };
-  auto norm = [&](int64_t i, const std::string& n, int64_t dim) {
-    if (n.empty()) return;
-    add(layer_name(a, i, n + ".weight"), {dim});
-    if (has_norm_bias(a)) add(layer_name(a, i, n + ".bias"), {dim});
+  if (m && m->layers.empty()) m->layers.resize(size_t(c.n_layers));
+  ARBOR_CHECK(!m || int64_t(m->layers.size()) == c.n_layers, "model: weights for {} layers, the config has {}", m->layers.size(),
+              c.n_layers);
+  WeightSlot s;
+  auto vec = [&](std::string name, int64_t dim, Tensor* dst) {
+    s = WeightSlot{};
+    s.kind = WeightSlot::Kind::Vector, s.name = std::move(name), s.rows = dim, s.vec = m ? dst : nullptr;
+    fn(s);
   };
-  auto lin = [&](int64_t i, const std::string& n, int64_t rows, int64_t cols, bool bias) {
-    add(layer_name(a, i, n + ".weight"), {rows, cols});
-    if (bias) add(layer_name(a, i, n + ".bias"), {rows});
+  // A matrix [sum of parts' rows, cols]; parts: (destination in the layer, rows).
+  auto mat = [&](std::string name, int64_t cols, bool bias, std::initializer_list<std::pair<Linear*, int64_t>> parts) {
+    s = WeightSlot{};
+    s.kind = WeightSlot::Kind::Matrix, s.name = std::move(name), s.cols = cols, s.bias = bias;
+    for (const auto& [dst, rows] : parts) {
+      s.rows += rows;
+      if (m) s.parts.emplace_back(dst, rows);
+    }
+    fn(s);
   };
-  add(a.names.embed, {c.vocab_size, H});
+  // Module path of a tensor name that ends in ".weight" (the descriptor names the embedding and head
+  // by their tensors).
+  auto module = [](const std::string& tensor) {
+    ARBOR_CHECK(tensor.size() > 7 && tensor.compare(tensor.size() - 7, 7, ".weight") == 0,
+                "model: descriptor tensor name '{}' does not end in .weight", tensor);
+    return tensor.substr(0, tensor.size() - 7);
+  };
+
+  mat(module(a.names.embed), H, false, {{m ? &m->embed : nullptr, c.vocab_size}});
   for (int64_t i = 0; i < c.n_layers; ++i) {
-    norm(i, a.names.attn_norm, H);
+    LayerWeights* L = m ? &m->layers[size_t(i)] : nullptr;
+    auto at = [&](Linear LayerWeights::*f) { return L ? &(L->*f) : nullptr; };
+    auto vt = [&](Tensor LayerWeights::*f) { return L ? &(L->*f) : nullptr; };
+    auto name = [&](const std::string& suffix) { return layer_name(a, i, suffix); };
+    auto norm = [&](const std::string& n, int64_t dim, Tensor LayerWeights::*w, Tensor LayerWeights::*b) {
+      if (n.empty()) return;
+      vec(name(n + ".weight"), dim, vt(w));
+      if (has_norm_bias(a)) vec(name(n + ".bias"), dim, b ? vt(b) : nullptr);
+    };
+    norm(a.names.attn_norm, H, &LayerWeights::attn_norm, &LayerWeights::attn_norm_b);
     if (!a.names.qkv.empty()) {
-      lin(i, a.names.qkv, Q + 2 * KV, H, qkv_bias);
+      mat(name(a.names.qkv), H, qkv_bias, {{at(&LayerWeights::q), Q}, {at(&LayerWeights::k), KV}, {at(&LayerWeights::v), KV}});
     } else {
-      lin(i, a.names.q, Q, H, qkv_bias);
-      lin(i, a.names.k, KV, H, qkv_bias);
-      lin(i, a.names.v, KV, H, qkv_bias);
+      mat(name(a.names.q), H, qkv_bias, {{at(&LayerWeights::q), Q}});
+      mat(name(a.names.k), H, qkv_bias, {{at(&LayerWeights::k), KV}});
+      mat(name(a.names.v), H, qkv_bias, {{at(&LayerWeights::v), KV}});
     }
-    lin(i, a.names.o, H, Q, c.attention_bias && a.o_bias_with_attention_bias);
+    mat(name(a.names.o), Q, c.attention_bias && a.o_bias_with_attention_bias, {{at(&LayerWeights::o), H}});
     if (a.qk_norm == QKNormKind::PerHead) {
-      add(layer_name(a, i, a.names.q_norm + ".weight"), {c.head_dim});
-      add(layer_name(a, i, a.names.k_norm + ".weight"), {c.head_dim});
+      vec(name(a.names.q_norm + ".weight"), c.head_dim, vt(&LayerWeights::q_norm));
+      vec(name(a.names.k_norm + ".weight"), c.head_dim, vt(&LayerWeights::k_norm));
     } else if (a.qk_norm == QKNormKind::Full) {
-      add(layer_name(a, i, a.names.q_norm + ".weight"), {Q});
-      add(layer_name(a, i, a.names.k_norm + ".weight"), {KV});
+      vec(name(a.names.q_norm + ".weight"), Q, vt(&LayerWeights::q_norm));
+      vec(name(a.names.k_norm + ".weight"), KV, vt(&LayerWeights::k_norm));
     }
-    norm(i, a.names.post_attn_norm, H);
-    norm(i, a.names.mlp_norm, H);
-    norm(i, a.names.pre_mlp_norm, H);
-    norm(i, a.names.post_mlp_norm, H);
+    norm(a.names.post_attn_norm, H, &LayerWeights::post_attn_norm, nullptr);
+    norm(a.names.mlp_norm, H, &LayerWeights::mlp_norm, &LayerWeights::mlp_norm_b);
+    norm(a.names.pre_mlp_norm, H, &LayerWeights::mlp_norm, &LayerWeights::mlp_norm_b);
+    norm(a.names.post_mlp_norm, H, &LayerWeights::post_mlp_norm, nullptr);
     if (a.mlp == MlpKind::Gated) {
       if (!a.names.gate_up.empty()) {
-        lin(i, a.names.gate_up, 2 * F, H, c.mlp_bias);
+        mat(name(a.names.gate_up), H, c.mlp_bias, {{at(&LayerWeights::gate), F}, {at(&LayerWeights::up), F}});
       } else {
-        lin(i, a.names.gate, F, H, c.mlp_bias);
-        lin(i, a.names.up, F, H, c.mlp_bias);
+        mat(name(a.names.gate), H, c.mlp_bias, {{at(&LayerWeights::gate), F}});
+        mat(name(a.names.up), H, c.mlp_bias, {{at(&LayerWeights::up), F}});
       }
     } else {
-      lin(i, a.names.up, F, H, c.mlp_bias);
+      mat(name(a.names.up), H, c.mlp_bias, {{at(&LayerWeights::up), F}});
     }
-    lin(i, a.names.down, H, F, c.mlp_bias);
+    mat(name(a.names.down), F, c.mlp_bias, {{at(&LayerWeights::down), H}});
   }
-  add(a.names.final_norm + ".weight", {H});
-  if (has_norm_bias(a)) add(a.names.final_norm + ".bias", {H});
-  if (!c.tie_word_embeddings) add(a.names.lm_head, {c.vocab_size, H});
+  vec(a.names.final_norm + ".weight", H, m ? &m->final_norm : nullptr);
+  if (has_norm_bias(a)) vec(a.names.final_norm + ".bias", H, m ? &m->final_norm_b : nullptr);
+  if (!c.tie_word_embeddings) mat(module(a.names.lm_head), H, false, {{m ? &m->lm_head : nullptr, c.vocab_size}});
+}
+
+std::vector<TensorSpec> expected_tensors(const ModelConfig& c, const ArchDescriptor& a) {
+  std::vector<TensorSpec> out;
+  for_each_weight(c, a, nullptr, [&](const WeightSlot& s) {
+    if (s.kind == WeightSlot::Kind::Vector) {
+      out.push_back({s.name, {s.rows}});
+      return;
+    }
+    out.push_back({s.name + ".weight", {s.rows, s.cols}});
+    if (s.bias) out.push_back({s.name + ".bias", {s.rows}});
+  });
   return out;
 }
 
+namespace {
+
+// The host Linear of a matrix slot, from its tensors (dense: .weight [rows, cols], .bias [rows]). The
+// one place that reads a matrix's tensors, so a stored format other than dense lands here.
+Linear host_linear(const WeightSlot& s, const std::function<Tensor(const TensorSpec&)>& get) {
+  Tensor w = get({s.name + ".weight", {s.rows, s.cols}});
+  Tensor b = s.bias ? get({s.name + ".bias", {s.rows}}) : Tensor{};
+  Linear l = Linear::dense(w, b);
+  l.n_rows = s.rows, l.n_cols = s.cols;
+  return l;
+}
+
+// Rows [r0, r0 + n) of a host matrix (and of its per-row tensors), as a Linear of its own.
+Linear linear_rows(const Linear& l, int64_t r0, int64_t n) {
+  if (r0 == 0 && n == l.rows()) return l;
+  ARBOR_CHECK(l.format == WeightFormat::Dense || l.format == WeightFormat::Affine,
+              "model: cannot split {} weights by rows", l.describe());
+  auto slice = [&](const Tensor& t) {
+    if (t.empty()) return t;
+    if (t.ndim == 1) return Tensor(static_cast<char*>(t.data) + r0 * int64_t(dtype_size(t.dtype)), t.dtype, {n});
+    return t.row_slice(r0, n);
+  };
+  Linear p = l;
+  p.n_rows = n;
+  p.data = slice(l.data), p.scales = slice(l.scales), p.biases = slice(l.biases), p.bias = slice(l.bias);
+  return p;
+}
+
+}  // namespace
+
 ModelWeights bind_weights(const ModelConfig& c, const ArchDescriptor& a, const std::function<Tensor(const TensorSpec&)>& get,
                           Backend& backend) {
-  const std::vector<TensorSpec> specs = expected_tensors(c, a);
-  std::vector<Tensor> host;
-  host.reserve(specs.size());
-  for (const auto& s : specs) host.push_back(get(s));
-  size_t next = 0;
-  auto take = [&](const std::string& name) -> Tensor {
-    ARBOR_CHECK(next < specs.size() && specs[next].name == name, "model: weight binding out of order at '{}'", name);
-    return host[next++];
-  };
-  auto maybe = [&](const std::string& name) -> Tensor {
-    if (next < specs.size() && specs[next].name == name) return host[next++];
-    return Tensor{};
-  };
-  auto up = [&](const Tensor& t) { return t.empty() ? t : backend.load_weight(t); };
-  // Rows [r0, r0+n) of a host matrix / vector, as its own tensor.
-  auto rows = [](const Tensor& t, int64_t r0, int64_t n) {
-    Tensor s = t.row_slice(r0, n);
-    if (t.ndim == 1) s = Tensor(static_cast<char*>(t.data) + r0 * int64_t(dtype_size(t.dtype)), t.dtype, {n});
-    return s;
-  };
-  auto linear = [&](const std::string& base, int64_t i) {
-    Linear l;
-    l.w = up(take(layer_name(a, i, base + ".weight")));
-    l.bias = up(maybe(layer_name(a, i, base + ".bias")));
-    return l;
-  };
-  auto split = [&](const std::string& base, int64_t i, std::vector<int64_t> sizes) {
-    Tensor w = take(layer_name(a, i, base + ".weight"));
-    Tensor b = maybe(layer_name(a, i, base + ".bias"));
-    std::vector<Linear> parts;
+  ModelWeights m;
+  for_each_weight(c, a, &m, [&](const WeightSlot& s) {
+    if (s.kind == WeightSlot::Kind::Vector) {
+      Tensor t = get({s.name, {s.rows}});
+      if (s.vec) *s.vec = backend.load_weight(t);
+      return;
+    }
+    const Linear host = host_linear(s, get);
     int64_t r0 = 0;
-    for (int64_t n : sizes) {
-      Linear l;
-      l.w = up(rows(w, r0, n));
-      if (!b.empty()) l.bias = up(rows(b, r0, n));
-      parts.push_back(l);
+    for (const auto& [dst, n] : s.parts) {
+      *dst = backend.load_linear(linear_rows(host, r0, n));
       r0 += n;
     }
-    return parts;
-  };
-
-  ModelWeights m;
-  Tensor embed_host = take(a.names.embed);
-  m.embed = up(embed_host);
-  const int64_t Q = c.q_dim(), KV = c.kv_dim(), F = c.intermediate_size;
-  for (int64_t i = 0; i < c.n_layers; ++i) {
-    LayerWeights L;
-    auto norm = [&](const std::string& n, Tensor& w, Tensor* b) {
-      if (n.empty()) return;
-      w = up(take(layer_name(a, i, n + ".weight")));
-      if (b) *b = up(maybe(layer_name(a, i, n + ".bias")));
-      else maybe(layer_name(a, i, n + ".bias"));
-    };
-    norm(a.names.attn_norm, L.attn_norm, &L.attn_norm_b);
-    if (!a.names.qkv.empty()) {
-      auto p = split(a.names.qkv, i, {Q, KV, KV});
-      L.q = p[0], L.k = p[1], L.v = p[2];
-    } else {
-      L.q = linear(a.names.q, i);
-      L.k = linear(a.names.k, i);
-      L.v = linear(a.names.v, i);
-    }
-    L.o = linear(a.names.o, i);
-    if (a.qk_norm != QKNormKind::None) {
-      L.q_norm = up(take(layer_name(a, i, a.names.q_norm + ".weight")));
-      L.k_norm = up(take(layer_name(a, i, a.names.k_norm + ".weight")));
-    }
-    norm(a.names.post_attn_norm, L.post_attn_norm, nullptr);
-    norm(a.names.mlp_norm, L.mlp_norm, &L.mlp_norm_b);
-    norm(a.names.pre_mlp_norm, L.mlp_norm, &L.mlp_norm_b);
-    norm(a.names.post_mlp_norm, L.post_mlp_norm, nullptr);
-    if (a.mlp == MlpKind::Gated) {
-      if (!a.names.gate_up.empty()) {
-        auto p = split(a.names.gate_up, i, {F, F});
-        L.gate = p[0], L.up = p[1];
-      } else {
-        L.gate = linear(a.names.gate, i);
-        L.up = linear(a.names.up, i);
-      }
-    } else {
-      L.up = linear(a.names.up, i);
-    }
-    L.down = linear(a.names.down, i);
-    m.layers.push_back(std::move(L));
-  }
-  m.final_norm = up(take(a.names.final_norm + ".weight"));
-  m.final_norm_b = up(maybe(a.names.final_norm + ".bias"));
-  if (c.tie_word_embeddings) {
-    m.lm_head.w = m.embed;
-  } else {
-    m.lm_head.w = up(take(a.names.lm_head));
-  }
-  ARBOR_CHECK(next == specs.size(), "model: {} weight specs left unbound", specs.size() - next);
+  });
+  if (c.tie_word_embeddings) m.lm_head = m.embed;
   return m;
 }
 

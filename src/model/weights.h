@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -21,9 +22,6 @@ struct TensorSpec {
   std::vector<int64_t> shape;
 };
 
-// Every tensor the checkpoint must hold, in a stable order (embeddings, layers, final norm, head).
-std::vector<TensorSpec> expected_tensors(const ModelConfig& c, const ArchDescriptor& a);
-
 struct LayerWeights {
   Tensor attn_norm, attn_norm_b;       // [hidden] (PreNorm, Sandwich)
   Tensor post_attn_norm;               // [hidden] (Sandwich, PostNorm)
@@ -35,15 +33,42 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  Tensor embed;                        // [vocab, hidden]
+  Linear embed;                        // [vocab, hidden]
   std::vector<LayerWeights> layers;
   Tensor final_norm, final_norm_b;     // [hidden]
   Linear lm_head;                      // [vocab, hidden] (the embedding when tied)
 };
 
-// Binds named host tensors to slots. `get(name, shape)` returns the host tensor for a spec (the
-// checkpoint's, or generated); `upload` turns it into the backend's copy. Fused tensors (Phi-3
-// qkv_proj, gate_up_proj) are split into row ranges here, so the decoder sees one layout.
+// One entry of the weight walk: a matrix (a linear layer or the embedding table) or a vector (a norm's
+// weight or bias, a per-head norm).
+struct WeightSlot {
+  enum class Kind : uint8_t { Matrix, Vector };
+  Kind kind = Kind::Vector;
+  // Matrix: the module path ("model.layers.0.self_attn.q_proj"); its tensors are name + ".weight" and,
+  // with `bias`, name + ".bias". Vector: the tensor's name.
+  std::string name;
+  int64_t rows = 0, cols = 0;  // Matrix: [rows, cols]; Vector: rows elements, cols 0
+  bool bias = false;           // Matrix: has name + ".bias" [rows]
+  // Where the slot binds when the walk is given a ModelWeights (else empty / null). A matrix splits
+  // into parts by rows, in order (fused qkv_proj / gate_up_proj: several; else one); a vector binds
+  // to `vec`, or is read and dropped when `vec` is null (a LayerNorm bias the decoder does not use).
+  std::vector<std::pair<Linear*, int64_t>> parts;  // (destination, rows)
+  Tensor* vec = nullptr;
+};
+
+// The one walk over a model's weights, in a stable order (embedding, layers, final norm, head; the
+// head only when untied). With `m` (its layers already sized to the config's n_layers, or empty: the
+// walk sizes them), each slot says where it binds. Specs, binding, dummy weights and synth all derive
+// from it.
+void for_each_weight(const ModelConfig& c, const ArchDescriptor& a, ModelWeights* m, const std::function<void(const WeightSlot&)>& fn);
+
+// Every tensor the checkpoint must hold, in the walk's order (a matrix: .weight, then .bias).
+std::vector<TensorSpec> expected_tensors(const ModelConfig& c, const ArchDescriptor& a);
+
+// Binds named host tensors to slots. `get(spec)` returns the host tensor for a spec (the checkpoint's,
+// or generated); each matrix becomes a host Linear, then `backend.load_linear` turns it into the
+// backend's (vectors: `backend.load_weight`). Fused tensors (Phi-3 qkv_proj, gate_up_proj) are split
+// into row ranges here, so the decoder sees one layout. A tied head is the embedding.
 ModelWeights bind_weights(const ModelConfig& c, const ArchDescriptor& a, const std::function<Tensor(const TensorSpec&)>& get,
                           Backend& backend);
 

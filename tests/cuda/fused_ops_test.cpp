@@ -18,8 +18,7 @@ namespace {
 Linear dev_linear(CudaBackend& gpu, std::mt19937& rng, int64_t N, int64_t K, bool bias, std::vector<std::vector<float>>& keep) {
   keep.push_back(random_bf16(rng, size_t(N * K), 0.1f));
   std::vector<uint16_t> h = to_bf16(keep.back());
-  Linear l;
-  l.w = gpu.load_weight(Tensor(h.data(), DType::BF16, {N, K}));
+  Linear l = gpu.load_linear(Linear::dense(Tensor(h.data(), DType::BF16, {N, K})));
   if (bias) {
     keep.push_back(random_bf16(rng, size_t(N), 0.5f));
     l.bias = gpu.load_weight(Tensor(keep.back().data(), DType::F32, {N}));

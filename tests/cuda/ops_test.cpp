@@ -34,7 +34,7 @@ TEST(CudaOps, Embed) {
     std::vector<uint16_t> h(f.size());
     for (size_t i = 0; i < f.size(); ++i) h[i] = dt == DType::BF16 ? f32_to_bf16(f[i]) : f32_to_f16(f[i]);
     Tensor host(h.data(), dt, {V, C});
-    Tensor tg = gpu.load_weight(host), tc = cpu.load_weight(host);
+    const Linear tg = gpu.load_linear(Linear::dense(host)), tc = cpu.load_linear(Linear::dense(host));
     BatchInfo b = token_batch({3, 0, 36, 3, 17}, {0, 1, 2, 3, 4});
     gpu.begin_batch(b), cpu.begin_batch(b);
     Tensor og = gpu.alloc(DType::BF16, {5, C});
@@ -114,7 +114,7 @@ TEST(CudaOps, LinearEveryPathDtypeAndShape) {
             Tensor wh = wt == DType::F32 ? Tensor(wf.data(), DType::F32, {N, K}) : Tensor(w16.data(), wt, {N, K});
             std::vector<float> bias = random_bf16(rng, size_t(N), 0.5f);
             Linear lg, lc;
-            lg.w = gpu.load_weight(wh), lc.w = cpu.load_weight(wh);
+            lg = gpu.load_linear(Linear::dense(wh)), lc = cpu.load_linear(Linear::dense(wh));
             if (with_bias) lg.bias = gpu.load_weight(Tensor(bias.data(), DType::F32, {N})), lc.bias = Tensor(bias.data(), DType::F32, {N});
             std::vector<float> x = random_bf16(rng, size_t(T * K));
             Tensor xg = dev_bf16(gpu, x, {T, K}), yg = gpu.alloc(yt, {T, N});
@@ -147,7 +147,7 @@ TEST(CudaOps, TensorCoreGemvShapes) {
       std::vector<float> bias = random_bf16(rng, size_t(N), 0.5f);
       Linear lg, lc;
       const Tensor wh(w16.data(), DType::BF16, {N, K});
-      lg.w = gpu.load_weight(wh), lc.w = cpu.load_weight(wh);
+      lg = gpu.load_linear(Linear::dense(wh)), lc = cpu.load_linear(Linear::dense(wh));
       const bool with_bias = (N + T) % 2 == 1;
       if (with_bias) lg.bias = gpu.load_weight(Tensor(bias.data(), DType::F32, {N})), lc.bias = Tensor(bias.data(), DType::F32, {N});
       std::vector<float> x = random_bf16(rng, size_t(T * K));
@@ -259,6 +259,22 @@ TEST(CudaOps, ErrorsNameTheProblem) {
     FAIL() << "F64 weight accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("F64"), std::string::npos) << e.what();
+  }
+  {  // a format without a kernel: the pick and the load name it and what is supported
+    std::vector<uint16_t> w(64 * 64);
+    Linear q = Linear::dense(Tensor(w.data(), DType::BF16, {64, 64}));
+    q.format = WeightFormat::Affine, q.bits = 4, q.group_size = 64;
+    for (int64_t rows : {1, 64}) {
+      try {
+        gpu.pick_linear(q, rows);
+        FAIL() << "affine weights picked a kernel";
+      } catch (const Error& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find("affine 4-bit g64"), std::string::npos) << m;
+        EXPECT_NE(m.find("supported: dense BF16 or F16"), std::string::npos) << m;
+      }
+    }
+    EXPECT_THROW(gpu.load_linear(q), Error);
   }
   KVLayout kv;
   kv.n_layers = 1, kv.n_blocks = 2, kv.n_kv_heads = 1, kv.head_dim = 80;

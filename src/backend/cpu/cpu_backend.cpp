@@ -71,6 +71,56 @@ Tensor CpuBackend::load_weight(const Tensor& host) {
   return out;
 }
 
+namespace {
+
+// Dense F32/F16/BF16 weights at any row count: cpu::linear picks the ISA level and GEMV (rows <= 8) or
+// GEMM (linear_dispatch.cpp).
+void dense_linear(ThreadPool& pool, const Tensor& x, const Linear& l, Tensor y) {
+  cpu::linear(pool, x.as<float>(), x.rows(), l.cols(), l.data.data, l.data.dtype, l.rows(), l.bias.empty() ? nullptr : l.bias.as<float>(),
+              y.as<float>());
+}
+
+bool dense_dtype(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
+
+struct LinearKernelEntry {
+  WeightFormat format;
+  int64_t min_rows, max_rows;  // activation rows this kernel takes
+  const char* what;            // for error messages
+  CpuBackend::LinearKernel fn;
+};
+constexpr LinearKernelEntry kLinearKernels[] = {
+    {WeightFormat::Dense, 0, INT64_MAX, "dense F32/F16/BF16 at any rows", dense_linear},
+};
+
+std::string supported_linears() {
+  std::string s;
+  for (const auto& e : kLinearKernels) s += (s.empty() ? "" : "; ") + std::string(e.what);
+  return s;
+}
+
+bool format_supported(const Linear& l) {
+  for (const auto& e : kLinearKernels)
+    if (e.format == l.format && (l.format != WeightFormat::Dense || dense_dtype(l.data.dtype))) return true;
+  return false;
+}
+
+}  // namespace
+
+CpuBackend::LinearKernel CpuBackend::pick_linear(const Linear& l, int64_t rows) {
+  for (const auto& e : kLinearKernels)
+    if (e.format == l.format && (l.format != WeightFormat::Dense || dense_dtype(l.data.dtype)) && rows >= e.min_rows && rows <= e.max_rows)
+      return e.fn;
+  fail("cpu: no linear kernel for {} weights at {} rows; supported: {}", l.describe(), rows, supported_linears());
+}
+
+Linear CpuBackend::load_linear(const Linear& host) {
+  ARBOR_CHECK(format_supported(host), "cpu: cannot load {} weights; supported: {}", host.describe(), supported_linears());
+  Linear l = host;
+  l.data = load_weight(host.data);
+  if (!host.bias.empty()) l.bias = load_weight(host.bias);
+  return l;
+}
+
 void CpuBackend::alloc_kv(const KVLayout& layout) {
   kv_ = layout;
   size_t per_layer = size_t(layout.n_blocks * layout.block_size * layout.n_kv_heads * layout.head_dim);
@@ -96,9 +146,12 @@ inline float load_elem(const Tensor& t, int64_t i) {
 
 float CpuBackend::fail_value(const Tensor& t) { fail("cpu: cannot convert a {} vector to f32", dtype_name(t.dtype)); }
 
-void CpuBackend::embed(const Tensor& table, Tensor out, float scale) {
+void CpuBackend::embed(const Linear& emb, Tensor out, float scale) {
+  ARBOR_CHECK(emb.format == WeightFormat::Dense && dense_dtype(emb.data.dtype), "cpu: embed: no gather for {} tables; supported: dense F32/F16/BF16",
+              emb.describe());
+  const Tensor& table = emb.data;
   const auto& tok = batch_->tokens;
-  const int64_t C = table.shape[1], V = table.shape[0];
+  const int64_t C = emb.cols(), V = emb.rows();
   float* o = out.as<float>();
   for (size_t t = 0; t < tok.size(); ++t) {
     int32_t id = tok[t];
@@ -154,10 +207,8 @@ void CpuBackend::head_norm(NormOp op, Tensor x, int64_t head_dim, const Tensor& 
 }
 
 void CpuBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
-  ARBOR_CHECK(x.cols() == l.in_features(), "linear: input has {} columns, weight {} expects {}", x.cols(), l.w.shape_str(),
-              l.in_features());
-  cpu::linear(pool_, x.as<float>(), x.rows(), l.in_features(), l.w.data, l.w.dtype, l.out_features(),
-              l.bias.empty() ? nullptr : l.bias.as<float>(), y.as<float>());
+  ARBOR_CHECK(x.cols() == l.cols(), "linear: input has {} columns, weight {} expects {}", x.cols(), l.describe(), l.cols());
+  pick_linear(l, x.rows())(pool_, x, l, y);
 }
 
 void CpuBackend::rope(Tensor x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const Tensor& cos, const Tensor& sin) {

@@ -25,12 +25,13 @@ class CpuBackend : public Backend {
 
   Tensor alloc(DType t, std::initializer_list<int64_t> shape) override;
   Tensor load_weight(const Tensor& host) override;
+  Linear load_linear(const Linear& host) override;
   bool views_host_weights() const override { return placement_ == WeightPlacement::Mapped; }
   void alloc_kv(const KVLayout& layout) override;
   const KVLayout& kv_layout() const override { return kv_; }
   void begin_batch(const BatchInfo& b) override { batch_ = &b; }
 
-  void embed(const Tensor& table, Tensor out, float scale) override;
+  void embed(const Linear& table, Tensor out, float scale) override;
   void norm(NormOp op, const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor out) override;
   void head_norm(NormOp op, Tensor x, int64_t head_dim, const Tensor& w, float eps) override;
   void linear(const Tensor& x, const Linear& l, Tensor y) override;
@@ -49,6 +50,12 @@ class CpuBackend : public Backend {
   bool argmax_rows_start(const Tensor& logits) override;
   void wait_pick(int32_t* host_ids) override;
   void drop_picks() override { picks_.clear(); }
+
+  // The linear kernels, by (weight format, rows of activations): the one place that maps a layer to
+  // its kernel. pick_linear returns the kernel for l at `rows` rows, or throws arbor::Error naming l's
+  // format and the supported (format, rows) pairs.
+  using LinearKernel = void (*)(ThreadPool& pool, const Tensor& x, const Linear& l, Tensor y);
+  static LinearKernel pick_linear(const Linear& l, int64_t rows);
 
   // KV pools for tests: layer's K and V, [n_blocks, block_size, n_kv_heads, head_dim] f32.
   float* k_pool(int64_t layer) const { return k_pools_[size_t(layer)]; }

@@ -102,8 +102,16 @@ std::unique_ptr<Backend> make_cuda_backend(int index) { return std::make_unique<
 void CudaBackend::set_gemv_stream(bool on) { cuda::set_gemv_stream(on); }
 void CudaBackend::set_gemv_mma(bool on) { cuda::set_gemv_mma(on); }
 bool CudaBackend::gemv_mma_takes(int64_t T, int64_t K, DType w_dtype) { return cuda::gemv_mma_takes(T, K, w_dtype); }
-bool CudaBackend::use_gemv(int64_t T, int64_t K, DType w_dtype) const {
-  return T <= gemv_max_rows_ || (gemv_max_rows_ > 0 && cuda::gemv_mma_takes(T, K, w_dtype));
+CudaBackend::LinearKernel CudaBackend::pick_linear(const Linear& l, int64_t rows) const {
+  const DType t = l.data.dtype;
+  if (l.format == WeightFormat::Dense && (t == DType::BF16 || t == DType::F16)) {
+    const bool gemv = rows <= gemv_max_rows_ || (gemv_max_rows_ > 0 && cuda::gemv_mma_takes(rows, l.cols(), t));
+    if (t == DType::BF16) return gemv ? LinearKernel::GemvBf16 : LinearKernel::LtBf16;
+    return gemv ? LinearKernel::GemvF16 : LinearKernel::LtF16;
+  }
+  fail("cuda: no linear kernel for {} weights at {} rows; supported: dense BF16 or F16 (on the device) at any rows: GEMV up to {} "
+       "rows (and where the tensor-core GEMV takes the shape), cuBLASLt beyond",
+       l.describe(), rows, gemv_max_rows_);
 }
 void CudaBackend::set_prefill_kernel(const char* name) { cuda::set_prefill_kernel(cuda::parse_prefill_kernel(name)); }
 bool CudaBackend::prefill_wgmma_supported(int head_dim) { return cuda::prefill_wgmma_supported(head_dim); }
@@ -309,6 +317,15 @@ void CudaBackend::stage_copy(void* dst, const void* src, size_t bytes, bool f32_
   }
 }
 
+Linear CudaBackend::load_linear(const Linear& host) {
+  ARBOR_CHECK(host.format == WeightFormat::Dense, "cuda: cannot load {} weights; supported: dense F32, BF16, F16 (F32 becomes BF16)",
+              host.describe());
+  Linear l = host;
+  l.data = load_weight(host.data);
+  if (!host.bias.empty()) l.bias = load_weight(host.bias);
+  return l;
+}
+
 Tensor CudaBackend::load_weight(const Tensor& host) {
   ARBOR_CHECK(host.dtype == DType::F32 || host.dtype == DType::BF16 || host.dtype == DType::F16,
               "cuda: weight {} has dtype {}; supported: F32, BF16, F16", host.shape_str(), dtype_name(host.dtype));
@@ -438,16 +455,19 @@ void CudaBackend::begin_batch(const BatchInfo& b) {
                            : 0;
 }
 
-void CudaBackend::embed(const Tensor& table, Tensor out, float scale) {
+void CudaBackend::embed(const Linear& emb, Tensor out, float scale) {
+  ARBOR_CHECK(emb.format == WeightFormat::Dense && (emb.data.dtype == DType::BF16 || emb.data.dtype == DType::F16),
+              "cuda: embed: no gather for {} tables; supported: dense BF16, F16", emb.describe());
+  const Tensor& table = emb.data;
   const auto& b = batch();
-  const int64_t V = table.shape[0];
+  const int64_t V = emb.rows();
   for (size_t t = 0; t < b.tokens.size(); ++t) {
     const int32_t id = b.tokens[t];
     ARBOR_CHECK(id < V, "embed: token id {} at batch row {} is outside the vocabulary ({})", id, t, V);
     ARBOR_CHECK(id >= 0 || -1 - int64_t(id) < last_pick_rows_, "embed: batch row {} takes the picked id of row {}, the last pick has {} rows",
                 t, -1 - int64_t(id), last_pick_rows_);
   }
-  launch_embed(table.data, table.dtype, d_tokens_, d_ids_, b.n_tokens(), table.shape[1], scale, out.as<uint16_t>(), st(stream_));
+  launch_embed(table.data, table.dtype, d_tokens_, d_ids_, b.n_tokens(), emb.cols(), scale, out.as<uint16_t>(), st(stream_));
 }
 
 void CudaBackend::norm(NormOp op, const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor out) {
@@ -463,46 +483,52 @@ void CudaBackend::head_norm(NormOp op, Tensor x, int64_t head_dim, const Tensor&
 }
 
 void CudaBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
-  const int64_t T = x.rows(), K = l.in_features(), N = l.out_features();
-  ARBOR_CHECK(x.cols() == K, "linear: input has {} columns, weight {} expects {}", x.cols(), l.w.shape_str(), K);
-  ARBOR_CHECK(y.cols() == N && y.rows() == T, "linear: output {} for {} rows of weight {}", y.shape_str(), T, l.w.shape_str());
+  const int64_t T = x.rows(), K = l.cols(), N = l.rows();
+  ARBOR_CHECK(x.cols() == K, "linear: input has {} columns, weight {} expects {}", x.cols(), l.describe(), K);
+  ARBOR_CHECK(y.cols() == N && y.rows() == T, "linear: output {} for {} rows of weight {}", y.shape_str(), T, l.describe());
   ARBOR_CHECK(x.dtype == DType::BF16, "cuda: linear: activations must be BF16 (got {})", dtype_name(x.dtype));
   ARBOR_CHECK(y.dtype == DType::BF16 || y.dtype == DType::F32, "cuda: linear: output dtype {} (BF16 or F32)", dtype_name(y.dtype));
-  ARBOR_CHECK(l.w.dtype == DType::BF16 || l.w.dtype == DType::F16, "cuda: linear: weight dtype {} (BF16 or F16 on the device)",
-              dtype_name(l.w.dtype));
+  const LinearKernel kernel = pick_linear(l, T);
   if (T == 0) return;
   const float* bias = l.bias.empty() ? nullptr : l.bias.as<float>();
-  if (use_gemv(T, K, l.w.dtype)) {
-    launch_gemv(l.w.data, l.w.dtype, x.as<uint16_t>(), bias, y.data, y.dtype, T, N, K, n_sms_, st(stream_));
-    return;
-  }
-  if (l.w.dtype == DType::BF16) {
-    lt_gemm(lt_, l.w.data, x.data, DType::BF16, y.data, y.dtype, T, N, K, workspace_, workspace_bytes_, st(stream_));
-    if (bias) launch_add_bias(y.data, y.dtype, bias, T, N, st(stream_));
-    return;
+  switch (kernel) {
+    case LinearKernel::GemvBf16:
+    case LinearKernel::GemvF16:
+      launch_gemv(l.data.data, l.data.dtype, x.as<uint16_t>(), bias, y.data, y.dtype, T, N, K, n_sms_, st(stream_));
+      return;
+    case LinearKernel::LtBf16:
+      lt_gemm(lt_, l.data.data, x.data, DType::BF16, y.data, y.dtype, T, N, K, workspace_, workspace_bytes_, st(stream_));
+      if (bias) launch_add_bias(y.data, y.dtype, bias, T, N, st(stream_));
+      return;
+    case LinearKernel::LtF16: break;
   }
   // f16 weights: cuBLASLt wants both operands f16 and gives f32 (then bias + conversion to y's dtype).
   ensure(scratch2_, scratch2_cap_, size_t(T * K) * 2);
   launch_bf16_to_f16(x.as<uint16_t>(), T * K, static_cast<uint16_t*>(scratch2_), st(stream_));
   if (y.dtype == DType::F32) {
-    lt_gemm(lt_, l.w.data, scratch2_, DType::F16, y.data, DType::F32, T, N, K, workspace_, workspace_bytes_, st(stream_));
+    lt_gemm(lt_, l.data.data, scratch2_, DType::F16, y.data, DType::F32, T, N, K, workspace_, workspace_bytes_, st(stream_));
     if (bias) launch_add_bias(y.data, y.dtype, bias, T, N, st(stream_));
     return;
   }
   ensure(scratch_, scratch_cap_, size_t(T * N) * 4);
-  lt_gemm(lt_, l.w.data, scratch2_, DType::F16, scratch_, DType::F32, T, N, K, workspace_, workspace_bytes_, st(stream_));
+  lt_gemm(lt_, l.data.data, scratch2_, DType::F16, scratch_, DType::F32, T, N, K, workspace_, workspace_bytes_, st(stream_));
   launch_finish_f32(static_cast<float*>(scratch_), bias, T, N, y.data, y.dtype, st(stream_));
 }
 
+namespace {
+bool is_gemv(CudaBackend::LinearKernel k) { return k == CudaBackend::LinearKernel::GemvBf16 || k == CudaBackend::LinearKernel::GemvF16; }
+}  // namespace
+
 void CudaBackend::linear_multi(const Tensor& x, const LinearOut* outs, int n) {
   // One GEMV launch over every matrix's rows when the step is GEMV-sized and the matrices agree on
-  // K and dtype; otherwise (prefill: cuBLASLt) one linear() each.
-  bool one = fused_ && n >= 1 && n <= kGemvMaxSegments && x.rows() >= 1 && use_gemv(x.rows(), x.cols(), outs[0].l->w.dtype) &&
-             x.dtype == DType::BF16;
+  // K and kernel; otherwise (prefill: cuBLASLt) one linear() each.
+  bool one = fused_ && n >= 1 && n <= kGemvMaxSegments && x.rows() >= 1 && x.dtype == DType::BF16;
+  const LinearKernel k0 = one ? pick_linear(*outs[0].l, x.rows()) : LinearKernel::LtBf16;
+  one = one && is_gemv(k0);
   for (int i = 0; one && i < n; ++i) {
     const Linear& l = *outs[i].l;
-    one = l.w.dtype == outs[0].l->w.dtype && (l.w.dtype == DType::BF16 || l.w.dtype == DType::F16) && l.in_features() == x.cols() &&
-          outs[i].y.dtype == outs[0].y.dtype && outs[i].y.rows() == x.rows() && outs[i].y.cols() == l.out_features();
+    one = pick_linear(l, x.rows()) == k0 && l.cols() == x.cols() && outs[i].y.dtype == outs[0].y.dtype && outs[i].y.rows() == x.rows() &&
+          outs[i].y.cols() == l.rows();
   }
   if (!one) {
     Backend::linear_multi(x, outs, n);
@@ -511,9 +537,9 @@ void CudaBackend::linear_multi(const Tensor& x, const LinearOut* outs, int n) {
   GemvOut g[kGemvMaxSegments];
   for (int i = 0; i < n; ++i) {
     const Linear& l = *outs[i].l;
-    g[i] = {l.w.data, l.bias.empty() ? nullptr : l.bias.as<float>(), outs[i].y.data, l.out_features()};
+    g[i] = {l.data.data, l.bias.empty() ? nullptr : l.bias.as<float>(), outs[i].y.data, l.rows()};
   }
-  launch_gemv_multi(g, n, outs[0].l->w.dtype, x.as<uint16_t>(), outs[0].y.dtype, x.rows(), x.cols(), n_sms_, st(stream_));
+  launch_gemv_multi(g, n, outs[0].l->data.dtype, x.as<uint16_t>(), outs[0].y.dtype, x.rows(), x.cols(), n_sms_, st(stream_));
 }
 
 void CudaBackend::add_norm(NormOp op, Tensor x, const Tensor& o, float scale, const Tensor& w, const Tensor& b, float eps, Tensor out) {
@@ -615,17 +641,19 @@ void CudaBackend::prep_attention(int64_t layer, Tensor q, Tensor k, const Tensor
 }
 
 void CudaBackend::gated_up(const Tensor& x, const Linear& wg, const Linear& wu, ActOp op, Tensor gate, Tensor up, Tensor out) {
-  const bool one = fused_ && x.rows() >= 1 && use_gemv(x.rows(), x.cols(), wg.w.dtype) && x.dtype == DType::BF16 && out.dtype == DType::BF16 &&
-                   wg.w.dtype == wu.w.dtype && (wg.w.dtype == DType::BF16 || wg.w.dtype == DType::F16) && wg.in_features() == x.cols() &&
-                   wu.in_features() == x.cols() && wg.out_features() == wu.out_features() && out.cols() == wg.out_features() &&
-                   out.rows() == x.rows();
+  bool one = fused_ && x.rows() >= 1 && x.dtype == DType::BF16 && out.dtype == DType::BF16 && wg.cols() == x.cols() &&
+             wu.cols() == x.cols() && wg.rows() == wu.rows() && out.cols() == wg.rows() && out.rows() == x.rows();
+  if (one) {
+    const LinearKernel k = pick_linear(wg, x.rows());
+    one = is_gemv(k) && pick_linear(wu, x.rows()) == k;
+  }
   if (!one) {
     Backend::gated_up(x, wg, wu, op, gate, up, out);
     return;
   }
-  const GemvOut g{wg.w.data, wg.bias.empty() ? nullptr : wg.bias.as<float>(), nullptr, wg.out_features()};
-  const GemvOut u{wu.w.data, wu.bias.empty() ? nullptr : wu.bias.as<float>(), nullptr, wu.out_features()};
-  launch_gemv_gated(g, u, op, wg.w.dtype, x.as<uint16_t>(), out.as<uint16_t>(), x.rows(), x.cols(), n_sms_, st(stream_));
+  const GemvOut g{wg.data.data, wg.bias.empty() ? nullptr : wg.bias.as<float>(), nullptr, wg.rows()};
+  const GemvOut u{wu.data.data, wu.bias.empty() ? nullptr : wu.bias.as<float>(), nullptr, wu.rows()};
+  launch_gemv_gated(g, u, op, wg.data.dtype, x.as<uint16_t>(), out.as<uint16_t>(), x.rows(), x.cols(), n_sms_, st(stream_));
 }
 
 bool CudaBackend::decode_attention_path(int64_t head_dim) const {

@@ -39,15 +39,22 @@ class CudaBackend : public Backend {
 
   Tensor alloc(DType t, std::initializer_list<int64_t> shape) override;
   Tensor load_weight(const Tensor& host) override;
+  Linear load_linear(const Linear& host) override;
   bool views_host_weights() const override { return false; }
   void alloc_kv(const KVLayout& layout) override;
   const KVLayout& kv_layout() const override { return kv_; }
   void begin_batch(const BatchInfo& b) override;
 
-  void embed(const Tensor& table, Tensor out, float scale) override;
+  void embed(const Linear& table, Tensor out, float scale) override;
   void norm(NormOp op, const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor out) override;
   void head_norm(NormOp op, Tensor x, int64_t head_dim, const Tensor& w, float eps) override;
   void linear(const Tensor& x, const Linear& l, Tensor y) override;
+  // The linear kernels, by (weight format, rows of activations): the one place that picks one for
+  // linear(), linear_multi() and gated_up(). GEMV (the streaming kernels, their tensor-core variant
+  // past gemv_max_rows) or cuBLASLt, for dense BF16 or F16 weights; anything else throws, naming the
+  // layer's format and the supported pairs.
+  enum class LinearKernel : uint8_t { GemvBf16, GemvF16, LtBf16, LtF16 };
+  LinearKernel pick_linear(const Linear& l, int64_t rows) const;
   void rope(Tensor x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const Tensor& cos, const Tensor& sin) override;
   void kv_write(int64_t layer, const Tensor& k, const Tensor& v) override;
   void attention(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out) override;
@@ -145,7 +152,6 @@ class CudaBackend : public Backend {
   bool prep_args(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const QKPrep& p, cuda::QKPrepArgs* a);
   void attention_impl(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out, const cuda::QKPrepArgs* prep);
   bool decode_attention_path(int64_t head_dim) const;
-  bool use_gemv(int64_t T, int64_t K, DType w_dtype) const;  // GEMV kernels (gemv_max_rows_, the tensor-core kernel) or cuBLASLt
   void not_capturing(const char* what);  // fails (and drops the recording) when called inside a capture
   void drop_graphs();                    // after a buffer the recordings point into moved
 
