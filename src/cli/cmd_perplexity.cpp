@@ -28,8 +28,8 @@ int cmd_perplexity(const std::vector<std::string>& args) {
   if (!file) fail("arguments: --file TEXT is required (the text to measure)");
   const int64_t ctx = a.get_int("ctx", 512);
   if (ctx < 2) fail("arguments: --ctx must be at least 2, got {}", ctx);
-  const int64_t top_k = a.get_int("kl-top-k", 32);
-  if (top_k < 1 || top_k > 4096) fail("arguments: --kl-top-k must be in 1..4096, got {}", top_k);
+  const int64_t top_k = a.get_int("kl-top-k", 256);
+  if (top_k < 1 || top_k > 65536) fail("arguments: --kl-top-k must be in 1..65536, got {}", top_k);
   const std::string device = a.get_or("device", "cpu");
   const int64_t step = a.get_int("batch-tokens", device == "cuda" ? 2048 : 512);
   if (step < 1) fail("arguments: --batch-tokens must be at least 1, got {}", step);
@@ -133,7 +133,7 @@ ARBOR_VERB("perplexity", "perplexity of a text over windows of --ctx ids; KL aga
            "  --batch-tokens N      ids per forward step, several windows batched (default 512 cpu, 2048 cuda)\n"
            "  --json                one JSON object on the last line (perplexity, tokens, ... and KL fields)\n"
            "  --save-logits FILE    store each predicted id's top-K log-probabilities and tail mass (a base run)\n"
-           "  --kl-top-k K          K of --save-logits (default 32)\n"
+           "  --kl-top-k K          K of --save-logits (default 256; 8 K + 8 bytes per predicted id)\n"
            "  --kl-base FILE        a --save-logits file of the same text and --ctx: report KL(base || this),\n"
            "                        its 99th percentile and maximum, top-1 agreement and the perplexity change\n",
            cmd_perplexity);

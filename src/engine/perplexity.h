@@ -123,7 +123,7 @@ struct PerplexityOptions {
   int64_t step_tokens = 0;  // tokens per forward (several windows per step); 0: model.max_step_tokens()
   int host_threads = 0;     // threads for the per-row log-softmax / top-K / KL work (0: all cores)
   std::string save_logits;  // write the base's top-K distributions here
-  int top_k = 32;
+  int top_k = 256;  // docs/perplexity.md: what K buys
   std::string kl_base;      // compare against this file
   std::string meta;         // JSON written into a saved file's header
   std::function<void(int64_t done_tokens, int64_t total_tokens)> progress;

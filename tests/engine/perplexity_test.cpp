@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
@@ -347,8 +348,8 @@ TEST(PerplexityRun, KlAgainstItselfIsZero) {
   EXPECT_NE(error_of([&] { run_perplexity(*e.model, *e.pool, other, o); }).find("other token ids"), std::string::npos);
 }
 
-// The shipped model with every matrix of layer 2's MLP scaled by 1.03 and jittered: a checkpoint that
-// changes the distributions a little, as a quantized format would.
+// The shipped model with every matrix of layers 2 and 4's MLPs scaled by 1.05 and jittered by 10 % per
+// weight: a checkpoint that changes the distributions a little, as a quantized format would.
 std::string perturbed_model() {
   const std::string dir = tmp_path("perturbed");
   fs::create_directories(dir);
@@ -358,15 +359,15 @@ std::string perturbed_model() {
   std::vector<std::vector<uint8_t>> keep;
   std::vector<TensorToWrite> out;
   std::mt19937 g(7);
-  std::normal_distribution<float> d(0.0f, 0.05f);
+  std::normal_distribution<float> d(0.0f, 0.1f);
   for (const TensorInfo& t : st.tensors()) {
     keep.emplace_back(t.data, t.data + t.nbytes);
-    if (t.name.find("layers.2.mlp") != std::string::npos) {
+    if (t.name.find("layers.2.mlp") != std::string::npos || t.name.find("layers.4.mlp") != std::string::npos) {
       EXPECT_EQ(t.dtype, DType::BF16);
       for (size_t i = 0; i + 1 < t.nbytes; i += 2) {
         uint16_t h;
         std::memcpy(&h, keep.back().data() + i, 2);
-        h = f32_to_bf16(bf16_to_f32(h) * (1.03f + d(g)));
+        h = f32_to_bf16(bf16_to_f32(h) * (1.05f + d(g)));
         std::memcpy(keep.back().data() + i, &h, 2);
       }
     }
@@ -405,6 +406,8 @@ TEST(PerplexityRun, KlAgainstAPerturbedCheckpointMatchesFullLogits) {
   // Full KL(base || this) per id, and the part the top-K buckets cannot see: p_rest * KL(tail || tail).
   PplLogitsReader rd(base_file);
   double full_sum = 0, gap_sum = 0, agree = 0;
+  const std::vector<int> ks = {8, 16, 32, 64, 128, 256, 512};
+  std::vector<double> by_k(ks.size(), 0.0), rest_by_k(ks.size(), 0.0);
   for (int64_t i = 0; i < n; ++i) {
     const float* p = base_logits.data() + i * V;
     const float* q = this_logits.data() + i * V;
@@ -433,16 +436,37 @@ TEST(PerplexityRun, KlAgainstAPerturbedCheckpointMatchesFullLogits) {
     EXPECT_NEAR(r.kl[size_t(i)] + pr * tail, full, 2e-4 + 1e-3 * full) << "id " << i;
     full_sum += full;
     gap_sum += pr * tail;
+    {  // the bucketed KL at other K, from the full logits (what K buys: docs/perplexity.md)
+      std::vector<int32_t> order(static_cast<size_t>(V));
+      std::iota(order.begin(), order.end(), 0);
+      std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+      double kl = 0, pm = 0, qm = 0;
+      size_t next_k = 0;
+      for (int64_t j = 0; j < V && next_k < ks.size(); ++j) {
+        const double a = double(p[order[size_t(j)]]) - lp.lse, b = double(q[order[size_t(j)]]) - lq.lse;
+        kl += std::exp(a) * (a - b), pm += std::exp(a), qm += std::exp(b);
+        if (j + 1 == ks[next_k]) {
+          const double prr = std::max(0.0, 1.0 - pm), qrr = std::max(1e-300, 1.0 - qm);
+          by_k[next_k] += kl + (prr > 0 ? prr * std::log(prr / qrr) : 0.0);
+          rest_by_k[next_k] += prr;
+          ++next_k;
+        }
+      }
+    }
     agree += lq.argmax == lp.argmax;
   }
   const double full_mean = full_sum / double(n);
-  std::printf("perturbed: KL full %.6f, top-32 %.6f (gap %.6f = %.2f %%), base tail mass %.4f, top-1 %.4f (full logits %.4f), ppl %.3f -> %.3f\n",
+  std::printf("perturbed: KL full %.6f, top-256 %.6f (gap %.6f = %.2f %%), base tail mass %.4f, top-1 %.4f (full logits %.4f), ppl %.3f -> %.3f\n",
               full_mean, r.kl_mean, gap_sum / double(n), 100.0 * (full_mean - r.kl_mean) / full_mean, r.base_rest_mass_mean,
               r.top1_agreement, agree / double(n), r.ppl_base, r.ppl.perplexity);
+  for (size_t k = 0; k < ks.size(); ++k)
+    std::printf("  top-%d + rest: KL %.6f (%.2f %% of the full KL), base tail mass %.4f\n", ks[k], by_k[k] / double(n),
+                100.0 * by_k[k] / full_sum, rest_by_k[k] / double(n));
   EXPECT_GT(r.kl_mean, 1e-3);  // the perturbation is visible
   EXPECT_NEAR(r.kl_mean, full_mean - gap_sum / double(n), 2e-5 + 1e-3 * full_mean);
-  // The documented bound (docs/perplexity.md): top-32 misses under 5 % of the KL on this model.
-  EXPECT_LT(full_mean - r.kl_mean, 0.05 * full_mean);
+  // What docs/perplexity.md says of the default K = 256 on this model (perplexity ~64, a heavy tail):
+  // it sees about 91 % of the full KL here; less than 85 % would contradict the page.
+  EXPECT_LT(full_mean - r.kl_mean, 0.15 * full_mean);
   EXPECT_NEAR(r.top1_agreement, agree / double(n), 2.0 / double(n));
   EXPECT_GE(r.kl_p99, r.kl_mean);
   EXPECT_GE(r.kl_max, r.kl_p99);
