@@ -472,6 +472,40 @@ TEST(PerplexityRun, KlAgainstAPerturbedCheckpointMatchesFullLogits) {
   EXPECT_GE(r.kl_max, r.kl_p99);
 }
 
+// Longrope (Phi-3): transformers runs a window as one forward of all its L ids, so a window of
+// original_max + 1 = 33 ids takes the long factors at every position although arbor feeds only 32 of
+// them. The fixture's golden logits come from transformers' 37-id forward (long factors everywhere;
+// causal, so its first rows are those of a 33-id forward).
+TEST(PerplexityRun, LongropeWindowTakesTheRegimeOfItsWholeLength) {
+  const std::string dir = kSrc + "/tests/fixtures/models/phi3_longrope_prompt";
+  const json g = json::parse(read_text_file(dir + "/golden.json"));
+  const auto prompt = g.at("prompt_ids").get<std::vector<int32_t>>();
+  const int64_t V = g.at("vocab").get<int64_t>();
+  std::vector<float> gold(size_t(g.at("rows").get<int64_t>() * V));
+  {
+    std::ifstream f(dir + "/logits.bin", std::ios::binary);
+    f.read(reinterpret_cast<char*>(gold.data()), std::streamsize(gold.size() * sizeof(float)));
+    ASSERT_TRUE(f.good());
+  }
+  const float tol = 2e-3f * g.at("max_abs_logit").get<float>() + 1e-4f;
+  Env e(dir, 64, 16, 64);
+  for (int64_t L : {33, 37}) {
+    ASSERT_TRUE(e.model->long_rope_for(L));
+    std::vector<int32_t> ids(prompt.begin(), prompt.begin() + L);
+    PerplexityOptions o;
+    o.ctx = L;
+    o.host_threads = 1;
+    PerplexityResult r = run_perplexity(*e.model, *e.pool, ids, o);
+    ASSERT_EQ(r.ppl.tokens, L - 1);
+    for (int64_t i = 0; i + 1 < L; ++i) {
+      const float* x = gold.data() + i * V;
+      const RowLse l = row_lse(x, V);
+      EXPECT_NEAR(r.nll[size_t(i)], l.lse - double(x[ids[size_t(i + 1)]]), tol) << "L " << L << " row " << i;
+    }
+  }
+  EXPECT_FALSE(e.model->long_rope_for(32));
+}
+
 TEST(PerplexityRun, MatchesTransformersReference) {
   const std::string ref_path = kSrc + "/tests/fixtures/perplexity/reference.json";
   if (!fs::exists(ref_path)) GTEST_SKIP() << ref_path << " not made yet (tools/perplexity/reference_ppl.py on the GPU machine)";
