@@ -3,6 +3,7 @@
 #include "backend/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -153,11 +154,27 @@ void CpuBackend::head_norm(NormOp op, Tensor x, int64_t head_dim, const Tensor& 
   for (int64_t r = 0; r < R; ++r) norm_row(op, p + r * head_dim, w.as<float>(), nullptr, eps, head_dim, p + r * head_dim);
 }
 
+namespace {
+// Adds the scope's wall time to *acc when acc is set (CpuBackend::set_phase_timing).
+struct PhaseTimer {
+  double* acc;
+  std::chrono::steady_clock::time_point t0 = acc ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  ~PhaseTimer() {
+    if (acc) *acc += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+};
+}  // namespace
+
 void CpuBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
   ARBOR_CHECK(x.cols() == l.in_features(), "linear: input has {} columns, weight {} expects {}", x.cols(), l.w.shape_str(),
               l.in_features());
-  cpu::linear(pool_, x.as<float>(), x.rows(), l.in_features(), l.w.data, l.w.dtype, l.out_features(),
-              l.bias.empty() ? nullptr : l.bias.as<float>(), y.as<float>());
+  PhaseTimer timer{phase_timing_ ? &phases_.linear_s : nullptr};
+  const int64_t T = x.rows(), K = l.in_features(), N = l.out_features();
+  if (phase_timing_) phases_.linear_flops += 2.0 * double(T) * double(K) * double(N);
+  const float* bias = l.bias.empty() ? nullptr : l.bias.as<float>();
+  if (gemm_mode_ == cpu::GemmMode::Bf16 && T > cpu::kLinearGemvMaxT && cpu::gemm_bf16_applies(l.w.dtype))
+    return cpu::gemm_bf16(pool_, x.as<float>(), T, K, l.w.data, l.w.dtype, N, bias, y.as<float>());
+  cpu::linear(pool_, x.as<float>(), T, K, l.w.data, l.w.dtype, N, bias, y.as<float>());
 }
 
 void CpuBackend::rope(Tensor x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const Tensor& cos, const Tensor& sin) {
@@ -194,6 +211,7 @@ void CpuBackend::kv_write(int64_t layer, const Tensor& k, const Tensor& v) {
 }
 
 void CpuBackend::attention(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out) {
+  PhaseTimer timer{phase_timing_ ? &phases_.attention_s : nullptr};
   const auto& b = *batch_;
   const int64_t hd = p.head_dim, group = p.n_heads / p.n_kv_heads, bs = kv_.block_size;
   const int64_t kv_row = p.n_kv_heads * hd;
