@@ -45,8 +45,8 @@ struct Job {
   float* y;            // [T, N]
 };
 
-// Per-thread scratch that grows once and is then reused (64-byte aligned).
-template <typename T>
+// Per-thread scratch that grows once and is then reused (64-byte aligned); one buffer per Tag.
+template <int Tag, typename T>
 T* thread_scratch(size_t n) {
   thread_local std::vector<T> buf;
   if (buf.size() < n + 64 / sizeof(T)) buf.resize(n + 64 / sizeof(T));
@@ -250,7 +250,7 @@ void gemm_bf16(ThreadPool& pool, const float* x, int64_t T, int64_t K, const voi
   ARBOR_CHECK(T == 0 || (x && W && y), "gemm_bf16: null pointer (x={}, W={}, y={})", fmt::ptr(x), fmt::ptr(W), fmt::ptr(y));
   if (T == 0) return;
   const int64_t Kh = (K + 1) / 2;
-  uint32_t* xb = thread_scratch<uint32_t>(size_t(T * Kh));
+  uint32_t* xb = thread_scratch<0, uint32_t>(size_t(T * Kh));  // the caller's: kept for the workers
   pool.parallel_for(T, 1, [&](int, int64_t t0, int64_t t1) { round_rows(x, K, Kh, t0, t1, xb); });
   const Job J{xb, T, K, Kh, static_cast<const uint16_t*>(W), N, bias, y};
   const int64_t threads = pool.size(), panels = (N + kNR - 1) / kNR;
@@ -258,11 +258,11 @@ void gemm_bf16(ThreadPool& pool, const float* x, int64_t T, int64_t K, const voi
   // token block), else by tokens (a small N: a router, a test shape).
   if (threads == 1 || panels >= 2 * threads || T < 2 * threads) {
     pool.parallel_for(N, kNR, [&](int, int64_t n0, int64_t n1) {
-      gemm_range(J, 0, T, n0, n1, thread_scratch<uint32_t>(size_t(kNR * kKCP)));
+      gemm_range(J, 0, T, n0, n1, thread_scratch<1, uint32_t>(size_t(kNR * kKCP)));
     });
   } else {
     pool.parallel_for(T, 1, [&](int, int64_t t0, int64_t t1) {
-      gemm_range(J, t0, t1, 0, N, thread_scratch<uint32_t>(size_t(kNR * kKCP)));
+      gemm_range(J, t0, t1, 0, N, thread_scratch<1, uint32_t>(size_t(kNR * kKCP)));
     });
   }
 }
