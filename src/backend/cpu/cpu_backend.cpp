@@ -9,6 +9,7 @@
 #include <cstring>
 #include <new>
 
+#include "backend/cpu/attention_blocked.h"
 #include "backend/cpu/bandwidth.h"
 #include "backend/cpu/linear.h"
 #include "backend/cpu/vec.h"
@@ -217,6 +218,38 @@ void CpuBackend::attention(int64_t layer, const Tensor& q, const AttentionParams
   const int64_t kv_row = p.n_kv_heads * hd;
   const float* K = k_pools_[size_t(layer)];
   const float* V = v_pools_[size_t(layer)];
+  if (cpu::attention_block_applies(hd, group, p.softcap)) {
+    // Runs of up to 16 consecutive tokens of one sequence at consecutive positions (a prefill chunk
+    // gives full runs, a decode step runs of one), each with one kv head per work item. Items are
+    // dealt from both ends of the run list so a causal prefill's cheap early runs and costly late
+    // ones are spread evenly over the threads' contiguous shares.
+    std::vector<std::pair<int64_t, int64_t>> runs;  // (first token, tokens)
+    for (int64_t t = 0; t < b.n_tokens(); ++t) {
+      if (!runs.empty()) {
+        auto& [t0, n] = runs.back();
+        if (n < 16 && b.seq[size_t(t)] == b.seq[size_t(t0)] && b.pos[size_t(t)] == b.pos[size_t(t0)] + n) {
+          ++n;
+          continue;
+        }
+      }
+      runs.push_back({t, 1});
+    }
+    const int64_t n_runs = int64_t(runs.size());
+    const cpu::AttnBlockArgs args{q.as<float>(), out.as<float>(), K, V, p.n_heads, p.n_kv_heads, hd, bs, p.scale, p.window};
+    pool_.parallel_for(n_runs * p.n_kv_heads, 1, [&](int, int64_t i0, int64_t i1) {
+      thread_local std::vector<float> scratch;
+      const size_t need = size_t(cpu::attention_block_scratch_floats(hd, group)) + 16;
+      if (scratch.size() < need) scratch.resize(need);
+      float* sp = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t(63));
+      for (int64_t item = i0; item < i1; ++item) {
+        const int64_t k = item / p.n_kv_heads, g = item % p.n_kv_heads;
+        const auto [t0, n] = runs[size_t(k % 2 == 0 ? k / 2 : n_runs - 1 - k / 2)];
+        const int32_t s = b.seq[size_t(t0)];
+        cpu::attention_block(args, t0, n, b.pos[size_t(t0)], b.block_tables.data() + int64_t(s) * b.max_blocks, g, sp);
+      }
+    });
+    return;
+  }
   // One work item per (token, kv head): the group's query heads share each key and value load.
   const cpu::VecOps& vec = cpu::vec_ops();
   pool_.parallel_for(b.n_tokens() * p.n_kv_heads, 1, [&](int, int64_t i0, int64_t i1) {

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# On a GPU lease host (AVX-512 BF16 Xeon) from /work/main: runs binaries built on the dev VM and
+# carried in build-cpugemm/ (arbor, test_model, the shared libraries that host lacks), writing logs
+# to $OUT. Usage: build-cpugemm/tree/tools/cpugemm/device_bench.sh
+set -uo pipefail
+c=$PWD/build-cpugemm
+export LD_LIBRARY_PATH=$c/lib
+# test_model reads the fixtures under the source dir compiled into it (the helper's worktree).
+mkdir -p /work/wt-cpugemm && ln -sfn /work/main/tests /work/wt-cpugemm/tests
+lscpu | grep -E 'Model name|L1d|L2|L3' | tee $OUT/lscpu.txt
+$c/test_model --gtest_filter='CpuGemmBf16Model*:Parity.*' 2>&1 | tee $OUT/test_model.log | grep -E '^\[ (llama3|qwen3|gemma2|phi3_longrope_cross) |FAILED|PASSED|note:'
+for P in 128 512 2048; do
+  for mode in bf16 exact; do
+    [ $mode = exact ] && [ $P != 512 ] && continue
+    echo "== prompt $P --cpu-gemm $mode"
+    $c/arbor bench --config bench/configs/llama-3.2-1b.json --dummy-weights --threads 2 --prompt-tokens $P \
+      --chunk ${CHUNK:-512} --decode-tokens 8 --reps 3 --cpu-gemm $mode 2>&1 | grep -v '^build\|^model\|^weights'
+  done
+done 2>&1 | tee $OUT/bench.log
