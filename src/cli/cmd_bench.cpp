@@ -25,7 +25,7 @@ namespace arbor::cli {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+[[maybe_unused]] double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // FLOPs of one forward over `n` new tokens at positions [start, start + n): 2 per weight per token for
 // every matmul weight (the embedding is a gather; the LM head runs for `logit_rows` rows only), plus
