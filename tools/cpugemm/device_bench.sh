@@ -14,6 +14,6 @@ for P in 128 512 2048; do
     [ $mode = exact ] && [ $P != 512 ] && continue
     echo "== prompt $P --cpu-gemm $mode"
     $c/arbor bench --config bench/configs/llama-3.2-1b.json --dummy-weights --threads 2 --prompt-tokens $P \
-      --chunk ${CHUNK:-512} --decode-tokens 8 --reps 3 --cpu-gemm $mode 2>&1 | grep -v '^build\|^model\|^weights'
+      --chunk ${CHUNK:-512} --decode-tokens 8 --reps $([ $P = 2048 ] && echo 2 || echo 3) --cpu-gemm $mode 2>&1 | grep -v '^build\|^model\|^weights'
   done
 done 2>&1 | tee $OUT/bench.log
