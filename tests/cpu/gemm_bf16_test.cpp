@@ -139,8 +139,10 @@ TEST(CpuDotPeak, MeasuresAPlausibleRate) {
   EXPECT_EQ(p.threads, 2);
   if (!f.avx2) return;
   EXPECT_EQ(p.what, f.avx512_bf16 ? "vdpbf16ps zmm" : f.avx512 ? "vfmadd231ps zmm" : "vfmadd231ps ymm");
-  // 2 threads of anything from ~1 GHz x 16 FLOP/cycle upward; no CPU core does 1 TFLOP/s on these.
-  EXPECT_GT(p.flops, 5e9);
+  // Two threads do ~30 GFLOP/s (AVX2) to ~500 (AVX-512 BF16) when they have their cores, but on a
+  // build machine shared by a dozen compilers a thread may get a fraction of one: the bounds only
+  // catch a broken count (0, inf, a unit slip); no CPU core does 1 TFLOP/s on these.
+  EXPECT_GT(p.flops, 1e8);
   EXPECT_LT(p.flops, 2e12);
 }
 
