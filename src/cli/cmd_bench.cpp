@@ -1,5 +1,5 @@
 // `arbor bench`: prefill and decode speed of a model (usually --dummy-weights with a real config),
-// with the hardware ceiling measured in the same run (CPU: read bandwidth; CUDA: device copy bandwidth
+// with the hardware ceiling measured in the same run (CPU: read bandwidth and the dot-product peak, with where the prefill time goes; CUDA: device copy bandwidth
 // and the cuBLAS bf16 GEMM rate) and each figure's fraction of it.
 #include <algorithm>
 #include <chrono>
