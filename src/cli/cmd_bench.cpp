@@ -1,6 +1,7 @@
 // `arbor bench`: prefill and decode speed of a model (usually --dummy-weights with a real config),
-// with the hardware ceiling measured in the same run (CPU: read bandwidth and the dot-product peak, with where the prefill time goes; CUDA: device copy bandwidth
-// and the cuBLAS bf16 GEMM rate) and each figure's fraction of it.
+// with the hardware ceiling measured in the same run (CPU: read bandwidth and the dot-product peak, and
+// where the prefill time goes; CUDA: device copy bandwidth and the cuBLAS bf16 GEMM rate) and each
+// figure's fraction of it.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
