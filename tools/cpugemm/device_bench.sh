@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # On a GPU lease host (AVX-512 BF16 Xeon) from /work/main: runs binaries built on the dev VM and
 # carried in build-cpugemm/ (arbor, test_model, the shared libraries that host lacks), writing logs
-# to $OUT. Usage: build-cpugemm/tree/tools/cpugemm/device_bench.sh
+# to $OUT. Preparation on the dev VM (build-cpugemm/ matches main's ignored /build*/):
+#   scripts/build -DARBOR_CUDA=OFF   (or cmake --build build --target arbor test_model)
+#   c=/work/main/build-cpugemm; mkdir -p $c/tree $c/lib; cp build/arbor build/test_model $c/
+#   git archive HEAD src tests/cpu tools/cpugemm | tar -x -C $c/tree
+#   for l in pcre2-8.so.0 utf8proc.so.2 fmt.so.9 edit.so.2 tinfo.so.6 bsd.so.0 md.so.0; do
+#     cp -L /lib/x86_64-linux-gnu/lib$l $c/lib/; done
+# then run `build-cpugemm/tree/tools/cpugemm/device_bench.sh` with carry ["build-cpugemm"].
 set -uo pipefail
 c=$PWD/build-cpugemm
 export LD_LIBRARY_PATH=$c/lib
