@@ -1,6 +1,7 @@
 // `arbor bench`: prefill and decode speed of a model (usually --dummy-weights with a real config),
-// with the hardware ceiling measured in the same run (CPU: read bandwidth; CUDA: device copy bandwidth
-// and the cuBLAS bf16 GEMM rate) and each figure's fraction of it.
+// with the hardware ceiling measured in the same run (CPU: read bandwidth and the dot-product peak, and
+// where the prefill time goes; CUDA: device copy bandwidth and the cuBLAS bf16 GEMM rate) and each
+// figure's fraction of it.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -10,6 +11,8 @@
 
 #include "backend/cpu/bandwidth.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/gemm_bf16.h"
+#include "backend/cpu/linear.h"
 #include "cli/build_info.h"
 #include "cli/model_args.h"
 #include "cli/verb.h"
@@ -22,9 +25,8 @@
 namespace arbor::cli {
 namespace {
 
-#ifdef ARBOR_HAS_CUDA
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+[[maybe_unused]] double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // FLOPs of one forward over `n` new tokens at positions [start, start + n): 2 per weight per token for
 // every matmul weight (the embedding is a gather; the LM head runs for `logit_rows` rows only), plus
@@ -37,6 +39,8 @@ double forward_flops(const Model& m, int64_t start, int64_t n, int64_t logit_row
   for (int64_t p = start; p < start + n; ++p) keys += double(c.sliding_window > 0 ? std::min<int64_t>(p + 1, c.sliding_window) : p + 1);
   return 2.0 * body * double(n) + 2.0 * embed * double(logit_rows) + 4.0 * double(c.n_heads * c.head_dim * c.n_layers) * keys;
 }
+
+#ifdef ARBOR_HAS_CUDA
 
 // --device cuda: ceilings first, then prefill (512, 2048, 8192 tokens), batch-1 decode at contexts 512
 // and 8192, and decode at batch 8, 32, 64 (context 512 each). Every figure with its fraction of the
@@ -314,9 +318,20 @@ int cmd_bench(const std::vector<std::string>& args) {
   // second to second, so each decode run is paired with the bandwidth pass just before it.
   auto* cpu_be = dynamic_cast<CpuBackend*>(lm.backend.get());
   std::unique_ptr<cpu::ReadBandwidthProbe> probe;
+  cpu::DotPeak peak;
   if (cpu_be) {
     probe = std::make_unique<cpu::ReadBandwidthProbe>(cpu_be->pool());
     probe->pass();  // warm-up (page faults)
+    // The prefill ceiling: the core's dot-product rate on the same threads, measured now.
+    peak = cpu::measure_dot_peak(cpu_be->pool());
+    // The matmul weights' type: the first of weight_dtypes() ("BF16" or "BF16, F32": norms in f32).
+    const std::string wts = m.weight_dtypes();
+    const DType wt = dtype_from_name(wts.substr(0, wts.find(','))).value_or(DType::F32);
+    const bool bf16_gemm = cpu_be->gemm_mode() == cpu::GemmMode::Bf16 && cpu::gemm_bf16_applies(wt);
+    std::printf("gemm       --cpu-gemm %s: prefill linears run %s (decode: %s)\n", std::string(cpu::gemm_mode_name(cpu_be->gemm_mode())).c_str(),
+                bf16_gemm ? "bf16-x (x rounded to bf16, vdpbf16ps)" : cpu::linear_kernel_name(wt, std::min(chunk, prompt)).c_str(),
+                cpu::linear_kernel_name(wt, 1).c_str());
+    std::printf("dot peak   %.1f GFLOP/s (%s, %d threads, measured now)\n", peak.flops * 1e-9, peak.what.c_str(), peak.threads);
   }
 
   // Bytes one decode step must read: every weight except the embedding table (one row is gathered;
@@ -346,6 +361,32 @@ int cmd_bench(const std::vector<std::string>& args) {
   const double decode_tps = 1.0 / best_decode;
   if (bw > 0) std::printf("read bw    %.2f GB/s (best pass, measured now, %d threads)\n", bw * 1e-9, cpu_be->pool().size());
   std::printf("prefill    %lld tokens: %.1f tok/s (chunks of %lld)\n", (long long)prompt, double(prompt) / best_prefill, (long long)chunk);
+  if (cpu_be && peak.flops > 0) {
+    // The peak again, after the runs: on a shared host one measurement can lose time to a neighbour,
+    // so the fractions use the better of the two (both printed).
+    const cpu::DotPeak again = cpu::measure_dot_peak(cpu_be->pool());
+    std::printf("dot peak   %.1f GFLOP/s after the runs; fractions below use %.1f (the better)\n", again.flops * 1e-9,
+                std::max(peak.flops, again.flops) * 1e-9);
+    peak.flops = std::max(peak.flops, again.flops);
+    // Where the prefill time goes: one more prefill (no decode) with the backend's phase timers on.
+    cpu_be->reset_phase_times();
+    cpu_be->set_phase_timing(true);
+    GenerateRequest req;
+    req.prompt = ids;
+    req.max_tokens = 1;
+    GenerateResult res = generate(m, pool, req);
+    cpu_be->set_phase_timing(false);
+    const CpuBackend::PhaseTimes& ph = cpu_be->phase_times();
+    const double flops = forward_flops(m, 0, prompt, 1);
+    std::printf("prefill    %.1f GFLOP/s = %.1f%% of the dot peak (%.2f GFLOP per prompt: matmul weights + attention)\n",
+                flops / best_prefill * 1e-9, 100.0 * flops / best_prefill / peak.flops, flops * 1e-9);
+    const double total = res.prefill_seconds, rest = std::max(0.0, total - ph.linear_s - ph.attention_s);
+    std::printf("prefill    time %.1f ms (timed run): linears %.1f ms (%.0f%%, %.1f GFLOP/s = %.1f%% of peak), attention %.1f ms "
+                "(%.0f%%), rest %.1f ms (%.0f%%)\n",
+                total * 1e3, ph.linear_s * 1e3, 100.0 * ph.linear_s / total, ph.linear_flops / ph.linear_s * 1e-9,
+                100.0 * ph.linear_flops / ph.linear_s / peak.flops, ph.attention_s * 1e3, 100.0 * ph.attention_s / total, rest * 1e3,
+                100.0 * rest / total);
+  }
   std::printf("decode     %.2f tok/s at context %lld; %.1f MB/step (weights %.1f + KV %.1f)\n", decode_tps, (long long)mid_ctx,
               bytes * 1e-6, double(step_bytes) * 1e-6, double(kv_bytes) * 1e-6);
   if (bw > 0) {

@@ -19,7 +19,7 @@
 namespace arbor::cli {
 
 std::set<std::string> model_value_flags() {
-  return {"model", "config", "device", "threads", "weights", "ctx-size", "kv-blocks", "dtype"};
+  return {"model", "config", "device", "threads", "weights", "ctx-size", "kv-blocks", "dtype", "cpu-gemm"};
 }
 std::set<std::string> model_bool_flags() { return {"dummy-weights"}; }
 
@@ -114,9 +114,12 @@ std::unique_ptr<Backend> make_backend_from_args(const Args& a) {
   std::string device = a.get_or("device", "cpu");
   std::string weights = a.get_or("weights", "copy");
   if (weights != "copy" && weights != "mmap") fail("arguments: --weights must be 'copy' or 'mmap', got '{}'", weights);
+  const cpu::GemmMode gemm = cpu::parse_gemm_mode(a.get_or("cpu-gemm", "bf16"), "--cpu-gemm");  // checked for any device
   if (device == "cpu") {
     int threads = int(a.get_int("threads", 0));
-    return std::make_unique<CpuBackend>(threads, weights == "copy" ? WeightPlacement::Copy : WeightPlacement::Mapped);
+    auto be = std::make_unique<CpuBackend>(threads, weights == "copy" ? WeightPlacement::Copy : WeightPlacement::Mapped);
+    be->set_gemm_mode(gemm);
+    return be;
   }
   if (device == "cuda") {
 #ifdef ARBOR_HAS_CUDA

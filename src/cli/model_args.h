@@ -56,6 +56,9 @@ std::vector<int32_t> parse_id_list(const std::string& s, const char* flag, const
   "  --threads N           CPU threads (default: every CPU this process may run on)\n"                   \
   "  --weights copy|mmap   CPU: weights copied to anonymous huge-page memory (default) or used from\n"   \
   "                        the file mapping\n"                                                           \
+  "  --cpu-gemm bf16|exact CPU prefill linears: activations rounded to bf16 once, one bf16 dot per\n"  \
+  "                        pair of products (default; AVX-512 BF16 CPUs, bf16 weights) or kept at ~16\n" \
+  "                        mantissa bits (exact: twice the work); decode is always exact\n"              \
   "  --ctx-size N          positions a sequence may use (default: the model's maximum, at most 4096)\n"  \
   "  --kv-blocks N         KV cache blocks of 16 tokens (default: one full-context sequence; serve:\n"   \
   "                        --max-batch of them within --kv-memory-gb)\n"

@@ -3,11 +3,13 @@
 #include "backend/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 
+#include "backend/cpu/attention_blocked.h"
 #include "backend/cpu/bandwidth.h"
 #include "backend/cpu/linear.h"
 #include "backend/cpu/vec.h"
@@ -80,6 +82,11 @@ void dense_linear(ThreadPool& pool, const Tensor& x, const Linear& l, Tensor y) 
               y.as<float>());
 }
 
+void bf16_gemm_linear(ThreadPool& pool, const Tensor& x, const Linear& l, Tensor y) {
+  cpu::gemm_bf16(pool, x.as<float>(), x.rows(), l.cols(), l.data.data, l.data.dtype, l.rows(), l.bias.empty() ? nullptr : l.bias.as<float>(),
+                 y.as<float>());
+}
+
 bool dense_dtype(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
 
 struct LinearKernelEntry {
@@ -106,7 +113,10 @@ bool format_supported(const Linear& l) {
 
 }  // namespace
 
-CpuBackend::LinearKernel CpuBackend::pick_linear(const Linear& l, int64_t rows) {
+CpuBackend::LinearKernel CpuBackend::pick_linear(const Linear& l, int64_t rows, cpu::GemmMode mode) {
+  // Prompt chunks in bf16 mode: activations rounded to bf16 once (cpu/gemm_bf16); decode rows stay exact.
+  if (mode == cpu::GemmMode::Bf16 && l.format == WeightFormat::Dense && rows > cpu::kLinearGemvMaxT && cpu::gemm_bf16_applies(l.data.dtype))
+    return bf16_gemm_linear;
   for (const auto& e : kLinearKernels)
     if (e.format == l.format && (l.format != WeightFormat::Dense || dense_dtype(l.data.dtype)) && rows >= e.min_rows && rows <= e.max_rows)
       return e.fn;
@@ -206,9 +216,22 @@ void CpuBackend::head_norm(NormOp op, Tensor x, int64_t head_dim, const Tensor& 
   for (int64_t r = 0; r < R; ++r) norm_row(op, p + r * head_dim, w.as<float>(), nullptr, eps, head_dim, p + r * head_dim);
 }
 
+namespace {
+// Adds the scope's wall time to *acc when acc is set (CpuBackend::set_phase_timing).
+struct PhaseTimer {
+  double* acc;
+  std::chrono::steady_clock::time_point t0 = acc ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  ~PhaseTimer() {
+    if (acc) *acc += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+};
+}  // namespace
+
 void CpuBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
   ARBOR_CHECK(x.cols() == l.cols(), "linear: input has {} columns, weight {} expects {}", x.cols(), l.describe(), l.cols());
-  pick_linear(l, x.rows())(pool_, x, l, y);
+  PhaseTimer timer{phase_timing_ ? &phases_.linear_s : nullptr};
+  if (phase_timing_) phases_.linear_flops += 2.0 * double(x.rows()) * double(l.cols()) * double(l.rows());
+  pick_linear(l, x.rows(), gemm_mode_)(pool_, x, l, y);
 }
 
 void CpuBackend::rope(Tensor x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const Tensor& cos, const Tensor& sin) {
@@ -245,11 +268,44 @@ void CpuBackend::kv_write(int64_t layer, const Tensor& k, const Tensor& v) {
 }
 
 void CpuBackend::attention(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out) {
+  PhaseTimer timer{phase_timing_ ? &phases_.attention_s : nullptr};
   const auto& b = *batch_;
   const int64_t hd = p.head_dim, group = p.n_heads / p.n_kv_heads, bs = kv_.block_size;
   const int64_t kv_row = p.n_kv_heads * hd;
   const float* K = k_pools_[size_t(layer)];
   const float* V = v_pools_[size_t(layer)];
+  if (cpu::attention_block_applies(hd, group, p.softcap)) {
+    // Runs of up to 16 consecutive tokens of one sequence at consecutive positions (a prefill chunk
+    // gives full runs, a decode step runs of one), each with one kv head per work item. Items are
+    // dealt from both ends of the run list so a causal prefill's cheap early runs and costly late
+    // ones are spread evenly over the threads' contiguous shares.
+    std::vector<std::pair<int64_t, int64_t>> runs;  // (first token, tokens)
+    for (int64_t t = 0; t < b.n_tokens(); ++t) {
+      if (!runs.empty()) {
+        auto& [t0, n] = runs.back();
+        if (n < 16 && b.seq[size_t(t)] == b.seq[size_t(t0)] && b.pos[size_t(t)] == b.pos[size_t(t0)] + n) {
+          ++n;
+          continue;
+        }
+      }
+      runs.push_back({t, 1});
+    }
+    const int64_t n_runs = int64_t(runs.size());
+    const cpu::AttnBlockArgs args{q.as<float>(), out.as<float>(), K, V, p.n_heads, p.n_kv_heads, hd, bs, p.scale, p.window};
+    pool_.parallel_for(n_runs * p.n_kv_heads, 1, [&](int, int64_t i0, int64_t i1) {
+      thread_local std::vector<float> scratch;
+      const size_t need = size_t(cpu::attention_block_scratch_floats(hd, group)) + 16;
+      if (scratch.size() < need) scratch.resize(need);
+      float* sp = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t(63));
+      for (int64_t item = i0; item < i1; ++item) {
+        const int64_t k = item / p.n_kv_heads, g = item % p.n_kv_heads;
+        const auto [t0, n] = runs[size_t(k % 2 == 0 ? k / 2 : n_runs - 1 - k / 2)];
+        const int32_t s = b.seq[size_t(t0)];
+        cpu::attention_block(args, t0, n, b.pos[size_t(t0)], b.block_tables.data() + int64_t(s) * b.max_blocks, g, sp);
+      }
+    });
+    return;
+  }
   // One work item per (token, kv head): the group's query heads share each key and value load.
   const cpu::VecOps& vec = cpu::vec_ops();
   pool_.parallel_for(b.n_tokens() * p.n_kv_heads, 1, [&](int, int64_t i0, int64_t i1) {

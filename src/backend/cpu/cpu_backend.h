@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/gemm_bf16.h"
 #include "core/thread_pool.h"
 
 namespace arbor {
@@ -22,6 +23,18 @@ class CpuBackend : public Backend {
   DType kv_dtype() const override { return DType::F32; }
   ThreadPool& pool() { return pool_; }
   WeightPlacement placement() const { return placement_; }
+  // Prefill linears (rows > kLinearGemvMaxT): exact (the default here, what the parity tests check) or
+  // bf16 activations (cpu/gemm_bf16.h; the CLI's default, --cpu-gemm). Decode GEMVs are always exact.
+  void set_gemm_mode(cpu::GemmMode m) { gemm_mode_ = m; }
+  cpu::GemmMode gemm_mode() const { return gemm_mode_; }
+  // Per-phase time accumulators for bench: off by default (then they cost one branch per op).
+  struct PhaseTimes {
+    double linear_s = 0, attention_s = 0;
+    double linear_flops = 0;  // 2 * T * K * N summed over the timed linears
+  };
+  void set_phase_timing(bool on) { phase_timing_ = on; }
+  void reset_phase_times() { phases_ = {}; }
+  const PhaseTimes& phase_times() const { return phases_; }
 
   Tensor alloc(DType t, std::initializer_list<int64_t> shape) override;
   Tensor load_weight(const Tensor& host) override;
@@ -55,7 +68,9 @@ class CpuBackend : public Backend {
   // its kernel. pick_linear returns the kernel for l at `rows` rows, or throws arbor::Error naming l's
   // format and the supported (format, rows) pairs.
   using LinearKernel = void (*)(ThreadPool& pool, const Tensor& x, const Linear& l, Tensor y);
-  static LinearKernel pick_linear(const Linear& l, int64_t rows);
+  // mode Bf16 sends dense BF16 prompt chunks (rows > kLinearGemvMaxT) to the bf16-activation GEMM where
+  // the CPU has AVX-512 BF16; everything else as in Exact.
+  static LinearKernel pick_linear(const Linear& l, int64_t rows, cpu::GemmMode mode = cpu::GemmMode::Exact);
 
   // KV pools for tests: layer's K and V, [n_blocks, block_size, n_kv_heads, head_dim] f32.
   float* k_pool(int64_t layer) const { return k_pools_[size_t(layer)]; }
@@ -72,6 +87,9 @@ class CpuBackend : public Backend {
   KVLayout kv_;
   std::vector<float*> k_pools_, v_pools_;
   const BatchInfo* batch_ = nullptr;
+  cpu::GemmMode gemm_mode_ = cpu::GemmMode::Exact;
+  bool phase_timing_ = false;
+  PhaseTimes phases_;
   std::vector<std::vector<int32_t>> picks_;  // queued picks' ids, oldest first
   std::vector<int32_t> last_pick_;           // the last queued pick's ids (token_from_last_pick)
 };
