@@ -135,3 +135,32 @@ test('errors name the problem', () => {
   const { out: q } = quantizeAndCheck(bf16, 4, 64);
   bad(['--model', q, '--out', path.join(dir, 'again')], /already holds a quantization block/);
 });
+
+// Every tensor's {dtype, shape} across a checkpoint's safetensors files.
+function headers(d) {
+  const out = {};
+  for (const f of fs.readdirSync(d).filter((x) => x.endsWith('.safetensors'))) {
+    const buf = fs.readFileSync(path.join(d, f));
+    const n = Number(buf.readBigUInt64LE(0));
+    const h = JSON.parse(buf.subarray(8, 8 + n).toString('utf8'));
+    for (const [k, v] of Object.entries(h)) if (k !== '__metadata__') out[k] = { dtype: v.dtype, shape: v.shape };
+  }
+  return out;
+}
+
+test('synth --bits --group-size writes the layout quantize writes', () => {
+  for (const [bits, group] of [[4, 64], [3, 128]]) {
+    const cfgFile = path.join(dir, 'synth-cfg.json');
+    fs.writeFileSync(cfgFile, JSON.stringify(config));
+    const syn = path.join(dir, `synth-${bits}-${group}`);
+    const r = spawnSync(ARBOR, ['synth', '--config', cfgFile, '--out', syn, '--bits', String(bits), '--group-size', String(group)], { encoding: 'utf8' });
+    assert.equal(r.status, 0, r.stderr);
+    const { out } = quantizeAndCheck(bf16, bits, group);
+    assert.deepEqual(headers(syn), headers(out));
+    const cfg = JSON.parse(fs.readFileSync(path.join(syn, 'config.json'), 'utf8'));
+    assert.deepEqual(cfg.quantization, { group_size: group, bits, mode: 'affine' });
+    assert.deepEqual(cfg.quantization_config, cfg.quantization);
+  }
+  const r = spawnSync(ARBOR, ['synth', '--config', path.join(dir, 'synth-cfg.json'), '--out', path.join(dir, 'x'), '--bits', '7'], { encoding: 'utf8' });
+  assert.match(r.stderr, /bits 7 is not supported/);
+});
