@@ -66,7 +66,6 @@ SafetensorsStreamWriter::SafetensorsStreamWriter(std::string path, std::vector<T
   for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(header.size()) >> (8 * i));
   put(len, 8);
   put(header.data(), header.size());
-  while (next_ < plan_.size() && plan_[next_].nbytes() == 0) ++next_;  // zero-size tensors have no bytes to wait for
 }
 
 SafetensorsStreamWriter::~SafetensorsStreamWriter() {
@@ -118,8 +117,7 @@ void SafetensorsStreamWriter::write_part(std::string_view name, const void* data
   in_tensor_ += nbytes;
   if (in_tensor_ == need) {
     in_tensor_ = 0;
-    ++next_;
-    while (next_ < plan_.size() && plan_[next_].nbytes() == 0) ++next_;
+    ++next_;  // a zero-size tensor is complete on its first (empty) write
   }
 }
 

@@ -45,7 +45,8 @@ class SafetensorsStreamWriter {
   // The whole tensor `name`, which must be the next one of the plan.
   void write(std::string_view name, const void* data, size_t nbytes);
   // Part of tensor `name`: the first call for a tensor starts it, later calls continue it, and the tensor is
-  // complete when its bytes are in (a part past its end is an error).
+  // complete when its bytes are in (a part past its end is an error). A zero-size tensor is written too, with
+  // zero bytes.
   void write_part(std::string_view name, const void* data, size_t nbytes);
   void finish();
 

@@ -128,14 +128,20 @@ TEST(ShardedSafetensorsWriter, ShardsAndIndexReadBackThroughCheckpoint) {
     plan.push_back({"t" + std::to_string(6 - i), DType::F32, {int64_t(4 + i)}});  // 16..40 bytes, names not sorted
     data.push_back(random_bytes(plan.back().nbytes(), uint32_t(i)));
   }
-  // 60-byte shards: [16, 20] [24, 28] [32] [36] [40] -> 5 shards, as mlx-lm's make_shards groups them.
-  const auto shards = plan_shards(plan, 60);
+  // 59-byte shards: [16, 20] [24, 28] [32] [36] [40] -> 5 shards, as mlx-lm's make_shards groups them.
+  const auto shards = plan_shards(plan, 59);
   ASSERT_EQ(shards.size(), 5u);
   EXPECT_EQ(shards[0], (std::pair<size_t, size_t>{0, 2}));
   EXPECT_EQ(shards[1], (std::pair<size_t, size_t>{2, 4}));
   EXPECT_EQ(shards[4], (std::pair<size_t, size_t>{6, 7}));
+  // A tensor that fills a shard exactly stays in it: at 60, [16, 20, 24] [28, 32] [36] [40].
+  const auto exact = plan_shards(plan, 60);
+  ASSERT_EQ(exact.size(), 4u);
+  EXPECT_EQ(exact[0], (std::pair<size_t, size_t>{0, 3}));
+  EXPECT_EQ(exact[1], (std::pair<size_t, size_t>{3, 5}));
+  EXPECT_EQ(plan_shards({}, 60).size(), 1u);
   {
-    ShardedSafetensorsWriter w(d.path(), plan, 60, json{{"format", "mlx"}}, json{{"total_parameters", 217}});
+    ShardedSafetensorsWriter w(d.path(), plan, 59, json{{"format", "mlx"}}, json{{"total_parameters", 217}});
     for (size_t i = 0; i < plan.size(); ++i) w.write(plan[i].name, data[i].data(), data[i].size());
     w.finish();
     EXPECT_EQ(w.shard_count(), 5u);
