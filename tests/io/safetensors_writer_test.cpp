@@ -86,21 +86,22 @@ TEST(SafetensorsStreamWriter, ErrorsNameTheTensor) {
   TempDir d;
   Fixture fx;
   const std::string path = d.file("e.safetensors");
+  auto at = [&](const std::string& rest) { return fmt::format("safetensors: {}: {}", path, rest); };
   auto fresh = [&] { return std::make_unique<SafetensorsStreamWriter>(path, fx.plan); };
   {
     auto w = fresh();
     std::string e = error_of([&] { w->write("a.weight", fx.data[0].data(), 29); });
-    EXPECT_EQ(e, "safetensors: " + path + ": tensor 'a.weight': shape [3, 5] of BF16 needs 30 bytes, got 29");
+    EXPECT_EQ(e, at("tensor 'a.weight': shape [3, 5] of BF16 needs 30 bytes, got 29"));
     e = error_of([&] { w->write("b", fx.data[1].data(), fx.data[1].size()); });
-    EXPECT_EQ(e, "safetensors: " + path + ": tensor 'b' written out of order: it is number 2 of the plan, the next to "
-                 "write is 'a.weight' (number 1)");
+    EXPECT_EQ(e, at("tensor 'b' written out of order: it is number 2 of the plan, the next to "
+                 "write is 'a.weight' (number 1)"));
     e = error_of([&] { w->write("zz", fx.data[1].data(), 4); });
-    EXPECT_EQ(e, "safetensors: " + path + ": tensor 'zz' is not in the file's plan (next is 'a.weight')");
+    EXPECT_EQ(e, at("tensor 'zz' is not in the file's plan (next is 'a.weight')"));
     w->write_part("a.weight", fx.data[0].data(), 4);
     e = error_of([&] { w->write_part("a.weight", fx.data[0].data(), 27); });
-    EXPECT_EQ(e, "safetensors: " + path + ": tensor 'a.weight': shape [3, 5] of BF16 needs 30 bytes, got 31");
+    EXPECT_EQ(e, at("tensor 'a.weight': shape [3, 5] of BF16 needs 30 bytes, got 31"));
     e = error_of([&] { w->finish(); });
-    EXPECT_EQ(e, "safetensors: " + path + ": finished with 0 of 4 tensors written; 'a.weight' is missing (4 of 30 bytes written)");
+    EXPECT_EQ(e, at("finished with 0 of 4 tensors written; 'a.weight' is missing (4 of 30 bytes written)"));
     w.reset();  // destroyed unfinished: the temporary goes, nothing is renamed into place
     EXPECT_TRUE(std::filesystem::is_empty(d.path()));
   }
@@ -108,10 +109,10 @@ TEST(SafetensorsStreamWriter, ErrorsNameTheTensor) {
     auto w = fresh();
     for (size_t i = 0; i < fx.plan.size(); ++i) w->write(fx.plan[i].name, fx.data[i].data(), fx.data[i].size());
     std::string e = error_of([&] { w->write("b", fx.data[1].data(), fx.data[1].size()); });
-    EXPECT_EQ(e, "safetensors: " + path + ": tensor 'b' written twice; every planned tensor is written");
+    EXPECT_EQ(e, at("tensor 'b' written twice; every planned tensor is written"));
     w->finish();
     e = error_of([&] { w->write("b", fx.data[1].data(), fx.data[1].size()); });
-    EXPECT_EQ(e, "safetensors: " + path + ": tensor 'b' written after the file was finished");
+    EXPECT_EQ(e, at("tensor 'b' written after the file was finished"));
   }
   EXPECT_EQ(error_of([&] { SafetensorsStreamWriter(d.file("x"), {{"t", DType::F32, {2}}, {"t", DType::F32, {1}}}); }),
             "safetensors: write: tensor name 't' is empty, reserved or used twice");
@@ -125,7 +126,7 @@ TEST(ShardedSafetensorsWriter, ShardsAndIndexReadBackThroughCheckpoint) {
   std::vector<TensorHeader> plan;
   std::vector<std::vector<uint8_t>> data;
   for (int i = 0; i < 7; ++i) {
-    plan.push_back({"t" + std::to_string(6 - i), DType::F32, {int64_t(4 + i)}});  // 16..40 bytes, names not sorted
+    plan.push_back({fmt::format("t{}", 6 - i), DType::F32, {int64_t(4 + i)}});  // 16..40 bytes, names not sorted
     data.push_back(random_bytes(plan.back().nbytes(), uint32_t(i)));
   }
   // 59-byte shards: [16, 20] [24, 28] [32] [36] [40] -> 5 shards, as mlx-lm's make_shards groups them.

@@ -244,7 +244,7 @@ TEST(AffineRecipe, MoreBitsLayersAsMlxLm) {
   const std::vector<int> more = {0, 1, 4, 7, 10, 13, 14, 15};
   for (int i = 0; i < 16; ++i) {
     const bool m = std::find(more.begin(), more.end(), i) != more.end();
-    const std::string l = "model.layers." + std::to_string(i);
+    const std::string l = fmt::format("model.layers.{}", i);
     EXPECT_EQ(affine_recipe_params(AffineRecipe::Mixed_3_6, l + ".self_attn.v_proj", 2, 16, 64).bits, m ? 6 : 3) << i;
     EXPECT_EQ(affine_recipe_params(AffineRecipe::Mixed_3_6, l + ".mlp.down_proj", 2, 16, 64).bits, m ? 6 : 3) << i;
     EXPECT_EQ(affine_recipe_params(AffineRecipe::Mixed_3_6, l + ".self_attn.q_proj", 2, 16, 64).bits, 3) << i;
