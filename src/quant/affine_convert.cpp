@@ -8,6 +8,9 @@
 #include <memory>
 #include <set>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "core/error.h"
 #include "io/checkpoint.h"
 #include "io/safetensors_writer.h"
@@ -100,6 +103,14 @@ std::optional<DType> convert_dtype(const ojson& cfg) {
   if (s == "bfloat16") return DType::BF16;
   if (s == "float32") return DType::F32;
   return std::nullopt;
+}
+
+// Drops the pages of an input tensor from this process once it is written (they stay in the page cache), so that
+// the resident set holds about one tensor of the mapped checkpoint, not all of it.
+void release_pages(const uint8_t* p, size_t n) {
+  static const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t a = (uintptr_t(p) + page - 1) & ~(page - 1), e = (uintptr_t(p) + n) & ~(page - 1);
+  if (e > a) ::madvise(reinterpret_cast<void*>(a), e - a, MADV_DONTNEED);
 }
 
 bool is_float(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
@@ -250,6 +261,7 @@ AffineConvertStats affine_convert_checkpoint(const AffineConvertOptions& o, cons
       w.write(it.name, src.data, src.nbytes);
       st.tensors_written++;
     }
+    release_pages(src.data, src.nbytes);
     if (progress) progress(src.nbytes);
   }
   // Give the buffers back before the next steps (they held the largest tensor).
