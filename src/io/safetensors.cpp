@@ -12,6 +12,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "io/safetensors_writer.h"
 
 namespace arbor {
 
@@ -229,20 +230,10 @@ const TensorInfo* SafetensorsFile::find(std::string_view name) const {
 }
 
 std::string serialize_safetensors(const std::vector<TensorToWrite>& tensors, const json& metadata) {
-  if (!metadata.is_object()) fail("safetensors: write: metadata is a JSON {}, not an object", metadata.type_name());
-  nlohmann::ordered_json h = nlohmann::ordered_json::object();
-  if (!metadata.empty()) {
-    auto& m = h["__metadata__"] = nlohmann::ordered_json::object();
-    for (auto it = metadata.begin(); it != metadata.end(); ++it) {
-      if (!it->is_string())
-        fail("safetensors: write: metadata '{}' is a JSON {}, not a string", it.key(), it->type_name());
-      m[it.key()] = it->get<std::string>();
-    }
-  }
+  std::vector<TensorHeader> plan;
+  plan.reserve(tensors.size());
   uint64_t offset = 0;
   for (const auto& t : tensors) {
-    if (t.name == "__metadata__" || h.contains(t.name))
-      fail("safetensors: write: tensor name '{}' is reserved or used twice", t.name);
     for (int64_t d : t.shape)
       if (d < 0) fail("safetensors: write: tensor '{}': negative dimension in shape {}", t.name, shape_str(t.shape));
     const auto need = shape_bytes(t.shape, t.dtype);
@@ -250,16 +241,10 @@ std::string serialize_safetensors(const std::vector<TensorToWrite>& tensors, con
       fail("safetensors: write: tensor '{}': shape {} of {} needs {} bytes, got {}", t.name, shape_str(t.shape),
            dtype_name(t.dtype), need ? std::to_string(*need) : std::string("more than 2^63"), t.nbytes);
     if (t.nbytes && !t.data) fail("safetensors: write: tensor '{}': {} bytes but no data", t.name, t.nbytes);
-    h[t.name] = {{"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.nbytes}}};
+    plan.push_back({t.name, t.dtype, t.shape});
     offset += t.nbytes;
   }
-  std::string header;
-  try {
-    header = h.dump();
-  } catch (const nlohmann::ordered_json::exception& e) {  // names that are not valid UTF-8
-    fail("safetensors: write: cannot encode the header: {}", e.what());
-  }
-  header.append((8 - header.size() % 8) % 8, ' ');  // the data section then starts 8-byte aligned
+  const std::string header = safetensors_header(plan, metadata);  // names, offsets, metadata, padding
   std::string out;
   out.reserve(8 + header.size() + offset);
   for (int i = 0; i < 8; ++i) out.push_back(char(uint64_t(header.size()) >> (8 * i) & 0xff));

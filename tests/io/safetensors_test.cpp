@@ -148,7 +148,7 @@ TEST(Safetensors, WriterRejectsBadInput) {
             std::string::npos);
   EXPECT_NE(error_of([&] {
               serialize_safetensors({{"a", DType::U8, {1}, buf.data(), 1}, {"a", DType::U8, {1}, buf.data(), 1}});
-            }).find("'a' is reserved or used twice"),
+            }).find("'a' is empty, reserved or used twice"),
             std::string::npos);
   EXPECT_NE(error_of([&] { serialize_safetensors({{"__metadata__", DType::U8, {1}, buf.data(), 1}}); })
                 .find("reserved"),

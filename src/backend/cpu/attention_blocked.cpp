@@ -11,6 +11,7 @@
 #include "backend/cpu/attention_blocked.h"
 
 #include <immintrin.h>
+#include "backend/cpu/avx512_transpose.h"
 
 #include <algorithm>
 #include <cmath>
@@ -28,35 +29,6 @@ namespace {
 constexpr int64_t kMaxHd = 256, kMaxGroup = 8, kRun = 16;
 
 alignas(64) const float kZeroRow[kMaxHd] = {};
-
-ARBOR_AVX512_INLINE void transpose16(__m512 f[16]) {
-  __m512i r[16], t[16];
-#pragma GCC unroll 16
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_castps_si512(f[i]);
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) {
-    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-#pragma GCC unroll 4
-  for (int j = 0; j < 4; ++j) {
-    __m512i e0 = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x88), o0 = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xdd);
-    __m512i e1 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0x88), o1 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0xdd);
-    t[j] = _mm512_shuffle_i32x4(e0, e1, 0x88);
-    t[8 + j] = _mm512_shuffle_i32x4(e0, e1, 0xdd);
-    t[4 + j] = _mm512_shuffle_i32x4(o0, o1, 0x88);
-    t[12 + j] = _mm512_shuffle_i32x4(o0, o1, 0xdd);
-  }
-#pragma GCC unroll 16
-  for (int i = 0; i < 16; ++i) f[i] = _mm512_castsi512_ps(t[i]);
-}
 
 // e^x for x <= 0 (a score minus the running max): n = round(x log2 e), r = x - n ln 2 in
 // [-ln2/2, ln2/2], e^r by its degree-7 Taylor polynomial (truncation < 1e-8 relative), times 2^n.
@@ -113,7 +85,7 @@ ARBOR_AVX512 void block_kernel(const AttnBlockArgs& a, int64_t t0, int64_t nt, i
       __m512 r[16];
 #pragma GCC unroll 16
       for (int c = 0; c < 16; ++c) r[c] = _mm512_loadu_ps(kr[c] + 16 * d0);
-      transpose16(r);
+      transpose16x16_ps(r);
 #pragma GCC unroll 16
       for (int i = 0; i < 16; ++i) _mm512_store_ps(Kt + (16 * d0 + i) * 16, r[i]);
     }

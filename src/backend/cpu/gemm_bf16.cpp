@@ -14,6 +14,7 @@
 #include "backend/cpu/gemm_bf16.h"
 
 #include <immintrin.h>
+#include "backend/cpu/avx512_transpose.h"
 
 #include <algorithm>
 #include <atomic>
@@ -54,34 +55,6 @@ T* thread_scratch(size_t n) {
   return reinterpret_cast<T*>((p + 63) & ~uintptr_t(63));
 }
 
-// In-register transpose of a 16x16 block of 32-bit elements (here: bf16 pairs).
-ARBOR_BF16_INLINE void transpose16(__m512i r[16]) {
-  __m512i t[16];
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) {
-    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-#pragma GCC unroll 4
-  for (int j = 0; j < 4; ++j) {
-    __m512i e0 = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x88), o0 = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xdd);
-    __m512i e1 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0x88), o1 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0xdd);
-    t[j] = _mm512_shuffle_i32x4(e0, e1, 0x88);
-    t[8 + j] = _mm512_shuffle_i32x4(e0, e1, 0xdd);
-    t[4 + j] = _mm512_shuffle_i32x4(o0, o1, 0x88);
-    t[12 + j] = _mm512_shuffle_i32x4(o0, o1, 0xdd);
-  }
-#pragma GCC unroll 16
-  for (int i = 0; i < 16; ++i) r[i] = t[i];
-}
-
 // P[p][j] (p < kcp rounded up to 16, j < 32) = the bf16 pair W[nb+j][2(pb+p)], W[nb+j][2(pb+p)+1] as
 // one 32-bit word; zero past row nb+nw or past K (an odd K gets a zero partner, matching x's zero).
 ARBOR_BF16 void pack_panel(const Job& J, int64_t nb, int64_t nw, int64_t pb, int64_t kcp, uint32_t* P) {
@@ -96,7 +69,7 @@ ARBOR_BF16 void pack_panel(const Job& J, int64_t nb, int64_t nw, int64_t pb, int
         const int64_t j = 16 * h + i;
         r[i] = j < nw ? _mm512_maskz_loadu_epi16(m, J.W + (nb + j) * J.K + k0) : _mm512_setzero_si512();
       }
-      transpose16(r);
+      transpose16x16_epi32(r);
 #pragma GCC unroll 16
       for (int i = 0; i < 16; ++i) _mm512_store_si512(P + (g + i) * kNR + 16 * h, r[i]);
     }

@@ -8,6 +8,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 #include <immintrin.h>
+#include "backend/cpu/avx512_transpose.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -158,40 +159,6 @@ ARBOR_AVX512 void gemv_typed(const Args& a, int64_t n0, int64_t n1) {
 constexpr int kMR = 12;   // token rows per register tile: 12 x 2 accumulators + 2 weight vectors
 constexpr int kKC = 128;  // k per packed panel: 128 x 32 f32 = 16 KiB, stays in L1 across all token tiles
 
-// In-register transpose of a 16x16 block of 32-bit elements: r[i] lane j <-> r[j] lane i.
-ARBOR_AVX512_INLINE void transpose16(__m512 r[16]) {
-  __m512 t[16];
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  // After this stage r[4i+j], 128-bit lane L, holds column 4L+j of rows 4i..4i+3.
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) {
-    __m512d a0 = _mm512_castps_pd(t[4 * i]), a1 = _mm512_castps_pd(t[4 * i + 1]);
-    __m512d a2 = _mm512_castps_pd(t[4 * i + 2]), a3 = _mm512_castps_pd(t[4 * i + 3]);
-    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));
-    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
-    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
-    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
-  }
-  // Gather lane L of r[j], r[4+j], r[8+j], r[12+j] into column 4L+j.
-#pragma GCC unroll 4
-  for (int j = 0; j < 4; ++j) {
-    __m512 e0 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88);   // lanes 0,2 of r[j] | lanes 0,2 of r[4+j]
-    __m512 o0 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xdd);   // lanes 1,3 ...
-    __m512 e1 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
-    __m512 o1 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xdd);
-    t[j] = _mm512_shuffle_f32x4(e0, e1, 0x88);       // column j
-    t[8 + j] = _mm512_shuffle_f32x4(e0, e1, 0xdd);   // column 8+j
-    t[4 + j] = _mm512_shuffle_f32x4(o0, o1, 0x88);   // column 4+j
-    t[12 + j] = _mm512_shuffle_f32x4(o0, o1, 0xdd);  // column 12+j
-  }
-#pragma GCC unroll 16
-  for (int i = 0; i < 16; ++i) r[i] = t[i];
-}
-
 // P[kk][j] (kk < kc rounded up to 16, j < 32) = W[nb + j][kb + kk] as f32; zero past row nb+nw or past K.
 template <WT wt>
 ARBOR_AVX512 void pack_panel(const Args& a, int64_t nb, int64_t nw, int64_t kb, int64_t kc, float* P) {
@@ -205,7 +172,7 @@ ARBOR_AVX512 void pack_panel(const Args& a, int64_t nb, int64_t nw, int64_t kb, 
         const int64_t j = 16 * h + i;
         r[i] = j < nw ? wload_masked<wt>(a.W, (nb + j) * a.K + kb + g, m) : _mm512_setzero_ps();
       }
-      transpose16(r);
+      transpose16x16_ps(r);
 #pragma GCC unroll 16
       for (int i = 0; i < 16; ++i) _mm512_store_ps(P + (g + i) * 32 + 16 * h, r[i]);
     }

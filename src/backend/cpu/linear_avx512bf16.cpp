@@ -8,6 +8,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 #include <immintrin.h>
+#include "backend/cpu/avx512_transpose.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -25,36 +26,6 @@ namespace {
 constexpr int kMR = 12;    // token rows per register tile: 12 x 2 accumulators + 2 weight vectors
 constexpr int kKCP = 128;  // k pairs per packed panel: 128 x 32 x 4 B = 16 KiB, L1-resident
 
-// In-register transpose of a 16x16 block of 32-bit elements (here: bf16 pairs).
-ARBOR_AVX512BF16_INLINE void transpose16(__m512i r[16]) {
-  __m512i t[16];
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  // r[4i+j], 128-bit lane L, now holds column 4L+j of rows 4i..4i+3.
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) {
-    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-  // Gather lane L of r[j], r[4+j], r[8+j], r[12+j] into column 4L+j.
-#pragma GCC unroll 4
-  for (int j = 0; j < 4; ++j) {
-    __m512i e0 = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x88), o0 = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xdd);
-    __m512i e1 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0x88), o1 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0xdd);
-    t[j] = _mm512_shuffle_i32x4(e0, e1, 0x88);
-    t[8 + j] = _mm512_shuffle_i32x4(e0, e1, 0xdd);
-    t[4 + j] = _mm512_shuffle_i32x4(o0, o1, 0x88);
-    t[12 + j] = _mm512_shuffle_i32x4(o0, o1, 0xdd);
-  }
-#pragma GCC unroll 16
-  for (int i = 0; i < 16; ++i) r[i] = t[i];
-}
-
 // P[p][j] (p < kcp rounded up to 16, j < 32) = the bf16 pair W[nb+j][kb+2p], W[nb+j][kb+2p+1] as one
 // 32-bit word; zero past row nb+nw or past K (so an odd K gets a zero partner).
 ARBOR_AVX512BF16 void pack_panel(const Args& a, int64_t nb, int64_t nw, int64_t kb, int64_t kcp, uint32_t* P) {
@@ -69,7 +40,7 @@ ARBOR_AVX512BF16 void pack_panel(const Args& a, int64_t nb, int64_t nw, int64_t 
         const int64_t j = 16 * h + i;
         r[i] = j < nw ? _mm512_maskz_loadu_epi16(m, W + (nb + j) * a.K + kb + 2 * g) : _mm512_setzero_si512();
       }
-      transpose16(r);
+      transpose16x16_epi32(r);
 #pragma GCC unroll 16
       for (int i = 0; i < 16; ++i) _mm512_store_si512(P + (g + i) * 32 + 16 * h, r[i]);
     }
