@@ -309,6 +309,9 @@ int cmd_bench(const std::vector<std::string>& args) {
   std::printf("model      %s\n", c.summary().c_str());
   std::printf("backend    %s\n", lm.backend->name().c_str());
   std::printf("weights    %.3f GB (%s), loaded in %.2f s\n", double(m.weight_bytes()) * 1e-9, m.weight_dtypes().c_str(), lm.load_seconds);
+  std::printf("kv cache   %s: %lld bytes per token (codecs: %s; bf16 here is f32)\n", lm.backend->kv_layout().codec_summary().c_str(),
+              (long long)lm.backend->kv_layout().bytes_per_token(lm.backend->kv_dtype()),
+              kv_bytes_per_codec(c.n_layers, c.n_kv_heads, c.head_dim, 4).c_str());
 
   // The ceiling, measured now and between the decode runs: on a shared VM the bandwidth moves from
   // second to second, so each decode run is paired with the bandwidth pass just before it.
