@@ -107,13 +107,13 @@ struct KVLayout {
       const std::string n = codecs[l].name();
       auto it = std::find_if(seen.begin(), seen.end(), [&](const Seen& e) { return e.name == n; });
       if (it == seen.end()) it = seen.insert(seen.end(), Seen{n, "", 0});
-      it->layers += (it->layers.empty() ? "" : " ") + std::to_string(l);
+      it->layers += fmt::format("{}{}", it->layers.empty() ? "" : " ", l);
       ++it->count;
     }
     auto most = std::max_element(seen.begin(), seen.end(), [](const Seen& a, const Seen& b) { return a.count < b.count; });
     std::string out = most->name;
     for (const Seen& e : seen)
-      if (e.name != most->name) out += ", layers " + e.layers + ": " + e.name;
+      if (e.name != most->name) out += fmt::format(", layers {}: {}", e.layers, e.name);
     return out;
   }
 };

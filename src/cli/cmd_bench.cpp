@@ -76,6 +76,7 @@ int bench_cuda(const Args& a) {
   opt.ctx_size = long_ctx + steps + 16;
   opt.max_step_tokens = long_ctx;
   opt.block_size = 16;
+  opt.kv_cache = a.get_or("kv-cache", "bf16");
   const int64_t per_seq = (batch_ctx + steps + 16 + 15) / 16;
   opt.kv_blocks = std::max<int64_t>(batches.back() * per_seq, (opt.ctx_size + 15) / 16) + 8;
   auto backend = make_cuda_backend(0);

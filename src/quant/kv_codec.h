@@ -17,6 +17,8 @@
 // Row bytes: d*b/8 + 2G (TurboQuant values) or d*b/8 + 4G (the others). A token's KV in one layer is
 // n_kv_heads such rows for K and as many for V; docs/kv-cache.md has the totals.
 #pragma once
+#include <fmt/format.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -51,8 +53,8 @@ struct KVCodecPair {
   bool plain() const { return k.plain() && v.plain(); }
   std::string name() const {
     if (plain()) return "bf16";
-    if (k.kind == KVCodecKind::Affine && k == v) return "affine" + std::to_string(k.bits);
-    if (k.kind == KVCodecKind::TurboKey && v.kind == KVCodecKind::TurboValue) return "k" + std::to_string(k.bits) + "v" + std::to_string(v.bits);
+    if (k.kind == KVCodecKind::Affine && k == v) return fmt::format("affine{}", k.bits);
+    if (k.kind == KVCodecKind::TurboKey && v.kind == KVCodecKind::TurboValue) return fmt::format("k{}v{}", k.bits, v.bits);
     return "mixed";  // not made by parse_kv_codec
   }
   // Bytes of one token's K and V in one layer.

@@ -158,15 +158,17 @@ Result run(const Case& c, uint32_t seed) {
   return r;
 }
 
-// How far each codec may move the attention output from the unquantized one (relative RMS); measured
-// on these random rows, with margin.
+// How far each codec may move the attention output from the unquantized one (relative RMS). Measured on
+// these rows (affine8 0.007-0.013, k8v4 0.090-0.101, k8v3 0.174-0.191, affine4 0.130-0.249,
+// k4v2 0.330-0.376; about the square root of each value codec's relative MSE on Gaussian rows), with
+// margin.
 double float_bound(const std::string& codec) {
   if (codec == "bf16") return 1e-6;
-  if (codec == "affine8") return 0.01;
-  if (codec == "k8v4") return 0.06;
-  if (codec == "k8v3") return 0.12;
-  if (codec == "affine4") return 0.2;
-  return 0.3;  // k4v2
+  if (codec == "affine8") return 0.02;
+  if (codec == "k8v4") return 0.13;
+  if (codec == "k8v3") return 0.23;
+  if (codec == "affine4") return 0.3;
+  return 0.45;  // k4v2
 }
 
 TEST(AttentionKV, MatchesDecodeThenAttend) {

@@ -139,7 +139,9 @@ TEST(KVCodec, AffineKnownRows) {
   const float step = std::fabs(f16_at(row.data() + d, 0));
   const auto back = decode(c8, row, d);
   for (int64_t i = 0; i < d; ++i) {
-    if (i % 3 == 0) EXPECT_EQ(back[size_t(i)], 1.0f) << i;
+    if (i % 3 == 0) {
+      EXPECT_EQ(back[size_t(i)], 1.0f) << i;
+    }
     EXPECT_LE(std::fabs(back[size_t(i)] - pm[size_t(i)]), i % 3 == 1 ? step : 0.01f * step) << i;
   }
 }

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_features.h"
 #include "backend/cpu/vec.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -22,8 +23,9 @@ inline float f16_at(const uint8_t* p, int64_t i) {
   return f16_to_f32(h);
 }
 
-// The codes of a row as floats (TurboQuant 8-bit keys signed).
-void unpack_codes(const KVCodec& c, const uint8_t* r, int64_t d, float* x) {
+// The codes of a row as floats (TurboQuant 8-bit keys signed). These helpers are inlined into one
+// dequant_row per ISA level below, which the compiler vectorizes for that level.
+[[gnu::always_inline]] inline void unpack_codes(const KVCodec& c, const uint8_t* r, int64_t d, float* x) {
   switch (c.bits) {
     case 8:
       if (c.kind == KVCodecKind::TurboKey)
@@ -51,7 +53,7 @@ void unpack_codes(const KVCodec& c, const uint8_t* r, int64_t d, float* x) {
 
 // One coded row to floats: affine code*scale + bias, TurboQuant keys (code + zero)*scale (as the
 // reference decodes them), TurboQuant values centroid*scale in the rotated domain.
-void dequant_row(const KVCodec& c, const uint8_t* r, int64_t d, float* x) {
+[[gnu::always_inline]] inline void dequant_row_body(const KVCodec& c, const uint8_t* r, int64_t d, float* x) {
   const int64_t G = d / c.group;
   const uint8_t* scales = r + d * c.bits / 8;
   const uint8_t* zeros = scales + 2 * G;
@@ -90,6 +92,20 @@ void dequant_row(const KVCodec& c, const uint8_t* r, int64_t d, float* x) {
   }
 }
 
+void dequant_row_scalar(const KVCodec& c, const uint8_t* r, int64_t d, float* x) { dequant_row_body(c, r, d, x); }
+__attribute__((target("avx2,fma,f16c"))) void dequant_row_avx2(const KVCodec& c, const uint8_t* r, int64_t d, float* x) {
+  dequant_row_body(c, r, d, x);
+}
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) void dequant_row_avx512(const KVCodec& c, const uint8_t* r, int64_t d, float* x) {
+  dequant_row_body(c, r, d, x);
+}
+
+using DequantFn = void (*)(const KVCodec&, const uint8_t*, int64_t, float*);
+DequantFn pick_dequant() {
+  const cpu::CpuFeatures& f = cpu::cpu_features();
+  return f.avx512 ? dequant_row_avx512 : f.avx2 ? dequant_row_avx2 : dequant_row_scalar;
+}
+
 }  // namespace
 
 void CpuBackend::attention_coded(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out) {
@@ -103,6 +119,7 @@ void CpuBackend::attention_coded(int64_t layer, const Tensor& q, const Attention
   const uint8_t* V = v_pools_[size_t(layer)];
   const bool deferred_v = c.v.kind == KVCodecKind::TurboValue;
   const cpu::VecOps& vec = cpu::vec_ops();
+  static const DequantFn dequant_row = pick_dequant();
   pool_.parallel_for(b.n_tokens() * H, 1, [&](int, int64_t i0, int64_t i1) {
     thread_local std::vector<float> scores, row;
     row.resize(size_t(hd));
