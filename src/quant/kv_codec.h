@@ -16,6 +16,7 @@
 // TurboQuant keys), then G f16 scales, then (affine and TurboQuant keys) G f16 biases / zero points.
 // Row bytes: d*b/8 + 2G (TurboQuant values) or d*b/8 + 4G (the others). A token's KV in one layer is
 // n_kv_heads such rows for K and as many for V; docs/kv-cache.md has the totals.
+// Included by backend.h, hence by CUDA sources compiled as C++17: keep this header C++17.
 #pragma once
 #include <fmt/format.h>
 
@@ -40,7 +41,8 @@ struct KVCodec {
     const int64_t G = d / group;
     return d * bits / 8 + (kind == KVCodecKind::TurboValue ? 2 : 4) * G;
   }
-  bool operator==(const KVCodec&) const = default;
+  bool operator==(const KVCodec& o) const { return kind == o.kind && bits == o.bits && group == o.group; }
+  bool operator!=(const KVCodec& o) const { return !(*this == o); }
 
   static KVCodec affine(int bits) { return {KVCodecKind::Affine, bits, 64}; }
   static KVCodec turbo_key(int bits) { return {KVCodecKind::TurboKey, bits, 32}; }
@@ -61,7 +63,7 @@ struct KVCodecPair {
   int64_t token_bytes(int64_t n_kv_heads, int64_t head_dim, int64_t plain_bytes) const {
     return n_kv_heads * (k.row_bytes(head_dim, plain_bytes) + v.row_bytes(head_dim, plain_bytes));
   }
-  bool operator==(const KVCodecPair&) const = default;
+  bool operator==(const KVCodecPair& o) const { return k == o.k && v == o.v; }
 };
 
 // "bf16", "affine<b>" (b in 2..8), "k<kb>v<vb>" (kb in 2..6 or 8, vb in 2..4). Throws naming the text.

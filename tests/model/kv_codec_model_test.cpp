@@ -105,10 +105,12 @@ void check_model(const std::string& dir) {
   int64_t v2 = 0;
   const Distance self = distance(ref, logits_with(dir, "bf16", ids, prefill, 17, v2), vocab);
   EXPECT_LT(self.mean_kl, 1e-9);
-  // Stated bounds (measured values in docs/kv-cache.md; a bound is about twice the measured figure).
+  // Stated bounds. Measured (240 positions of heldout.txt; default model / eval model): mean KL affine8
+  // 0.00003 / 0.00005, k8v4 0.0020 / 0.0023, k8v3 0.0082 / 0.0086, affine4 0.0093 / 0.0131; top-1
+  // agreement 0.93-1.0. Each bound is several times the measured figure.
   const Bound bounds[] = {
-      {"affine8", 2e-4, 0.985, 0.03},  {"k8v4", 0.01, 0.95, 0.15},  {"k8v3", 0.03, 0.92, 0.25},
-      {"affine4", 0.05, 0.9, 0.3},      {"k8v3,0:bf16,-1:bf16", 0.03, 0.92, 0.25},
+      {"affine8", 2e-4, 0.98, 0.03},  {"k8v4", 0.01, 0.9, 0.15},  {"k8v3", 0.03, 0.88, 0.25},
+      {"affine4", 0.05, 0.85, 0.3},    {"k8v3,0:bf16,-1:bf16", 0.03, 0.88, 0.25},
   };
   for (const Bound& b : bounds) {
     const auto got = logits_with(dir, b.codec, ids, prefill, chunk, vocab);
