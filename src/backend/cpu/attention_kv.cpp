@@ -1,6 +1,6 @@
-// CPU attention over a layer whose KV cache holds a codec's codes (quant/kv_codec.h). Each key and value
-// row is dequantized once per (token, KV head) work item in the inner loop and shared by the GQA group's
-// query heads. TurboQuant values stay in the rotated domain: p·V is accumulated there and each output
+// CPU attention over the paged KV cache, plain (f32) or holding a codec's codes (quant/kv_codec.h). One
+// work item per (token, KV head): each key and value row is read (and dequantized, in the inner loop)
+// once and shared by the GQA group's query heads. TurboQuant values stay in the rotated domain: p·V is accumulated there and each output
 // head is rotated back once at the end (the rotation is linear, so Σ p_j R⁻¹y_j = R⁻¹ Σ p_j y_j).
 // The reference is quant/kv_codec's decoder followed by float attention (tests/cpu/attention_kv_test).
 #include <algorithm>
@@ -108,7 +108,7 @@ DequantFn pick_dequant() {
 
 }  // namespace
 
-void CpuBackend::attention_coded(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out) {
+void CpuBackend::attention_kv(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out) {
   const auto& b = *batch_;
   const KVCodecPair& c = kv_.codec(layer);
   const int64_t hd = p.head_dim, group = p.n_heads / p.n_kv_heads, bs = kv_.block_size, H = p.n_kv_heads;

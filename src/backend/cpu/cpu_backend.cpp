@@ -10,7 +10,6 @@
 
 #include "backend/cpu/bandwidth.h"
 #include "backend/cpu/linear.h"
-#include "backend/cpu/vec.h"
 #include "core/error.h"
 
 namespace arbor {
@@ -233,50 +232,8 @@ void CpuBackend::kv_write(int64_t layer, const Tensor& k, const Tensor& v) {
   });
 }
 
-void CpuBackend::attention(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out) {
-  if (!kv_.codec(layer).plain()) return attention_coded(layer, q, p, out);  // attention_kv.cpp
-  const auto& b = *batch_;
-  const int64_t hd = p.head_dim, group = p.n_heads / p.n_kv_heads, bs = kv_.block_size;
-  const int64_t kv_row = p.n_kv_heads * hd;
-  const float* K = reinterpret_cast<const float*>(k_pools_[size_t(layer)]);
-  const float* V = reinterpret_cast<const float*>(v_pools_[size_t(layer)]);
-  // One work item per (token, kv head): the group's query heads share each key and value load.
-  const cpu::VecOps& vec = cpu::vec_ops();
-  pool_.parallel_for(b.n_tokens() * p.n_kv_heads, 1, [&](int, int64_t i0, int64_t i1) {
-    thread_local std::vector<float> scores;
-    for (int64_t item = i0; item < i1; ++item) {
-      int64_t t = item / p.n_kv_heads, g = item % p.n_kv_heads;
-      int32_t s = b.seq[size_t(t)];
-      int64_t pos = b.pos[size_t(t)];
-      int64_t lo = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
-      int64_t n = pos - lo + 1;
-      const int32_t* table = b.block_tables.data() + int64_t(s) * b.max_blocks;
-      scores.resize(size_t(n));
-      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-        const float* qh = q.as<float>() + t * p.n_heads * hd + h * hd;
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < n; ++j) {
-          int64_t kp = lo + j;
-          const float* kh = K + (int64_t(table[kp / bs]) * bs + kp % bs) * kv_row + g * hd;
-          float dot = vec.dot(qh, kh, hd) * p.scale;
-          if (p.softcap > 0) dot = p.softcap * std::tanh(dot / p.softcap);
-          scores[size_t(j)] = dot;
-          mx = std::max(mx, dot);
-        }
-        float sum = 0;
-        for (int64_t j = 0; j < n; ++j) sum += (scores[size_t(j)] = std::exp(scores[size_t(j)] - mx));
-        float* o = out.as<float>() + t * p.n_heads * hd + h * hd;
-        std::fill(o, o + hd, 0.0f);
-        const float inv = 1.0f / sum;
-        for (int64_t j = 0; j < n; ++j) {
-          int64_t kp = lo + j;
-          const float* vh = V + (int64_t(table[kp / bs]) * bs + kp % bs) * kv_row + g * hd;
-          vec.axpy(o, scores[size_t(j)] * inv, vh, hd);
-        }
-      }
-    }
-  });
-}
+// attention_kv.cpp: plain and coded layers alike, one work item per (token, KV head).
+void CpuBackend::attention(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out) { attention_kv(layer, q, p, out); }
 
 namespace {
 inline float act_fn(ActOp op, float x) {

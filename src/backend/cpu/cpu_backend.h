@@ -68,7 +68,7 @@ class CpuBackend : public Backend {
   KVLayout kv_;
   std::vector<uint8_t*> k_pools_, v_pools_;
   std::vector<int64_t> kv_slots_;  // kv_write's slot per token
-  void attention_coded(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out);
+  void attention_kv(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out);
   const BatchInfo* batch_ = nullptr;
   std::vector<std::vector<int32_t>> picks_;  // queued picks' ids, oldest first
   std::vector<int32_t> last_pick_;           // the last queued pick's ids (token_from_last_pick)
