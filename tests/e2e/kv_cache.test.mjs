@@ -30,7 +30,7 @@ test('serve fits the pool to the codec and reports it', async () => {
   assert.equal(mk.arbor_kv_bytes_per_token, mixed);
   assert.equal(mb.arbor_kv_capacity_tokens, Math.floor(budget * 1e9 / (plainBytes * 16)) * 16);
   assert.equal(mk.arbor_kv_capacity_tokens, Math.floor(budget * 1e9 / (mixed * 16)) * 16);
-  assert.ok(mk.arbor_kv_capacity_tokens > 3.5 * mb.arbor_kv_capacity_tokens);
+  assert.ok(mk.arbor_kv_capacity_tokens > 3 * mb.arbor_kv_capacity_tokens);  // f32 plain vs mostly k8v3: 3.05x
 });
 
 test('a coded cache answers a completion', async () => {
