@@ -5,7 +5,9 @@ import test from 'node:test';
 import assert from 'node:assert/strict';
 import path from 'node:path';
 import { spawnSync } from 'node:child_process';
-import { startServer, deadline, metrics, post, ARBOR, SRC, testModel } from './lib.mjs';
+import fs from 'node:fs';
+import os from 'node:os';
+import { startServer, deadline, metrics, post, ARBOR, SRC } from './lib.mjs';
 
 deadline(120000);
 const model = path.join(SRC, 'models', 'arbor-tiny-sotu');
@@ -47,8 +49,13 @@ test('bad --kv-cache specs are clear errors', () => {
   r = run(['generate', '--model', model, '--prompt', 'x', '--max-tokens', '1', '--kv-cache', 'k8v3,7:bf16']);
   assert.equal(r.status, 1);
   assert.match(r.stderr, /layer 7 in '7:bf16' is outside the model's 6 layers/);
-  // The e2e fixture has head_dim 16: TurboQuant cannot code it.
-  r = run(['generate', '--model', testModel(), '--prompt', 'x', '--max-tokens', '1', '--kv-cache', 'k8v3']);
+  // head_dim 16: TurboQuant cannot code it.
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'arbor-kv-'));
+  const cfg = path.join(dir, 'config.json');
+  fs.writeFileSync(cfg, JSON.stringify({ model_type: 'llama', vocab_size: 64, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 2,
+    num_attention_heads: 2, num_key_value_heads: 1, head_dim: 16, max_position_embeddings: 128, rms_norm_eps: 1e-6 }));
+  r = run(['generate', '--config', cfg, '--dummy-weights', '--prompt-ids', '1,2,3', '--max-tokens', '1', '--kv-cache', 'k8v3']);
+  fs.rmSync(dir, { recursive: true, force: true });
   assert.equal(r.status, 1);
   assert.match(r.stderr, /TurboQuant needs head_dim 64, 128, 256 or 512 \(the model's is 16\)/);
   r = run(['generate', '--model', model, '--prompt', 'The Union', '--max-tokens', '4', '--kv-cache', 'affine4', '--temperature', '0']);
