@@ -2,6 +2,7 @@
 // Tensors here live on the backend's device; activations are in act_dtype() (f32 on the CPU, bf16 on
 // CUDA); weights stay in their checkpoint dtype unless the backend converts them at upload.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -10,6 +11,7 @@
 #include "core/error.h"
 #include "core/sampling.h"
 #include "core/tensor.h"
+#include "quant/kv_codec.h"
 
 namespace arbor {
 
@@ -105,9 +107,51 @@ struct AttentionParams {
   int64_t window = 0;        // 0 = full causal; else a token sees the last `window` positions, itself included
 };
 
+// The paged KV cache's shape, and each layer's K/V codec (quant/kv_codec.h): a layer's pool holds per
+// slot n_kv_heads rows of the codec's row bytes (plain: head_dim values of the backend's kv_dtype()).
 struct KVLayout {
   int64_t n_layers = 0, n_blocks = 0, block_size = 16, n_kv_heads = 0, head_dim = 0;
-  int64_t bytes_per_token(DType t) const { return 2 * n_layers * n_kv_heads * head_dim * int64_t(dtype_size(t)); }
+  std::vector<KVCodecPair> codecs;  // one per layer; empty: plain everywhere
+
+  const KVCodecPair& codec(int64_t layer) const {
+    static const KVCodecPair plain_pair;
+    return codecs.empty() ? plain_pair : codecs[size_t(layer)];
+  }
+  bool plain() const {
+    for (const auto& c : codecs)
+      if (!c.plain()) return false;
+    return true;
+  }
+  // Bytes of one token's K and V in one layer / in every layer (plain values of type t).
+  int64_t layer_token_bytes(int64_t layer, DType t) const {
+    return codec(layer).token_bytes(n_kv_heads, head_dim, int64_t(dtype_size(t)));
+  }
+  int64_t bytes_per_token(DType t) const {
+    int64_t sum = 0;
+    for (int64_t l = 0; l < n_layers; ++l) sum += layer_token_bytes(l, t);
+    return sum;
+  }
+  // "k8v3", or the layers' codecs when they differ ("k8v3, layers 0 27: bf16").
+  std::string codec_summary() const {
+    if (codecs.empty()) return "bf16";
+    struct Seen {
+      std::string name, layers;
+      int count = 0;
+    };
+    std::vector<Seen> seen;
+    for (size_t l = 0; l < codecs.size(); ++l) {
+      const std::string n = codecs[l].name();
+      auto it = std::find_if(seen.begin(), seen.end(), [&](const Seen& e) { return e.name == n; });
+      if (it == seen.end()) it = seen.insert(seen.end(), Seen{n, "", 0});
+      it->layers += fmt::format("{}{}", it->layers.empty() ? "" : " ", l);
+      ++it->count;
+    }
+    auto most = std::max_element(seen.begin(), seen.end(), [](const Seen& a, const Seen& b) { return a.count < b.count; });
+    std::string out = most->name;
+    for (const Seen& e : seen)
+      if (e.name != most->name) out += fmt::format(", layers {}: {}", e.layers, e.name);
+    return out;
+  }
 };
 
 class Backend {

@@ -80,6 +80,7 @@ int bench_cuda(const Args& a) {
   opt.ctx_size = long_ctx + steps + 16;
   opt.max_step_tokens = long_ctx;
   opt.block_size = 16;
+  opt.kv_cache = a.get_or("kv-cache", "bf16");
   const int64_t per_seq = (batch_ctx + steps + 16 + 15) / 16;
   opt.kv_blocks = std::max<int64_t>(batches.back() * per_seq, (opt.ctx_size + 15) / 16) + 8;
   auto backend = make_cuda_backend(0);
@@ -313,6 +314,9 @@ int cmd_bench(const std::vector<std::string>& args) {
   std::printf("model      %s\n", c.summary().c_str());
   std::printf("backend    %s\n", lm.backend->name().c_str());
   std::printf("weights    %.3f GB (%s), loaded in %.2f s\n", double(m.weight_bytes()) * 1e-9, m.weight_dtypes().c_str(), lm.load_seconds);
+  std::printf("kv cache   %s: %lld bytes per token (codecs: %s; bf16 here is f32)\n", lm.backend->kv_layout().codec_summary().c_str(),
+              (long long)lm.backend->kv_layout().bytes_per_token(lm.backend->kv_dtype()),
+              kv_bytes_per_codec(c.n_layers, c.n_kv_heads, c.head_dim, 4).c_str());
 
   // The ceiling, measured now and between the decode runs: on a shared VM the bandwidth moves from
   // second to second, so each decode run is paired with the bandwidth pass just before it.

@@ -45,6 +45,8 @@ int cmd_inspect(const std::vector<std::string>& args) {
   std::printf("weight bytes   %llu (%.3f GB)\n", (unsigned long long)bytes, double(bytes) * 1e-9);
   int64_t kv_f32 = 2 * c.n_layers * c.kv_dim() * 4, kv_bf16 = kv_f32 / 2;
   std::printf("kv per token   %lld bytes f32 (CPU), %lld bytes bf16 (CUDA)\n", (long long)kv_f32, (long long)kv_bf16);
+  std::printf("kv codecs      bytes per token: %s (--kv-cache; bf16 as on CUDA)\n",
+              kv_bytes_per_codec(c.n_layers, c.n_kv_heads, c.head_dim, 2).c_str());
   std::printf("context        %lld positions; sliding window %lld\n", (long long)c.max_position, (long long)c.sliding_window);
   return 0;
 }

@@ -30,7 +30,12 @@ int64_t default_kv_blocks(const Args& a, int64_t max_batch, bool cuda) {
   int64_t ctx = a.get_int("ctx-size", 0);
   if (ctx <= 0) ctx = std::min<int64_t>(c.max_position, 4096);
   const int64_t per_seq = (ctx + block - 1) / block;
-  const int64_t bytes_per_block = 2 * c.n_layers * c.n_kv_heads * c.head_dim * (cuda ? 2 : 4) * block;
+  // The codec's real bytes per token (--kv-cache; plain rows are bf16 on CUDA, f32 on the CPU).
+  KVLayout kv;
+  kv.n_layers = c.n_layers, kv.n_kv_heads = c.n_kv_heads, kv.head_dim = c.head_dim;
+  const std::string spec = a.get_or("kv-cache", "bf16");
+  if (spec != "bf16") kv.codecs = resolve_kv_cache_spec(spec, c.n_layers, c.head_dim);
+  const int64_t bytes_per_block = kv.bytes_per_token(cuda ? DType::BF16 : DType::F32) * block;
   const double budget = a.get_double("kv-memory-gb", 4.0) * 1e9;
   int64_t by_budget = int64_t(budget / double(std::max<int64_t>(bytes_per_block, 1)));
   return std::max(per_seq + 1, std::min(max_batch * per_seq + 1, by_budget));
@@ -146,6 +151,7 @@ int cmd_serve(const std::vector<std::string>& args_in) {
   ctx.ctx_size = m.ctx_size();
   ctx.vocab_size = m.config().vocab_size;
   ctx.kv_capacity_tokens = pool.n_blocks() * pool.block_size();
+  ctx.kv_bytes_per_token = lm.backend->kv_layout().bytes_per_token(lm.backend->kv_dtype());
   ctx.eos_ids = eos_ids(m.config(), tok, model_dir);
   ctx.thinking = thinking;
   ctx.api_key = a.get_or("api-key", "");
@@ -198,6 +204,8 @@ int cmd_serve(const std::vector<std::string>& args_in) {
   log_info("serve: {} ({}) on http://{}:{}/v1 — ctx {}, max batch {}, queue {}, {} KV blocks of {} tokens, prefix cache {}, tools {}, reasoning {}",
            ctx.model_id, m.config().summary(), ho.host, api.port(), ctx.ctx_size, max_batch, max_queue, pool.n_blocks(),
            pool.block_size(), prefix_cache ? "on" : "off", ctx.chat_format.tool_format_name(), ctx.chat_format.reasoning ? "<think>" : "none");
+  log_info("serve: KV cache {}: {} bytes per token, capacity {} tokens ({:.2f} GB)", lm.backend->kv_layout().codec_summary(),
+           ctx.kv_bytes_per_token, ctx.kv_capacity_tokens, double(ctx.kv_bytes_per_token) * double(ctx.kv_capacity_tokens) * 1e-9);
   std::fflush(stdout);
 
   std::thread sig_thread([&] {

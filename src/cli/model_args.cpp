@@ -19,7 +19,7 @@
 namespace arbor::cli {
 
 std::set<std::string> model_value_flags() {
-  return {"model", "config", "device", "threads", "weights", "ctx-size", "kv-blocks", "dtype", "cpu-gemm"};
+  return {"model", "config", "device", "threads", "weights", "ctx-size", "kv-blocks", "dtype", "cpu-gemm", "kv-cache"};
 }
 std::set<std::string> model_bool_flags() { return {"dummy-weights"}; }
 
@@ -107,6 +107,7 @@ LoadOptions load_options_from_args(const Args& a) {
   }
   opt.ctx_size = a.get_int("ctx-size", 0);
   opt.kv_blocks = a.get_int("kv-blocks", 0);
+  opt.kv_cache = a.get_or("kv-cache", "bf16");
   return opt;
 }
 
@@ -140,6 +141,21 @@ LoadedModel load_model_from_args(const Args& a, int64_t max_step_tokens) {
   lm.model = std::make_unique<Model>(opt, *lm.backend);
   lm.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return lm;
+}
+
+std::string kv_bytes_per_codec(int64_t n_layers, int64_t n_kv_heads, int64_t head_dim, int64_t plain_bytes) {
+  std::string out;
+  for (const char* name : {"bf16", "affine8", "affine4", "k8v4", "k8v3"}) {
+    const KVCodecPair c = parse_kv_codec(name);
+    out += out.empty() ? "" : ", ";
+    try {
+      check_kv_codec(c, head_dim);
+      out += fmt::format("{} {}", name, n_layers * c.token_bytes(n_kv_heads, head_dim, plain_bytes));
+    } catch (const Error&) {
+      out += fmt::format("{} n/a (head_dim {})", name, head_dim);
+    }
+  }
+  return out;
 }
 
 std::vector<int32_t> parse_id_list(const std::string& s, const char* flag, const char* what) {

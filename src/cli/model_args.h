@@ -38,6 +38,11 @@ LoadedModel load_model_from_args(const Args& a, int64_t max_step_tokens = 256);
 // the tokenizer_config.json special tokens of tok_dir; without the flag, tok_dir's own template.
 ChatTemplate chat_template_from_args(const Args& a, const std::string& tok_dir);
 
+// "bf16 512, affine8 272, affine4 144, k8v4 216, k8v3 200" for a model's KV shape: bytes per token
+// (every layer's K and V) of each --kv-cache codec; plain rows of plain_bytes per value. Codecs the
+// head_dim cannot take say so.
+std::string kv_bytes_per_codec(int64_t n_layers, int64_t n_kv_heads, int64_t head_dim, int64_t plain_bytes);
+
 // Parses "1,2,3" into non-negative integers; throws naming the flag, the bad entry and what an entry
 // should be (`what`, e.g. "a token id").
 std::vector<int32_t> parse_id_list(const std::string& s, const char* flag, const char* what = "a token id");
@@ -61,4 +66,7 @@ std::vector<int32_t> parse_id_list(const std::string& s, const char* flag, const
   "                        mantissa bits (exact: twice the work); decode is always exact\n"              \
   "  --ctx-size N          positions a sequence may use (default: the model's maximum, at most 4096)\n"  \
   "  --kv-blocks N         KV cache blocks of 16 tokens (default: one full-context sequence; serve:\n"   \
-  "                        --max-batch of them within --kv-memory-gb)\n"
+  "                        --max-batch of them within --kv-memory-gb)\n"                                \
+  "  --kv-cache SPEC       KV cache codec: bf16 (default; f32 on the CPU), affine8, affine4, k8v4, k8v3\n" \
+  "                        (TurboQuant k<bits>v<bits>); per layer: k8v3,0:bf16,-1:bf16 (LAYER or A..B,\n" \
+  "                        negative from the end; later entries win). docs/kv-cache.md\n"

@@ -149,6 +149,7 @@ Model::Model(const LoadOptions& opt, Backend& backend) : backend_(backend) {
   KVLayout kv;
   kv.n_layers = c.n_layers, kv.block_size = opt.block_size, kv.n_kv_heads = c.n_kv_heads, kv.head_dim = c.head_dim;
   kv.n_blocks = opt.kv_blocks > 0 ? opt.kv_blocks : (ctx_size_ + opt.block_size - 1) / opt.block_size + 1;
+  if (!opt.kv_cache.empty() && opt.kv_cache != "bf16") kv.codecs = resolve_kv_cache_spec(opt.kv_cache, c.n_layers, c.head_dim);
   backend_.alloc_kv(kv);
   plan_buffers();
 }

@@ -25,6 +25,7 @@ struct LoadOptions {
   int64_t max_step_tokens = 256;  // tokens one forward may carry (activation buffers are sized for it)
   int64_t kv_blocks = 0;     // 0 = enough for one ctx_size sequence (+1 block)
   int64_t block_size = 16;
+  std::string kv_cache = "bf16";  // KV codec per layer (quant/kv_codec.h resolve_kv_cache_spec): "k8v3,0:bf16,-1:bf16"
   bool show_progress = true;
 };
 

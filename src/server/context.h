@@ -53,6 +53,7 @@ struct ServerContext {
   std::string model_id;
   int64_t ctx_size = 0, vocab_size = 0;
   int64_t kv_capacity_tokens = 0;  // KV pool blocks * block size: one sequence can never hold more
+  int64_t kv_bytes_per_token = 0;  // every layer's K and V of one token, in the KV codec (--kv-cache)
   std::vector<int32_t> eos_ids;  // generation ends at any of these
   SamplingDefaults defaults;
   std::string thinking;  // "" = template default, "on", "off"

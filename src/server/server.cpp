@@ -84,6 +84,9 @@ void handle_metrics(ServerContext& ctx, const http::Request&, http::ResponseWrit
   metric("arbor_kv_blocks_cached", "gauge", "KV blocks kept for the prefix cache (unused, evictable).", double(s.kv_blocks_cached));
   metric("arbor_kv_usage_ratio", "gauge", "Fraction of KV blocks in use.",
          s.kv_blocks_total ? double(s.kv_blocks_used) / double(s.kv_blocks_total) : 0.0);
+  metric("arbor_kv_capacity_tokens", "gauge", "Tokens the KV pool holds (blocks * block size).", double(ctx.kv_capacity_tokens));
+  metric("arbor_kv_bytes_per_token", "gauge", "KV cache bytes per token (every layer's K and V, in the --kv-cache codec).",
+         double(ctx.kv_bytes_per_token));
   metric("arbor_sequences_admitted_total", "counter", "Sequences admitted to the batch.", double(s.requests_admitted));
   metric("arbor_sequences_finished_total", "counter", "Sequences finished (any reason).", double(s.requests_finished));
   metric("arbor_sequences_cancelled_total", "counter", "Sequences cancelled (stop string, client gone, shutdown).", double(s.requests_cancelled));

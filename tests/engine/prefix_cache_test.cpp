@@ -1,9 +1,11 @@
 // Prefix caching through the Scheduler on the shipped default model (models/arbor-tiny-sotu, CPU): cached
 // token counts are the matched full blocks, greedy output is identical with and without the cache (same
 // prompt twice, a shared system prompt, a second chat turn, sharing with a running request, eviction in a
-// small pool), and no sequence ever writes into a block another one shares.
+// small pool), and no sequence ever writes into a block another one shares. Each test runs with the plain
+// cache and with KV codecs (--kv-cache), whose blocks hold codes, scales and zero points.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cstring>
 #include <map>
 
@@ -22,8 +24,9 @@ struct Env {
   CpuBackend backend{2, WeightPlacement::Mapped};
   std::unique_ptr<Model> model;
   std::unique_ptr<BlockPool> pool;
-  Env(int64_t kv_blocks, int64_t step_tokens) {
+  Env(int64_t kv_blocks, int64_t step_tokens, const std::string& kv_cache) {
     LoadOptions o;
+    o.kv_cache = kv_cache;
     o.model_dir = kDir;
     o.ctx_size = 512;
     o.kv_blocks = kv_blocks;
@@ -59,6 +62,15 @@ std::shared_ptr<Request> greedy(const std::vector<int32_t>& prompt, int64_t max_
   r->sampling.temperature = 0.0f;
   return r;
 }
+
+class PrefixCache : public ::testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(KVCodecs, PrefixCache, ::testing::Values("bf16", "k8v3", "affine4", "k8v4,0:bf16,-1:affine8"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& ch : n)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
+                         });
 
 Result drain(Request& r) {
   std::vector<TokenEvent> evs;
@@ -100,8 +112,8 @@ std::vector<int32_t> fed(const std::vector<int32_t>& prompt, const std::vector<i
   return concat(prompt, std::vector<int32_t>(out.begin(), out.end() - 1));
 }
 
-TEST(PrefixCache, RepeatedSharedAndMultiTurnPromptsMatchTheUncachedOutput) {
-  Env env(200, 32);
+TEST_P(PrefixCache, RepeatedSharedAndMultiTurnPromptsMatchTheUncachedOutput) {
+  Env env(200, 32, GetParam());
   const auto a = chat_prompt({{"system", kSystem}, {"user", "What should we do about the economy?"}});
   const auto b = chat_prompt({{"system", kSystem}, {"user", "Tell the Congress about our schools."}});
   ASSERT_GE(common_prefix(a, b), 3 * kBlock) << "the system prompt should span several blocks";
@@ -154,8 +166,8 @@ TEST(PrefixCache, RepeatedSharedAndMultiTurnPromptsMatchTheUncachedOutput) {
   EXPECT_EQ(st.kv_blocks_used, 0);
 }
 
-TEST(PrefixCache, PromptOfWholeBlocksStillComputesItsLastToken) {
-  Env env(100, 32);
+TEST_P(PrefixCache, PromptOfWholeBlocksStillComputesItsLastToken) {
+  Env env(100, 32, GetParam());
   auto p = chat_prompt({{"system", kSystem}, {"user", "Say something about the Union."}});
   p.resize(size_t(p.size() / kBlock * kBlock));  // exactly 4+ full blocks
   ASSERT_GE(p.size(), size_t(4 * kBlock));
@@ -173,8 +185,8 @@ TEST(PrefixCache, PromptOfWholeBlocksStillComputesItsLastToken) {
 
 // Shares cached blocks with requests running at the same time (one sharing with a request that is itself
 // still decoding); every block published before stays byte-identical, so nobody wrote into a shared block.
-TEST(PrefixCache, SharedBlocksAreNeverWritten) {
-  Env env(300, 48);
+TEST_P(PrefixCache, SharedBlocksAreNeverWritten) {
+  Env env(300, 48, GetParam());
   const auto a = chat_prompt({{"system", kSystem}, {"user", "What should we do about the economy?"}});
   const auto b = chat_prompt({{"system", kSystem}, {"user", "Speak to the soldiers overseas."}});
   const auto c = chat_prompt({{"system", kSystem}, {"user", "Thank the farmers."}});
@@ -196,18 +208,23 @@ TEST(PrefixCache, SharedBlocksAreNeverWritten) {
     EXPECT_EQ(run_one(s, a, 30).ids, ref["a"].ids);
   }  // the engine thread has stopped: the pool can be read from here
   const KVLayout& L = env.backend.kv_layout();
-  const size_t block_floats = size_t(L.block_size * L.n_kv_heads * L.head_dim);
-  std::map<int32_t, std::vector<float>> snapshot;
-  for (int32_t blk = 0; blk < int32_t(env.pool->n_blocks()); ++blk) {
-    if (!env.pool->published(blk)) continue;
-    auto& v = snapshot[blk];
+  // A block's bytes in every layer's K and V pool (codes, scales and zero points when coded).
+  auto block_bytes = [&](int32_t blk) {
+    std::vector<uint8_t> v;
     for (int64_t l = 0; l < L.n_layers; ++l) {
-      const float* k = env.backend.k_pool(l) + size_t(blk) * block_floats;
-      const float* vv = env.backend.v_pool(l) + size_t(blk) * block_floats;
-      v.insert(v.end(), k, k + block_floats);
-      v.insert(v.end(), vv, vv + block_floats);
+      const KVCodecPair& c = L.codec(l);
+      const size_t kb = size_t(L.block_size * L.n_kv_heads * c.k.row_bytes(L.head_dim, 4));
+      const size_t vb = size_t(L.block_size * L.n_kv_heads * c.v.row_bytes(L.head_dim, 4));
+      const uint8_t* k = env.backend.k_pool_bytes(l) + size_t(blk) * kb;
+      const uint8_t* vv = env.backend.v_pool_bytes(l) + size_t(blk) * vb;
+      v.insert(v.end(), k, k + kb);
+      v.insert(v.end(), vv, vv + vb);
     }
-  }
+    return v;
+  };
+  std::map<int32_t, std::vector<uint8_t>> snapshot;
+  for (int32_t blk = 0; blk < int32_t(env.pool->n_blocks()); ++blk)
+    if (env.pool->published(blk)) snapshot[blk] = block_bytes(blk);
   ASSERT_GE(snapshot.size(), 3u);
 
   {
@@ -239,20 +256,13 @@ TEST(PrefixCache, SharedBlocksAreNeverWritten) {
   }
   for (const auto& [blk, want] : snapshot) {
     ASSERT_TRUE(env.pool->published(blk)) << "block " << blk << " left the cache in a pool with room to spare";
-    std::vector<float> got;
-    for (int64_t l = 0; l < L.n_layers; ++l) {
-      const float* k = env.backend.k_pool(l) + size_t(blk) * block_floats;
-      const float* vv = env.backend.v_pool(l) + size_t(blk) * block_floats;
-      got.insert(got.end(), k, k + block_floats);
-      got.insert(got.end(), vv, vv + block_floats);
-    }
-    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << "shared block " << blk << " was written";
+    EXPECT_TRUE(block_bytes(blk) == want) << "shared block " << blk << " was written";
   }
 }
 
 // A pool that holds little more than one request: cached blocks are evicted (LRU) to admit others, requests
 // that need the whole pool are admitted by evicting, and every output matches the uncached run.
-TEST(PrefixCache, EvictionInASmallPoolKeepsOutputIdentical) {
+TEST_P(PrefixCache, EvictionInASmallPoolKeepsOutputIdentical) {
   std::vector<std::vector<int32_t>> prompts = {
       chat_prompt({{"system", kSystem}, {"user", "Jobs."}}),
       chat_prompt({{"system", "You speak for the nation."}, {"user", "What is the state of our Union?"}}),
@@ -261,7 +271,7 @@ TEST(PrefixCache, EvictionInASmallPoolKeepsOutputIdentical) {
   int64_t most = 0;
   for (auto& p : prompts) most = std::max<int64_t>(most, (int64_t(p.size()) + 24 + kBlock - 1) / kBlock);
   const int64_t n_blocks = most + 1;  // room for one request and a block: every new prompt evicts
-  Env env(n_blocks, 32);
+  Env env(n_blocks, 32, GetParam());
   ASSERT_EQ(env.pool->n_blocks(), n_blocks);
   const std::vector<int> order = {0, 0, 1, 2, 0, 1, 1, 2, 0};
   std::vector<Result> ref;

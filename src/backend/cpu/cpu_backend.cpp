@@ -12,7 +12,6 @@
 #include "backend/cpu/attention_blocked.h"
 #include "backend/cpu/bandwidth.h"
 #include "backend/cpu/linear.h"
-#include "backend/cpu/vec.h"
 #include "core/error.h"
 
 namespace arbor {
@@ -132,13 +131,26 @@ Linear CpuBackend::load_linear(const Linear& host) {
 }
 
 void CpuBackend::alloc_kv(const KVLayout& layout) {
+  ARBOR_CHECK(layout.codecs.empty() || int64_t(layout.codecs.size()) == layout.n_layers, "cpu: KV layout has {} layer codecs for {} layers",
+              layout.codecs.size(), layout.n_layers);
+  for (int64_t l = 0; l < layout.n_layers; ++l) check_kv_codec(layout.codec(l), layout.head_dim);
   kv_ = layout;
-  size_t per_layer = size_t(layout.n_blocks * layout.block_size * layout.n_kv_heads * layout.head_dim);
+  const size_t rows = size_t(layout.n_blocks * layout.block_size * layout.n_kv_heads);
   k_pools_.clear(), v_pools_.clear();
   for (int64_t l = 0; l < layout.n_layers; ++l) {
-    k_pools_.push_back(static_cast<float*>(own(per_layer * sizeof(float), true)));
-    v_pools_.push_back(static_cast<float*>(own(per_layer * sizeof(float), true)));
+    const KVCodecPair& c = layout.codec(l);
+    k_pools_.push_back(static_cast<uint8_t*>(own(rows * size_t(c.k.row_bytes(layout.head_dim, sizeof(float))), true)));
+    v_pools_.push_back(static_cast<uint8_t*>(own(rows * size_t(c.v.row_bytes(layout.head_dim, sizeof(float))), true)));
   }
+}
+
+float* CpuBackend::k_pool(int64_t layer) const {
+  ARBOR_CHECK(kv_.codec(layer).k.plain(), "cpu: k_pool: layer {} keys are coded ({})", layer, kv_.codec(layer).name());
+  return reinterpret_cast<float*>(k_pools_[size_t(layer)]);
+}
+float* CpuBackend::v_pool(int64_t layer) const {
+  ARBOR_CHECK(kv_.codec(layer).v.plain(), "cpu: v_pool: layer {} values are coded ({})", layer, kv_.codec(layer).name());
+  return reinterpret_cast<float*>(v_pools_[size_t(layer)]);
 }
 
 namespace {
@@ -255,26 +267,52 @@ void CpuBackend::rope(Tensor x, int64_t n_heads, int64_t head_dim, int64_t rot_d
 }
 
 void CpuBackend::kv_write(int64_t layer, const Tensor& k, const Tensor& v) {
-  const int64_t row = kv_.n_kv_heads * kv_.head_dim, bs = kv_.block_size;
+  const int64_t H = kv_.n_kv_heads, hd = kv_.head_dim, row = H * hd, bs = kv_.block_size;
+  const KVCodecPair& c = kv_.codec(layer);
+  const int64_t kb = c.k.row_bytes(hd, sizeof(float)), vb = c.v.row_bytes(hd, sizeof(float));
   const auto& b = *batch_;
+  std::vector<int64_t>& slots = kv_slots_;
+  slots.resize(size_t(b.n_tokens()));
   for (int64_t t = 0; t < b.n_tokens(); ++t) {
     int32_t s = b.seq[size_t(t)], p = b.pos[size_t(t)];
     int32_t block = b.block_tables[size_t(int64_t(s) * b.max_blocks + p / bs)];
     ARBOR_CHECK(block >= 0 && block < kv_.n_blocks, "kv: sequence {} position {} has no valid block ({})", s, p, block);
-    int64_t slot = int64_t(block) * bs + p % bs;
-    std::memcpy(k_pools_[size_t(layer)] + slot * row, k.as<float>() + t * row, size_t(row) * sizeof(float));
-    std::memcpy(v_pools_[size_t(layer)] + slot * row, v.as<float>() + t * row, size_t(row) * sizeof(float));
+    slots[size_t(t)] = int64_t(block) * bs + p % bs;
   }
+  uint8_t* K = k_pools_[size_t(layer)];
+  uint8_t* V = v_pools_[size_t(layer)];
+  if (c.plain()) {
+    for (int64_t t = 0; t < b.n_tokens(); ++t) {
+      std::memcpy(K + slots[size_t(t)] * H * kb, k.as<float>() + t * row, size_t(row) * sizeof(float));
+      std::memcpy(V + slots[size_t(t)] * H * vb, v.as<float>() + t * row, size_t(row) * sizeof(float));
+    }
+    return;
+  }
+  // Coded rows: each head's row encoded as it is written (quant/kv_codec's reference encoders).
+  pool_.parallel_for(b.n_tokens() * H, 8, [&](int, int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = i / H, h = i % H, slot = slots[size_t(t)];
+      const float* kx = k.as<float>() + t * row + h * hd;
+      const float* vx = v.as<float>() + t * row + h * hd;
+      if (c.k.plain())
+        std::memcpy(K + (slot * H + h) * kb, kx, size_t(hd) * sizeof(float));
+      else
+        kv_encode_row(c.k, kx, hd, K + (slot * H + h) * kb);
+      if (c.v.plain())
+        std::memcpy(V + (slot * H + h) * vb, vx, size_t(hd) * sizeof(float));
+      else
+        kv_encode_row(c.v, vx, hd, V + (slot * H + h) * vb);
+    }
+  });
 }
 
 void CpuBackend::attention(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out) {
   PhaseTimer timer{phase_timing_ ? &phases_.attention_s : nullptr};
   const auto& b = *batch_;
   const int64_t hd = p.head_dim, group = p.n_heads / p.n_kv_heads, bs = kv_.block_size;
-  const int64_t kv_row = p.n_kv_heads * hd;
-  const float* K = k_pools_[size_t(layer)];
-  const float* V = v_pools_[size_t(layer)];
-  if (cpu::attention_block_applies(hd, group, p.softcap)) {
+  if (kv_.codec(layer).plain() && cpu::attention_block_applies(hd, group, p.softcap)) {
+    const float* K = reinterpret_cast<const float*>(k_pools_[size_t(layer)]);
+    const float* V = reinterpret_cast<const float*>(v_pools_[size_t(layer)]);
     // Runs of up to 16 consecutive tokens of one sequence at consecutive positions (a prefill chunk
     // gives full runs, a decode step runs of one), each with one kv head per work item. Items are
     // dealt from both ends of the run list so a causal prefill's cheap early runs and costly late
@@ -306,42 +344,9 @@ void CpuBackend::attention(int64_t layer, const Tensor& q, const AttentionParams
     });
     return;
   }
-  // One work item per (token, kv head): the group's query heads share each key and value load.
-  const cpu::VecOps& vec = cpu::vec_ops();
-  pool_.parallel_for(b.n_tokens() * p.n_kv_heads, 1, [&](int, int64_t i0, int64_t i1) {
-    thread_local std::vector<float> scores;
-    for (int64_t item = i0; item < i1; ++item) {
-      int64_t t = item / p.n_kv_heads, g = item % p.n_kv_heads;
-      int32_t s = b.seq[size_t(t)];
-      int64_t pos = b.pos[size_t(t)];
-      int64_t lo = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
-      int64_t n = pos - lo + 1;
-      const int32_t* table = b.block_tables.data() + int64_t(s) * b.max_blocks;
-      scores.resize(size_t(n));
-      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-        const float* qh = q.as<float>() + t * p.n_heads * hd + h * hd;
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < n; ++j) {
-          int64_t kp = lo + j;
-          const float* kh = K + (int64_t(table[kp / bs]) * bs + kp % bs) * kv_row + g * hd;
-          float dot = vec.dot(qh, kh, hd) * p.scale;
-          if (p.softcap > 0) dot = p.softcap * std::tanh(dot / p.softcap);
-          scores[size_t(j)] = dot;
-          mx = std::max(mx, dot);
-        }
-        float sum = 0;
-        for (int64_t j = 0; j < n; ++j) sum += (scores[size_t(j)] = std::exp(scores[size_t(j)] - mx));
-        float* o = out.as<float>() + t * p.n_heads * hd + h * hd;
-        std::fill(o, o + hd, 0.0f);
-        const float inv = 1.0f / sum;
-        for (int64_t j = 0; j < n; ++j) {
-          int64_t kp = lo + j;
-          const float* vh = V + (int64_t(table[kp / bs]) * bs + kp % bs) * kv_row + g * hd;
-          vec.axpy(o, scores[size_t(j)] * inv, vh, hd);
-        }
-      }
-    }
-  });
+  // Coded layers, and plain ones the blocked kernel does not take: attention_kv.cpp, one work item per
+  // (token, KV head).
+  attention_kv(layer, q, p, out);
 }
 
 namespace {

@@ -1,4 +1,4 @@
-// CpuBackend: the op set on the host, f32 activations and KV, weights read where they are (a view of
+// CpuBackend: the op set on the host, f32 activations and KV (or a KV codec's codes, per layer), weights read where they are (a view of
 // the mmapped checkpoint) or from an anonymous huge-page copy (WeightPlacement), a private thread pool.
 #pragma once
 #include <memory>
@@ -71,10 +71,12 @@ class CpuBackend : public Backend {
   // mode Bf16 sends dense BF16 prompt chunks (rows > kLinearGemvMaxT) to the bf16-activation GEMM where
   // the CPU has AVX-512 BF16; everything else as in Exact.
   static LinearKernel pick_linear(const Linear& l, int64_t rows, cpu::GemmMode mode = cpu::GemmMode::Exact);
-
-  // KV pools for tests: layer's K and V, [n_blocks, block_size, n_kv_heads, head_dim] f32.
-  float* k_pool(int64_t layer) const { return k_pools_[size_t(layer)]; }
-  float* v_pool(int64_t layer) const { return v_pools_[size_t(layer)]; }
+  // KV pools for tests: layer's K and V, [n_blocks, block_size, n_kv_heads, head_dim] f32 (plain layers),
+  // or [n_blocks, block_size, n_kv_heads, row bytes] of the layer's codec (k_pool_bytes).
+  float* k_pool(int64_t layer) const;
+  float* v_pool(int64_t layer) const;
+  uint8_t* k_pool_bytes(int64_t layer) const { return k_pools_[size_t(layer)]; }
+  uint8_t* v_pool_bytes(int64_t layer) const { return v_pools_[size_t(layer)]; }
 
  private:
   struct Block;  // one owned allocation
@@ -85,7 +87,9 @@ class CpuBackend : public Backend {
   WeightPlacement placement_;
   std::vector<std::unique_ptr<Block>> owned_;
   KVLayout kv_;
-  std::vector<float*> k_pools_, v_pools_;
+  std::vector<uint8_t*> k_pools_, v_pools_;
+  std::vector<int64_t> kv_slots_;  // kv_write's slot per token
+  void attention_kv(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out);
   const BatchInfo* batch_ = nullptr;
   cpu::GemmMode gemm_mode_ = cpu::GemmMode::Exact;
   bool phase_timing_ = false;

@@ -349,6 +349,8 @@ void CudaBackend::alloc_kv(const KVLayout& layout) {
   // 32, 64, 96, 128, 256 take the tuned kernels; any other head_dim up to 512 the generic one.
   ARBOR_CHECK(layout.head_dim >= 1 && layout.head_dim <= cuda::kGenericMaxHeadDim,
               "cuda: head_dim {} is not supported by the attention kernels (1..{})", layout.head_dim, cuda::kGenericMaxHeadDim);
+  for (int64_t l = 0; l < layout.n_layers; ++l)
+    if (!layout.codec(l).plain()) fail("kv codec {} not yet supported on cuda (layer {}; use --kv-cache bf16)", layout.codec(l).name(), l);
   kv_ = layout;
   // One block more than the layout: the spare block that padding tokens of decode graphs write to.
   const size_t per_layer = size_t((layout.n_blocks + 1) * layout.block_size * layout.n_kv_heads * layout.head_dim) * 2;

@@ -1,0 +1,119 @@
+// CPU attention over the KV cache per codec (--kv-cache): one layer's decode attention (batch B, one
+// token each, context C) and the time to write (encode) the rows, for every codec against the plain f32
+// cache. Prints ms per step, the KV bytes the step reads and the read rate, and the speed against plain.
+// Usage: bench_kv_attention [--ctx 4096] [--batch 1] [--heads 32] [--kv-heads 8] [--head-dim 64]
+//                           [--threads 0] [--reps 20] [--codecs bf16,affine8,affine4,k8v4,k8v3]
+// (defaults: one layer of the Llama-3.2-1B shape at context 4096).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+
+using namespace arbor;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i <= s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    out.push_back(s.substr(i, j - i));
+    i = j + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t ctx = 4096, batch = 1, heads = 32, kv_heads = 8, hd = 64;
+  int threads = 0, reps = 20;
+  std::string codecs = "bf16,affine8,affine4,k8v4,k8v3";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    const char* v = argv[i + 1];
+    if (k == "--ctx") ctx = std::atoll(v);
+    else if (k == "--batch") batch = std::atoll(v);
+    else if (k == "--heads") heads = std::atoll(v);
+    else if (k == "--kv-heads") kv_heads = std::atoll(v);
+    else if (k == "--head-dim") hd = std::atoll(v);
+    else if (k == "--threads") threads = std::atoi(v);
+    else if (k == "--reps") reps = std::atoi(v);
+    else if (k == "--codecs") codecs = v;
+    else {
+      std::fprintf(stderr, "bench_kv_attention: unknown flag %s\n", k.c_str());
+      return 2;
+    }
+  }
+  const int64_t bs = 16, blocks_per_seq = (ctx + bs - 1) / bs, row = kv_heads * hd;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> N;
+  std::vector<float> k(size_t(ctx * row)), v(k.size()), q(size_t(batch * heads * hd)), out(q.size());
+  for (auto& x : k) x = N(rng);
+  for (auto& x : v) x = N(rng);
+  for (auto& x : q) x = N(rng);
+  std::printf("decode attention, one layer: batch %lld, context %lld, %lld heads / %lld KV heads, head_dim %lld\n", (long long)batch,
+              (long long)ctx, (long long)heads, (long long)kv_heads, (long long)hd);
+  std::printf("%-10s %10s %12s %10s %9s %14s\n", "codec", "ms/step", "KV MB/step", "GB/s", "vs plain", "encode us/tok");
+  double plain_ms = 0;
+  for (const std::string& name : split(codecs)) {
+    CpuBackend be(threads, WeightPlacement::Copy);
+    KVLayout L;
+    L.n_layers = 1, L.block_size = bs, L.n_kv_heads = kv_heads, L.head_dim = hd, L.n_blocks = batch * blocks_per_seq;
+    L.codecs = {parse_kv_codec(name)};
+    be.alloc_kv(L);
+    // Fill every sequence's cache (prefill-style writes, 256 tokens per call), timing the writes.
+    double write_s = 0;
+    for (int64_t s = 0; s < batch; ++s)
+      for (int64_t p0 = 0; p0 < ctx; p0 += 256) {
+        BatchInfo b;
+        b.max_blocks = int32_t(blocks_per_seq);
+        b.block_tables.assign(size_t(blocks_per_seq), 0);
+        for (int64_t j = 0; j < blocks_per_seq; ++j) b.block_tables[size_t(j)] = int32_t(s * blocks_per_seq + j);
+        const int64_t n = std::min<int64_t>(256, ctx - p0);
+        for (int64_t p = p0; p < p0 + n; ++p) b.tokens.push_back(0), b.pos.push_back(int32_t(p)), b.seq.push_back(0);
+        b.ctx_len.push_back(int32_t(p0 + n));
+        be.begin_batch(b);
+        auto t0 = std::chrono::steady_clock::now();
+        be.kv_write(0, Tensor(k.data() + p0 * row, DType::F32, {n, row}), Tensor(v.data() + p0 * row, DType::F32, {n, row}));
+        write_s += seconds_since(t0);
+      }
+    // The decode step: token at position ctx - 1 of each sequence.
+    BatchInfo b;
+    b.max_blocks = int32_t(blocks_per_seq);
+    for (int64_t s = 0; s < batch; ++s) {
+      for (int64_t j = 0; j < blocks_per_seq; ++j) b.block_tables.push_back(int32_t(s * blocks_per_seq + j));
+      b.tokens.push_back(0), b.pos.push_back(int32_t(ctx - 1)), b.seq.push_back(int32_t(s)), b.ctx_len.push_back(int32_t(ctx));
+    }
+    be.begin_batch(b);
+    AttentionParams ap;
+    ap.n_heads = heads, ap.n_kv_heads = kv_heads, ap.head_dim = hd, ap.scale = 1.0f / std::sqrt(float(hd));
+    const Tensor qt(q.data(), DType::F32, {batch, heads * hd}), ot(out.data(), DType::F32, {batch, heads * hd});
+    be.attention(0, qt, ap, ot);  // warm-up
+    double best = 1e30;
+    for (int r = 0; r < reps; ++r) {
+      auto t0 = std::chrono::steady_clock::now();
+      be.attention(0, qt, ap, ot);
+      best = std::min(best, seconds_since(t0));
+    }
+    const double bytes = double(batch * ctx) * double(L.layer_token_bytes(0, DType::F32));
+    if (name == "bf16") plain_ms = best * 1e3;
+    std::printf("%-10s %10.3f %12.2f %10.2f %8.2fx %14.2f\n", name.c_str(), best * 1e3, bytes * 1e-6, bytes / best * 1e-9,
+                plain_ms > 0 ? plain_ms / (best * 1e3) : 0.0, write_s / double(batch * ctx) * 1e6);
+  }
+  std::printf("(bf16 = the CPU's plain cache, f32; ms/step is the best of %d)\n", reps);
+  return 0;
+}
