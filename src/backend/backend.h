@@ -17,8 +17,8 @@ namespace arbor {
 
 // How a linear layer's matrix is stored. Dense: one F32/F16/BF16 tensor [rows, cols]. Affine (MLX:
 // b-bit codes packed in uint32 words, a scale and a bias per group of `group_size` columns) and
-// Trellis (packed trellis words, a scale per row) are the formats to come (../shared/design/formats.md
-// §2-3): no backend runs them yet, and every kernel pick fails on them naming what it supports.
+// Trellis (packed trellis words, a scale per row): ../shared/design/formats.md §2-3. The CPU runs
+// Affine (reference kernel); other pairs fail at the kernel pick naming what the backend supports.
 enum class WeightFormat : uint8_t { Dense, Affine, Trellis };
 inline const char* weight_format_name(WeightFormat f) {
   switch (f) {

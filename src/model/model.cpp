@@ -5,11 +5,13 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
 #include "io/checkpoint.h"
+#include "quant/affine.h"
 
 namespace arbor {
 
@@ -79,8 +81,9 @@ Model::Model(const LoadOptions& opt, Backend& backend) : backend_(backend) {
       const TensorInfo& ti = ckpt_->take(s.name);
       ARBOR_CHECK(ti.shape == s.shape, "model: {}: tensor '{}' has shape [{}], {} expects [{}]", ti.file, s.name,
                   fmt::join(ti.shape, ", "), c.model_type, fmt::join(s.shape, ", "));
-      ARBOR_CHECK(ti.dtype == DType::F32 || ti.dtype == DType::F16 || ti.dtype == DType::BF16,
-                  "model: {}: tensor '{}' has dtype {}; supported: F32, F16, BF16", ti.file, s.name, dtype_name(ti.dtype));
+      ARBOR_CHECK(ti.dtype == DType::F32 || ti.dtype == DType::F16 || ti.dtype == DType::BF16 || ti.dtype == DType::U32,
+                  "model: {}: tensor '{}' has dtype {}; supported: F32, F16, BF16 (U32: affine codes)", ti.file, s.name,
+                  dtype_name(ti.dtype));
       Tensor t(const_cast<uint8_t*>(ti.data), ti.dtype, {});
       t.ndim = int(s.shape.size());
       for (size_t i = 0; i < s.shape.size(); ++i) t.shape[i] = s.shape[i];
@@ -89,12 +92,27 @@ Model::Model(const LoadOptions& opt, Backend& backend) : backend_(backend) {
       return t;
     };
   }
-  w_ = bind_weights(c, a, get, backend_);
+  // MLX affine checkpoints: config.json's quantization block, and a matrix is affine when its .scales is stored.
+  std::optional<quant::AffineQuantConfig> affine;
+  QuantizedSource quantized;
+  if (ckpt_) {
+    affine = quant::parse_affine_quant_config(read_json_file(cfg_path), cfg_path);
+    quantized.affine = affine ? &*affine : nullptr;
+    quantized.has = [&](const std::string& name) { return ckpt_->find(name) != nullptr; };
+  }
+  w_ = bind_weights(c, a, get, backend_, quantized);
   if (!backend_.views_host_weights()) dummy_.clear();  // the backend holds its own copies
   if (ckpt_) {
     // Tied checkpoints sometimes also store lm_head.weight (a copy of the embedding); transformers
     // ignores it when tie_word_embeddings is set, and so do we.
-    if (c.tie_word_embeddings) ckpt_->take_optional(a.names.lm_head);
+    if (c.tie_word_embeddings) {
+      ckpt_->take_optional(a.names.lm_head);
+      const std::string& h = a.names.lm_head;  // "<module>.weight"; a quantized copy has .scales and .biases too
+      if (h.size() > 7 && h.compare(h.size() - 7, 7, ".weight") == 0) {
+        const std::string head = h.substr(0, h.size() - 7);
+        ckpt_->take_optional(head + ".scales"), ckpt_->take_optional(head + ".biases");
+      }
+    }
     ckpt_->check_all_consumed();
   }
   for (auto& [name, bytes] : dtype_bytes) {

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <optional>
 
 #include "core/error.h"
 #include "core/hash.h"
@@ -114,12 +115,37 @@ std::vector<TensorSpec> expected_tensors(const ModelConfig& c, const ArchDescrip
 
 namespace {
 
-// The host Linear of a matrix slot, from its tensors (dense: .weight [rows, cols], .bias [rows]). The
-// one place that reads a matrix's tensors, so a stored format other than dense lands here.
-Linear host_linear(const WeightSlot& s, const std::function<Tensor(const TensorSpec&)>& get) {
-  Tensor w = get({s.name + ".weight", {s.rows, s.cols}});
-  Tensor b = s.bias ? get({s.name + ".bias", {s.rows}}) : Tensor{};
-  Linear l = Linear::dense(w, b);
+bool float_dtype(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
+
+// The host Linear of a matrix slot, from its tensors (dense: .weight [rows, cols]; affine: .weight U32
+// [rows, cols*bits/32], .scales and .biases [rows, cols/group]; .bias [rows]). The one place that reads a
+// matrix's tensors.
+Linear host_linear(const WeightSlot& s, const std::function<Tensor(const TensorSpec&)>& get, const QuantizedSource& q) {
+  const std::string wname = s.name + ".weight", sname = s.name + ".scales", bname = s.name + ".biases";
+  Linear l;
+  if (q.has && q.has(sname)) {
+    ARBOR_CHECK(q.affine, "model: tensor '{}' is in the checkpoint but config.json has no quantization block", sname);
+    const std::optional<quant::AffineParams> p = q.affine->for_module(s.name);
+    ARBOR_CHECK(p, "model: tensor '{}' is in the checkpoint but config.json's quantization keeps '{}' dense (false)", sname, s.name);
+    quant::check_affine_params(*p, fmt::format("model: {}", sname));
+    ARBOR_CHECK(s.cols % p->group_size == 0, "model: {}: {} columns do not divide into groups of {}", wname, s.cols, p->group_size);
+    ARBOR_CHECK(q.has(bname), "model: tensor '{}' is missing ('{}' is in the checkpoint: an affine module needs both)", bname, sname);
+    l.format = WeightFormat::Affine, l.bits = p->bits, l.group_size = p->group_size;
+    l.data = get({wname, {s.rows, s.cols * p->bits / 32}});
+    ARBOR_CHECK(l.data.dtype == DType::U32, "model: tensor '{}' has dtype {}; an affine matrix's codes are U32", wname, dtype_name(l.data.dtype));
+    l.scales = get({sname, {s.rows, s.cols / p->group_size}});
+    l.biases = get({bname, {s.rows, s.cols / p->group_size}});
+    for (const auto& [t, n] : {std::pair{&l.scales, &sname}, std::pair{&l.biases, &bname}})
+      ARBOR_CHECK(float_dtype(t->dtype), "model: tensor '{}' has dtype {}; supported: F32, F16, BF16", *n, dtype_name(t->dtype));
+  } else {
+    l.data = get({wname, {s.rows, s.cols}});
+    ARBOR_CHECK(float_dtype(l.data.dtype), "model: tensor '{}' has dtype {}; a dense matrix is F32, F16 or BF16 (there is no '{}')", wname,
+                dtype_name(l.data.dtype), sname);
+  }
+  if (s.bias) {
+    l.bias = get({s.name + ".bias", {s.rows}});
+    ARBOR_CHECK(float_dtype(l.bias.dtype), "model: tensor '{}.bias' has dtype {}; supported: F32, F16, BF16", s.name, dtype_name(l.bias.dtype));
+  }
   l.n_rows = s.rows, l.n_cols = s.cols;
   return l;
 }
@@ -143,15 +169,16 @@ Linear linear_rows(const Linear& l, int64_t r0, int64_t n) {
 }  // namespace
 
 ModelWeights bind_weights(const ModelConfig& c, const ArchDescriptor& a, const std::function<Tensor(const TensorSpec&)>& get,
-                          Backend& backend) {
+                          Backend& backend, const QuantizedSource& quantized) {
   ModelWeights m;
   for_each_weight(c, a, &m, [&](const WeightSlot& s) {
     if (s.kind == WeightSlot::Kind::Vector) {
       Tensor t = get({s.name, {s.rows}});
+      ARBOR_CHECK(float_dtype(t.dtype), "model: tensor '{}' has dtype {}; supported: F32, F16, BF16", s.name, dtype_name(t.dtype));
       if (s.vec) *s.vec = backend.load_weight(t);
       return;
     }
-    const Linear host = host_linear(s, get);
+    const Linear host = host_linear(s, get, quantized);
     int64_t r0 = 0;
     for (const auto& [dst, n] : s.parts) {
       *dst = backend.load_linear(linear_rows(host, r0, n));

@@ -12,6 +12,7 @@
 #include "backend/backend.h"
 #include "model/archs.h"
 #include "model/config.h"
+#include "quant/affine.h"
 
 namespace arbor {
 
@@ -65,12 +66,23 @@ void for_each_weight(const ModelConfig& c, const ArchDescriptor& a, ModelWeights
 // Every tensor the checkpoint must hold, in the walk's order (a matrix: .weight, then .bias).
 std::vector<TensorSpec> expected_tensors(const ModelConfig& c, const ArchDescriptor& a);
 
+// What tells a checkpoint's MLX affine matrices from dense ones (formats.md §2): a matrix is affine when
+// `has(module + ".scales")` (as mlx-lm decides); its bits and group size are the config's for that module path.
+// `affine` is config.json's quantization block (null when it has none); `has` null means no matrix is affine.
+struct QuantizedSource {
+  const quant::AffineQuantConfig* affine = nullptr;
+  std::function<bool(const std::string&)> has;
+};
+
 // Binds named host tensors to slots. `get(spec)` returns the host tensor for a spec (the checkpoint's,
 // or generated); each matrix becomes a host Linear, then `backend.load_linear` turns it into the
 // backend's (vectors: `backend.load_weight`). Fused tensors (Phi-3 qkv_proj, gate_up_proj) are split
-// into row ranges here, so the decoder sees one layout. A tied head is the embedding.
+// into row ranges here, so the decoder sees one layout. A tied head is the embedding. An affine matrix (see
+// QuantizedSource) is read as .weight U32 [rows, cols*bits/32], .scales and .biases F32/F16/BF16 [rows, cols/group];
+// errors name the tensor (a missing .biases, a wrong dtype, a group that does not divide the row, a module the
+// config keeps dense). `get` must accept U32 tensors for that; dtypes are checked here.
 ModelWeights bind_weights(const ModelConfig& c, const ArchDescriptor& a, const std::function<Tensor(const TensorSpec&)>& get,
-                          Backend& backend);
+                          Backend& backend, const QuantizedSource& quantized = {});
 
 // Deterministic pseudo-random weights for a spec: matrices ~ U(-a, a) with a = 1/sqrt(fan_in), norm
 // weights near their identity value (1, or 0 for (1 + w) norms), biases small. Never zero. Value i

@@ -64,16 +64,17 @@ TEST(CpuBackendLinear, FormatsWithoutKernelsFailNamingWhatIsSupported) {
   CpuBackend be(1, WeightPlacement::Copy);
   std::vector<uint32_t> codes(64 * 8);
   Linear q;
-  q.format = WeightFormat::Affine, q.n_rows = 64, q.n_cols = 64, q.bits = 4, q.group_size = 64;
+  q.format = WeightFormat::Trellis, q.n_rows = 64, q.n_cols = 64, q.bits = 2;
   q.data = Tensor(codes.data(), DType::U32, {64, 8});
   for (int64_t rows : {1, 64}) {
     try {
       CpuBackend::pick_linear(q, rows);
-      FAIL() << "affine weights picked a kernel at " << rows << " rows";
+      FAIL() << "trellis weights picked a kernel at " << rows << " rows";
     } catch (const Error& e) {
       const std::string m = e.what();
-      EXPECT_NE(m.find("affine 4-bit g64 [64, 64]"), std::string::npos) << m;
+      EXPECT_NE(m.find("trellis 2-bit [64, 64]"), std::string::npos) << m;
       EXPECT_NE(m.find("supported: dense F32/F16/BF16"), std::string::npos) << m;
+      EXPECT_NE(m.find("affine 2/3/4/5/6/8-bit"), std::string::npos) << m;
     }
   }
   EXPECT_THROW(be.load_linear(q), Error);
@@ -82,7 +83,8 @@ TEST(CpuBackendLinear, FormatsWithoutKernelsFailNamingWhatIsSupported) {
   be.begin_batch(b);
   std::vector<float> out(64);
   EXPECT_THROW(be.embed(q, Tensor(out.data(), DType::F32, {1, 64}), 1.0f), Error);
-  q.format = WeightFormat::Trellis, q.bits = 2;
+  // Affine with bits the format does not have.
+  q.format = WeightFormat::Affine, q.bits = 7, q.group_size = 64;
   EXPECT_THROW(CpuBackend::pick_linear(q, 1), Error);
 }
 

@@ -12,6 +12,8 @@
 #include "backend/cpu/attention_blocked.h"
 #include "backend/cpu/bandwidth.h"
 #include "backend/cpu/linear.h"
+#include "backend/cpu/linear_affine.h"
+#include "backend/cpu/vec.h"
 #include "core/error.h"
 
 namespace arbor {
@@ -74,6 +76,15 @@ Tensor CpuBackend::load_weight(const Tensor& host) {
 
 namespace {
 
+inline float load_elem(const Tensor& t, int64_t i) {
+  switch (t.dtype) {
+    case DType::F32: return t.as<float>()[i];
+    case DType::BF16: return bf16_to_f32(t.as<uint16_t>()[i]);
+    case DType::F16: return f16_to_f32(t.as<uint16_t>()[i]);
+    default: fail("cpu: tensor dtype {} is not a float type", dtype_name(t.dtype));
+  }
+}
+
 // Dense F32/F16/BF16 weights at any row count: cpu::linear picks the ISA level and GEMV (rows <= 8) or
 // GEMM (linear_dispatch.cpp).
 void dense_linear(ThreadPool& pool, const Tensor& x, const Linear& l, Tensor y) {
@@ -88,6 +99,16 @@ void bf16_gemm_linear(ThreadPool& pool, const Tensor& x, const Linear& l, Tensor
 
 bool dense_dtype(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
 
+// MLX affine weights at any row count: the reference kernel (cpu/linear_affine.cpp). load_linear made the
+// scales and biases f32.
+void affine_linear(ThreadPool& pool, const Tensor& x, const Linear& l, Tensor y) {
+  cpu::linear_affine(pool, x.as<float>(), x.rows(), l.cols(), l.data.as<uint32_t>(), l.scales.as<float>(), l.biases.as<float>(), l.bits,
+                     l.group_size, l.rows(), l.bias.empty() ? nullptr : l.bias.as<float>(), y.as<float>());
+}
+
+bool affine_bits(int bits) { return bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8; }
+bool affine_group(int g) { return g == 32 || g == 64 || g == 128; }
+
 struct LinearKernelEntry {
   WeightFormat format;
   int64_t min_rows, max_rows;  // activation rows this kernel takes
@@ -96,7 +117,15 @@ struct LinearKernelEntry {
 };
 constexpr LinearKernelEntry kLinearKernels[] = {
     {WeightFormat::Dense, 0, INT64_MAX, "dense F32/F16/BF16 at any rows", dense_linear},
+    {WeightFormat::Affine, 0, INT64_MAX, "affine 2/3/4/5/6/8-bit g32/64/128 at any rows (reference kernel)", affine_linear},
 };
+
+// The format's own constraints beyond the table's (dtype of dense weights, bits and group of affine ones).
+bool variant_supported(const Linear& l) {
+  if (l.format == WeightFormat::Dense) return dense_dtype(l.data.dtype);
+  if (l.format == WeightFormat::Affine) return affine_bits(l.bits) && affine_group(l.group_size);
+  return true;
+}
 
 std::string supported_linears() {
   std::string s;
@@ -106,7 +135,7 @@ std::string supported_linears() {
 
 bool format_supported(const Linear& l) {
   for (const auto& e : kLinearKernels)
-    if (e.format == l.format && (l.format != WeightFormat::Dense || dense_dtype(l.data.dtype))) return true;
+    if (e.format == l.format && variant_supported(l)) return true;
   return false;
 }
 
@@ -117,7 +146,7 @@ CpuBackend::LinearKernel CpuBackend::pick_linear(const Linear& l, int64_t rows, 
   if (mode == cpu::GemmMode::Bf16 && l.format == WeightFormat::Dense && rows > cpu::kLinearGemvMaxT && cpu::gemm_bf16_applies(l.data.dtype))
     return bf16_gemm_linear;
   for (const auto& e : kLinearKernels)
-    if (e.format == l.format && (l.format != WeightFormat::Dense || dense_dtype(l.data.dtype)) && rows >= e.min_rows && rows <= e.max_rows)
+    if (e.format == l.format && variant_supported(l) && rows >= e.min_rows && rows <= e.max_rows)
       return e.fn;
   fail("cpu: no linear kernel for {} weights at {} rows; supported: {}", l.describe(), rows, supported_linears());
 }
@@ -125,7 +154,27 @@ CpuBackend::LinearKernel CpuBackend::pick_linear(const Linear& l, int64_t rows, 
 Linear CpuBackend::load_linear(const Linear& host) {
   ARBOR_CHECK(format_supported(host), "cpu: cannot load {} weights; supported: {}", host.describe(), supported_linears());
   Linear l = host;
-  l.data = load_weight(host.data);
+  if (host.format == WeightFormat::Affine) {
+    // Codes stay packed (copied or mapped like dense weights); scales and biases become f32 [rows, groups].
+    const int64_t R = host.rows(), C = host.cols(), G = host.group_size;
+    ARBOR_CHECK(C % G == 0 && (C * host.bits) % 32 == 0, "cpu: {}: columns do not divide into groups", host.describe());
+    ARBOR_CHECK(host.data.dtype == DType::U32 && host.data.ndim == 2 && host.data.shape[0] == R && host.data.shape[1] == C * host.bits / 32,
+                "cpu: {}: codes must be U32 [{}, {}]", host.describe(), R, C * host.bits / 32);
+    auto to_f32 = [&](const Tensor& t, const char* what) {
+      ARBOR_CHECK(t.ndim == 2 && t.shape[0] == R && t.shape[1] == C / G && dense_dtype(t.dtype), "cpu: {}: {} must be F32/F16/BF16 [{}, {}]",
+                  host.describe(), what, R, C / G);
+      Tensor out(nullptr, DType::F32, {R, C / G});
+      out.data = own(out.nbytes(), false);
+      float* o = out.as<float>();
+      for (int64_t i = 0; i < R * (C / G); ++i) o[i] = load_elem(t, i);
+      return out;
+    };
+    l.data = load_weight(host.data);
+    l.scales = to_f32(host.scales, "scales");
+    l.biases = to_f32(host.biases, "biases");
+  } else {
+    l.data = load_weight(host.data);
+  }
   if (!host.bias.empty()) l.bias = load_weight(host.bias);
   return l;
 }
@@ -153,24 +202,13 @@ float* CpuBackend::v_pool(int64_t layer) const {
   return reinterpret_cast<float*>(v_pools_[size_t(layer)]);
 }
 
-namespace {
-
-inline float load_elem(const Tensor& t, int64_t i) {
-  switch (t.dtype) {
-    case DType::F32: return t.as<float>()[i];
-    case DType::BF16: return bf16_to_f32(t.as<uint16_t>()[i]);
-    case DType::F16: return f16_to_f32(t.as<uint16_t>()[i]);
-    default: fail("cpu: tensor dtype {} is not a float type", dtype_name(t.dtype));
-  }
-}
-
-}  // namespace
-
 float CpuBackend::fail_value(const Tensor& t) { fail("cpu: cannot convert a {} vector to f32", dtype_name(t.dtype)); }
 
 void CpuBackend::embed(const Linear& emb, Tensor out, float scale) {
-  ARBOR_CHECK(emb.format == WeightFormat::Dense && dense_dtype(emb.data.dtype), "cpu: embed: no gather for {} tables; supported: dense F32/F16/BF16",
-              emb.describe());
+  const bool affine = emb.format == WeightFormat::Affine && affine_bits(emb.bits) && affine_group(emb.group_size) &&
+                      emb.scales.dtype == DType::F32 && emb.biases.dtype == DType::F32;
+  ARBOR_CHECK((emb.format == WeightFormat::Dense && dense_dtype(emb.data.dtype)) || affine,
+              "cpu: embed: no gather for {} tables; supported: dense F32/F16/BF16, affine (loaded by load_linear)", emb.describe());
   const Tensor& table = emb.data;
   const auto& tok = batch_->tokens;
   const int64_t C = emb.cols(), V = emb.rows();
@@ -184,7 +222,13 @@ void CpuBackend::embed(const Linear& emb, Tensor out, float scale) {
       id = last_pick_[size_t(row)];
     }
     ARBOR_CHECK(id < V, "embed: token id {} at batch row {} is outside the vocabulary ({})", id, t, V);
-    for (int64_t c = 0; c < C; ++c) o[int64_t(t) * C + c] = load_elem(table, int64_t(id) * C + c) * scale;
+    float* ot = o + int64_t(t) * C;
+    if (affine) {
+      cpu::affine_dequantize_row(table.as<uint32_t>(), emb.scales.as<float>(), emb.biases.as<float>(), emb.bits, emb.group_size, C, id, ot);
+      for (int64_t c = 0; c < C; ++c) ot[c] *= scale;
+    } else {
+      for (int64_t c = 0; c < C; ++c) ot[c] = load_elem(table, int64_t(id) * C + c) * scale;
+    }
   }
 }
 
