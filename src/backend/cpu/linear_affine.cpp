@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "quant/affine.h"
 
 namespace arbor::cpu {
 
@@ -19,7 +20,7 @@ void affine_dequantize_row(const uint32_t* packed, const float* scales, const fl
   for (int64_t g = 0; g < groups; ++g) {
     const float sg = s[g], bg = b[g];
     for (int64_t j = g * group_size; j < (g + 1) * group_size; ++j) {
-      const float p = sg * float(affine_code_at(row, j, bits));  // separate multiply and add, as the reference
+      const float p = sg * float(quant::affine_get_code(row, j, bits));  // separate multiply and add, as the reference
       out[j] = p + bg;
     }
   }

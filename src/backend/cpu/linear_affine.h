@@ -7,16 +7,6 @@
 
 namespace arbor::cpu {
 
-// Code j of a row's little-endian bit stream of `bits`-bit codes in uint32 words (code j at bit j*bits).
-inline uint32_t affine_code_at(const uint32_t* row, int64_t j, int bits) {
-  const uint64_t bit = uint64_t(j) * uint64_t(bits);
-  const uint64_t w = bit >> 5;
-  const int off = int(bit & 31);
-  uint64_t v = row[w] >> off;
-  if (off + bits > 32) v |= uint64_t(row[w + 1]) << (32 - off);
-  return uint32_t(v) & ((1u << bits) - 1);
-}
-
 // Row n of W dequantized into out[K]: out[j] = scales[n, j/G] * code + biases[n, j/G] (f32 multiply, then add).
 void affine_dequantize_row(const uint32_t* packed, const float* scales, const float* biases, int bits, int group_size, int64_t K,
                            int64_t n, float* out);
