@@ -59,7 +59,9 @@ TEST(SafetensorsStreamWriter, SameBytesAsTheInMemoryWriterAndReadsBack) {
     EXPECT_EQ(t->dtype, fx.plan[i].dtype);
     EXPECT_EQ(t->shape, fx.plan[i].shape);
     ASSERT_EQ(t->nbytes, fx.data[i].size());
-    EXPECT_EQ(std::memcmp(t->data, fx.data[i].data(), t->nbytes), 0) << fx.plan[i].name;
+    if (t->nbytes) {  // an empty tensor has no data to compare (memcmp takes no null pointer)
+      EXPECT_EQ(std::memcmp(t->data, fx.data[i].data(), t->nbytes), 0) << fx.plan[i].name;
+    }
   }
   EXPECT_EQ(f.metadata(), meta);
   for (const auto& e : std::filesystem::directory_iterator(d.path()))  // no temporary left behind
