@@ -10,17 +10,12 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/linear.h"
 #include "core/error.h"
+#include "../test_util.h"
 
 namespace arbor {
 namespace {
 
-std::vector<float> random_floats(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
+using test::random_floats;
 
 TEST(CpuBackendLinear, PickedKernelMatchesReference) {
   CpuBackend be(2, WeightPlacement::Copy);

@@ -11,9 +11,12 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/linear_affine.h"
 #include "core/error.h"
+#include "../test_util.h"
 
 namespace arbor {
 namespace {
+
+using test::random_floats;
 
 struct AffineCase {
   int64_t N, K;
@@ -68,14 +71,6 @@ std::vector<float> reference(const AffineCase& c, const std::vector<float>& x, i
       y[size_t(t * c.N + n)] = float(s);
     }
   return y;
-}
-
-std::vector<float> random_floats(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
 }
 
 void expect_close(const std::vector<float>& y, const std::vector<float>& ref) {

@@ -20,9 +20,12 @@
 #include "engine/generate.h"
 #include "io/safetensors.h"
 #include "text/tokenizer/tokenizer.h"
+#include "../test_util.h"
 
 namespace arbor {
 namespace {
+
+using test::error_of;
 
 namespace fs = std::filesystem;
 const std::string kSrc = ARBOR_SOURCE_DIR;
@@ -33,16 +36,6 @@ std::string tmp_path(const std::string& name) {
   const fs::path d = fs::temp_directory_path() / ("arbor_ppl_test_" + std::to_string(::getpid()));
   fs::create_directories(d);
   return (d / name).string();
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 TEST(PerplexityWindows, CutsConsecutiveWindowsAndDropsALastSingleId) {

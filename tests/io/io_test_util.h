@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "../test_util.h"
 
 namespace arbor::test {
 
@@ -52,17 +53,6 @@ inline std::vector<uint8_t> random_bytes(size_t n, uint32_t seed) {
   std::vector<uint8_t> v(n);
   for (auto& b : v) b = uint8_t(rng());
   return v;
-}
-
-// Runs f, expecting an arbor::Error; returns its message, or "<no error thrown>" (which no assertion matches).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error thrown>";
 }
 
 }  // namespace arbor::test

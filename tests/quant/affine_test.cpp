@@ -12,19 +12,12 @@
 #include "core/thread_pool.h"
 #include "quant/affine.h"
 #include "quant/affine_convert.h"
+#include "../test_util.h"
 
 namespace arbor::quant {
 namespace {
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error thrown>";
-}
+using test::error_of;
 
 std::vector<uint32_t> codes_of(const std::vector<uint32_t>& packed, int64_t cols, int bits) {
   std::vector<uint32_t> c;

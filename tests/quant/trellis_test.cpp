@@ -14,9 +14,12 @@
 #include "core/thread_pool.h"
 #include "quant/trellis.h"
 #include "quant/trellis_encode.h"
+#include "../test_util.h"
 
 namespace arbor::quant {
 namespace {
+
+using test::error_of;
 
 std::vector<float> gaussian(size_t n, uint32_t seed, float sigma = 1.0f) {
   std::mt19937 rng(seed);
@@ -38,16 +41,6 @@ std::vector<TrellisIsa> isas() {
   for (TrellisIsa i : {TrellisIsa::scalar, TrellisIsa::avx2, TrellisIsa::avx512})
     if (trellis_isa_supported(i)) v.push_back(i);
   return v;
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 // ---------------------------------------------------------------------------------------------------
