@@ -71,16 +71,11 @@ int bench_cuda(const Args& a) {
                                         : !prefill_only.empty() ? prefill_only
                                                                 : std::vector<int64_t>{512, 2048, 8192};
   const std::vector<int64_t> batches = {8, 32, 64};
-  LoadOptions opt;
-  opt.model_dir = resolve_model_dir(a.get_or("model", ""));
-  opt.config_path = a.get_or("config", "");
-  opt.dummy_weights = a.has("dummy-weights");
-  if (opt.model_dir.empty() && opt.config_path.empty()) fail("arguments: --model DIR (or --config FILE with --dummy-weights) is required");
-  if (!opt.dummy_weights && opt.model_dir.empty()) fail("arguments: --config FILE needs --dummy-weights (no checkpoint to read)");
+  if (!a.has("model") && !a.has("config")) fail("arguments: --model DIR (or --config FILE with --dummy-weights) is required");
+  LoadOptions opt = load_options_from_args(a);  // --dummy-weights with --dtype, --bits/--group-size
   opt.ctx_size = long_ctx + steps + 16;
   opt.max_step_tokens = long_ctx;
   opt.block_size = 16;
-  opt.kv_cache = a.get_or("kv-cache", "bf16");
   const int64_t per_seq = (batch_ctx + steps + 16 + 15) / 16;
   opt.kv_blocks = std::max<int64_t>(batches.back() * per_seq, (opt.ctx_size + 15) / 16) + 8;
   auto backend = make_cuda_backend(0);
@@ -93,6 +88,7 @@ int bench_cuda(const Args& a) {
   std::printf("backend    %s\n", backend->name().c_str());
   std::printf("weights    %.3f GB (%s), loaded in %.2f s%s\n", double(m.weight_bytes()) * 1e-9, m.weight_dtypes().c_str(), load_s,
               opt.dummy_weights ? " (dummy weights generated on the host)" : "");
+  std::printf("matrices   %s; %llu parameters\n", m.weight_formats().c_str(), (unsigned long long)m.parameter_count());
   std::printf("kernels    prefill attention %s (ARBOR_CUDA_ATTN_PREFILL)\n", CudaBackend::prefill_kernel(int(c.head_dim)));
   const double bw = cuda_measure_copy_bandwidth(), gemm = cuda_measure_bf16_gemm_rate(8192);
   std::printf("ceilings   copy %.1f GB/s (read + write, measured now); cuBLAS bf16 GEMM 8192^3 %.1f TFLOP/s (random data)\n", bw * 1e-9,
@@ -125,7 +121,7 @@ int bench_cuda(const Args& a) {
   if (a.has("gemv-only")) return 0;
 
   const int64_t V = c.vocab_size;
-  const uint64_t embed_bytes = uint64_t(c.vocab_size * c.hidden_size) * (m.weight_bytes() / std::max<uint64_t>(1, m.parameter_count()));
+  const uint64_t embed_bytes = m.embed_bytes();
   const uint64_t weight_step_bytes = m.weight_bytes() - (c.tie_word_embeddings ? 0 : embed_bytes);
   const double kv_token_bytes = double(backend->kv_layout().bytes_per_token(backend->kv_dtype()));
   BlockPool pool(backend->kv_layout().n_blocks, backend->kv_layout().block_size);
@@ -314,6 +310,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   std::printf("model      %s\n", c.summary().c_str());
   std::printf("backend    %s\n", lm.backend->name().c_str());
   std::printf("weights    %.3f GB (%s), loaded in %.2f s\n", double(m.weight_bytes()) * 1e-9, m.weight_dtypes().c_str(), lm.load_seconds);
+  std::printf("matrices   %s; %llu parameters\n", m.weight_formats().c_str(), (unsigned long long)m.parameter_count());
   std::printf("kv cache   %s: %lld bytes per token (codecs: %s; bf16 here is f32)\n", lm.backend->kv_layout().codec_summary().c_str(),
               (long long)lm.backend->kv_layout().bytes_per_token(lm.backend->kv_dtype()),
               kv_bytes_per_codec(c.n_layers, c.n_kv_heads, c.head_dim, 4).c_str());
@@ -332,6 +329,8 @@ int cmd_bench(const std::vector<std::string>& args) {
     const std::string wts = m.weight_dtypes();
     const DType wt = dtype_from_name(wts.substr(0, wts.find(','))).value_or(DType::F32);
     const bool bf16_gemm = cpu_be->gemm_mode() == cpu::GemmMode::Bf16 && cpu::gemm_bf16_applies(wt);
+    if (m.weight_formats().rfind("dense", 0) != 0)  // mostly quantized matrices: they take their format's kernels
+      std::printf("gemm       %s matrices: the CPU kernels of their format; dense ones below\n", m.weight_formats().c_str());
     std::printf("gemm       --cpu-gemm %s: prefill linears run %s (decode: %s)\n", std::string(cpu::gemm_mode_name(cpu_be->gemm_mode())).c_str(),
                 bf16_gemm ? "bf16-x (x rounded to bf16, vdpbf16ps)" : cpu::linear_kernel_name(wt, std::min(chunk, prompt)).c_str(),
                 cpu::linear_kernel_name(wt, 1).c_str());
@@ -340,7 +339,7 @@ int cmd_bench(const std::vector<std::string>& args) {
 
   // Bytes one decode step must read: every weight except the embedding table (one row is gathered;
   // when tied, the table is read in full as the LM head), plus the KV cache of the context.
-  const uint64_t embed_bytes = uint64_t(c.vocab_size * c.hidden_size) * (m.weight_bytes() / std::max<uint64_t>(1, m.parameter_count()));
+  const uint64_t embed_bytes = m.embed_bytes();
   const uint64_t step_bytes = m.weight_bytes() - (c.tie_word_embeddings ? 0 : embed_bytes);
   const int64_t mid_ctx = prompt + decode / 2;
   const uint64_t kv_bytes = uint64_t(lm.backend->kv_layout().bytes_per_token(lm.backend->kv_dtype()) * mid_ctx);

@@ -10,12 +10,13 @@
 #include "model/archs.h"
 #include "model/weights.h"
 #include "quant/affine.h"
+#include "quant/affine_synth.h"
 
 namespace arbor::cli {
 namespace {
 
 int cmd_inspect(const std::vector<std::string>& args) {
-  Args a(args, {"config"}, {});
+  Args a(args, {"config", "bits", "group-size"}, {});
   std::string dir = a.positional().empty() ? "" : resolve_model_dir(a.positional()[0]);
   std::string cfg_path = a.get_or("config", dir.empty() ? "" : dir + "/config.json");
   if (cfg_path.empty()) fail("arguments: usage: arbor inspect DIR");
@@ -32,10 +33,16 @@ int cmd_inspect(const std::vector<std::string>& args) {
   std::map<std::string, KindStats> quantized;
   const std::optional<quant::AffineQuantConfig> qc = quant::parse_affine_quant_config(read_json_file(cfg_path), cfg_path);
   bool have_ckpt = !dir.empty() && (file_exists(dir + "/model.safetensors") || file_exists(dir + "/model.safetensors.index.json"));
+  // Parameters are the model's weights (a quantized matrix: rows x cols, not its packed words).
+  for (const auto& s : expected_tensors(c, arch)) {
+    uint64_t n = 1;
+    for (auto d : s.shape) n *= uint64_t(d);
+    params += n;
+  }
+  if (have_ckpt && (a.has("bits") || a.has("group-size"))) fail("arguments: --bits/--group-size describe a config without a checkpoint");
   if (have_ckpt) {
     Checkpoint ck = Checkpoint::open(dir);
     for (const TensorInfo* t : ck.tensors()) {
-      params += uint64_t(t->numel());
       bytes += t->nbytes;
       by_dtype[std::string(dtype_name(t->dtype))] += t->nbytes;
       const std::string& n = t->name;
@@ -47,12 +54,29 @@ int cmd_inspect(const std::vector<std::string>& args) {
       for (const char* part : {".weight", ".scales", ".biases"})
         if (const TensorInfo* ti = ck.find(module + part)) k.bytes += ti->nbytes;
     }
-  } else {
+  } else if (a.has("bits") || a.has("group-size")) {
+    // What --dummy-weights --bits B --group-size G (or arbor synth --bits) holds: MLX affine matrices where the
+    // rows divide into groups (codes U32, scales and biases bf16), every other tensor bf16.
+    const DummyQuant dq = dummy_quant_from_args(a, true);
+    const quant::AffineParams& p = dq.affine;
     for (const auto& s : expected_tensors(c, arch)) {
-      uint64_t n = 1;
-      for (auto d : s.shape) n *= uint64_t(d);
-      params += n;
+      const bool affine = s.shape.size() == 2 && quant::affine_synth_quantizes(s.shape[1], p);
+      if (!affine) {
+        const uint64_t b = uint64_t(s.shape[0]) * uint64_t(s.shape.size() == 2 ? s.shape[1] : 1) * 2;
+        by_dtype["BF16 (no checkpoint; --dtype bf16 assumed)"] += b, bytes += b;
+        continue;
+      }
+      const quant::AffineShape sh{s.shape[0], s.shape[1], p};
+      const uint64_t codes = uint64_t(sh.rows * sh.words_per_row()) * 4, sb = uint64_t(sh.rows * sh.groups_per_row()) * 2 * 2;
+      by_dtype["U32 (no checkpoint; affine codes)"] += codes;
+      by_dtype["BF16 (no checkpoint; --dtype bf16 assumed)"] += sb;
+      bytes += codes + sb;
+      const std::string module = s.name.substr(0, s.name.size() - 7);
+      KindStats& k = quantized[module.substr(module.rfind('.') + 1)];
+      k.params[dq.describe().substr(7)]++;  // "4-bit g64"
+      k.bytes += codes + sb;
     }
+  } else {
     bytes = params * 2;
     by_dtype["BF16 (no checkpoint; assumed)"] = bytes;
   }
@@ -76,7 +100,10 @@ int cmd_inspect(const std::vector<std::string>& args) {
 }
 
 ARBOR_VERB("inspect", "describe a checkpoint: architecture, parameters, dtypes, bytes, KV per token", "DIR [--config FILE]",
-           "  --config FILE         describe this config.json (without DIR: the config alone, no tensors)\n", cmd_inspect);
+           "  --config FILE         describe this config.json (without DIR: the config alone, no tensors)\n"
+           "  --bits B              without a checkpoint: bytes as --dummy-weights --bits B (MLX affine) holds them\n"
+           "  --group-size G        their group size (32, 64, 128; default 64)\n",
+           cmd_inspect);
 
 }  // namespace
 }  // namespace arbor::cli

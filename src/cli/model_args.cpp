@@ -15,11 +15,12 @@
 #endif
 #include "core/error.h"
 #include "core/json.h"
+#include "quant/affine.h"
 
 namespace arbor::cli {
 
 std::set<std::string> model_value_flags() {
-  return {"model", "config", "device", "threads", "weights", "ctx-size", "kv-blocks", "dtype", "cpu-gemm", "kv-cache"};
+  return {"model", "config", "device", "threads", "weights", "ctx-size", "kv-blocks", "dtype", "cpu-gemm", "kv-cache", "bits", "group-size"};
 }
 std::set<std::string> model_bool_flags() { return {"dummy-weights"}; }
 
@@ -93,6 +94,17 @@ std::string default_model_dir() {
   fail("arguments: no --model given and no default model found (set ARBOR_MODEL or pass --model DIR)");
 }
 
+DummyQuant dummy_quant_from_args(const Args& a, bool dummy_weights) {
+  DummyQuant q;
+  if (!a.has("bits") && !a.has("group-size")) return q;
+  if (!dummy_weights)
+    fail("arguments: --bits/--group-size make quantized --dummy-weights; a checkpoint's quantization comes from its config.json");
+  q.format = WeightFormat::Affine;
+  q.affine = {int(a.get_int("group-size", 64)), int(a.get_int("bits", 4))};
+  quant::check_affine_params(q.affine, "arguments: --bits/--group-size");
+  return q;
+}
+
 LoadOptions load_options_from_args(const Args& a) {
   LoadOptions opt;
   opt.model_dir = resolve_model_dir(a.get_or("model", ""));
@@ -105,6 +117,7 @@ LoadOptions load_options_from_args(const Args& a) {
     if (!t || !dtype_is_float(*t) || *t == DType::F64) fail("arguments: --dtype must be bf16, f16 or f32, got '{}'", *d);
     opt.dummy_dtype = *t;
   }
+  opt.dummy_quant = dummy_quant_from_args(a, opt.dummy_weights);
   opt.ctx_size = a.get_int("ctx-size", 0);
   opt.kv_blocks = a.get_int("kv-blocks", 0);
   opt.kv_cache = a.get_or("kv-cache", "bf16");

@@ -30,6 +30,9 @@ std::string default_model_dir();
 std::string resolve_model_dir(const std::string& spec, std::string* repo_id = nullptr);
 // The pieces, for verbs that adjust the options (e.g. bench sizes the context itself):
 LoadOptions load_options_from_args(const Args& a);                 // --model/--config/--dummy-weights/--dtype/...
+// The dummy weights' format: --bits B [--group-size G] (default 64): MLX affine; neither: dense. Fails when
+// given without --dummy-weights, or with values MLX affine does not take.
+DummyQuant dummy_quant_from_args(const Args& a, bool dummy_weights);
 std::unique_ptr<Backend> make_backend_from_args(const Args& a);    // --device/--threads/--weights
 // Builds the backend named by --device (cpu default) and loads the model named by --model/--config.
 LoadedModel load_model_from_args(const Args& a, int64_t max_step_tokens = 256);
@@ -56,7 +59,10 @@ std::vector<int32_t> parse_id_list(const std::string& s, const char* flag, const
   "                        cache; default $ARBOR_MODEL, else the model shipped in models/\n"             \
   "  --config FILE         a config.json to build the model from, with --dummy-weights\n"               \
   "  --dummy-weights       deterministic random weights instead of a checkpoint's\n"                    \
-  "  --dtype bf16|f16|f32  the dummy weights' type (default bf16)\n"                                     \
+  "  --dtype bf16|f16|f32  the dummy weights' type (default bf16; quantized: their scales and biases)\n" \
+  "  --bits B              dummy weights MLX affine quantized, B bits (2, 3, 4, 5, 6, 8), as `arbor synth\n"  \
+  "                        --bits` writes them: every linear, the embedding and an untied head; packed\n"    \
+  "  --group-size G        their group size (32, 64, 128; default 64)\n"                                   \
   "  --device cpu|cuda     where the model runs (default cpu; cuda needs a CUDA build and a GPU)\n"      \
   "  --threads N           CPU threads (default: every CPU this process may run on)\n"                   \
   "  --weights copy|mmap   CPU: weights copied to anonymous huge-page memory (default) or used from\n"   \

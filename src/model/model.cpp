@@ -6,12 +6,15 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <set>
+#include <string_view>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
 #include "io/checkpoint.h"
 #include "quant/affine.h"
+#include "quant/affine_synth.h"
 
 namespace arbor {
 
@@ -42,6 +45,11 @@ Tensor first_rows(const Tensor& t, int64_t n) { return t.row_slice(0, n); }
 
 }  // namespace
 
+std::string DummyQuant::describe() const {
+  if (format == WeightFormat::Affine) return fmt::format("affine {}-bit g{}", affine.bits, affine.group_size);
+  return weight_format_name(format);
+}
+
 Model::~Model() = default;
 
 Model::Model(const LoadOptions& opt, Backend& backend) : backend_(backend) {
@@ -54,22 +62,68 @@ Model::Model(const LoadOptions& opt, Backend& backend) : backend_(backend) {
 
   // Weights: from the checkpoint (every tensor consumed, shapes checked) or generated.
   std::map<std::string, uint64_t> dtype_bytes;
+  const std::string embed_module = a.names.embed.substr(0, a.names.embed.rfind('.'));  // "model.embed_tokens"
+  auto account = [&](const std::string& name, DType t, uint64_t bytes) {
+    dtype_bytes[std::string(dtype_name(t))] += bytes;
+    if (name.compare(0, embed_module.size() + 1, embed_module + ".") == 0) embed_bytes_ += bytes;
+  };
+  auto host_tensor = [](void* data, DType t, const std::vector<int64_t>& shape) {
+    Tensor out(data, t, {});
+    out.ndim = int(shape.size());
+    for (size_t i = 0; i < shape.size(); ++i) out.shape[i] = shape[i];
+    return out;
+  };
   std::function<Tensor(const TensorSpec&)> get;
   std::unique_ptr<ThreadPool> fill_pool;  // all cores generate dummy weights (an 8B model: 39 -> 9 s)
+  // MLX affine weights: config.json's quantization block (or --dummy-weights --bits's), and a matrix is affine
+  // when its .scales is stored (generated).
+  std::optional<quant::AffineQuantConfig> affine;
+  QuantizedSource quantized;
+  std::set<std::string, std::less<>> dummy_affine;  // modules --dummy-weights quantizes
   if (opt.dummy_weights) {
     fill_pool = std::make_unique<ThreadPool>(0);
+    const DummyQuant& dq = opt.dummy_quant;
+    ARBOR_CHECK(dq.format == WeightFormat::Dense || dq.format == WeightFormat::Affine,
+                "model: --dummy-weights cannot make {} weights (dense or affine)", weight_format_name(dq.format));
+    if (dq.format == WeightFormat::Affine) {
+      quant::check_affine_params(dq.affine, "model: dummy weights");
+      affine = quant::AffineQuantConfig{dq.affine, {}};
+      for_each_weight(c, a, nullptr, [&](const WeightSlot& s) {
+        if (s.kind == WeightSlot::Kind::Matrix && quant::affine_synth_quantizes(s.cols, dq.affine)) dummy_affine.insert(s.name);
+      });
+      quantized.affine = &*affine;
+      quantized.has = [&](const std::string& name) {  // asked for "<module>.scales" and "<module>.biases"
+        const size_t dot = name.rfind('.');
+        return dot != std::string::npos && dummy_affine.count(std::string_view(name).substr(0, dot)) > 0;
+      };
+    }
     get = [&](const TensorSpec& s) {
+      // A quantized matrix's part: "<module>.weight" (codes), ".scales" or ".biases", as synth would write it.
+      const size_t dot = s.name.rfind('.');
+      const std::string_view module = std::string_view(s.name).substr(0, dot == std::string::npos ? 0 : dot);
+      const std::string_view part = std::string_view(s.name).substr(dot == std::string::npos ? s.name.size() : dot);
       int64_t n = 1;
       for (auto d : s.shape) n *= d;
-      size_t bytes = size_t(n) * dtype_size(opt.dummy_dtype);
+      if ((part == ".weight" || part == ".scales" || part == ".biases") && dummy_affine.count(module)) {
+        const quant::AffineParams& p = dq.affine;
+        const bool codes = part == ".weight";
+        const int64_t cols = codes ? s.shape[1] * 32 / p.bits : s.shape[1] * p.group_size;
+        const quant::AffineShape shape{s.shape[0], cols, p};
+        const DType t = codes ? DType::U32 : opt.dummy_dtype;
+        const size_t bytes = size_t(n) * dtype_size(t);
+        dummy_.emplace_back(new uint8_t[bytes]);
+        void* out = dummy_.back().get();
+        quant::affine_synth_matrix(std::string(module) + ".weight", shape, opt.dummy_dtype,
+                                   codes ? static_cast<uint32_t*>(out) : nullptr, part == ".scales" ? out : nullptr,
+                                   part == ".biases" ? out : nullptr, fill_pool.get());
+        account(s.name, t, bytes);
+        return host_tensor(out, t, s.shape);
+      }
+      const size_t bytes = size_t(n) * dtype_size(opt.dummy_dtype);
       dummy_.emplace_back(new uint8_t[bytes]);
       fill_dummy(s, a, opt.dummy_dtype, dummy_.back().get(), fill_pool.get());
-      Tensor t(dummy_.back().get(), opt.dummy_dtype, {});
-      t.ndim = int(s.shape.size());
-      for (size_t i = 0; i < s.shape.size(); ++i) t.shape[i] = s.shape[i];
-      dtype_bytes[std::string(dtype_name(t.dtype))] += bytes;
-      param_count_ += uint64_t(n);
-      return t;
+      account(s.name, opt.dummy_dtype, bytes);
+      return host_tensor(dummy_.back().get(), opt.dummy_dtype, s.shape);
     };
   } else {
     ckpt_ = std::make_unique<Checkpoint>(Checkpoint::open(opt.model_dir));
@@ -84,21 +138,18 @@ Model::Model(const LoadOptions& opt, Backend& backend) : backend_(backend) {
       ARBOR_CHECK(ti.dtype == DType::F32 || ti.dtype == DType::F16 || ti.dtype == DType::BF16 || ti.dtype == DType::U32,
                   "model: {}: tensor '{}' has dtype {}; supported: F32, F16, BF16 (U32: affine codes)", ti.file, s.name,
                   dtype_name(ti.dtype));
-      Tensor t(const_cast<uint8_t*>(ti.data), ti.dtype, {});
-      t.ndim = int(s.shape.size());
-      for (size_t i = 0; i < s.shape.size(); ++i) t.shape[i] = s.shape[i];
-      dtype_bytes[std::string(dtype_name(t.dtype))] += ti.nbytes;
-      param_count_ += uint64_t(ti.numel());
-      return t;
+      account(s.name, ti.dtype, ti.nbytes);
+      return host_tensor(const_cast<uint8_t*>(ti.data), ti.dtype, s.shape);
     };
-  }
-  // MLX affine checkpoints: config.json's quantization block, and a matrix is affine when its .scales is stored.
-  std::optional<quant::AffineQuantConfig> affine;
-  QuantizedSource quantized;
-  if (ckpt_) {
     affine = quant::parse_affine_quant_config(read_json_file(cfg_path), cfg_path);
     quantized.affine = affine ? &*affine : nullptr;
     quantized.has = [&](const std::string& name) { return ckpt_->find(name) != nullptr; };
+  }
+  // Parameters are weights, whatever their storage: a quantized matrix counts rows x cols, not its packed words.
+  for (const TensorSpec& s : expected_tensors(c, a)) {
+    uint64_t n = 1;
+    for (auto d : s.shape) n *= uint64_t(d);
+    param_count_ += n;
   }
   w_ = bind_weights(c, a, get, backend_, quantized);
   if (!backend_.views_host_weights()) dummy_.clear();  // the backend holds its own copies
@@ -118,6 +169,21 @@ Model::Model(const LoadOptions& opt, Backend& backend) : backend_(backend) {
   for (auto& [name, bytes] : dtype_bytes) {
     weight_bytes_ += bytes;
     weight_dtypes_ += (weight_dtypes_.empty() ? "" : ", ") + name;
+  }
+  {
+    std::map<std::string, int> formats;  // "affine 4-bit g64" -> matrices (a fused qkv counts its parts)
+    auto count = [&](const Linear& l) {
+      if (l.empty()) return;
+      const std::string d = l.describe();
+      formats[d.substr(0, d.rfind(" ["))]++;
+    };
+    count(w_.embed);
+    for (const LayerWeights& L : w_.layers)
+      for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) count(*l);
+    if (!c.tie_word_embeddings) count(w_.lm_head);
+    std::vector<std::pair<std::string, int>> by_count(formats.begin(), formats.end());
+    std::stable_sort(by_count.begin(), by_count.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
+    for (const auto& [f, n] : by_count) weight_formats_ += fmt::format("{}{} x{}", weight_formats_.empty() ? "" : ", ", f, n);
   }
 
   norm_op_ = to_norm_op(a.norm);

@@ -16,11 +16,22 @@ namespace arbor {
 
 class Checkpoint;
 
+// The format --dummy-weights makes the matrices in. Dense: dummy_dtype. A quantized format generates what its
+// synthetic checkpoint (`arbor synth`) would hold, without writing it, and stays packed in memory as that
+// checkpoint would load; tensors it does not quantize (norms, matrices whose rows do not divide) are dense.
+struct DummyQuant {
+  WeightFormat format = WeightFormat::Dense;
+  quant::AffineParams affine;  // Affine: bits and group size; the matrices mlx-lm's default predicate quantizes
+                               // (every linear, the embedding and an untied head, when the rows divide into groups)
+  std::string describe() const;  // "dense", "affine 4-bit g64"
+};
+
 struct LoadOptions {
   std::string model_dir;     // holds config.json (+ safetensors unless dummy_weights)
   std::string config_path;   // overrides model_dir/config.json
   bool dummy_weights = false;
-  DType dummy_dtype = DType::BF16;
+  DType dummy_dtype = DType::BF16;  // dense dummy tensors, and a quantized format's scales/biases
+  DummyQuant dummy_quant;           // with dummy_weights: the matrices' format
   int64_t ctx_size = 0;      // positions the rope tables and KV plan cover; 0 = min(max_position, 4096)
   int64_t max_step_tokens = 256;  // tokens one forward may carry (activation buffers are sized for it)
   int64_t kv_blocks = 0;     // 0 = enough for one ctx_size sequence (+1 block)
@@ -41,9 +52,12 @@ class Model {
   Backend& backend() { return backend_; }
   int64_t ctx_size() const { return ctx_size_; }
   int64_t max_step_tokens() const { return max_step_tokens_; }
-  uint64_t weight_bytes() const { return weight_bytes_; }
-  uint64_t parameter_count() const { return param_count_; }
-  std::string weight_dtypes() const { return weight_dtypes_; }  // "BF16" or "BF16, F32"
+  uint64_t weight_bytes() const { return weight_bytes_; }      // as stored: packed codes, scales and biases count as they are
+  uint64_t embed_bytes() const { return embed_bytes_; }        // the embedding table's share of weight_bytes()
+  uint64_t parameter_count() const { return param_count_; }    // weights (a quantized matrix: rows x cols, not packed words)
+  std::string weight_dtypes() const { return weight_dtypes_; }  // "BF16" or "BF16, F32" ("BF16, U32": affine codes)
+  // The matrices' formats with their counts, most frequent first: "affine 4-bit g64 x22, dense BF16 x1".
+  std::string weight_formats() const { return weight_formats_; }
 
   // Runs the batch; writes logits [b.logit_rows.size(), vocab] (float32, row-major) to logits_out.
   // With logits_out null the logits stay on the backend (device_logits), for sampling there; the
@@ -74,8 +88,8 @@ class Model {
   std::vector<std::unique_ptr<uint8_t[]>> dummy_;  // host memory behind dummy weights
   ModelWeights w_;
   int64_t ctx_size_ = 0, max_step_tokens_ = 0;
-  uint64_t weight_bytes_ = 0, param_count_ = 0;
-  std::string weight_dtypes_;
+  uint64_t weight_bytes_ = 0, embed_bytes_ = 0, param_count_ = 0;
+  std::string weight_dtypes_, weight_formats_;
 
   NormOp norm_op_{};
   ActOp act_op_{};

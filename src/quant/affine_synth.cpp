@@ -28,7 +28,7 @@ uint64_t name_seed(const std::string& name) {
 
 bool quantizable(const SynthTensor& t, const AffineParams& p) {
   const bool weight = t.name.size() > 7 && t.name.compare(t.name.size() - 7, 7, ".weight") == 0;
-  return weight && t.shape.size() == 2 && t.shape[1] > 0 && t.shape[1] % p.group_size == 0;
+  return weight && t.shape.size() == 2 && affine_synth_quantizes(t.shape[1], p);
 }
 
 void store(void* out, DType t, int64_t i, float x) {
@@ -40,6 +40,33 @@ void store(void* out, DType t, int64_t i, float x) {
 }
 
 }  // namespace
+
+bool affine_synth_quantizes(int64_t cols, const AffineParams& p) { return cols > 0 && cols % p.group_size == 0; }
+
+void affine_synth_matrix(const std::string& weight_name, const AffineShape& s, DType dtype, uint32_t* codes, void* scales,
+                         void* biases, ThreadPool* pool) {
+  const uint64_t seed = name_seed(weight_name);
+  if (codes) {
+    const int64_t words = s.rows * s.words_per_row();
+    auto fill_words = [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i)  // every bit random: every code uniform over its levels
+        codes[i] = uint32_t(mix(seed + uint64_t(i + 1) * 0x9E3779B97F4A7C15ull) >> 32);
+    };
+    if (pool && words >= (int64_t(1) << 20)) pool->parallel_for(words, int64_t(1) << 16, [&](int, int64_t b, int64_t e) { fill_words(b, e); });
+    else fill_words(0, words);
+  }
+  if (!scales && !biases) return;
+  const int64_t groups = s.rows * s.groups_per_row();
+  const float h = 1.0f / std::sqrt(float(s.cols));
+  const float levels = float((1 << s.p.bits) - 1);
+  const uint64_t gseed = mix(seed ^ 0x5CA1E5ull);
+  for (int64_t g = 0; g < groups; ++g) {
+    const float u = float(mix(gseed + uint64_t(g + 1) * 0x9E3779B97F4A7C15ull) >> 40) * (1.0f / float(1 << 24));
+    const float half = h * (0.9f + 0.2f * u);
+    if (scales) store(scales, dtype, g, 2 * half / levels);
+    if (biases) store(biases, dtype, g, -half);
+  }
+}
 
 AffineSynthStats write_affine_synthetic_checkpoint(const json& config_json, const std::vector<SynthTensor>& tensors,
                                                    const std::string& out_dir, DType dtype, const AffineParams& p,
@@ -81,27 +108,10 @@ AffineSynthStats write_affine_synthetic_checkpoint(const json& config_json, cons
       const std::string m = t.name.substr(0, t.name.size() - 7);
       const int64_t words = s.rows * s.words_per_row(), groups = s.rows * s.groups_per_row();
       buf.resize(size_t(words) * 4);
-      const uint64_t seed = name_seed(t.name);
-      auto fill_words = [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) {
-          const uint32_t v = uint32_t(mix(seed + uint64_t(i + 1) * 0x9E3779B97F4A7C15ull) >> 32);
-          std::memcpy(buf.data() + 4 * i, &v, 4);  // every bit random: every code uniform over its levels
-        }
-      };
-      if (pool && words >= (int64_t(1) << 20)) pool->parallel_for(words, int64_t(1) << 16, [&](int, int64_t b, int64_t e) { fill_words(b, e); });
-      else fill_words(0, words);
-      w.write(m + ".weight", buf.data(), buf.size());
       scales.resize(size_t(groups) * dtype_size(dtype));
       biases.resize(scales.size());
-      const float h = 1.0f / std::sqrt(float(t.shape[1]));
-      const float levels = float((1 << p.bits) - 1);
-      const uint64_t gseed = mix(seed ^ 0x5CA1E5ull);
-      for (int64_t g = 0; g < groups; ++g) {
-        const float u = float(mix(gseed + uint64_t(g + 1) * 0x9E3779B97F4A7C15ull) >> 40) * (1.0f / float(1 << 24));
-        const float half = h * (0.9f + 0.2f * u);
-        store(scales.data(), dtype, g, 2 * half / levels);
-        store(biases.data(), dtype, g, -half);
-      }
+      affine_synth_matrix(t.name, s, dtype, reinterpret_cast<uint32_t*>(buf.data()), scales.data(), biases.data(), pool);
+      w.write(m + ".weight", buf.data(), buf.size());
       w.write(m + ".scales", scales.data(), scales.size());
       w.write(m + ".biases", biases.data(), biases.size());
       st.tensors += 3;

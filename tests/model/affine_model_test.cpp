@@ -164,6 +164,67 @@ TEST(AffineModel, QuantizedRecipeWithPerModuleOverridesMatches) {
   expect_same_logits(q + "/out", d);
 }
 
+// --dummy-weights with an affine format (LoadOptions::dummy_quant) makes, in memory and packed, exactly what
+// `arbor synth --bits` writes: the same bytes, the same logits bit for bit; parameters count weights (rows x cols),
+// not packed words, as for the dense model of the config.
+TEST(AffineModel, DummyWeightsAreWhatSynthWrites) {
+  for (bool tied : {false, true})
+    for (const quant::AffineParams p : {quant::AffineParams{64, 4}, quant::AffineParams{32, 3}, quant::AffineParams{128, 8}}) {
+      SCOPED_TRACE(fmt::format("{} {}-bit g{}", tied ? "tied" : "untied", p.bits, p.group_size));
+      const std::string q = temp_dir(fmt::format("dummy_{}_{}_{}", tied, p.bits, p.group_size));
+      json cfg = small_llama(tied);
+      cfg["hidden_size"] = 128, cfg["intermediate_size"] = 192;  // g128: the down projection (192) stays dense
+      synth_affine(cfg, q, p);
+      const std::string plain = q + "/plain_config.json";
+      std::ofstream(plain) << cfg.dump();
+      CpuBackend bq(2, WeightPlacement::Mapped), bd(2, WeightPlacement::Copy), bdense(1, WeightPlacement::Mapped);
+      LoadOptions oq, od, odense;
+      oq.model_dir = q;
+      od.config_path = plain, od.dummy_weights = true, od.dummy_quant.format = WeightFormat::Affine, od.dummy_quant.affine = p;
+      odense.config_path = plain, odense.dummy_weights = true;
+      Model mq(oq, bq), md(od, bd), mdense(odense, bdense);
+      EXPECT_EQ(md.weight_bytes(), mq.weight_bytes());
+      EXPECT_EQ(md.embed_bytes(), mq.embed_bytes());
+      EXPECT_EQ(md.weight_dtypes(), "BF16, U32");
+      EXPECT_EQ(md.weight_formats(), mq.weight_formats());
+      EXPECT_EQ(md.parameter_count(), mdense.parameter_count());
+      EXPECT_EQ(mq.parameter_count(), mdense.parameter_count());
+      // Packed: codes take bits/8 bytes a weight, scales and biases 2 x 2 bytes a group.
+      const int64_t V = 97, H = 128, F = 192, L = 3, Q = 128, KV = 64;  // 4 heads of 32, 2 KV heads
+      const bool down_dense = F % p.group_size != 0;
+      auto affine_bytes = [&](int64_t rows, int64_t cols) { return uint64_t(rows * cols * p.bits / 8 + rows * (cols / p.group_size) * 4); };
+      // The embedding (and head), two bf16 norms a layer and the final norm, the layers' matrices.
+      uint64_t want = affine_bytes(V, H) * (tied ? 1 : 2) + uint64_t((2 * L + 1) * H * 2);
+      want += uint64_t(L) * (affine_bytes(Q, H) + 2 * affine_bytes(KV, H) + affine_bytes(H, Q) + 2 * affine_bytes(F, H) +
+                             (down_dense ? uint64_t(H * F * 2) : affine_bytes(H, F)));
+      EXPECT_EQ(md.weight_bytes(), want);
+      EXPECT_EQ(md.embed_bytes(), affine_bytes(V, H));
+      const std::string formats = md.weight_formats();
+      EXPECT_NE(formats.find(fmt::format("affine {}-bit g{} x", p.bits, p.group_size)), std::string::npos) << formats;
+      EXPECT_EQ(formats.find("dense") != std::string::npos, down_dense) << formats;
+      BlockPool pq(bq.kv_layout().n_blocks, 16), pd(bd.kv_layout().n_blocks, 16);
+      GenerateRequest req;
+      req.prompt = {1, 5, 9, 77, 3, 96, 0, 41, 12, 8, 60};
+      req.max_tokens = 4;
+      req.keep_logits = true;
+      const GenerateResult rq = generate(mq, pq, req), rd = generate(md, pd, req);
+      EXPECT_EQ(rq.tokens, rd.tokens);
+      ASSERT_EQ(rq.logits.size(), rd.logits.size());
+      EXPECT_EQ(std::memcmp(rq.logits.data(), rd.logits.data(), rq.logits.size() * sizeof(float)), 0);
+      for (float v : rd.logits) ASSERT_TRUE(std::isfinite(v));
+    }
+}
+
+TEST(AffineModel, DummyWeightsRejectUnsupportedParams) {
+  CpuBackend be(1, WeightPlacement::Mapped);
+  const std::string d = temp_dir("dummy_bad");
+  std::ofstream(d + "/config.json") << small_llama(false).dump();
+  LoadOptions o;
+  o.config_path = d + "/config.json", o.dummy_weights = true, o.dummy_quant.format = WeightFormat::Affine, o.dummy_quant.affine = {64, 7};
+  const std::string e = error_of([&] { Model m(o, be); });
+  EXPECT_NE(e.find("bits 7"), std::string::npos) << e;
+}
+
 TEST(AffineModel, LoadErrorsNameTheTensor) {
   const std::string q = temp_dir("errors");
   synth_affine(small_llama(false), q, {64, 4});
