@@ -11,6 +11,7 @@
 
 #include "backend/cpu/bandwidth.h"
 #include "backend/cpu/cpu_features.h"
+#include "backend/cpu/gemm_bf16.h"
 #include "backend/cpu/linear.h"
 #include "backend/cpu/linear_affine.h"
 #include "cli/args.h"
@@ -107,7 +108,7 @@ struct AffineCopies {
 };
 
 int cmd_bench_linear(const std::vector<std::string>& argv) {
-  arbor::cli::Args args(argv, {"threads", "model", "dtype", "reps", "gemm-tokens", "bw-mib", "decode-tokens", "isa", "bits", "group-size"}, {});
+  arbor::cli::Args args(argv, {"threads", "model", "dtype", "reps", "gemm-tokens", "bw-mib", "decode-tokens", "isa", "bits", "group-size", "cpu-gemm"}, {});
   const int threads = int(args.get_int("threads", ThreadPool::default_threads()));
   const std::string model = args.get_or("model", "all");
   const int reps = int(args.get_int("reps", 5));
@@ -126,6 +127,9 @@ int cmd_bench_linear(const std::vector<std::string>& argv) {
   // --bits: MLX affine weights (scales and biases in --dtype).
   const int bits = int(args.get_int("bits", 0)), group = int(args.get_int("group-size", 64));
   const bool affine = bits != 0;
+  // Prefill as the CPU backend runs it in this mode (dense: gemm_bf16 where it applies; affine: bf16 panels).
+  const cpu::GemmMode gemm_mode = cpu::parse_gemm_mode(args.get_or("cpu-gemm", "exact"), "--cpu-gemm");
+  const bool dense_bf16_gemm = gemm_mode == cpu::GemmMode::Bf16 && cpu::gemm_bf16_applies(*dtype);
   ARBOR_CHECK(!affine || ((bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8) &&
                           (group == 32 || group == 64 || group == 128)),
               "bench-linear: --bits must be 2, 3, 4, 5, 6 or 8 and --group-size 32, 64 or 128 (got {} and {})", bits, group);
@@ -178,11 +182,17 @@ int cmd_bench_linear(const std::vector<std::string>& argv) {
     WeightCopies w(pool, s.N, s.K, *dtype, affine ? 0 : size_t(768) << 20, affine ? (gemm ? 1 : 0) : 2);
     const size_t wbytes = affine ? aw->bytes() : size_t(s.N * s.K) * esize;
     const size_t n_copies = affine ? aw->codes.size() : w.bufs.size();
+    auto dense = [&](int64_t T, size_t c, float* y) {
+      if (T > cpu::kLinearGemvMaxT && dense_bf16_gemm)
+        cpu::gemm_bf16(pool, x_data, T, s.K, w.bufs[c].data(), *dtype, s.N, nullptr, y);
+      else
+        cpu::linear_with_isa(isa, pool, x_data, T, s.K, w.bufs[c].data(), *dtype, s.N, nullptr, y);
+    };
     auto run = [&](int64_t T, size_t c, float* y) {
       if (affine)
-        cpu::linear_affine_with_isa(isa, pool, x_data, T, aw->matrix(c % n_copies), nullptr, y);
+        cpu::linear_affine_with_isa(isa, pool, x_data, T, aw->matrix(c % n_copies), nullptr, y, gemm_mode);
       else
-        cpu::linear_with_isa(isa, pool, x_data, T, s.K, w.bufs[c % n_copies].data(), *dtype, s.N, nullptr, y);
+        dense(T, c % n_copies, y);
     };
     std::vector<float> x(size_t(std::max(gemm_T, decode_T) * s.K));
     for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 7919 % 2001) - 1000) * 1e-3f + 1e-4f;
@@ -212,7 +222,7 @@ int cmd_bench_linear(const std::vector<std::string>& argv) {
         gbest = std::min(gbest, now_s() - t0);
         if (affine) {
           t0 = now_s();
-          cpu::linear_with_isa(isa, pool, x.data(), gemm_T, s.K, w.bufs[0].data(), *dtype, s.N, nullptr, y.data());
+          dense(gemm_T, 0, y.data());
           dbest = std::min(dbest, now_s() - t0);
         }
       }
@@ -228,7 +238,8 @@ int cmd_bench_linear(const std::vector<std::string>& argv) {
   std::printf("decode: best pass in GB/s of weights streamed; 'of bw' = that / best bandwidth pass; 'paired' =\n"
               "mean decode rate / mean bandwidth over the same interleaved passes (steadier when the machine is busy)\n\n");
   auto kname = [&](int64_t T) {
-    return affine ? cpu::linear_affine_kernel_name(isa, T) : cpu::linear_kernel_name(isa, *dtype, T);
+    if (affine) return cpu::linear_affine_kernel_name(isa, T, gemm_mode);
+    return T > cpu::kLinearGemvMaxT && dense_bf16_gemm ? std::string("avx512bf16-gemm-bf16") : cpu::linear_kernel_name(isa, *dtype, T);
   };
   std::printf("%-13s %-9s %-14s | T=%-2lld %-21s %7s %6s %6s | T=%-4lld %-21s %8s%s\n", "model", "linear", "N x K",
               (long long)decode_T, "kernel", "GB/s", "of bw", "paired", (long long)gemm_T, "kernel", "GFLOP/s",
@@ -267,6 +278,7 @@ ARBOR_VERB("bench-linear", "benchmark the CPU linear kernels at model shapes (GB
            "  --bits B              MLX affine weights of B bits (2, 3, 4, 5, 6, 8); GB/s count codes, scales\n"
            "                        and biases; the prefill column adds the dense --dtype GEMM\n"
            "  --group-size G        affine group size (32, 64, 128; default 64)\n"
+           "  --cpu-gemm exact|bf16 prefill as the CPU backend runs it in that mode (default exact)\n"
            "  --threads N           threads (default: every CPU this process may run on)\n"
            "  --reps N              passes per shape, the best reported (default 5)\n"
            "  --decode-tokens N     rows of the decode (GEMV) calls (default 1)\n"

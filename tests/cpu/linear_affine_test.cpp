@@ -235,6 +235,60 @@ TEST(CpuLinearAffine, DispatchedKernelMatchesReferenceAtModelShape) {
   }
 }
 
+// --cpu-gemm bf16 on AVX-512 BF16: panels dequantized in f32 and rounded to bf16, x rounded to bf16, f32
+// accumulation. The ground truth rounds the same way (gemm_bf16_reference on the dequantized, rounded W), so
+// only the summation order differs: within 1e-5 of Σ|x·w| again.
+TEST(CpuLinearAffine, Bf16GemmMatchesRoundedReference) {
+  if (!cpu::cpu_features().avx512_bf16)
+    GTEST_SKIP() << "no AVX-512 BF16 on this CPU (" << cpu::cpu_features().brand << ": " << cpu::cpu_features().summary()
+                 << "); the bf16 affine GEMM is not used here";
+  ThreadPool p1(1), p3(3);
+  uint32_t seed = 900;
+  double worst = 0;
+  int cases = 0;
+  for (int bits : {2, 3, 4, 5, 6, 8})
+    for (int G : {32, 64, 128})
+      for (int64_t N : {1, 7, 67, 300})
+        for (int64_t groups : {1, 3, 5}) {
+          const int64_t K = groups * G;
+          const AffineCase c = make_case(N, K, bits, G, seed++, (cases % 2) ? DType::F16 : DType::BF16);
+          std::vector<uint16_t> wb(size_t(N * K));
+          std::vector<float> row(static_cast<size_t>(K));
+          for (int64_t n = 0; n < N; ++n) {
+            cpu::affine_dequantize_row(matrix_16(c), n, row.data());
+            for (int64_t j = 0; j < K; ++j) wb[size_t(n * K + j)] = f32_to_bf16(row[size_t(j)]);
+          }
+          for (int64_t T : {9, 33, 300}) {
+            const bool with_bias = (cases++ % 3) == 0;
+            const std::vector<float> x = random_floats(size_t(T * K), seed++), bias = random_floats(size_t(N), seed++);
+            const float* b = with_bias ? bias.data() : nullptr;
+            std::vector<float> ref(size_t(T * N));
+            cpu::gemm_bf16_reference(x.data(), T, K, wb.data(), N, b, ref.data());
+            for (ThreadPool* pool : {&p1, &p3}) {
+              SCOPED_TRACE(::testing::Message() << bits << "-bit g" << G << " T " << T << " N " << N << " K " << K << " bias " << with_bias
+                                                << " threads " << pool->size());
+              std::vector<float> y(ref.size(), NAN);
+              cpu::linear_affine_with_isa(cpu::LinearIsa::Avx512Bf16, *pool, x.data(), T, matrix_16(c), b, y.data(), cpu::GemmMode::Bf16);
+              for (int64_t t = 0; t < T; ++t)
+                for (int64_t n = 0; n < N; ++n) {
+                  double mag = b ? std::fabs(b[n]) : 0.0;
+                  for (int64_t j = 0; j < K; ++j)
+                    mag += std::fabs(double(bf16_to_f32(f32_to_bf16(x[size_t(t * K + j)]))) * bf16_to_f32(wb[size_t(n * K + j)]));
+                  const size_t i = size_t(t * N + n);
+                  ASSERT_TRUE(std::isfinite(y[i]));
+                  const double err = std::fabs(double(y[i]) - ref[i]) / mag;
+                  ASSERT_LE(err, kAffineTol) << "t " << t << " n " << n;
+                  worst = std::max(worst, err);
+                }
+            }
+          }
+        }
+  std::printf("bf16 GEMM: worst error / sum|x*w| over %d cases: %.3g (tolerance %.0e)\n", cases, worst, kAffineTol);
+  EXPECT_EQ(cpu::linear_affine_kernel_name(cpu::LinearIsa::Avx512Bf16, 9, cpu::GemmMode::Bf16), "avx512bf16-affine-gemm-bf16");
+  EXPECT_EQ(cpu::linear_affine_kernel_name(cpu::LinearIsa::Avx512Bf16, 9, cpu::GemmMode::Exact), "avx512-affine-gemm");
+  EXPECT_EQ(cpu::linear_affine_kernel_name(cpu::LinearIsa::Avx512Bf16, 8, cpu::GemmMode::Bf16), "avx512-affine-gemv");
+}
+
 TEST(CpuLinearAffine, KernelsRejectBadArguments) {
   ThreadPool pool(1);
   const AffineCase c = make_case(4, 64, 4, 32, 1);

@@ -11,6 +11,7 @@
 
 #include "backend/cpu/attention_blocked.h"
 #include "backend/cpu/bandwidth.h"
+#include "backend/cpu/cpu_features.h"
 #include "backend/cpu/linear.h"
 #include "backend/cpu/linear_affine.h"
 #include "backend/cpu/vec.h"
@@ -109,6 +110,12 @@ void affine_linear(ThreadPool& pool, const Tensor& x, const Linear& l, Tensor y)
   cpu::linear_affine(pool, x.as<float>(), x.rows(), affine_matrix(l), l.bias.empty() ? nullptr : l.bias.as<float>(), y.as<float>());
 }
 
+// Affine prompt chunks in bf16 mode on AVX-512 BF16: panels dequantized to bf16, x rounded once (gemm_bf16).
+void affine_bf16_linear(ThreadPool& pool, const Tensor& x, const Linear& l, Tensor y) {
+  cpu::linear_affine(pool, x.as<float>(), x.rows(), affine_matrix(l), l.bias.empty() ? nullptr : l.bias.as<float>(), y.as<float>(),
+                     cpu::GemmMode::Bf16);
+}
+
 bool affine_bits(int bits) { return bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8; }
 bool affine_group(int g) { return g == 32 || g == 64 || g == 128; }
 
@@ -148,6 +155,9 @@ CpuBackend::LinearKernel CpuBackend::pick_linear(const Linear& l, int64_t rows, 
   // Prompt chunks in bf16 mode: activations rounded to bf16 once (cpu/gemm_bf16); decode rows stay exact.
   if (mode == cpu::GemmMode::Bf16 && l.format == WeightFormat::Dense && rows > cpu::kLinearGemvMaxT && cpu::gemm_bf16_applies(l.data.dtype))
     return bf16_gemm_linear;
+  if (mode == cpu::GemmMode::Bf16 && l.format == WeightFormat::Affine && rows > cpu::kLinearGemvMaxT && cpu::cpu_features().avx512_bf16 &&
+      variant_supported(l))
+    return affine_bf16_linear;
   for (const auto& e : kLinearKernels)
     if (e.format == l.format && variant_supported(l) && rows >= e.min_rows && rows <= e.max_rows)
       return e.fn;

@@ -92,21 +92,36 @@ void linear_affine_reference(ThreadPool& pool, const float* x, int64_t T, const 
   });
 }
 
-std::string linear_affine_kernel_name(LinearIsa isa, int64_t T) {
+namespace {
+bool bf16_gemm(LinearIsa isa, int64_t T, GemmMode mode) {
+  return isa == LinearIsa::Avx512Bf16 && T > kLinearGemvMaxT && mode == GemmMode::Bf16;
+}
+}  // namespace
+
+std::string linear_affine_kernel_name(LinearIsa isa, int64_t T, GemmMode mode) {
   if (isa == LinearIsa::Scalar) return "scalar-affine-reference";
-  if (isa == LinearIsa::Avx512Bf16) isa = LinearIsa::Avx512;  // no bf16 instructions in the affine kernels
+  if (bf16_gemm(isa, T, mode)) return "avx512bf16-affine-gemm-bf16";
+  if (isa == LinearIsa::Avx512Bf16) isa = LinearIsa::Avx512;  // the exact paths use no bf16 instructions
   return fmt::format("{}-affine-{}", linear_isa_name(isa), T <= kLinearGemvMaxT ? "gemv" : "gemm");
 }
 
-std::string linear_affine_kernel_name(int64_t T) { return linear_affine_kernel_name(linear_isas_supported().back(), T); }
+std::string linear_affine_kernel_name(int64_t T, GemmMode mode) {
+  return linear_affine_kernel_name(linear_isas_supported().back(), T, mode);
+}
 
 void linear_affine_with_isa(LinearIsa isa, ThreadPool& pool, const float* x, int64_t T, const AffineMatrix& w, const float* bias,
-                            float* y) {
+                            float* y, GemmMode mode) {
   check_args("linear_affine", x, T, w, y);
   ARBOR_CHECK(isa_supported(isa), "linear_affine: kernel level '{}' not supported by this CPU ({}; supported: {})", linear_isa_name(isa),
               cpu_features().brand, cpu_features().summary());
   if (T == 0) return;
   if (isa == LinearIsa::Scalar) return linear_affine_reference(pool, x, T, w, bias, y);
+  if (bf16_gemm(isa, T, mode)) {
+    // Natural column pairs (pack_panel_bf16_avx512bf16): x is rounded by gemm_bf16 itself, no permutation.
+    const affine_detail::Args a{nullptr, nullptr, T, w.K, w.N, reinterpret_cast<const uint8_t*>(w.packed), w.scales, w.biases, w.sdtype,
+                                w.bits, w.group_size, bias, y};
+    return gemm_bf16_panels(pool, x, T, w.K, w.N, bias, y, affine_detail::pack_panel_bf16_avx512bf16, &a);
+  }
   const bool avx2 = isa == LinearIsa::Avx2;
   const int64_t K = w.K, G = w.group_size, groups = K / G;
   const int lanes = avx2 ? 8 : 16, per_lane = 32 / lanes;
@@ -154,9 +169,9 @@ void linear_affine_with_isa(LinearIsa isa, ThreadPool& pool, const float* x, int
   });
 }
 
-void linear_affine(ThreadPool& pool, const float* x, int64_t T, const AffineMatrix& w, const float* bias, float* y) {
+void linear_affine(ThreadPool& pool, const float* x, int64_t T, const AffineMatrix& w, const float* bias, float* y, GemmMode mode) {
   static const LinearIsa best = linear_isas_supported().back();
-  linear_affine_with_isa(best, pool, x, T, w, bias, y);
+  linear_affine_with_isa(best, pool, x, T, w, bias, y, mode);
 }
 
 }  // namespace arbor::cpu

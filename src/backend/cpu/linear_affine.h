@@ -4,7 +4,9 @@
 //     computes, per group, s·Σ(x·q) + b·Σx, with Σx per group computed once per call
 //     (linear_affine_avx2.cpp, linear_affine_avx512.cpp).
 //   T > kLinearGemvMaxT: the blocked f32 GEMM of linear_avx2/avx512.cpp with each 32 x 128 weight panel
-//     dequantized once (w = s·q + b in f32) and reused across every token row of the chunk.
+//     dequantized once (w = s·q + b in f32) and reused across every token row of the chunk; in GemmMode::Bf16
+//     on an AVX-512 BF16 CPU, gemm_bf16's kernel with panels dequantized and rounded to bf16 (x rounded to
+//     bf16 once per call, as for dense bf16 weights in that mode).
 //   Scalar CPUs: the reference kernel.
 // Both fast paths read x with each 32-column unit permuted into the order the codes are decoded in (a copy
 // of x made once per call), so no code is ever shuffled back into column order.
@@ -12,6 +14,7 @@
 #include <cstdint>
 #include <string>
 
+#include "backend/cpu/gemm_bf16.h"
 #include "backend/cpu/linear.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
@@ -35,13 +38,15 @@ void affine_dequantize_row(const AffineMatrix& w, int64_t n, float* out);
 // y[T, N] = x[T, K] · W^T (+ bias[N] if not null), x and y f32 row-major. Throws arbor::Error on a bad
 // shape, bits or group size, scale dtype, or a null pointer. Calls on one pool must not overlap; per-thread
 // scratch grows once (the permuted x and Σx: (T*K + T*K/group_size) floats on the calling thread).
-void linear_affine(ThreadPool& pool, const float* x, int64_t T, const AffineMatrix& w, const float* bias, float* y);
+// `mode` matters only for T > kLinearGemvMaxT on an AVX-512 BF16 CPU (see above).
+void linear_affine(ThreadPool& pool, const float* x, int64_t T, const AffineMatrix& w, const float* bias, float* y,
+                   GemmMode mode = GemmMode::Exact);
 // The same forced onto one ISA level (tests, bench-linear); throws if this CPU cannot run it.
 void linear_affine_with_isa(LinearIsa isa, ThreadPool& pool, const float* x, int64_t T, const AffineMatrix& w,
-                            const float* bias, float* y);
-// "avx2-affine-gemv", "avx512-affine-gemm", "scalar-affine-reference", ...
-std::string linear_affine_kernel_name(LinearIsa isa, int64_t T);
-std::string linear_affine_kernel_name(int64_t T);
+                            const float* bias, float* y, GemmMode mode = GemmMode::Exact);
+// "avx2-affine-gemv", "avx512-affine-gemm", "avx512bf16-affine-gemm-bf16", "scalar-affine-reference", ...
+std::string linear_affine_kernel_name(LinearIsa isa, int64_t T, GemmMode mode = GemmMode::Exact);
+std::string linear_affine_kernel_name(int64_t T, GemmMode mode = GemmMode::Exact);
 
 // The reference: per output row, dequantize the row once in f32 (affine_dequantize_row), then dot it with each
 // activation row (f32, 8 partial sums). Rows of W spread over the pool. What the fast kernels are tested against.
@@ -73,6 +78,8 @@ void gemv_avx512(const Args& a, int64_t n0, int64_t n1);
 // kb + kk, dequantized in f32.
 void pack_panel_avx2(const void* ctx, int64_t nb, int64_t nw, int64_t kb, int64_t kc, float* P);
 void pack_panel_avx512(const void* ctx, int64_t nb, int64_t nw, int64_t kb, int64_t kc, float* P);
+// Bf16PanelPacker for gemm_bf16_panels (ctx: const Args*; x in natural order, xp not read).
+void pack_panel_bf16_avx512bf16(const void* ctx, int64_t nb, int64_t nw, int64_t pb, int64_t kcp, uint32_t* P);
 
 }  // namespace affine_detail
 }  // namespace arbor::cpu

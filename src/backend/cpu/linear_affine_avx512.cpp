@@ -1,5 +1,5 @@
 // AVX-512 (F/BW/VL/DQ) kernels for MLX affine weights (linear_affine.h): the fused dequantize-and-dot GEMV
-// and the dequantizing panel packer of the prefill GEMM.
+// and the dequantizing panel packers of the prefill GEMMs (f32, and bf16 pairs for gemm_bf16 on AVX-512 BF16).
 //
 // A row's codes are read in units of 32 codes (4·bits bytes, whole words: a unit never straddles a group).
 // Lane i of the 16-lane register gets the 2 codes 2i, 2i+1 (2·bits contiguous stream bits) at its bottom:
@@ -24,6 +24,7 @@
 
 #define ARBOR_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
 #define ARBOR_AVX512_INLINE ARBOR_AVX512 inline __attribute__((always_inline))
+#define ARBOR_BF16 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
 namespace arbor::cpu::affine_detail {
 
@@ -80,9 +81,16 @@ ARBOR_AVX512_INLINE __m512i unit_lanes(const uint8_t* p) {
   }
 }
 
-// Code k (0, 1) of every lane as f32.
+// Code k (0, 1) of every lane as f32. Up to 4 bits, one vpermps from a 16-entry table of code values
+// (it reads only the low 4 bits of each index, so the mask and the int -> float conversion both go).
 template <int B, int k>
 ARBOR_AVX512_INLINE __m512 code_ps(__m512i v) {
+  if constexpr (B <= 4) {
+    constexpr int m = (1 << B) - 1;
+    const __m512 table = _mm512_setr_ps(0 & m, 1 & m, 2 & m, 3 & m, 4 & m, 5 & m, 6 & m, 7 & m, 8 & m, 9 & m, 10 & m, 11 & m, 12 & m,
+                                        13 & m, 14 & m, 15 & m);
+    return _mm512_permutexvar_ps(k == 0 ? v : _mm512_srli_epi32(v, k * B), table);
+  }
   constexpr bool exact_top = k == 1 && (B == 4 || B == 8);  // the lane holds exactly 2·B bits
   __m512i c = k == 0 ? v : _mm512_srli_epi32(v, k * B);
   if constexpr (!exact_top) c = _mm512_and_si512(c, _mm512_set1_epi32((1 << B) - 1));
@@ -223,7 +231,63 @@ ARBOR_AVX512 void pack_bits(const Args& a, int64_t nb, int64_t nw, int64_t kb, i
   }
 }
 
+// The bf16 GEMM's panel (gemm_bf16_panels): rows [nb, nb + nw) x column pairs [pb, pb + kcp), dequantized in
+// f32 (s·q, then + b) and rounded to bf16 (nearest even). A unit's two code vectors hold codes 2i and 2i+1 in
+// lane i, so interleaving their bf16 halves gives the natural column pairs: x needs no permutation here.
+template <int B>
+ARBOR_BF16 void pack_bf16_bits(const Args& a, int64_t nb, int64_t nw, int64_t pb, int64_t kcp, uint32_t* P) {
+  const int64_t K = a.K, G = a.G, groups = K / G, row_bytes = K * B / 8, units = K / 32;
+  alignas(64) uint8_t pad[64] = {};
+  alignas(64) static constexpr uint16_t kInterleave[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                          8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i inter = _mm512_load_si512(kInterleave);
+  for (int64_t j0 = 0; j0 < 32; j0 += 16) {
+    for (int64_t u = pb / 16; u < (pb + kcp) / 16; ++u) {
+      const int64_t g = u * 32 / G;
+      __m512i r[16];
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) {
+        const int64_t n = nb + j0 + i;
+        if (j0 + i >= nw) {
+          r[i] = _mm512_setzero_si512();
+          continue;
+        }
+        const uint8_t* p = a.codes + n * row_bytes + u * 4 * B;
+        if constexpr (overreads(B)) {
+          if (n == a.N - 1 && u == units - 1) {
+            std::memcpy(pad, p, 4 * B);
+            p = pad;
+          }
+        }
+        const __m512i v = unit_lanes<B>(p);
+        const __m512 s = _mm512_set1_ps(scale_at(a.scales, a.sdtype, n * groups + g));
+        const __m512 b = _mm512_set1_ps(scale_at(a.biases, a.sdtype, n * groups + g));
+        const __m512 w0 = _mm512_add_ps(_mm512_mul_ps(s, code_ps<B, 0>(v)), b);
+        const __m512 w1 = _mm512_add_ps(_mm512_mul_ps(s, code_ps<B, 1>(v)), b);
+        r[i] = _mm512_permutexvar_epi16(inter, (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
+      }
+      transpose16x16_epi32(r);
+      uint32_t* out = P + (u * 16 - pb) * linear_detail::kGemmPanelN + j0;
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) _mm512_store_si512(out + i * linear_detail::kGemmPanelN, r[i]);
+    }
+  }
+}
+
 }  // namespace
+
+ARBOR_BF16 void pack_panel_bf16_avx512bf16(const void* ctx, int64_t nb, int64_t nw, int64_t pb, int64_t kcp, uint32_t* P) {
+  const Args& a = *static_cast<const Args*>(ctx);
+  switch (a.bits) {
+    case 2: return pack_bf16_bits<2>(a, nb, nw, pb, kcp, P);
+    case 3: return pack_bf16_bits<3>(a, nb, nw, pb, kcp, P);
+    case 4: return pack_bf16_bits<4>(a, nb, nw, pb, kcp, P);
+    case 5: return pack_bf16_bits<5>(a, nb, nw, pb, kcp, P);
+    case 6: return pack_bf16_bits<6>(a, nb, nw, pb, kcp, P);
+    case 8: return pack_bf16_bits<8>(a, nb, nw, pb, kcp, P);
+    default: fail("linear_affine: bf16 gemm: {} bits not supported", a.bits);
+  }
+}
 
 ARBOR_AVX512 void gemv_avx512(const Args& a, int64_t n0, int64_t n1) {
   ARBOR_CHECK(a.T >= 1 && a.T <= kLinearGemvMaxT, "linear_affine: avx512 gemv called with T={} (1..{})", a.T, kLinearGemvMaxT);
