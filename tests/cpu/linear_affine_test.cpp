@@ -284,6 +284,36 @@ TEST(CpuLinearAffine, Bf16GemmMatchesRoundedReference) {
           }
         }
   std::printf("bf16 GEMM: worst error / sum|x*w| over %d cases: %.3g (tolerance %.0e)\n", cases, worst, kAffineTol);
+
+  // CpuBackend in --cpu-gemm bf16 mode sends affine prompt chunks here (and decode rows to the exact GEMV).
+  CpuBackend be(2, WeightPlacement::Copy);
+  be.set_gemm_mode(cpu::GemmMode::Bf16);
+  const int64_t N = 70, K = 256, G = 64;
+  const AffineCase c = make_case(N, K, 4, int(G), 5);
+  Linear h;
+  h.format = WeightFormat::Affine, h.n_rows = N, h.n_cols = K, h.bits = 4, h.group_size = int(G);
+  h.data = Tensor(const_cast<uint32_t*>(c.packed.data()), DType::U32, {N, K / 8});
+  h.scales = Tensor(const_cast<uint16_t*>(c.scales16.data()), DType::BF16, {N, K / G});
+  h.biases = Tensor(const_cast<uint16_t*>(c.biases16.data()), DType::BF16, {N, K / G});
+  const Linear l = be.load_linear(h);
+  std::vector<uint16_t> wb(size_t(N * K));
+  std::vector<float> row(static_cast<size_t>(K));
+  for (int64_t n = 0; n < N; ++n) {
+    cpu::affine_dequantize_row(matrix_16(c), n, row.data());
+    for (int64_t j = 0; j < K; ++j) wb[size_t(n * K + j)] = f32_to_bf16(row[size_t(j)]);
+  }
+  for (int64_t T : {4, 40}) {
+    const std::vector<float> x = random_floats(size_t(T * K), 77);
+    std::vector<float> y(size_t(T * N)), ref(y.size());
+    be.linear(Tensor(const_cast<float*>(x.data()), DType::F32, {T, K}), l, Tensor(y.data(), DType::F32, {T, N}));
+    if (T > cpu::kLinearGemvMaxT)
+      cpu::gemm_bf16_reference(x.data(), T, K, wb.data(), N, nullptr, ref.data());
+    else
+      ref = reference(c, x, T, nullptr);
+    double err = 0, scale = 0;
+    for (size_t i = 0; i < y.size(); ++i) err = std::max(err, double(std::fabs(y[i] - ref[i]))), scale = std::max(scale, double(std::fabs(ref[i])));
+    EXPECT_LE(err, 1e-5 * scale) << "backend, T " << T;
+  }
   EXPECT_EQ(cpu::linear_affine_kernel_name(cpu::LinearIsa::Avx512Bf16, 9, cpu::GemmMode::Bf16), "avx512bf16-affine-gemm-bf16");
   EXPECT_EQ(cpu::linear_affine_kernel_name(cpu::LinearIsa::Avx512Bf16, 9, cpu::GemmMode::Exact), "avx512-affine-gemm");
   EXPECT_EQ(cpu::linear_affine_kernel_name(cpu::LinearIsa::Avx512Bf16, 8, cpu::GemmMode::Bf16), "avx512-affine-gemv");

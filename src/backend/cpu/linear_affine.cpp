@@ -53,6 +53,24 @@ float* thread_scratch(size_t n) {
 // dense GEMV).
 constexpr int64_t kGemvGrain = 16;
 
+// Columns [c0, c1) of one row of x (c0, c1 multiples of the group size): xp in the decode order of kLanes-lane
+// vectors (xp[u + kLanes*k + i] = x[u + (32/kLanes)*i + k] per 32-column unit u), and Σx per group, summed
+// as 8 partial f32 sums of G/8 terms each.
+constexpr int64_t kPrepCols = 1024;  // a multiple of every group size
+template <int kLanes>
+void prepare(const float* xr, int64_t c0, int64_t c1, int64_t G, float* xp, float* sx) {
+  constexpr int c = 32 / kLanes;
+  for (int64_t u = c0; u < c1; u += 32)
+    for (int k = 0; k < c; ++k)
+      for (int i = 0; i < kLanes; ++i) xp[u + kLanes * k + i] = xr[u + c * i + k];
+  for (int64_t g0 = c0; g0 < c1; g0 += G) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t j = g0; j < g0 + G; j += 8)
+      for (int l = 0; l < 8; ++l) acc[l] += xr[j + l];
+    sx[g0 / G] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  }
+}
+
 }  // namespace
 
 void affine_dequantize_row(const AffineMatrix& w, int64_t n, float* out) {
@@ -124,23 +142,18 @@ void linear_affine_with_isa(LinearIsa isa, ThreadPool& pool, const float* x, int
   }
   const bool avx2 = isa == LinearIsa::Avx2;
   const int64_t K = w.K, G = w.group_size, groups = K / G;
-  const int lanes = avx2 ? 8 : 16, per_lane = 32 / lanes;
   // x permuted into the decode order of each 32-code unit, and Σx per group: once per call, on the caller's
-  // scratch (the workers only read it).
+  // scratch (the workers only read it), in chunks of kPrepCols columns of one token row.
   float* xp = thread_scratch<0>(size_t(T * K));
   float* sx = thread_scratch<1>(size_t(T * groups));
-  pool.parallel_for(T, 1, [&](int, int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const float* xr = x + t * K;
-      float* pr = xp + t * K;
-      for (int64_t u = 0; u < K; u += 32)
-        for (int k = 0; k < per_lane; ++k)
-          for (int i = 0; i < lanes; ++i) pr[u + lanes * k + i] = xr[u + per_lane * i + k];
-      for (int64_t g = 0; g < groups; ++g) {
-        double s = 0;
-        for (int64_t j = g * G; j < (g + 1) * G; ++j) s += xr[j];
-        sx[t * groups + g] = float(s);
-      }
+  const int64_t chunks = (K + kPrepCols - 1) / kPrepCols;
+  pool.parallel_for(T * chunks, 1, [&](int, int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = i / chunks, c0 = (i % chunks) * kPrepCols, c1 = std::min(K, c0 + kPrepCols);
+      if (avx2)
+        prepare<8>(x + t * K, c0, c1, G, xp + t * K, sx + t * groups);
+      else
+        prepare<16>(x + t * K, c0, c1, G, xp + t * K, sx + t * groups);
     }
   });
   const affine_detail::Args a{xp, sx, T, K, w.N, reinterpret_cast<const uint8_t*>(w.packed), w.scales, w.biases, w.sdtype, w.bits,

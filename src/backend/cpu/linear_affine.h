@@ -60,7 +60,7 @@ namespace affine_detail {
 // xp[u*32 + lanes*k + i] = x[u*32 + c*i + k].
 struct Args {
   const float* xp;       // [T, K] permuted x
-  const float* sx;       // [T, K/G] Σx per group (f32, summed in double)
+  const float* sx;       // [T, K/G] Σx per group (8 partial f32 sums)
   int64_t T, K, N;
   const uint8_t* codes;  // [N, K*bits/8]
   const void* scales;    // [N, K/G] in sdtype
