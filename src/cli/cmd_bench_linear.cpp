@@ -1,14 +1,19 @@
 // `arbor bench-linear`: the CPU linear kernels at real model shapes. Decode (T=1) is quoted as GB/s of
 // weights streamed and as a fraction of the read bandwidth measured in the same run; prefill as GFLOP/s.
+// With --bits the weights are MLX affine (codes + scales + biases, all counted as bytes read) and the
+// prefill table also shows the dense GEMM on the same shape for comparison.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "backend/cpu/bandwidth.h"
 #include "backend/cpu/cpu_features.h"
+#include "backend/cpu/gemm_bf16.h"
 #include "backend/cpu/linear.h"
+#include "backend/cpu/linear_affine.h"
 #include "cli/args.h"
 #include "cli/verb.h"
 #include "core/error.h"
@@ -57,9 +62,9 @@ void fill_weights(ThreadPool& pool, void* w, DType type, int64_t n, uint32_t see
 // call reads its weights from DRAM, as in a real decode step.
 struct WeightCopies {
   std::vector<cpu::HugePageBuffer> bufs;
-  WeightCopies(ThreadPool& pool, int64_t N, int64_t K, DType type, size_t min_total) {
+  WeightCopies(ThreadPool& pool, int64_t N, int64_t K, DType type, size_t min_total, size_t min_copies = 2) {
     const size_t bytes = size_t(N * K) * arbor::dtype_size(type);
-    const size_t copies = std::max<size_t>(2, (min_total + bytes - 1) / bytes);
+    const size_t copies = std::max<size_t>(min_copies, (min_total + bytes - 1) / bytes);
     for (size_t c = 0; c < copies; ++c) {
       bufs.emplace_back(bytes);
       fill_weights(pool, bufs.back().data(), type, N * K, uint32_t(c + 1));
@@ -67,8 +72,43 @@ struct WeightCopies {
   }
 };
 
+// Affine weights in several copies (as WeightCopies): random codes, scales and biases in `sdtype` around a
+// trained layer's range.
+struct AffineCopies {
+  std::vector<cpu::HugePageBuffer> codes, params;  // params: scales then biases, [N, K/G] each
+  int64_t N, K;
+  int bits, G;
+  DType sdtype;
+  size_t bytes() const { return size_t(N * K * bits / 8) + 2 * size_t(N * (K / G)) * arbor::dtype_size(sdtype); }
+  AffineCopies(ThreadPool& pool, int64_t N_, int64_t K_, int bits_, int G_, DType sdtype_, size_t min_total)
+      : N(N_), K(K_), bits(bits_), G(G_), sdtype(sdtype_) {
+    const size_t copies = std::max<size_t>(2, (min_total + bytes() - 1) / bytes());
+    const int64_t words = N * K * bits / 32, groups = N * (K / G);
+    for (size_t c = 0; c < copies; ++c) {
+      codes.emplace_back(size_t(words) * 4);
+      uint32_t* w = codes.back().as<uint32_t>();
+      pool.parallel_for(words, 1 << 16, [&](int, int64_t b, int64_t e) {
+        uint32_t s = uint32_t(c + 1) * 2654435761u + uint32_t(b);
+        for (int64_t i = b; i < e; ++i) s = s * 1664525u + 1013904223u, w[i] = s ^ (s >> 15);
+      });
+      params.emplace_back(2 * size_t(groups) * arbor::dtype_size(sdtype));
+      const float scale = 0.08f / float((1 << bits) - 1);
+      for (int64_t i = 0; i < 2 * groups; ++i) {
+        const float v = i < groups ? scale * (1.0f + 0.001f * float(i % 7)) : -0.04f;
+        if (sdtype == DType::F32) params.back().as<float>()[i] = v;
+        else if (sdtype == DType::F16) params.back().as<uint16_t>()[i] = arbor::f32_to_f16(v);
+        else params.back().as<uint16_t>()[i] = arbor::f32_to_bf16(v);
+      }
+    }
+  }
+  cpu::AffineMatrix matrix(size_t c) const {
+    const auto* p = static_cast<const uint8_t*>(params[c].data());
+    return {codes[c].as<uint32_t>(), p, p + size_t(N * (K / G)) * arbor::dtype_size(sdtype), sdtype, bits, G, N, K};
+  }
+};
+
 int cmd_bench_linear(const std::vector<std::string>& argv) {
-  arbor::cli::Args args(argv, {"threads", "model", "dtype", "reps", "gemm-tokens", "bw-mib", "decode-tokens", "isa"}, {});
+  arbor::cli::Args args(argv, {"threads", "model", "dtype", "reps", "gemm-tokens", "bw-mib", "decode-tokens", "isa", "bits", "group-size", "cpu-gemm"}, {});
   const int threads = int(args.get_int("threads", ThreadPool::default_threads()));
   const std::string model = args.get_or("model", "all");
   const int reps = int(args.get_int("reps", 5));
@@ -84,6 +124,15 @@ int cmd_bench_linear(const std::vector<std::string>& argv) {
   ARBOR_CHECK(threads >= 1 && reps >= 1 && gemm_T >= 0 && decode_T >= 1 && decode_T <= cpu::kLinearGemvMaxT,
               "bench-linear: need --threads >= 1, --reps >= 1, --gemm-tokens >= 0, --decode-tokens 1..{}",
               cpu::kLinearGemvMaxT);
+  // --bits: MLX affine weights (scales and biases in --dtype).
+  const int bits = int(args.get_int("bits", 0)), group = int(args.get_int("group-size", 64));
+  const bool affine = bits != 0;
+  // Prefill as the CPU backend runs it in this mode (dense: gemm_bf16 where it applies; affine: bf16 panels).
+  const cpu::GemmMode gemm_mode = cpu::parse_gemm_mode(args.get_or("cpu-gemm", "exact"), "--cpu-gemm");
+  const bool dense_bf16_gemm = gemm_mode == cpu::GemmMode::Bf16 && cpu::gemm_bf16_applies(*dtype);
+  ARBOR_CHECK(!affine || ((bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8) &&
+                          (group == 32 || group == 64 || group == 128)),
+              "bench-linear: --bits must be 2, 3, 4, 5, 6 or 8 and --group-size 32, 64 or 128 (got {} and {})", bits, group);
   std::vector<LinearShape> shapes;
   for (const auto& s : kShapes)
     if (model == "all" || model == s.model) shapes.push_back(s);
@@ -104,8 +153,9 @@ int cmd_bench_linear(const std::vector<std::string>& argv) {
   }
   ThreadPool pool(threads);
   const auto& f = cpu::cpu_features();
-  std::printf("bench-linear: %s [%s], %d thread(s), %s weights\n", f.brand.c_str(), f.summary().c_str(), threads,
-              std::string(arbor::dtype_name(*dtype)).c_str());
+  const std::string wdesc = affine ? fmt::format("affine {}-bit g{} weights ({} scales)", bits, group, arbor::dtype_name(*dtype))
+                                   : fmt::format("{} weights", arbor::dtype_name(*dtype));
+  std::printf("bench-linear: %s [%s], %d thread(s), %s\n", f.brand.c_str(), f.summary().c_str(), threads, wdesc.c_str());
   std::fflush(stdout);
   // The machine may be shared: bandwidth passes are interleaved with the decode passes, and every
   // fraction is taken against the best bandwidth pass of the whole run (the strictest yardstick).
@@ -117,40 +167,67 @@ int cmd_bench_linear(const std::vector<std::string>& argv) {
     double gbs = 0;     // best decode pass, GB/s of weights
     double gflops = 0;  // best prefill call
     double paired = 0;  // decode GB/s / bandwidth, each averaged over the same interleaved passes
+    double dense_gflops = 0;  // affine runs: the dense GEMM (--dtype weights) on the same shape
+    size_t bytes = 0;   // weight bytes one decode call reads
   };
   std::vector<Row> rows;
   const size_t esize = arbor::dtype_size(*dtype);
+  const float* x_data = nullptr;
   for (const auto& s : shapes) {
-    WeightCopies w(pool, s.N, s.K, *dtype, size_t(768) << 20);
-    const size_t wbytes = size_t(s.N * s.K) * esize;
+    // Affine: the packed copies are what the timed calls read; the dense copies only give the GEMM for
+    // comparison (one copy).
+    std::optional<AffineCopies> aw;
+    if (affine) aw.emplace(pool, s.N, s.K, bits, group, *dtype, size_t(768) << 20);
+    const bool gemm = gemm_T > 0 && s.per_layer > 0;
+    WeightCopies w(pool, s.N, s.K, *dtype, affine ? 0 : size_t(768) << 20, affine ? (gemm ? 1 : 0) : 2);
+    const size_t wbytes = affine ? aw->bytes() : size_t(s.N * s.K) * esize;
+    const size_t n_copies = affine ? aw->codes.size() : w.bufs.size();
+    auto dense = [&](int64_t T, size_t c, float* y) {
+      if (T > cpu::kLinearGemvMaxT && dense_bf16_gemm)
+        cpu::gemm_bf16(pool, x_data, T, s.K, w.bufs[c].data(), *dtype, s.N, nullptr, y);
+      else
+        cpu::linear_with_isa(isa, pool, x_data, T, s.K, w.bufs[c].data(), *dtype, s.N, nullptr, y);
+    };
+    auto run = [&](int64_t T, size_t c, float* y) {
+      if (affine)
+        cpu::linear_affine_with_isa(isa, pool, x_data, T, aw->matrix(c % n_copies), nullptr, y, gemm_mode);
+      else
+        dense(T, c % n_copies, y);
+    };
     std::vector<float> x(size_t(std::max(gemm_T, decode_T) * s.K));
     for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 7919 % 2001) - 1000) * 1e-3f + 1e-4f;
+    x_data = x.data();
     std::vector<float> y(size_t(std::max(gemm_T, decode_T) * s.N));
     // Decode: enough calls per pass to stream ~2 GiB; the best pass counts.
-    const int64_t calls = std::max<int64_t>(int64_t(w.bufs.size()), int64_t((size_t(2) << 30) / wbytes));
+    const int64_t calls = std::max<int64_t>(int64_t(n_copies), int64_t((size_t(2) << 30) / wbytes));
     double best = 1e30, gemv_time = 0, probe_time = 0;
     for (int r = 0; r < reps; ++r) {
       probe_time += double(bw_bytes) / probe.pass();
       const double t0 = now_s();
-      for (int64_t c = 0; c < calls; ++c)
-        cpu::linear_with_isa(isa, pool, x.data(), decode_T, s.K, w.bufs[size_t(c) % w.bufs.size()].data(), *dtype,
-                             s.N, nullptr, y.data());
+      for (int64_t c = 0; c < calls; ++c) run(decode_T, size_t(c), y.data());
       const double t = now_s() - t0;
       gemv_time += t;
       best = std::min(best, t / double(calls));
     }
     Row row{&s, double(wbytes) / best / 1e9};
+    row.bytes = wbytes;
     // Averages over the same interleaved time slices: on a loaded machine the steadier comparison.
     row.paired = (double(wbytes) * double(calls) * reps / gemv_time) / (double(bw_bytes) * reps / probe_time);
     // Prefill: a few calls of gemm_T tokens (skipped for lm_head: logits are computed for one row).
-    if (gemm_T > 0 && s.per_layer > 0) {
-      double gbest = 1e30;
+    if (gemm) {
+      double gbest = 1e30, dbest = 1e30;
       for (int r = 0; r < std::max(2, reps / 2); ++r) {
-        const double t0 = now_s();
-        cpu::linear_with_isa(isa, pool, x.data(), gemm_T, s.K, w.bufs[0].data(), *dtype, s.N, nullptr, y.data());
+        double t0 = now_s();
+        run(gemm_T, 0, y.data());
         gbest = std::min(gbest, now_s() - t0);
+        if (affine) {
+          t0 = now_s();
+          dense(gemm_T, 0, y.data());
+          dbest = std::min(dbest, now_s() - t0);
+        }
       }
       row.gflops = 2.0 * double(gemm_T) * double(s.N) * double(s.K) / gbest / 1e9;
+      if (affine) row.dense_gflops = 2.0 * double(gemm_T) * double(s.N) * double(s.K) / dbest / 1e9;
     }
     rows.push_back(row);
   }
@@ -160,14 +237,20 @@ int cmd_bench_linear(const std::vector<std::string>& argv) {
               bw / 1e9, 2 + reps * int(shapes.size()), bw_bytes >> 20);
   std::printf("decode: best pass in GB/s of weights streamed; 'of bw' = that / best bandwidth pass; 'paired' =\n"
               "mean decode rate / mean bandwidth over the same interleaved passes (steadier when the machine is busy)\n\n");
-  std::printf("%-13s %-9s %-14s | T=%-2lld %-16s %7s %6s %6s | T=%-4lld %-16s %8s\n", "model", "linear", "N x K",
-              (long long)decode_T, "kernel", "GB/s", "of bw", "paired", (long long)gemm_T, "kernel", "GFLOP/s");
+  auto kname = [&](int64_t T) {
+    if (affine) return cpu::linear_affine_kernel_name(isa, T, gemm_mode);
+    return T > cpu::kLinearGemvMaxT && dense_bf16_gemm ? std::string("avx512bf16-gemm-bf16") : cpu::linear_kernel_name(isa, *dtype, T);
+  };
+  std::printf("%-13s %-9s %-14s | T=%-2lld %-21s %7s %6s %6s | T=%-4lld %-21s %8s%s\n", "model", "linear", "N x K",
+              (long long)decode_T, "kernel", "GB/s", "of bw", "paired", (long long)gemm_T, "kernel", "GFLOP/s",
+              affine ? fmt::format(" {:>12}", fmt::format("dense {}", arbor::dtype_name(*dtype))).c_str() : "");
   for (const Row& row : rows) {
     const LinearShape& s = *row.s;
-    std::printf("%-13s %-9s %6lld x %-5lld | %-21s %7.2f %5.1f%% %5.1f%% | %-21s %8s\n", s.model, s.name,
-                (long long)s.N, (long long)s.K, cpu::linear_kernel_name(isa, *dtype, decode_T).c_str(), row.gbs,
-                100.0 * row.gbs * 1e9 / bw, 100.0 * row.paired, row.gflops > 0 ? cpu::linear_kernel_name(isa, *dtype, gemm_T).c_str() : "-",
-                row.gflops > 0 ? fmt::format("{:.1f}", row.gflops).c_str() : "-");
+    std::printf("%-13s %-9s %6lld x %-5lld | %-26s %7.2f %5.1f%% %5.1f%% | %-28s %8s%s\n", s.model, s.name,
+                (long long)s.N, (long long)s.K, kname(decode_T).c_str(), row.gbs,
+                100.0 * row.gbs * 1e9 / bw, 100.0 * row.paired, row.gflops > 0 ? kname(gemm_T).c_str() : "-",
+                row.gflops > 0 ? fmt::format("{:.1f}", row.gflops).c_str() : "-",
+                affine ? fmt::format(" {:>12}", row.dense_gflops > 0 ? fmt::format("{:.1f}", row.dense_gflops) : "-").c_str() : "");
   }
   // A decoder layer's linears in sequence (each weight read once per token): the figure that decides
   // decode speed, time-weighted over the shapes above.
@@ -176,7 +259,7 @@ int cmd_bench_linear(const std::vector<std::string>& argv) {
     double bytes = 0, secs = 0;
     for (const auto& r : rows) {
       if (std::string(r.s->model) != m || r.s->per_layer == 0) continue;
-      const double b = double(r.s->N * r.s->K) * double(esize) * r.s->per_layer;
+      const double b = double(r.bytes) * r.s->per_layer;
       bytes += b;
       secs += b / (r.gbs * 1e9);
     }
@@ -191,7 +274,11 @@ int cmd_bench_linear(const std::vector<std::string>& argv) {
 
 ARBOR_VERB("bench-linear", "benchmark the CPU linear kernels at model shapes (GB/s, % of bandwidth, GFLOP/s)", "[flags]",
            "  --model NAME          shapes of qwen3-0.6b, llama-3.2-1b or all (default all)\n"
-           "  --dtype bf16|f16|f32  weight type (default bf16)\n"
+           "  --dtype bf16|f16|f32  weight type (default bf16); with --bits, of the scales and biases\n"
+           "  --bits B              MLX affine weights of B bits (2, 3, 4, 5, 6, 8); GB/s count codes, scales\n"
+           "                        and biases; the prefill column adds the dense --dtype GEMM\n"
+           "  --group-size G        affine group size (32, 64, 128; default 64)\n"
+           "  --cpu-gemm exact|bf16 prefill as the CPU backend runs it in that mode (default exact)\n"
            "  --threads N           threads (default: every CPU this process may run on)\n"
            "  --reps N              passes per shape, the best reported (default 5)\n"
            "  --decode-tokens N     rows of the decode (GEMV) calls (default 1)\n"

@@ -1,14 +1,17 @@
-// The affine reference kernel (cpu/linear_affine) and CpuBackend's affine path against dequantize-then-matmul,
-// with an independent packing of the codes (one little-endian bit stream per row), at odd shapes, every bit
-// width and group size.
+// The affine kernels (cpu/linear_affine: the reference, and the fused GEMV and dequantizing GEMM at every ISA
+// level this CPU runs) and CpuBackend's affine path against dequantize-then-matmul in double, with an
+// independent packing of the codes (one little-endian bit stream per row), at odd shapes, every bit width and
+// group size, bf16 and f16 scales.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_features.h"
 #include "backend/cpu/linear_affine.h"
 #include "core/error.h"
 #include "../test_util.h"
@@ -24,11 +27,12 @@ struct AffineCase {
   std::vector<uint32_t> codes;                 // [N, K] unpacked
   std::vector<uint32_t> packed;                // [N, K*bits/32]
   std::vector<float> scales, biases;           // [N, K/G] f32
-  std::vector<uint16_t> scales16, biases16;    // the same rounded to bf16
+  std::vector<uint16_t> scales16, biases16;    // the same rounded to bf16 (or f16: dtype16)
+  DType dtype16 = DType::BF16;
 };
 
-AffineCase make_case(int64_t N, int64_t K, int bits, int G, uint32_t seed) {
-  AffineCase c{N, K, bits, G, {}, {}, {}, {}, {}, {}};
+AffineCase make_case(int64_t N, int64_t K, int bits, int G, uint32_t seed, DType dtype16 = DType::BF16) {
+  AffineCase c{N, K, bits, G, {}, {}, {}, {}, {}, {}, dtype16};
   std::mt19937 rng(seed);
   std::uniform_int_distribution<uint32_t> code(0, (1u << bits) - 1);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -46,12 +50,21 @@ AffineCase make_case(int64_t N, int64_t K, int bits, int G, uint32_t seed) {
         }
     }
   for (int64_t i = 0; i < N * (K / G); ++i) {
-    c.scales16.push_back(f32_to_bf16(0.05f * (1.0f + 0.5f * u(rng))));
-    c.biases16.push_back(f32_to_bf16(0.3f * u(rng)));
-    c.scales.push_back(bf16_to_f32(c.scales16.back()));
-    c.biases.push_back(bf16_to_f32(c.biases16.back()));
+    const bool f16 = dtype16 == DType::F16;
+    const float s = 0.05f * (1.0f + 0.5f * u(rng)), b = 0.3f * u(rng);
+    c.scales16.push_back(f16 ? f32_to_f16(s) : f32_to_bf16(s));
+    c.biases16.push_back(f16 ? f32_to_f16(b) : f32_to_bf16(b));
+    c.scales.push_back(f16 ? f16_to_f32(c.scales16.back()) : bf16_to_f32(c.scales16.back()));
+    c.biases.push_back(f16 ? f16_to_f32(c.biases16.back()) : bf16_to_f32(c.biases16.back()));
   }
   return c;
+}
+
+cpu::AffineMatrix matrix_f32(const AffineCase& c) {
+  return {c.packed.data(), c.scales.data(), c.biases.data(), DType::F32, c.bits, c.G, c.N, c.K};
+}
+cpu::AffineMatrix matrix_16(const AffineCase& c) {
+  return {c.packed.data(), c.scales16.data(), c.biases16.data(), c.dtype16, c.bits, c.G, c.N, c.K};
 }
 
 // W dequantized in f32 (scale * code, then + bias), then y = x W^T + bias accumulated in double.
@@ -79,7 +92,7 @@ void expect_close(const std::vector<float>& y, const std::vector<float>& ref) {
   EXPECT_LE(worst, 2e-5f * scale) << "worst " << worst << " of max " << scale;
 }
 
-TEST(CpuLinearAffine, KernelMatchesDequantizeThenMatmul) {
+TEST(CpuLinearAffine, ReferenceMatchesDequantizeThenMatmul) {
   ThreadPool pool(2);
   for (int bits : {2, 3, 4, 5, 6, 8})
     for (int G : {32, 64, 128})
@@ -90,8 +103,11 @@ TEST(CpuLinearAffine, KernelMatchesDequantizeThenMatmul) {
           const AffineCase c = make_case(N, K, bits, G, uint32_t(bits * 1000 + G + N * 7 + T));
           const std::vector<float> x = random_floats(size_t(T * K), uint32_t(T + 5)), bias = random_floats(size_t(N), 3);
           std::vector<float> y(size_t(T * N), -1.0f);
-          cpu::linear_affine(pool, x.data(), T, K, c.packed.data(), c.scales.data(), c.biases.data(), bits, G, N, bias.data(), y.data());
+          cpu::linear_affine_reference(pool, x.data(), T, matrix_f32(c), bias.data(), y.data());
           expect_close(y, reference(c, x, T, bias.data()));
+          std::vector<float> y16(size_t(T * N), -1.0f);
+          cpu::linear_affine_reference(pool, x.data(), T, matrix_16(c), bias.data(), y16.data());
+          EXPECT_EQ(y16, y) << "bf16 scales read as their f32 values";
         }
 }
 
@@ -111,7 +127,7 @@ TEST(CpuLinearAffine, BackendLoadsPackedWeightsAndPicksTheKernel) {
         const Linear l = be.load_linear(h);
         EXPECT_EQ(l.format, WeightFormat::Affine);
         EXPECT_EQ(l.data.dtype, DType::U32);  // still packed
-        EXPECT_EQ(l.scales.dtype, DType::F32);
+        EXPECT_EQ(l.scales.dtype, DType::BF16);  // read as stored
         const std::vector<float> x = random_floats(size_t(T * K), 9);
         std::vector<float> y(size_t(T * N));
         be.linear(Tensor(const_cast<float*>(x.data()), DType::F32, {T, K}), l, Tensor(y.data(), DType::F32, {T, N}));
@@ -132,6 +148,197 @@ TEST(CpuLinearAffine, BackendLoadsPackedWeightsAndPicksTheKernel) {
           }
       }
   }
+}
+
+// y and, per output, Σ|x·w| + |bias|: the magnitude f32 rounding in a dot product scales with.
+struct Expected {
+  std::vector<float> y;
+  std::vector<double> mag;
+};
+Expected expected(const AffineCase& c, const std::vector<float>& x, int64_t T, const float* bias) {
+  Expected e{reference(c, x, T, bias), std::vector<double>(size_t(T * c.N), 0.0)};
+  for (int64_t n = 0; n < c.N; ++n)
+    for (int64_t t = 0; t < T; ++t) {
+      double m = bias ? std::fabs(bias[n]) : 0.0;
+      for (int64_t j = 0; j < c.K; ++j) {
+        const size_t g = size_t(n * (c.K / c.G) + j / c.G);
+        const float w = c.scales[g] * float(c.codes[size_t(n * c.K + j)]) + c.biases[g];
+        m += std::fabs(double(x[size_t(t * c.K + j)]) * w);
+      }
+      e.mag[size_t(t * c.N + n)] = m;
+    }
+  return e;
+}
+
+// The fast kernels accumulate in f32 in another order than the reference (per group s·Σ(x·q) + b·Σx, or
+// over dequantized panels): each output must be within 1e-5 of Σ|x·w| of the double result. f32 rounding
+// of a dot product of K <= 640 terms is at most ~K·6e-8 of Σ|x·w| and in practice ~sqrt(K)·6e-8 (~1.5e-6);
+// a wrong code, scale or group anywhere shows as ~1e-2 or more.
+constexpr double kAffineTol = 1e-5;
+
+TEST(CpuLinearAffine, EveryIsaMatchesReference) {
+  ThreadPool p1(1), p3(3);
+  const std::vector<cpu::LinearIsa> isas = cpu::linear_isas_supported();
+  ASSERT_FALSE(isas.empty());
+  double worst = 0;
+  uint32_t seed = 100;
+  int cases = 0;
+  for (int bits : {2, 3, 4, 5, 6, 8})
+    for (int G : {32, 64, 128})
+      for (DType dt : {DType::BF16, DType::F16})
+        for (int64_t N : {1, 7, 67, 300})
+          for (int64_t groups : {1, 3, 5}) {
+            const int64_t K = groups * G;
+            const AffineCase c = make_case(N, K, bits, G, seed++, dt);
+            for (int64_t T : {1, 2, 5, 8, 9, 33}) {
+              const bool with_bias = (cases++ % 2) == 0;
+              const std::vector<float> x = random_floats(size_t(T * K), seed++), bias = random_floats(size_t(N), seed++);
+              const float* b = with_bias ? bias.data() : nullptr;
+              const Expected e = expected(c, x, T, b);
+              for (cpu::LinearIsa isa : isas) {
+                // One pool thread, then three (the GEMV row split, the GEMM panel and token splits).
+                for (ThreadPool* pool : {&p1, &p3}) {
+                  SCOPED_TRACE(::testing::Message() << cpu::linear_affine_kernel_name(isa, T) << " " << bits << "-bit g" << G << " "
+                                                    << dtype_name(dt) << " T " << T << " N " << N << " K " << K << " bias " << with_bias
+                                                    << " threads " << pool->size());
+                  std::vector<float> y(size_t(T * N), NAN);
+                  cpu::linear_affine_with_isa(isa, *pool, x.data(), T, matrix_16(c), b, y.data());
+                  double err = 0;
+                  for (size_t i = 0; i < y.size(); ++i) {
+                    ASSERT_TRUE(std::isfinite(y[i])) << "output " << i;
+                    err = std::max(err, std::fabs(double(y[i]) - e.y[i]) / e.mag[i]);
+                  }
+                  ASSERT_LE(err, kAffineTol);
+                  worst = std::max(worst, err);
+                }
+              }
+            }
+          }
+  std::printf("worst error / sum|x*w| over %d cases: %.3g (tolerance %.0e)\n", cases, worst, kAffineTol);
+}
+
+TEST(CpuLinearAffine, DispatchedKernelMatchesReferenceAtModelShape) {
+  // A Llama-3.2-1B o_proj [2048, 2048] at 4 bits g64, bf16 scales: decode and prefill (the GEMM's full
+  // 128-column panels and 256-token blocks), through the kernel linear_affine picks.
+  ThreadPool pool(2);
+  const int64_t N = 2048, K = 2048;
+  const AffineCase c = make_case(N, K, 4, 64, 7);
+  for (int64_t T : {1, 8, 300}) {
+    SCOPED_TRACE(::testing::Message() << cpu::linear_affine_kernel_name(T) << " T " << T);
+    const std::vector<float> x = random_floats(size_t(T * K), uint32_t(T));
+    std::vector<float> y(size_t(T * N), NAN), ref(y.size());
+    cpu::linear_affine(pool, x.data(), T, matrix_16(c), nullptr, y.data());
+    cpu::linear_affine_reference(pool, x.data(), T, matrix_16(c), nullptr, ref.data());
+    double err = 0, scale = 0;
+    for (size_t i = 0; i < y.size(); ++i) err = std::max(err, double(std::fabs(y[i] - ref[i]))), scale = std::max(scale, double(std::fabs(ref[i])));
+    EXPECT_LE(err, 1e-5 * scale);
+  }
+}
+
+// --cpu-gemm bf16 on AVX-512 BF16: panels dequantized in f32 and rounded to bf16, x rounded to bf16, f32
+// accumulation. The ground truth rounds the same way (gemm_bf16_reference on the dequantized, rounded W), so
+// only the summation order differs: within 1e-5 of Σ|x·w| again.
+TEST(CpuLinearAffine, Bf16GemmMatchesRoundedReference) {
+  if (!cpu::cpu_features().avx512_bf16)
+    GTEST_SKIP() << "no AVX-512 BF16 on this CPU (" << cpu::cpu_features().brand << ": " << cpu::cpu_features().summary()
+                 << "); the bf16 affine GEMM is not used here";
+  ThreadPool p1(1), p3(3);
+  uint32_t seed = 900;
+  double worst = 0;
+  int cases = 0;
+  for (int bits : {2, 3, 4, 5, 6, 8})
+    for (int G : {32, 64, 128})
+      for (int64_t N : {1, 7, 67, 300})
+        for (int64_t groups : {1, 3, 5}) {
+          const int64_t K = groups * G;
+          const AffineCase c = make_case(N, K, bits, G, seed++, (cases % 2) ? DType::F16 : DType::BF16);
+          std::vector<uint16_t> wb(size_t(N * K));
+          std::vector<float> row(static_cast<size_t>(K));
+          for (int64_t n = 0; n < N; ++n) {
+            cpu::affine_dequantize_row(matrix_16(c), n, row.data());
+            for (int64_t j = 0; j < K; ++j) wb[size_t(n * K + j)] = f32_to_bf16(row[size_t(j)]);
+          }
+          for (int64_t T : {9, 33, 300}) {
+            const bool with_bias = (cases++ % 3) == 0;
+            const std::vector<float> x = random_floats(size_t(T * K), seed++), bias = random_floats(size_t(N), seed++);
+            const float* b = with_bias ? bias.data() : nullptr;
+            std::vector<float> ref(size_t(T * N));
+            cpu::gemm_bf16_reference(x.data(), T, K, wb.data(), N, b, ref.data());
+            for (ThreadPool* pool : {&p1, &p3}) {
+              SCOPED_TRACE(::testing::Message() << bits << "-bit g" << G << " T " << T << " N " << N << " K " << K << " bias " << with_bias
+                                                << " threads " << pool->size());
+              std::vector<float> y(ref.size(), NAN);
+              cpu::linear_affine_with_isa(cpu::LinearIsa::Avx512Bf16, *pool, x.data(), T, matrix_16(c), b, y.data(), cpu::GemmMode::Bf16);
+              for (int64_t t = 0; t < T; ++t)
+                for (int64_t n = 0; n < N; ++n) {
+                  double mag = b ? std::fabs(b[n]) : 0.0;
+                  for (int64_t j = 0; j < K; ++j)
+                    mag += std::fabs(double(bf16_to_f32(f32_to_bf16(x[size_t(t * K + j)]))) * bf16_to_f32(wb[size_t(n * K + j)]));
+                  const size_t i = size_t(t * N + n);
+                  ASSERT_TRUE(std::isfinite(y[i]));
+                  const double err = std::fabs(double(y[i]) - ref[i]) / mag;
+                  ASSERT_LE(err, kAffineTol) << "t " << t << " n " << n;
+                  worst = std::max(worst, err);
+                }
+            }
+          }
+        }
+  std::printf("bf16 GEMM: worst error / sum|x*w| over %d cases: %.3g (tolerance %.0e)\n", cases, worst, kAffineTol);
+
+  // CpuBackend in --cpu-gemm bf16 mode sends affine prompt chunks here (and decode rows to the exact GEMV).
+  CpuBackend be(2, WeightPlacement::Copy);
+  be.set_gemm_mode(cpu::GemmMode::Bf16);
+  const int64_t N = 70, K = 256, G = 64;
+  const AffineCase c = make_case(N, K, 4, int(G), 5);
+  Linear h;
+  h.format = WeightFormat::Affine, h.n_rows = N, h.n_cols = K, h.bits = 4, h.group_size = int(G);
+  h.data = Tensor(const_cast<uint32_t*>(c.packed.data()), DType::U32, {N, K / 8});
+  h.scales = Tensor(const_cast<uint16_t*>(c.scales16.data()), DType::BF16, {N, K / G});
+  h.biases = Tensor(const_cast<uint16_t*>(c.biases16.data()), DType::BF16, {N, K / G});
+  const Linear l = be.load_linear(h);
+  std::vector<uint16_t> wb(size_t(N * K));
+  std::vector<float> row(static_cast<size_t>(K));
+  for (int64_t n = 0; n < N; ++n) {
+    cpu::affine_dequantize_row(matrix_16(c), n, row.data());
+    for (int64_t j = 0; j < K; ++j) wb[size_t(n * K + j)] = f32_to_bf16(row[size_t(j)]);
+  }
+  for (int64_t T : {4, 40}) {
+    const std::vector<float> x = random_floats(size_t(T * K), 77);
+    std::vector<float> y(size_t(T * N)), ref(y.size());
+    be.linear(Tensor(const_cast<float*>(x.data()), DType::F32, {T, K}), l, Tensor(y.data(), DType::F32, {T, N}));
+    if (T > cpu::kLinearGemvMaxT)
+      cpu::gemm_bf16_reference(x.data(), T, K, wb.data(), N, nullptr, ref.data());
+    else
+      ref = reference(c, x, T, nullptr);
+    double err = 0, scale = 0;
+    for (size_t i = 0; i < y.size(); ++i) err = std::max(err, double(std::fabs(y[i] - ref[i]))), scale = std::max(scale, double(std::fabs(ref[i])));
+    EXPECT_LE(err, 1e-5 * scale) << "backend, T " << T;
+  }
+  EXPECT_EQ(cpu::linear_affine_kernel_name(cpu::LinearIsa::Avx512Bf16, 9, cpu::GemmMode::Bf16), "avx512bf16-affine-gemm-bf16");
+  EXPECT_EQ(cpu::linear_affine_kernel_name(cpu::LinearIsa::Avx512Bf16, 9, cpu::GemmMode::Exact), "avx512-affine-gemm");
+  EXPECT_EQ(cpu::linear_affine_kernel_name(cpu::LinearIsa::Avx512Bf16, 8, cpu::GemmMode::Bf16), "avx512-affine-gemv");
+}
+
+TEST(CpuLinearAffine, KernelsRejectBadArguments) {
+  ThreadPool pool(1);
+  const AffineCase c = make_case(4, 64, 4, 32, 1);
+  const std::vector<float> x = random_floats(64, 1);
+  std::vector<float> y(4);
+  cpu::AffineMatrix w = matrix_16(c);
+  EXPECT_NO_THROW(cpu::linear_affine(pool, x.data(), 1, w, nullptr, y.data()));
+  cpu::AffineMatrix bad = w;
+  bad.bits = 7;
+  EXPECT_NE(test::error_of([&] { cpu::linear_affine(pool, x.data(), 1, bad, nullptr, y.data()); }).find("7 bits not supported"),
+            std::string::npos);
+  bad = w, bad.group_size = 48;
+  EXPECT_NE(test::error_of([&] { cpu::linear_affine(pool, x.data(), 1, bad, nullptr, y.data()); }).find("group size 48"), std::string::npos);
+  bad = w, bad.K = 80;  // not a multiple of the group
+  EXPECT_NE(test::error_of([&] { cpu::linear_affine(pool, x.data(), 1, bad, nullptr, y.data()); }).find("bad shape"), std::string::npos);
+  bad = w, bad.sdtype = DType::U32;
+  EXPECT_NE(test::error_of([&] { cpu::linear_affine(pool, x.data(), 1, bad, nullptr, y.data()); }).find("scales/biases dtype"),
+            std::string::npos);
+  bad = w, bad.scales = nullptr;
+  EXPECT_NE(test::error_of([&] { cpu::linear_affine(pool, x.data(), 1, bad, nullptr, y.data()); }).find("null pointer"), std::string::npos);
 }
 
 TEST(CpuLinearAffine, LoadRejectsBadGeometry) {

@@ -11,6 +11,7 @@
 
 #include "backend/cpu/attention_blocked.h"
 #include "backend/cpu/bandwidth.h"
+#include "backend/cpu/cpu_features.h"
 #include "backend/cpu/linear.h"
 #include "backend/cpu/linear_affine.h"
 #include "backend/cpu/vec.h"
@@ -99,11 +100,20 @@ void bf16_gemm_linear(ThreadPool& pool, const Tensor& x, const Linear& l, Tensor
 
 bool dense_dtype(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
 
-// MLX affine weights at any row count: the reference kernel (cpu/linear_affine.cpp). load_linear made the
-// scales and biases f32.
+cpu::AffineMatrix affine_matrix(const Linear& l) {
+  return {l.data.as<uint32_t>(), l.scales.data, l.biases.data, l.scales.dtype, l.bits, l.group_size, l.rows(), l.cols()};
+}
+
+// MLX affine weights at any row count (cpu/linear_affine.h): the fused GEMV for rows <= 8, the GEMM over
+// dequantized panels above, on the ISA level this CPU has. Scales and biases as stored (F32/F16/BF16).
 void affine_linear(ThreadPool& pool, const Tensor& x, const Linear& l, Tensor y) {
-  cpu::linear_affine(pool, x.as<float>(), x.rows(), l.cols(), l.data.as<uint32_t>(), l.scales.as<float>(), l.biases.as<float>(), l.bits,
-                     l.group_size, l.rows(), l.bias.empty() ? nullptr : l.bias.as<float>(), y.as<float>());
+  cpu::linear_affine(pool, x.as<float>(), x.rows(), affine_matrix(l), l.bias.empty() ? nullptr : l.bias.as<float>(), y.as<float>());
+}
+
+// Affine prompt chunks in bf16 mode on AVX-512 BF16: panels dequantized to bf16, x rounded once (gemm_bf16).
+void affine_bf16_linear(ThreadPool& pool, const Tensor& x, const Linear& l, Tensor y) {
+  cpu::linear_affine(pool, x.as<float>(), x.rows(), affine_matrix(l), l.bias.empty() ? nullptr : l.bias.as<float>(), y.as<float>(),
+                     cpu::GemmMode::Bf16);
 }
 
 bool affine_bits(int bits) { return bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8; }
@@ -117,7 +127,7 @@ struct LinearKernelEntry {
 };
 constexpr LinearKernelEntry kLinearKernels[] = {
     {WeightFormat::Dense, 0, INT64_MAX, "dense F32/F16/BF16 at any rows", dense_linear},
-    {WeightFormat::Affine, 0, INT64_MAX, "affine 2/3/4/5/6/8-bit g32/64/128 at any rows (reference kernel)", affine_linear},
+    {WeightFormat::Affine, 0, INT64_MAX, "affine 2/3/4/5/6/8-bit g32/64/128 at any rows (fused GEMV to 8 rows, GEMM above)", affine_linear},
 };
 
 // The format's own constraints beyond the table's (dtype of dense weights, bits and group of affine ones).
@@ -145,6 +155,9 @@ CpuBackend::LinearKernel CpuBackend::pick_linear(const Linear& l, int64_t rows, 
   // Prompt chunks in bf16 mode: activations rounded to bf16 once (cpu/gemm_bf16); decode rows stay exact.
   if (mode == cpu::GemmMode::Bf16 && l.format == WeightFormat::Dense && rows > cpu::kLinearGemvMaxT && cpu::gemm_bf16_applies(l.data.dtype))
     return bf16_gemm_linear;
+  if (mode == cpu::GemmMode::Bf16 && l.format == WeightFormat::Affine && rows > cpu::kLinearGemvMaxT && cpu::cpu_features().avx512_bf16 &&
+      variant_supported(l))
+    return affine_bf16_linear;
   for (const auto& e : kLinearKernels)
     if (e.format == l.format && variant_supported(l) && rows >= e.min_rows && rows <= e.max_rows)
       return e.fn;
@@ -155,23 +168,23 @@ Linear CpuBackend::load_linear(const Linear& host) {
   ARBOR_CHECK(format_supported(host), "cpu: cannot load {} weights; supported: {}", host.describe(), supported_linears());
   Linear l = host;
   if (host.format == WeightFormat::Affine) {
-    // Codes stay packed (copied or mapped like dense weights); scales and biases become f32 [rows, groups].
+    // Codes, scales and biases stay as stored (copied or mapped like dense weights): the kernels read F32,
+    // F16 or BF16 scales directly, so a step reads 2 bytes per scale, not 4.
     const int64_t R = host.rows(), C = host.cols(), G = host.group_size;
     ARBOR_CHECK(C % G == 0 && (C * host.bits) % 32 == 0, "cpu: {}: columns do not divide into groups", host.describe());
     ARBOR_CHECK(host.data.dtype == DType::U32 && host.data.ndim == 2 && host.data.shape[0] == R && host.data.shape[1] == C * host.bits / 32,
                 "cpu: {}: codes must be U32 [{}, {}]", host.describe(), R, C * host.bits / 32);
-    auto to_f32 = [&](const Tensor& t, const char* what) {
+    auto check_params = [&](const Tensor& t, const char* what) {
       ARBOR_CHECK(t.ndim == 2 && t.shape[0] == R && t.shape[1] == C / G && dense_dtype(t.dtype), "cpu: {}: {} must be F32/F16/BF16 [{}, {}]",
                   host.describe(), what, R, C / G);
-      Tensor out(nullptr, DType::F32, {R, C / G});
-      out.data = own(out.nbytes(), false);
-      float* o = out.as<float>();
-      for (int64_t i = 0; i < R * (C / G); ++i) o[i] = load_elem(t, i);
-      return out;
     };
+    check_params(host.scales, "scales");
+    check_params(host.biases, "biases");
+    ARBOR_CHECK(host.scales.dtype == host.biases.dtype, "cpu: {}: scales are {} but biases {}", host.describe(), dtype_name(host.scales.dtype),
+                dtype_name(host.biases.dtype));
     l.data = load_weight(host.data);
-    l.scales = to_f32(host.scales, "scales");
-    l.biases = to_f32(host.biases, "biases");
+    l.scales = load_weight(host.scales);
+    l.biases = load_weight(host.biases);
   } else {
     l.data = load_weight(host.data);
   }
@@ -206,7 +219,7 @@ float CpuBackend::fail_value(const Tensor& t) { fail("cpu: cannot convert a {} v
 
 void CpuBackend::embed(const Linear& emb, Tensor out, float scale) {
   const bool affine = emb.format == WeightFormat::Affine && affine_bits(emb.bits) && affine_group(emb.group_size) &&
-                      emb.scales.dtype == DType::F32 && emb.biases.dtype == DType::F32;
+                      dense_dtype(emb.scales.dtype) && emb.biases.dtype == emb.scales.dtype;
   ARBOR_CHECK((emb.format == WeightFormat::Dense && dense_dtype(emb.data.dtype)) || affine,
               "cpu: embed: no gather for {} tables; supported: dense F32/F16/BF16, affine (loaded by load_linear)", emb.describe());
   const Tensor& table = emb.data;
@@ -224,7 +237,7 @@ void CpuBackend::embed(const Linear& emb, Tensor out, float scale) {
     ARBOR_CHECK(id < V, "embed: token id {} at batch row {} is outside the vocabulary ({})", id, t, V);
     float* ot = o + int64_t(t) * C;
     if (affine) {
-      cpu::affine_dequantize_row(table.as<uint32_t>(), emb.scales.as<float>(), emb.biases.as<float>(), emb.bits, emb.group_size, C, id, ot);
+      cpu::affine_dequantize_row(affine_matrix(emb), id, ot);
       for (int64_t c = 0; c < C; ++c) ot[c] *= scale;
     } else {
       for (int64_t c = 0; c < C; ++c) ot[c] = load_elem(table, int64_t(id) * C + c) * scale;

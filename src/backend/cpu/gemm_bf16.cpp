@@ -33,7 +33,7 @@ namespace {
 
 constexpr int kMR = 12;          // token rows per register tile: 12 x 2 accumulators + 2 weight vectors
 constexpr int64_t kNR = 32;      // columns per packed panel (two zmm of f32 sums)
-constexpr int64_t kKCP = 256;    // k pairs per packed panel: 256 x 32 x 4 B = 32 KiB (L1 is 48 KiB here)
+constexpr int64_t kKCP = kGemmBf16PanelPairs;  // k pairs per packed panel: 256 x 32 x 4 B = 32 KiB (L1 is 48 KiB here)
 constexpr int64_t kBlockT = 256; // tokens per cache block
 constexpr int64_t kGroupN = 256; // columns per cache block
 
@@ -115,8 +115,13 @@ ARBOR_BF16 void tile_any(int mr, const uint32_t* xs, int64_t ldx, const uint32_t
   tile<MR>(xs, ldx, P, kcp, y, ldy, m0, m1, bias, first);
 }
 
-// Output columns [n0, n1) for tokens [t0, t1).
-ARBOR_BF16 void gemm_range(const Job& J, int64_t t0, int64_t t1, int64_t n0, int64_t n1, uint32_t* P) {
+ARBOR_BF16 void pack_dense(const void* ctx, int64_t nb, int64_t nw, int64_t pb, int64_t kcp, uint32_t* P) {
+  pack_panel(*static_cast<const Job*>(ctx), nb, nw, pb, kcp, P);
+}
+
+// Output columns [n0, n1) for tokens [t0, t1); `pack` supplies each weight panel.
+ARBOR_BF16 void gemm_range(const Job& J, int64_t t0, int64_t t1, int64_t n0, int64_t n1, uint32_t* P, Bf16PanelPacker pack,
+                           const void* ctx) {
   for (int64_t tb = t0; tb < t1; tb += kBlockT) {
     const int64_t te = std::min(t1, tb + kBlockT);
     for (int64_t ng = n0; ng < n1; ng += kGroupN) {
@@ -127,7 +132,7 @@ ARBOR_BF16 void gemm_range(const Job& J, int64_t t0, int64_t t1, int64_t n0, int
           const int64_t nw = std::min(kNR, ne - nb);
           const uint32_t cols = nw >= 32 ? 0xffffffffu : (1u << nw) - 1;
           const __mmask16 m0 = __mmask16(cols), m1 = __mmask16(cols >> 16);
-          pack_panel(J, nb, nw, pb, kcp, P);
+          pack(ctx, nb, nw, pb, kcp, P);
           for (int64_t t = tb; t < te; t += kMR) {
             const int mr = int(std::min<int64_t>(kMR, te - t));
             tile_any<kMR>(mr, J.xb + t * J.Kh + pb, J.Kh, P, kcp, J.y + t * J.N + nb, J.N, m0, m1,
@@ -215,6 +220,33 @@ GemmMode parse_gemm_mode(std::string_view s, const char* what) {
 
 bool gemm_bf16_applies(DType wtype) { return wtype == DType::BF16 && cpu_features().avx512_bf16; }
 
+namespace {
+
+// x rounded to bf16 pairs once, then the blocked GEMM with `pack`'s panels (ctx == nullptr: the dense
+// weights of the Job).
+void run_gemm(ThreadPool& pool, const float* x, int64_t T, int64_t K, const uint16_t* W, int64_t N, const float* bias, float* y,
+              Bf16PanelPacker pack, const void* ctx) {
+  const int64_t Kh = (K + 1) / 2;
+  uint32_t* xb = thread_scratch<0, uint32_t>(size_t(T * Kh));  // the caller's: kept for the workers
+  pool.parallel_for(T, 1, [&](int, int64_t t0, int64_t t1) { round_rows(x, K, Kh, t0, t1, xb); });
+  const Job J{xb, T, K, Kh, W, N, bias, y};
+  if (!ctx) ctx = &J;
+  const int64_t threads = pool.size(), panels = (N + kNR - 1) / kNR;
+  // By column panels when there are enough of them (each thread streams its own weights once per
+  // token block), else by tokens (a small N: a router, a test shape).
+  if (threads == 1 || panels >= 2 * threads || T < 2 * threads) {
+    pool.parallel_for(N, kNR, [&](int, int64_t n0, int64_t n1) {
+      gemm_range(J, 0, T, n0, n1, thread_scratch<1, uint32_t>(size_t(kNR * kKCP)), pack, ctx);
+    });
+  } else {
+    pool.parallel_for(T, 1, [&](int, int64_t t0, int64_t t1) {
+      gemm_range(J, t0, t1, 0, N, thread_scratch<1, uint32_t>(size_t(kNR * kKCP)), pack, ctx);
+    });
+  }
+}
+
+}  // namespace
+
 void gemm_bf16(ThreadPool& pool, const float* x, int64_t T, int64_t K, const void* W, DType wtype, int64_t N,
                const float* bias, float* y) {
   ARBOR_CHECK(gemm_bf16_applies(wtype), "gemm_bf16: needs bf16 weights and an AVX-512 BF16 CPU (weights {}, CPU {}: {})",
@@ -222,22 +254,16 @@ void gemm_bf16(ThreadPool& pool, const float* x, int64_t T, int64_t K, const voi
   ARBOR_CHECK(T >= 0 && K >= 1 && N >= 1, "gemm_bf16: bad shape x [{}, {}], W [{}, {}]", T, K, N, K);
   ARBOR_CHECK(T == 0 || (x && W && y), "gemm_bf16: null pointer (x={}, W={}, y={})", fmt::ptr(x), fmt::ptr(W), fmt::ptr(y));
   if (T == 0) return;
-  const int64_t Kh = (K + 1) / 2;
-  uint32_t* xb = thread_scratch<0, uint32_t>(size_t(T * Kh));  // the caller's: kept for the workers
-  pool.parallel_for(T, 1, [&](int, int64_t t0, int64_t t1) { round_rows(x, K, Kh, t0, t1, xb); });
-  const Job J{xb, T, K, Kh, static_cast<const uint16_t*>(W), N, bias, y};
-  const int64_t threads = pool.size(), panels = (N + kNR - 1) / kNR;
-  // By column panels when there are enough of them (each thread streams its own weights once per
-  // token block), else by tokens (a small N: a router, a test shape).
-  if (threads == 1 || panels >= 2 * threads || T < 2 * threads) {
-    pool.parallel_for(N, kNR, [&](int, int64_t n0, int64_t n1) {
-      gemm_range(J, 0, T, n0, n1, thread_scratch<1, uint32_t>(size_t(kNR * kKCP)));
-    });
-  } else {
-    pool.parallel_for(T, 1, [&](int, int64_t t0, int64_t t1) {
-      gemm_range(J, t0, t1, 0, N, thread_scratch<1, uint32_t>(size_t(kNR * kKCP)));
-    });
-  }
+  run_gemm(pool, x, T, K, static_cast<const uint16_t*>(W), N, bias, y, pack_dense, nullptr);
+}
+
+void gemm_bf16_panels(ThreadPool& pool, const float* x, int64_t T, int64_t K, int64_t N, const float* bias, float* y,
+                      Bf16PanelPacker pack, const void* ctx) {
+  ARBOR_CHECK(cpu_features().avx512_bf16, "gemm_bf16: needs an AVX-512 BF16 CPU (CPU {}: {})", cpu_features().brand,
+              cpu_features().summary());
+  ARBOR_CHECK(T >= 0 && K >= 1 && N >= 1 && pack && ctx, "gemm_bf16_panels: bad shape x [{}, {}], W [{}, {}] or no packer", T, K, N, K);
+  if (T == 0) return;
+  run_gemm(pool, x, T, K, nullptr, N, bias, y, pack, ctx);
 }
 
 void gemm_bf16_reference(const float* x, int64_t T, int64_t K, const void* W, int64_t N, const float* bias, float* y) {

@@ -34,6 +34,15 @@ bool gemm_bf16_applies(DType wtype);
 void gemm_bf16(ThreadPool& pool, const float* x, int64_t T, int64_t K, const void* W, DType wtype, int64_t N,
                const float* bias, float* y);
 
+// gemm_bf16 with the weight panels supplied by the caller (the affine GEMM dequantizes them):
+// pack(ctx, nb, nw, pb, kcp, P) fills P[p][j] (p < kcp, j < 32, row stride 32 words) with the bf16 pair of
+// columns 2(pb+p), 2(pb+p)+1 of W's row nb + j as one 32-bit word (the lower column in the low half), zero
+// for j >= nw. pb is a multiple of kGemmBf16PanelPairs and kcp <= it. Needs an AVX-512 BF16 CPU.
+using Bf16PanelPacker = void (*)(const void* ctx, int64_t nb, int64_t nw, int64_t pb, int64_t kcp, uint32_t* P);
+inline constexpr int64_t kGemmBf16PanelPairs = 256;
+void gemm_bf16_panels(ThreadPool& pool, const float* x, int64_t T, int64_t K, int64_t N, const float* bias, float* y,
+                      Bf16PanelPacker pack, const void* ctx);
+
 // The ground truth for tests: x rounded to bf16 exactly as gemm_bf16 does, then plain loops with
 // double accumulation (bf16 weights).
 void gemm_bf16_reference(const float* x, int64_t T, int64_t K, const void* W, int64_t N, const float* bias, float* y);

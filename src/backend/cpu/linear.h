@@ -70,6 +70,13 @@ void gemv_avx512(const Args& a, int64_t n0, int64_t n1);
 void gemm_avx2(const Args& a, int64_t n0, int64_t n1, float* scratch);
 void gemm_avx512(const Args& a, int64_t n0, int64_t n1, float* scratch);
 void gemm_avx512bf16(const Args& a, int64_t n0, int64_t n1, float* scratch);
+// The f32 GEMM with the weight panels supplied by the caller (the affine GEMM dequantizes them):
+// pack(ctx, nb, nw, kb, kc, P) fills P[kk][j] (kk < kc, j < kGemmPanelN, row stride kGemmPanelN) with
+// W[nb + j][kb + kk] (zero for j >= nw); kc <= kGemmPanelK, kb a multiple of kGemmPanelK. a.W and
+// a.wtype are not read.
+using PanelPacker = void (*)(const void* ctx, int64_t nb, int64_t nw, int64_t kb, int64_t kc, float* P);
+void gemm_avx2_panels(const Args& a, int64_t n0, int64_t n1, float* scratch, PanelPacker pack, const void* ctx);
+void gemm_avx512_panels(const Args& a, int64_t n0, int64_t n1, float* scratch, PanelPacker pack, const void* ctx);
 // Rows [t0, t1) of x [T, K] -> x_split [T, Kp] (layout above; x_hi = bf16 round-to-nearest-even of x,
 // x_lo = bf16(x - x_hi)).
 void split_bf16_avx512bf16(const float* x, int64_t K, int64_t Kp, int64_t t0, int64_t t1, uint32_t* x_split);
@@ -77,7 +84,8 @@ void split_bf16_avx512bf16(const float* x, int64_t K, int64_t Kp, int64_t t0, in
 // Output columns per packed GEMM panel (the unit of the thread split), and the packed-panel scratch
 // every GEMM needs per thread (32 columns x 128 k of f32 or 128 k-pairs of bf16: 16 KiB, L1-resident).
 inline constexpr int64_t kGemmPanelN = 32;
-inline constexpr int64_t kGemmScratchFloats = kGemmPanelN * 128;
+inline constexpr int64_t kGemmPanelK = 128;  // k per packed f32 panel (the AVX2 and AVX-512 GEMMs)
+inline constexpr int64_t kGemmScratchFloats = kGemmPanelN * kGemmPanelK;
 // Cache blocking around the panels: a block of kGemmBlockT tokens x kGemmGroupN columns is finished
 // one k block at a time, so the x slice of a k block (256 tokens x 128 k, 128-256 KiB) and the y block
 // (256 KiB) stay in L2 while every panel of the group reuses them. Without it x streamed from L3 for

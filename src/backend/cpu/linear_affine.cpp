@@ -1,58 +1,190 @@
-// The reference affine linear kernel: per output row, unpack the codes group by group, dequantize in f32 and
-// dot with each activation row. Speed comes later (issue 19 item 2: a fused GEMV reading each byte once and
-// a blocked GEMM); this is what they are tested against.
+// Affine linear layers (linear_affine.h): argument checks, the reference kernel, and the choice of kernel
+// (ISA level x GEMV/GEMM) with the once-per-call preparation both fast paths share (x permuted into the
+// decode order, Σx per group) and the thread splits.
 #include "backend/cpu/linear_affine.h"
 
 #include <algorithm>
 #include <vector>
 
+#include "backend/cpu/cpu_features.h"
 #include "core/error.h"
 #include "quant/affine.h"
 
 namespace arbor::cpu {
 
-void affine_dequantize_row(const uint32_t* packed, const float* scales, const float* biases, int bits, int group_size, int64_t K,
-                           int64_t n, float* out) {
-  const int64_t words = K * bits / 32, groups = K / group_size;
-  const uint32_t* row = packed + n * words;
-  const float* s = scales + n * groups;
-  const float* b = biases + n * groups;
+namespace {
+
+inline float scale_at(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::F32: return static_cast<const float*>(p)[i];
+    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    default: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+  }
+}
+
+void check_args(const char* who, const float* x, int64_t T, const AffineMatrix& w, float* y) {
+  ARBOR_CHECK(w.bits == 2 || w.bits == 3 || w.bits == 4 || w.bits == 5 || w.bits == 6 || w.bits == 8,
+              "{}: {} bits not supported (supported: 2, 3, 4, 5, 6, 8)", who, w.bits);
+  ARBOR_CHECK(w.group_size == 32 || w.group_size == 64 || w.group_size == 128, "{}: group size {} not supported (supported: 32, 64, 128)",
+              who, w.group_size);
+  ARBOR_CHECK(w.sdtype == DType::F32 || w.sdtype == DType::F16 || w.sdtype == DType::BF16,
+              "{}: scales/biases dtype {} not supported (supported: F32, F16, BF16)", who, dtype_name(w.sdtype));
+  ARBOR_CHECK(T >= 0 && w.N >= 1 && w.K >= 1 && w.K % w.group_size == 0, "{}: bad shape x [{}, {}], W [{}, {}] in groups of {}", who, T,
+              w.K, w.N, w.K, w.group_size);
+  ARBOR_CHECK(T == 0 || (x && w.packed && w.scales && w.biases && y), "{}: null pointer", who);
+}
+
+bool isa_supported(LinearIsa isa) {
+  for (LinearIsa i : linear_isas_supported())
+    if (i == isa) return true;
+  return false;
+}
+
+// Per-thread scratch that grows once and is then reused (64-byte aligned); one buffer per Tag.
+template <int Tag>
+float* thread_scratch(size_t n) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < n + 16) buf.resize(n + 16);
+  auto p = reinterpret_cast<uintptr_t>(buf.data());
+  return reinterpret_cast<float*>((p + 63) & ~uintptr_t(63));
+}
+
+// Rows of W per GEMV work grain (the split is static: one contiguous run of rows per thread, as the
+// dense GEMV).
+constexpr int64_t kGemvGrain = 16;
+
+// Columns [c0, c1) of one row of x (c0, c1 multiples of the group size): xp in the decode order of kLanes-lane
+// vectors (xp[u + kLanes*k + i] = x[u + (32/kLanes)*i + k] per 32-column unit u), and Σx per group, summed
+// as 8 partial f32 sums of G/8 terms each.
+constexpr int64_t kPrepCols = 1024;  // a multiple of every group size
+template <int kLanes>
+void prepare(const float* xr, int64_t c0, int64_t c1, int64_t G, float* xp, float* sx) {
+  constexpr int c = 32 / kLanes;
+  for (int64_t u = c0; u < c1; u += 32)
+    for (int k = 0; k < c; ++k)
+      for (int i = 0; i < kLanes; ++i) xp[u + kLanes * k + i] = xr[u + c * i + k];
+  for (int64_t g0 = c0; g0 < c1; g0 += G) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t j = g0; j < g0 + G; j += 8)
+      for (int l = 0; l < 8; ++l) acc[l] += xr[j + l];
+    sx[g0 / G] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  }
+}
+
+}  // namespace
+
+void affine_dequantize_row(const AffineMatrix& w, int64_t n, float* out) {
+  const int64_t words = w.K * w.bits / 32, groups = w.K / w.group_size;
+  const uint32_t* row = w.packed + n * words;
   for (int64_t g = 0; g < groups; ++g) {
-    const float sg = s[g], bg = b[g];
-    for (int64_t j = g * group_size; j < (g + 1) * group_size; ++j) {
-      const float p = sg * float(quant::affine_get_code(row, j, bits));  // separate multiply and add, as the reference
+    const float sg = scale_at(w.scales, w.sdtype, n * groups + g), bg = scale_at(w.biases, w.sdtype, n * groups + g);
+    for (int64_t j = g * w.group_size; j < (g + 1) * w.group_size; ++j) {
+      const float p = sg * float(quant::affine_get_code(row, j, w.bits));  // separate multiply and add
       out[j] = p + bg;
     }
   }
 }
 
-void linear_affine(ThreadPool& pool, const float* x, int64_t T, int64_t K, const uint32_t* packed, const float* scales,
-                   const float* biases, int bits, int group_size, int64_t N, const float* bias, float* y) {
-  ARBOR_CHECK(x && packed && scales && biases && y, "linear_affine: null pointer");
-  ARBOR_CHECK(bits >= 2 && bits <= 8, "linear_affine: {} bits; supported 2..8", bits);
-  ARBOR_CHECK(group_size > 0 && K > 0 && K % group_size == 0 && (K * bits) % 32 == 0,
-              "linear_affine: {} columns do not divide into groups of {} and whole 32-bit words at {} bits", K, group_size, bits);
-  ARBOR_CHECK(T >= 0 && N > 0, "linear_affine: bad shape T {} N {}", T, N);
+void linear_affine_reference(ThreadPool& pool, const float* x, int64_t T, const AffineMatrix& w, const float* bias, float* y) {
+  check_args("linear_affine_reference", x, T, w, y);
   if (T == 0) return;
+  const int64_t K = w.K;
   // About 64 KiB of codes per chunk, at least one row.
-  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, K * bits / 8));
-  pool.parallel_for(N, grain, [&](int, int64_t n0, int64_t n1) {
-    std::vector<float> w(size_t(K), 0.0f);
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, K * w.bits / 8));
+  pool.parallel_for(w.N, grain, [&](int, int64_t n0, int64_t n1) {
+    std::vector<float> row(size_t(K), 0.0f);
     for (int64_t n = n0; n < n1; ++n) {
-      affine_dequantize_row(packed, scales, biases, bits, group_size, K, n, w.data());
+      affine_dequantize_row(w, n, row.data());
       const float bn = bias ? bias[n] : 0.0f;
       for (int64_t t = 0; t < T; ++t) {
         const float* xt = x + t * K;
         float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         int64_t k = 0;
         for (; k + 8 <= K; k += 8)
-          for (int u = 0; u < 8; ++u) acc[u] += w[size_t(k + u)] * xt[k + u];
-        for (; k < K; ++k) acc[0] += w[size_t(k)] * xt[k];
+          for (int u = 0; u < 8; ++u) acc[u] += row[size_t(k + u)] * xt[k + u];
+        for (; k < K; ++k) acc[0] += row[size_t(k)] * xt[k];
         const float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-        y[t * N + n] = sum + bn;
+        y[t * w.N + n] = sum + bn;
       }
     }
   });
+}
+
+namespace {
+bool bf16_gemm(LinearIsa isa, int64_t T, GemmMode mode) {
+  return isa == LinearIsa::Avx512Bf16 && T > kLinearGemvMaxT && mode == GemmMode::Bf16;
+}
+}  // namespace
+
+std::string linear_affine_kernel_name(LinearIsa isa, int64_t T, GemmMode mode) {
+  if (isa == LinearIsa::Scalar) return "scalar-affine-reference";
+  if (bf16_gemm(isa, T, mode)) return "avx512bf16-affine-gemm-bf16";
+  if (isa == LinearIsa::Avx512Bf16) isa = LinearIsa::Avx512;  // the exact paths use no bf16 instructions
+  return fmt::format("{}-affine-{}", linear_isa_name(isa), T <= kLinearGemvMaxT ? "gemv" : "gemm");
+}
+
+std::string linear_affine_kernel_name(int64_t T, GemmMode mode) {
+  return linear_affine_kernel_name(linear_isas_supported().back(), T, mode);
+}
+
+void linear_affine_with_isa(LinearIsa isa, ThreadPool& pool, const float* x, int64_t T, const AffineMatrix& w, const float* bias,
+                            float* y, GemmMode mode) {
+  check_args("linear_affine", x, T, w, y);
+  ARBOR_CHECK(isa_supported(isa), "linear_affine: kernel level '{}' not supported by this CPU ({}; supported: {})", linear_isa_name(isa),
+              cpu_features().brand, cpu_features().summary());
+  if (T == 0) return;
+  if (isa == LinearIsa::Scalar) return linear_affine_reference(pool, x, T, w, bias, y);
+  if (bf16_gemm(isa, T, mode)) {
+    // Natural column pairs (pack_panel_bf16_avx512bf16): x is rounded by gemm_bf16 itself, no permutation.
+    const affine_detail::Args a{nullptr, nullptr, T, w.K, w.N, reinterpret_cast<const uint8_t*>(w.packed), w.scales, w.biases, w.sdtype,
+                                w.bits, w.group_size, bias, y};
+    return gemm_bf16_panels(pool, x, T, w.K, w.N, bias, y, affine_detail::pack_panel_bf16_avx512bf16, &a);
+  }
+  const bool avx2 = isa == LinearIsa::Avx2;
+  const int64_t K = w.K, G = w.group_size, groups = K / G;
+  // x permuted into the decode order of each 32-code unit, and Σx per group: once per call, on the caller's
+  // scratch (the workers only read it), in chunks of kPrepCols columns of one token row.
+  float* xp = thread_scratch<0>(size_t(T * K));
+  float* sx = thread_scratch<1>(size_t(T * groups));
+  const int64_t chunks = (K + kPrepCols - 1) / kPrepCols;
+  pool.parallel_for(T * chunks, 1, [&](int, int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = i / chunks, c0 = (i % chunks) * kPrepCols, c1 = std::min(K, c0 + kPrepCols);
+      if (avx2)
+        prepare<8>(x + t * K, c0, c1, G, xp + t * K, sx + t * groups);
+      else
+        prepare<16>(x + t * K, c0, c1, G, xp + t * K, sx + t * groups);
+    }
+  });
+  const affine_detail::Args a{xp, sx, T, K, w.N, reinterpret_cast<const uint8_t*>(w.packed), w.scales, w.biases, w.sdtype, w.bits,
+                              w.group_size, bias, y};
+  if (T <= kLinearGemvMaxT) {
+    auto fn = avx2 ? affine_detail::gemv_avx2 : affine_detail::gemv_avx512;
+    pool.parallel_for(w.N, kGemvGrain, [&](int, int64_t n0, int64_t n1) { fn(a, n0, n1); });
+    return;
+  }
+  // Prefill: the dense blocked GEMM over dequantized panels, on the permuted x. Split by column panels when
+  // there are enough of them, else by tokens (a small N), as the dense GEMM.
+  auto gemm = avx2 ? linear_detail::gemm_avx2_panels : linear_detail::gemm_avx512_panels;
+  auto pack = avx2 ? affine_detail::pack_panel_avx2 : affine_detail::pack_panel_avx512;
+  const linear_detail::Args d{xp, T, K, nullptr, DType::F32, w.N, bias, y};
+  const int64_t panels = (w.N + linear_detail::kGemmPanelN - 1) / linear_detail::kGemmPanelN;
+  if (pool.size() == 1 || panels >= 2 * pool.size() || T < 2 * pool.size()) {
+    pool.parallel_for(w.N, linear_detail::kGemmPanelN, [&](int, int64_t n0, int64_t n1) {
+      gemm(d, n0, n1, thread_scratch<2>(linear_detail::kGemmScratchFloats), pack, &a);
+    });
+    return;
+  }
+  pool.parallel_for(T, 1, [&](int, int64_t t0, int64_t t1) {
+    linear_detail::Args s = d;
+    s.x = xp + t0 * K, s.y = y + t0 * w.N, s.T = t1 - t0;
+    gemm(s, 0, w.N, thread_scratch<2>(linear_detail::kGemmScratchFloats), pack, &a);
+  });
+}
+
+void linear_affine(ThreadPool& pool, const float* x, int64_t T, const AffineMatrix& w, const float* bias, float* y, GemmMode mode) {
+  static const LinearIsa best = linear_isas_supported().back();
+  linear_affine_with_isa(best, pool, x, T, w, bias, y, mode);
 }
 
 }  // namespace arbor::cpu

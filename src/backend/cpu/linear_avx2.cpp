@@ -120,7 +120,7 @@ ARBOR_AVX2 void gemv_typed(const Args& a, int64_t n0, int64_t n1) {
 
 // ---- GEMM ------------------------------------------------------------------------------------------
 constexpr int kMR = 6;    // token rows per register tile: 6 x 2 accumulators + 2 weights + 1 broadcast
-constexpr int kKC = 128;  // k per packed panel: 128 x 32 f32 = 16 KiB
+constexpr int kKC = int(kGemmPanelK);  // k per packed panel: 128 x 32 f32 = 16 KiB
 
 ARBOR_AVX2_INLINE void transpose8(__m256 r[8]) {
   __m256 t[8], s[8];
@@ -198,8 +198,8 @@ ARBOR_AVX2 void gemm_tile_any(int mr, const float* x, int64_t ldx, const float* 
   gemm_tile<MR>(x, ldx, P, kc, y, ldy, nc, bias, first);
 }
 
-template <WT wt>
-ARBOR_AVX2 void gemm_typed(const Args& a, int64_t n0, int64_t n1, float* P) {
+// The cache-blocked loop nest around the register tiles; `pack` supplies each weight panel.
+ARBOR_AVX2 void gemm_blocked(const Args& a, int64_t n0, int64_t n1, float* P, PanelPacker pack, const void* ctx) {
   for (int64_t tb = 0; tb < a.T; tb += kGemmBlockT) {
     const int64_t te = std::min(a.T, tb + kGemmBlockT);
     for (int64_t ng = n0; ng < n1; ng += kGemmGroupN) {
@@ -208,7 +208,7 @@ ARBOR_AVX2 void gemm_typed(const Args& a, int64_t n0, int64_t n1, float* P) {
         const int64_t kc = std::min<int64_t>(kKC, a.K - kb);
         for (int64_t nb = ng; nb < ne; nb += 32) {
           const int64_t nw = std::min<int64_t>(32, ne - nb);
-          pack_panel<wt>(a, nb, nw, kb, kc, P);
+          pack(ctx, nb, nw, kb, kc, P);
           for (int h = 0; h < 2 && 16 * h < nw; ++h) {
             const int64_t nc = std::min<int64_t>(16, nw - 16 * h);
             for (int64_t t = tb; t < te; t += kMR) {
@@ -221,6 +221,16 @@ ARBOR_AVX2 void gemm_typed(const Args& a, int64_t n0, int64_t n1, float* P) {
       }
     }
   }
+}
+
+template <WT wt>
+ARBOR_AVX2 void pack_dense(const void* ctx, int64_t nb, int64_t nw, int64_t kb, int64_t kc, float* P) {
+  pack_panel<wt>(*static_cast<const Args*>(ctx), nb, nw, kb, kc, P);
+}
+
+template <WT wt>
+ARBOR_AVX2 void gemm_typed(const Args& a, int64_t n0, int64_t n1, float* P) {
+  gemm_blocked(a, n0, n1, P, pack_dense<wt>, &a);
 }
 
 }  // namespace
@@ -243,6 +253,10 @@ ARBOR_AVX2 void gemm_avx2(const Args& a, int64_t n0, int64_t n1, float* scratch)
     case DType::BF16: return gemm_typed<WT::BF16>(a, n0, n1, scratch);
     default: fail("linear: avx2 gemm: weight dtype {} not supported", dtype_name(a.wtype));
   }
+}
+
+ARBOR_AVX2 void gemm_avx2_panels(const Args& a, int64_t n0, int64_t n1, float* scratch, PanelPacker pack, const void* ctx) {
+  gemm_blocked(a, n0, n1, scratch, pack, ctx);
 }
 
 }  // namespace arbor::cpu::linear_detail

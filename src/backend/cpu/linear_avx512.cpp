@@ -157,7 +157,7 @@ ARBOR_AVX512 void gemv_typed(const Args& a, int64_t n0, int64_t n1) {
 
 // ---- GEMM ------------------------------------------------------------------------------------------
 constexpr int kMR = 12;   // token rows per register tile: 12 x 2 accumulators + 2 weight vectors
-constexpr int kKC = 128;  // k per packed panel: 128 x 32 f32 = 16 KiB, stays in L1 across all token tiles
+constexpr int kKC = int(kGemmPanelK);  // k per packed panel: 128 x 32 f32 = 16 KiB, stays in L1 across all token tiles
 
 // P[kk][j] (kk < kc rounded up to 16, j < 32) = W[nb + j][kb + kk] as f32; zero past row nb+nw or past K.
 template <WT wt>
@@ -216,8 +216,8 @@ ARBOR_AVX512 void gemm_tile_any(int mr, const float* x, int64_t ldx, const float
   gemm_tile<MR>(x, ldx, P, kc, y, ldy, m0, m1, bias, first);
 }
 
-template <WT wt>
-ARBOR_AVX512 void gemm_typed(const Args& a, int64_t n0, int64_t n1, float* P) {
+// The cache-blocked loop nest around the register tiles; `pack` supplies each weight panel.
+ARBOR_AVX512 void gemm_blocked(const Args& a, int64_t n0, int64_t n1, float* P, PanelPacker pack, const void* ctx) {
   for (int64_t tb = 0; tb < a.T; tb += kGemmBlockT) {
     const int64_t te = std::min(a.T, tb + kGemmBlockT);
     for (int64_t ng = n0; ng < n1; ng += kGemmGroupN) {
@@ -228,7 +228,7 @@ ARBOR_AVX512 void gemm_typed(const Args& a, int64_t n0, int64_t n1, float* P) {
           const int64_t nw = std::min<int64_t>(32, ne - nb);
           const uint32_t cols = nw >= 32 ? 0xffffffffu : (1u << nw) - 1;
           const __mmask16 m0 = __mmask16(cols), m1 = __mmask16(cols >> 16);
-          pack_panel<wt>(a, nb, nw, kb, kc, P);
+          pack(ctx, nb, nw, kb, kc, P);
           for (int64_t t = tb; t < te; t += kMR) {
             const int mr = int(std::min<int64_t>(kMR, te - t));
             gemm_tile_any<kMR>(mr, a.x + t * a.K + kb, a.K, P, kc, a.y + t * a.N + nb, a.N, m0, m1,
@@ -238,6 +238,16 @@ ARBOR_AVX512 void gemm_typed(const Args& a, int64_t n0, int64_t n1, float* P) {
       }
     }
   }
+}
+
+template <WT wt>
+ARBOR_AVX512 void pack_dense(const void* ctx, int64_t nb, int64_t nw, int64_t kb, int64_t kc, float* P) {
+  pack_panel<wt>(*static_cast<const Args*>(ctx), nb, nw, kb, kc, P);
+}
+
+template <WT wt>
+ARBOR_AVX512 void gemm_typed(const Args& a, int64_t n0, int64_t n1, float* P) {
+  gemm_blocked(a, n0, n1, P, pack_dense<wt>, &a);
 }
 
 }  // namespace
@@ -260,6 +270,10 @@ ARBOR_AVX512 void gemm_avx512(const Args& a, int64_t n0, int64_t n1, float* scra
     case DType::BF16: return gemm_typed<WT::BF16>(a, n0, n1, scratch);
     default: fail("linear: avx512 gemm: weight dtype {} not supported", dtype_name(a.wtype));
   }
+}
+
+ARBOR_AVX512 void gemm_avx512_panels(const Args& a, int64_t n0, int64_t n1, float* scratch, PanelPacker pack, const void* ctx) {
+  gemm_blocked(a, n0, n1, scratch, pack, ctx);
 }
 
 }  // namespace arbor::cpu::linear_detail
