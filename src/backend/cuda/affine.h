@@ -11,6 +11,8 @@
 #pragma once
 #include <cstdint>
 
+struct CUstream_st;  // cudaStream_t without the CUDA headers
+
 namespace arbor {
 struct Linear;
 }
@@ -28,5 +30,38 @@ struct AffineWeights {
 // The device view of an affine Linear that CudaBackend::load_linear returned. Fails (arbor::Error) naming
 // the layer when it is not one: another format, host tensors, or tensors not in the layout above.
 AffineWeights affine_weights(const Linear& l);
+
+// ---- affine_gemv.cu: decode GEMV, 1..kAffineGemvMaxRows rows of bf16 activations ------------------------
+// y [T, rows] = x [T, cols] · Wᵀ (+ bias f32 [rows]), W dequantized on the fly: per 32-code unit of a row
+// (always inside one group) the kernel sums x·(2^bits + code) in f32, then adds scale·that + (bias −
+// scale·2^bits)·Σx, Σx the unit's activation sum (= scale·Σx·code + bias·Σx). Every packed byte is read
+// once with 16-byte loads where rows are 16-byte aligned. y bf16 or f32.
+constexpr int64_t kAffineGemvMaxRows = 8;
+struct AffineGemvOut {
+  AffineWeights w;
+  const float* bias;  // [rows] or null
+  void* y;            // [T, rows]
+};
+// Up to kAffineGemvMaxSegments matrices over the same x (fused q/k/v) in one launch. They must agree on
+// cols, bits, group_size and sb_f16 (the launcher checks).
+constexpr int kAffineGemvMaxSegments = 3;
+void launch_affine_gemv_multi(const AffineGemvOut* outs, int n, const uint16_t* x, bool y_f32, int64_t T, int n_sms, CUstream_st* s);
+// Gated MLP input in one launch: y [T, rows] bf16 = act(x · gateᵀ + b) * (x · upᵀ + b), each rounded to
+// bf16 before the product (as the unfused ops store them); act: ActOp's order (SiLU, GeLU, GeLUTanh).
+void launch_affine_gemv_gated(const AffineGemvOut& gate, const AffineGemvOut& up, int act, const uint16_t* x, uint16_t* y, int64_t T,
+                              int n_sms, CUstream_st* s);
+// Embedding gather from an affine table: out [T, cols] bf16 = (scale·code + bias) · mul for row tokens[t]
+// (an id < 0: picked[-1 - id], as launch_embed); scale·code and + bias rounded separately, as the
+// reference dequantization.
+void launch_affine_embed(const AffineWeights& w, const int32_t* tokens, const int32_t* picked, int64_t T, float mul, uint16_t* out,
+                         CUstream_st* s);
+
+// Seconds per affine GEMV y[T, N] = x[T, K]·Wᵀ (random codes, bf16 scale/bias pairs, bf16 out), median of reps,
+// rotating over enough weight copies (> 256 MiB) that L2 holds none (ceilings.cpp; arbor bench-linear).
+double time_affine_gemv(int64_t N, int64_t K, int64_t T, int bits, int group_size, int reps);
+// The bytes one such call reads from its weights: codes plus the scale/bias words.
+inline double affine_weight_bytes(int64_t N, int64_t K, int bits, int group_size) {
+  return double(N) * double(K) * bits / 8.0 + double(N) * double(K / group_size) * 4.0;
+}
 
 }  // namespace arbor::cuda
