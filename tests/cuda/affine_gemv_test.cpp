@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <sstream>
 
 #include "backend/cuda/affine.h"
 #include "core/error.h"
@@ -337,6 +338,40 @@ TEST(CudaAffine, AffineCheckpointsMatchTheCpu) {
       agree += argmax(rc.data() + t * size_t(V), V) == argmax(rg.data() + t * size_t(V), V);
     std::printf("[ %s ] max|Δ| %.3g of max|ref| %.3g (%.2f%%), greedy agreement %lld/%zu\n", label.c_str(), double(diff), double(ref),
                 100.0 * double(diff) / double(ref), (long long)agree, tokens.size());
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// Not a check: the GEMV's bandwidth at Llama-3.1-8B's shapes (what `arbor bench-linear --device cuda` prints),
+// for device runs that ship only test_cuda: --gtest_also_run_disabled_tests --gtest_filter=*AffineBandwidth*.
+// ARBOR_AFFINE_BENCH="bits:T,T bits:T" picks the cases (default "4:1,2,8 8:1,2,8 3:1"), group size 64.
+TEST(CudaAffineBandwidth, DISABLED_At8BShapes) {
+  ARBOR_REQUIRE_GPU();
+  const char* env = std::getenv("ARBOR_AFFINE_BENCH");
+  std::istringstream spec(env ? env : "4:1,2,8 8:1,2,8 3:1");
+  const double bw = cuda_measure_copy_bandwidth();
+  std::printf("copy bandwidth %.1f GB/s\n%-9s %-14s %4s %3s %9s %8s %8s %7s\n", bw / 1e9, "linear", "N x K", "bits", "T", "MB", "us", "GB/s",
+              "of copy");
+  struct Shape {
+    const char* name;
+    int64_t N, K;
+  };
+  for (std::string item; spec >> item;) {
+    const int bits = std::stoi(item.substr(0, item.find(':')));
+    std::vector<int64_t> Ts;
+    std::istringstream tl(item.substr(item.find(':') + 1));
+    for (std::string t; std::getline(tl, t, ',');) Ts.push_back(std::stoll(t));
+    for (const Shape& s : {Shape{"q/o", 4096, 4096}, Shape{"k/v", 1024, 4096}, Shape{"gate/up", 14336, 4096}, Shape{"down", 4096, 14336},
+                           Shape{"lm_head", 128256, 4096}})
+      for (int64_t T : Ts) {
+        const double bytes = cuda::affine_weight_bytes(s.N, s.K, bits, 64), sec = cuda::time_affine_gemv(s.N, s.K, T, bits, 64, 20);
+        std::printf("%-9s %6lld x %-5lld %4d %3lld %9.2f %8.2f %8.1f %6.1f%%\n", s.name, (long long)s.N, (long long)s.K, bits, (long long)T,
+                    bytes / 1e6, sec * 1e6, bytes / sec / 1e9, 100.0 * bytes / sec / bw);
+        std::fflush(stdout);
+      }
   }
 }
 
