@@ -9,12 +9,14 @@
 // [23-bits, 23) under the exponent of 2^bits, which gives 2^bits + code exactly (4-bit: a word's nibbles
 // spread to bytes, then one PRMT per code gives 128 + code: 11 ops per 8 codes); the offset is taken
 // back once per 32-code unit with the unit's activation sum (s·Σx(2^b+q) + (b - s·2^b)·Σx). The block
-// stages that sum per (row of x, unit) in shared memory, and x itself as f32 when it fits (64 KB),
-// so the inner loop is one FMA per code and activation row.
+// stages that sum per (row of x, unit) in shared memory, and x itself (bf16) when it fits (80 KB), both in
+// the order the lanes read them (conflict-free), so the inner loop is one FMA per code and activation
+// row plus one conversion per x value and row pair. x that does not fit is read from global memory.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "backend/cuda/affine.h"
 #include "backend/cuda/cuda_check.h"
@@ -26,7 +28,7 @@ namespace arbor::cuda {
 namespace {
 
 constexpr int kAffWarps = 8;                  // per block
-constexpr int64_t kAffMaxXsBytes = 64 * 1024;  // x staged as f32 in shared memory up to this
+constexpr int64_t kAffMaxXsBytes = 80 * 1024;  // x staged (bf16, in the lanes' order) in shared memory up to this
 
 struct AffSegs {
   const uint32_t* codes[kAffineGemvMaxSegments];
@@ -81,8 +83,8 @@ __device__ __forceinline__ void bf16x8(const uint4& q, float* f) {
 }
 
 // Block: kAffWarps warps; `wpr` consecutive warps share a pair of output rows (gated: row p of the gate
-// and of the up matrix), each over a contiguous range of 128-code chunks. XS: x as f32 in shared memory.
-// Shared memory (dynamic): xsum [T][units4] (Σx per 32-column unit), then XS: xf [T][K].
+// and of the up matrix), each over a contiguous range of 128-code chunks. XS: x staged in shared memory.
+// Shared memory (dynamic): Σx per (activation row, 32-column unit), then XS: x; both in the lanes' order.
 template <int BITS, int NR, bool XS>
 __global__ void __launch_bounds__(kAffWarps * 32) affine_gemv_kernel(AffSegs segs, const uint16_t* __restrict__ x, bool y_f32, int T, int64_t K,
                                                                      int gshift, bool sb_f16, int wpr, bool vec, int gated_act) {
@@ -116,7 +118,7 @@ __global__ void __launch_bounds__(kAffWarps * 32) affine_gemv_kernel(AffSegs seg
   }
   // Rows past the matrix read row 0 (valid memory) and are not stored.
   const int64_t rowa = has0 ? row0 : 0, rowb = gated_act >= 0 ? rowa : (has1 ? row0 + 1 : 0);
-  const int64_t units = K / 32, chunks = (units + 3) / 4, units4 = chunks * 4, words = K * BITS / 32, groups = K >> gshift;
+  const int64_t units = K / 32, chunks = (units + 3) / 4, words = K * BITS / 32, groups = K >> gshift;
   const uint32_t* c0 = ca + rowa * words;
   const uint32_t* c1 = cb + rowb * words;
   const uint32_t* s0 = sa + rowa * groups;
@@ -154,31 +156,35 @@ __global__ void __launch_bounds__(kAffWarps * 32) affine_gemv_kernel(AffSegs seg
   pdl_trigger();
   pdl_wait();
 
-  // Σx per (activation row, unit), and x as f32 (XS).
+  // Σx per (activation row, unit), and x itself (XS), staged in the order the lanes read them: a lane owns
+  // chunk c = cbeg + lane + 32i, so at each step the warp's lanes read 32 consecutive 16-byte slots (no bank
+  // conflicts; x read in place would put every lane 256 bytes apart). Slot of (c, u, sb8):
+  // ((c / 32) * 16 + u * 4 + sb8) * 32 + c % 32, in uint4 (8 bf16); Σx of (c, u): ((c / 32) * 4 + u) * 32 + c % 32.
+  const int64_t rows32 = (chunks + 31) / 32, xs_row = rows32 * 16 * 32, xsum_row = rows32 * 4 * 32;
   float* xsum = aff_smem;
-  float* xf = aff_smem + int64_t(T) * units4;
+  uint4* xs = reinterpret_cast<uint4*>(aff_smem + int64_t(T) * xsum_row);
   for (int64_t i = threadIdx.x; i < int64_t(T) * units; i += kAffWarps * 32) {
-    const int64_t t = i / units, u = i % units;
-    const uint16_t* xp = x + t * K + u * 32;
-    float s = 0.0f;
+    const int64_t t = i / units, unit = i % units, c = unit / 4, u = unit % 4;
+    const uint16_t* xp = x + t * K + unit * 32;
+    float sum = 0.0f;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      float f[8];
+      uint4 v;
       if (vec) {
-        bf16x8(__ldg(reinterpret_cast<const uint4*>(xp) + q), f);
+        v = __ldg(reinterpret_cast<const uint4*>(xp) + q);
       } else {
+        uint32_t h[4];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) f[e] = __uint_as_float(uint32_t(xp[q * 8 + e]) << 16);
+        for (int e = 0; e < 4; ++e) h[e] = uint32_t(xp[q * 8 + 2 * e]) | uint32_t(xp[q * 8 + 2 * e + 1]) << 16;
+        v = make_uint4(h[0], h[1], h[2], h[3]);
       }
+      float f[8];
+      bf16x8(v, f);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) s += f[e];
-      if (XS) {
-        float4* o = reinterpret_cast<float4*>(xf + t * K + u * 32 + q * 8);
-        o[0] = make_float4(f[0], f[1], f[2], f[3]);
-        o[1] = make_float4(f[4], f[5], f[6], f[7]);
-      }
+      for (int e = 0; e < 8; ++e) sum += f[e];
+      if (XS) xs[t * xs_row + ((c >> 5) * 16 + u * 4 + q) * 32 + (c & 31)] = v;
     }
-    xsum[t * units4 + u] = s;
+    xsum[t * xsum_row + ((c >> 5) * 4 + u) * 32 + (c & 31)] = sum;
   }
   __syncthreads();
 
@@ -221,9 +227,7 @@ __global__ void __launch_bounds__(kAffWarps * 32) affine_gemv_kernel(AffSegs seg
           if (r >= T) break;
           float xv[8];
           if (XS) {
-            const float4* p = reinterpret_cast<const float4*>(xf + r * K + unit * 32 + sb8 * 8);
-            const float4 a = p[0], b = p[1];
-            xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w, xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
+            bf16x8(xs[r * xs_row + ((c >> 5) * 16 + u * 4 + sb8) * 32 + (c & 31)], xv);
           } else if (vec) {
             bf16x8(__ldg(reinterpret_cast<const uint4*>(x + r * K + unit * 32 + sb8 * 8)), xv);
           } else {
@@ -242,7 +246,7 @@ __global__ void __launch_bounds__(kAffWarps * 32) affine_gemv_kernel(AffSegs seg
 #pragma unroll
       for (int r = 0; r < NR; ++r) {
         if (r >= T) break;
-        const float sx = xsum[r * units4 + unit];
+        const float sx = xsum[r * xsum_row + ((c >> 5) * 4 + u) * 32 + (c & 31)];
         acc[0][r] = fmaf(p0.x, S0[r], fmaf(o0, sx, acc[0][r]));
         acc[1][r] = fmaf(p1.x, S1[r], fmaf(o1, sx, acc[1][r]));
       }
@@ -304,7 +308,7 @@ template <int BITS, int NR, bool XS>
 void launch_t(unsigned grid, size_t smem, cudaStream_t s, const AffSegs& segs, const uint16_t* x, bool y_f32, int T, int64_t K, int gshift,
               bool sb_f16, int wpr, bool vec, int gated_act) {
   auto* kernel = affine_gemv_kernel<BITS, NR, XS>;
-  static bool attr = false;  // dynamic shared memory past 48 KB (XS: x of up to 64 KB plus the sums)
+  static bool attr = false;  // dynamic shared memory past 48 KB (XS: x of up to 80 KB plus the sums)
   if (!attr) {
     ARBOR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
     attr = true;
@@ -344,12 +348,18 @@ void launch(const AffSegs& segs, int64_t pairs, const AffineWeights& w0, const u
                  w0.group_size);
   ARBOR_CU_CHECK(K > 0 && K % w0.group_size == 0, "cuda: affine gemv: %lld columns are not whole groups of %d", (long long)K, w0.group_size);
   const int gshift = w0.group_size == 32 ? 5 : w0.group_size == 64 ? 6 : 7;
-  const int64_t units = K / 32, units4 = (units + 3) / 4 * 4, chunks = units4 / 4;
+  const int64_t units = K / 32, chunks = (units + 3) / 4, rows32 = (chunks + 31) / 32;
   // 16-byte loads: rows of whole 16-byte words and aligned bases (x too: its rows are read 8 values at a time).
   bool vec = (K * bits) % 128 == 0 && aligned16(x);
   for (int i = 0; i < segs.n; ++i) vec = vec && aligned16(segs.codes[i]);
-  const bool xs = T * K * 4 <= kAffMaxXsBytes;
-  const size_t smem = size_t(T * units4) * 4 + (xs ? size_t(T * K) * 4 : 0);
+  // ARBOR_CUDA_AFFINE_XS=0: x always read from global memory (A/B runs).
+  static const bool xs_on = [] {
+    const char* e = std::getenv("ARBOR_CUDA_AFFINE_XS");
+    return !(e && std::atoi(e) == 0);
+  }();
+  const size_t xsum_bytes = size_t(T * rows32) * 4 * 32 * 4, xs_bytes = size_t(T * rows32) * 16 * 32 * 16;
+  const bool xs = xs_on && xs_bytes <= size_t(kAffMaxXsBytes);
+  const size_t smem = xsum_bytes + (xs ? xs_bytes : 0);
   ARBOR_CU_CHECK(smem <= 200 * 1024, "cuda: affine gemv: %lld x %lld activations need %zu bytes of shared memory (200 KB at most)",
                  (long long)T, (long long)K, smem);
   // K split: as the dense GEMV (about half the SMs' warp slots busy), but never below 32 chunks a warp:

@@ -112,7 +112,9 @@ CudaBackend::LinearKernel CudaBackend::pick_linear(const Linear& l, int64_t rows
   }
   const bool affine = l.format == WeightFormat::Affine && (l.bits == 2 || l.bits == 3 || l.bits == 4 || l.bits == 5 || l.bits == 6 ||
                                                            l.bits == 8) && (l.group_size == 32 || l.group_size == 64 || l.group_size == 128);
-  if (affine) return rows <= cuda::kAffineGemvMaxRows ? LinearKernel::GemvAffine : LinearKernel::GemvAffineChunks;
+  // (the device layout, affine.h: scale/bias pairs [rows, groups, 2]; host tensors have no kernel)
+  const bool loaded = l.scales.ndim == 3 && (l.scales.dtype == DType::BF16 || l.scales.dtype == DType::F16);
+  if (affine && loaded) return rows <= cuda::kAffineGemvMaxRows ? LinearKernel::GemvAffine : LinearKernel::GemvAffineChunks;
   fail("cuda: no linear kernel for {} weights at {} rows; supported: dense BF16 or F16 (on the device) at any rows: GEMV up to {} "
        "rows (and where the tensor-core GEMV takes the shape), cuBLASLt beyond; affine 2/3/4/5/6/8-bit g32/64/128 (loaded by "
        "load_linear): GEMV up to {} rows, beyond that the same GEMV over slices of {} rows (a stopgap until a tensor-core kernel)",
