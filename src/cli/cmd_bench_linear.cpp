@@ -248,7 +248,8 @@ int cmd_bench_linear(const std::vector<std::string>& argv) {
 ARBOR_VERB("bench-linear", "benchmark the linear kernels at model shapes (GB/s, % of bandwidth, GFLOP/s)", "[flags]",
            "  --device cpu|cuda     cpu (default): the CPU kernels below; cuda: the affine decode GEMV at\n"
            "                        Llama-3.1-8B's shapes against the measured copy bandwidth\n"
-           "  --bits B --group-size G  cuda: affine weights (default 4, 64); --decode-tokens may list rows (1,8)\n"
+           "  --bits B              cuda: affine bits (default 4); --decode-tokens may list rows (1,8)\n"
+           "  --group-size G        cuda: affine group size (default 64)\n"
            "  --model NAME          shapes of qwen3-0.6b, llama-3.2-1b or all (default all)\n"
            "  --dtype bf16|f16|f32  weight type (default bf16)\n"
            "  --threads N           threads (default: every CPU this process may run on)\n"
