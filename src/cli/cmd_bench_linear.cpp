@@ -17,6 +17,10 @@
 #include "cli/args.h"
 #include "cli/verb.h"
 #include "core/error.h"
+#ifdef ARBOR_HAS_CUDA
+#include "backend/cuda/affine.h"
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 namespace {
 
@@ -107,8 +111,59 @@ struct AffineCopies {
   }
 };
 
+// --device cuda: the affine decode GEMV (affine_gemv.cu) at Llama-3.1-8B's shapes, in GB/s of weights (codes
+// plus scale/bias words) and as a fraction of the device-to-device copy bandwidth measured in the same run.
+int bench_linear_cuda(const arbor::cli::Args& args) {
+#ifdef ARBOR_HAS_CUDA
+  const int bits = int(args.get_int("bits", 4)), gs = int(args.get_int("group-size", 64)), reps = int(args.get_int("reps", 20));
+  ARBOR_CHECK((bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8) && (gs == 32 || gs == 64 || gs == 128),
+              "bench-linear: --bits must be 2/3/4/5/6/8 and --group-size 32/64/128 (got {} and {})", bits, gs);
+  std::vector<int64_t> Ts;
+  const std::string tlist = args.get_or("decode-tokens", "1");
+  for (size_t b = 0; b <= tlist.size();) {
+    const size_t e = std::min(tlist.find(',', b), tlist.size());
+    const std::string t = tlist.substr(b, e - b);
+    ARBOR_CHECK(!t.empty() && t.find_first_not_of("0123456789") == std::string::npos, "bench-linear: --decode-tokens '{}': rows, or a list (1,8)",
+                tlist);
+    Ts.push_back(std::stoll(t));
+    b = e + 1;
+  }
+  for (int64_t T : Ts)
+    ARBOR_CHECK(T >= 1 && T <= arbor::cuda::kAffineGemvMaxRows, "bench-linear: --decode-tokens {} (1..{} on cuda)", T,
+                arbor::cuda::kAffineGemvMaxRows);
+  std::string why;
+  ARBOR_CHECK(arbor::cuda_device_available(&why), "bench-linear: --device cuda: {}", why);
+  const double bw = arbor::cuda_measure_copy_bandwidth();
+  std::printf("bench-linear: cuda, affine %d-bit g%d weights (bf16 scale/bias), copy bandwidth %.1f GB/s (read + written, median of 10)\n\n",
+              bits, gs, bw / 1e9);
+  std::printf("%-13s %-9s %-14s %3s %10s %9s %8s %7s\n", "model", "linear", "N x K", "T", "MB", "us", "GB/s", "of copy");
+  struct Shape {
+    const char* name;
+    int64_t N, K;
+  };
+  for (const Shape& s : {Shape{"q/o_proj", 4096, 4096}, Shape{"k/v_proj", 1024, 4096}, Shape{"gate/up", 14336, 4096},
+                         Shape{"down", 4096, 14336}, Shape{"lm_head", 128256, 4096}})
+    for (int64_t T : Ts) {
+      const double bytes = arbor::cuda::affine_weight_bytes(s.N, s.K, bits, gs);
+      const double sec = arbor::cuda::time_affine_gemv(s.N, s.K, T, bits, gs, reps);
+      std::printf("%-13s %-9s %6lld x %-5lld %3lld %10.2f %9.2f %8.1f %6.1f%%\n", "llama-3.1-8b", s.name, (long long)s.N, (long long)s.K,
+                  (long long)T, bytes / 1e6, sec * 1e6, bytes / sec / 1e9, 100.0 * bytes / sec / bw);
+      std::fflush(stdout);
+    }
+  return 0;
+#else
+  (void)args;
+  arbor::fail("bench-linear: --device cuda: this build has no CUDA");
+#endif
+}
+
 int cmd_bench_linear(const std::vector<std::string>& argv) {
-  arbor::cli::Args args(argv, {"threads", "model", "dtype", "reps", "gemm-tokens", "bw-mib", "decode-tokens", "isa", "bits", "group-size", "cpu-gemm"}, {});
+  arbor::cli::Args args(argv, {"threads", "model", "dtype", "reps", "gemm-tokens", "bw-mib", "decode-tokens", "isa", "device", "bits",
+                               "group-size", "cpu-gemm"},
+                        {});
+  const std::string device = args.get_or("device", "cpu");
+  ARBOR_CHECK(device == "cpu" || device == "cuda", "bench-linear: --device must be cpu or cuda, got '{}'", device);
+  if (device == "cuda") return bench_linear_cuda(args);
   const int threads = int(args.get_int("threads", ThreadPool::default_threads()));
   const std::string model = args.get_or("model", "all");
   const int reps = int(args.get_int("reps", 5));
@@ -272,11 +327,14 @@ int cmd_bench_linear(const std::vector<std::string>& argv) {
 
 }  // namespace
 
-ARBOR_VERB("bench-linear", "benchmark the CPU linear kernels at model shapes (GB/s, % of bandwidth, GFLOP/s)", "[flags]",
+ARBOR_VERB("bench-linear", "benchmark the linear kernels at model shapes (GB/s, % of bandwidth, GFLOP/s)", "[flags]",
+           "  --device cpu|cuda     cpu (default): the CPU kernels below; cuda: the affine decode GEMV at\n"
+           "                        Llama-3.1-8B's shapes against the measured copy bandwidth\n"
            "  --model NAME          shapes of qwen3-0.6b, llama-3.2-1b or all (default all)\n"
            "  --dtype bf16|f16|f32  weight type (default bf16); with --bits, of the scales and biases\n"
            "  --bits B              MLX affine weights of B bits (2, 3, 4, 5, 6, 8); GB/s count codes, scales\n"
-           "                        and biases; the prefill column adds the dense --dtype GEMM\n"
+           "                        and biases; the prefill column adds the dense --dtype GEMM (cuda: default 4,\n"
+           "                        bf16 scales/biases; --decode-tokens may list rows, 1,8)\n"
            "  --group-size G        affine group size (32, 64, 128; default 64)\n"
            "  --cpu-gemm exact|bf16 prefill as the CPU backend runs it in that mode (default exact)\n"
            "  --threads N           threads (default: every CPU this process may run on)\n"

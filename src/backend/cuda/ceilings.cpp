@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "backend/cuda/affine.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
@@ -99,5 +100,38 @@ double cuda_time_gemv(int64_t N, int64_t K, int64_t T, int warps_per_sm, int rep
   cuda::set_gemv_warps_per_sm(32);
   return sec / copies;
 }
+
+namespace cuda {
+
+double time_affine_gemv(int64_t N, int64_t K, int64_t T, int bits, int group_size, int reps) {
+  ARBOR_CHECK(N > 0 && K > 0 && K % group_size == 0 && T >= 1 && T <= kAffineGemvMaxRows && reps >= 1,
+              "cuda: affine gemv timing: N {} K {} T {} group {}", N, K, T, group_size);
+  Timing tm;
+  int dev = 0, sms = 0;
+  ARBOR_CUDA_CHECK(cudaGetDevice(&dev));
+  ARBOR_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const size_t cbytes = size_t(N * K * bits / 8), sbytes = size_t(N * (K / group_size)) * 4;
+  const size_t wbytes = cbytes + sbytes;
+  const int copies = int(std::max<size_t>(2, ((size_t(256) << 20) + wbytes - 1) / wbytes));
+  DevMem c(cbytes * size_t(copies)), sb(sbytes * size_t(copies)), x(size_t(T * K) * 2), y(size_t(T * N) * 2);
+  // Random bits are random codes; random bf16 values in [-1, 1) are valid scale/bias pairs.
+  launch_fill_random_bf16(static_cast<uint16_t*>(c.p), int64_t(cbytes / 2) * copies, 4, tm.s);
+  launch_fill_random_bf16(static_cast<uint16_t*>(sb.p), int64_t(sbytes / 2) * copies, 6, tm.s);
+  launch_fill_random_bf16(static_cast<uint16_t*>(x.p), T * K, 5, tm.s);
+  std::vector<AffineGemvOut> outs;
+  for (int i = 0; i < copies; ++i) {
+    AffineWeights w{};
+    w.codes = reinterpret_cast<const uint32_t*>(static_cast<char*>(c.p) + cbytes * size_t(i));
+    w.sb = reinterpret_cast<const uint32_t*>(static_cast<char*>(sb.p) + sbytes * size_t(i));
+    w.sb_f16 = false, w.rows = N, w.cols = K, w.bits = bits, w.group_size = group_size;
+    outs.push_back({w, nullptr, y.p});
+  }
+  const double sec = tm.median(1, reps, [&] {
+    for (const auto& o : outs) launch_affine_gemv_multi(&o, 1, static_cast<uint16_t*>(x.p), false, T, sms, tm.s);
+  });
+  return sec / copies;
+}
+
+}  // namespace cuda
 
 }  // namespace arbor

@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "backend/cuda/affine.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
@@ -109,9 +110,15 @@ CudaBackend::LinearKernel CudaBackend::pick_linear(const Linear& l, int64_t rows
     if (t == DType::BF16) return gemv ? LinearKernel::GemvBf16 : LinearKernel::LtBf16;
     return gemv ? LinearKernel::GemvF16 : LinearKernel::LtF16;
   }
+  const bool affine = l.format == WeightFormat::Affine && (l.bits == 2 || l.bits == 3 || l.bits == 4 || l.bits == 5 || l.bits == 6 ||
+                                                           l.bits == 8) && (l.group_size == 32 || l.group_size == 64 || l.group_size == 128);
+  // (the device layout, affine.h: scale/bias pairs [rows, groups, 2]; host tensors have no kernel)
+  const bool loaded = l.scales.ndim == 3 && (l.scales.dtype == DType::BF16 || l.scales.dtype == DType::F16);
+  if (affine && loaded) return rows <= cuda::kAffineGemvMaxRows ? LinearKernel::GemvAffine : LinearKernel::GemvAffineChunks;
   fail("cuda: no linear kernel for {} weights at {} rows; supported: dense BF16 or F16 (on the device) at any rows: GEMV up to {} "
-       "rows (and where the tensor-core GEMV takes the shape), cuBLASLt beyond",
-       l.describe(), rows, gemv_max_rows_);
+       "rows (and where the tensor-core GEMV takes the shape), cuBLASLt beyond; affine 2/3/4/5/6/8-bit g32/64/128 (loaded by "
+       "load_linear): GEMV up to {} rows, beyond that the same GEMV over slices of {} rows (a stopgap until a tensor-core kernel)",
+       l.describe(), rows, gemv_max_rows_, cuda::kAffineGemvMaxRows, cuda::kAffineGemvMaxRows);
 }
 void CudaBackend::set_prefill_kernel(const char* name) { cuda::set_prefill_kernel(cuda::parse_prefill_kernel(name)); }
 bool CudaBackend::prefill_wgmma_supported(int head_dim) { return cuda::prefill_wgmma_supported(head_dim); }
@@ -318,12 +325,48 @@ void CudaBackend::stage_copy(void* dst, const void* src, size_t bytes, bool f32_
 }
 
 Linear CudaBackend::load_linear(const Linear& host) {
-  ARBOR_CHECK(host.format == WeightFormat::Dense, "cuda: cannot load {} weights; supported: dense F32, BF16, F16 (F32 becomes BF16)",
+  ARBOR_CHECK(host.format == WeightFormat::Dense || host.format == WeightFormat::Affine,
+              "cuda: cannot load {} weights; supported: dense F32, BF16, F16 (F32 becomes BF16), affine 2/3/4/5/6/8-bit g32/64/128",
               host.describe());
   Linear l = host;
-  l.data = load_weight(host.data);
+  if (host.format == WeightFormat::Affine) load_affine(host, l);
+  else l.data = load_weight(host.data);
   if (!host.bias.empty()) l.bias = load_weight(host.bias);
   return l;
+}
+
+// affine.h's layout: the codes as they are, each group's scale and bias side by side in one 32-bit word in
+// their file dtype (F16 when both are F16, else BF16: BF16 kept, F32 rounded as dense F32 weights are).
+void CudaBackend::load_affine(const Linear& host, Linear& l) {
+  const int64_t R = host.rows(), C = host.cols();
+  const int bits = host.bits, gs = host.group_size;
+  ARBOR_CHECK((bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8) && (gs == 32 || gs == 64 || gs == 128),
+              "cuda: cannot load {} weights; supported: affine 2/3/4/5/6/8-bit g32/64/128", host.describe());
+  ARBOR_CHECK(C % gs == 0, "cuda: {}: {} columns do not divide into groups of {}", host.describe(), C, gs);
+  const int64_t W = C * bits / 32, G = C / gs;
+  ARBOR_CHECK(host.data.dtype == DType::U32 && host.data.ndim == 2 && host.data.shape[0] == R && host.data.shape[1] == W,
+              "cuda: {}: codes must be U32 [{}, {}], got {} {}", host.describe(), R, W, dtype_name(host.data.dtype), host.data.shape_str());
+  auto float_dtype = [](DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; };
+  for (const auto* t : {&host.scales, &host.biases})
+    ARBOR_CHECK(float_dtype(t->dtype) && t->ndim == 2 && t->shape[0] == R && t->shape[1] == G,
+                "cuda: {}: {} must be F32/F16/BF16 [{}, {}], got {} {}", host.describe(), t == &host.scales ? "scales" : "biases", R, G,
+                dtype_name(t->dtype), t->shape_str());
+  Tensor codes(nullptr, DType::U32, {R, W}, Device::CUDA);
+  codes.data = device_alloc(codes.nbytes());
+  stage_copy(codes.data, host.data.data, codes.nbytes(), false);
+  const bool f16 = host.scales.dtype == DType::F16 && host.biases.dtype == DType::F16;
+  auto half_bits = [&](const Tensor& t, int64_t i) -> uint32_t {
+    const uint16_t* h = t.as<uint16_t>();
+    if (t.dtype == (f16 ? DType::F16 : DType::BF16)) return h[i];
+    const float f = t.dtype == DType::F32 ? t.as<float>()[i] : t.dtype == DType::F16 ? f16_to_f32(h[i]) : bf16_to_f32(h[i]);
+    return f32_to_bf16(f);
+  };
+  std::vector<uint32_t> pairs(size_t(R * G));
+  for (int64_t i = 0; i < R * G; ++i) pairs[size_t(i)] = half_bits(host.scales, i) | half_bits(host.biases, i) << 16;
+  Tensor sb(nullptr, f16 ? DType::F16 : DType::BF16, {R, G, 2}, Device::CUDA);
+  sb.data = device_alloc(sb.nbytes());
+  stage_copy(sb.data, pairs.data(), sb.nbytes(), false);
+  l.data = codes, l.scales = sb, l.biases = Tensor();
 }
 
 Tensor CudaBackend::load_weight(const Tensor& host) {
@@ -458,8 +501,11 @@ void CudaBackend::begin_batch(const BatchInfo& b) {
 }
 
 void CudaBackend::embed(const Linear& emb, Tensor out, float scale) {
-  ARBOR_CHECK(emb.format == WeightFormat::Dense && (emb.data.dtype == DType::BF16 || emb.data.dtype == DType::F16),
-              "cuda: embed: no gather for {} tables; supported: dense BF16, F16", emb.describe());
+  const bool affine = emb.format == WeightFormat::Affine;
+  ARBOR_CHECK(affine || (emb.format == WeightFormat::Dense && (emb.data.dtype == DType::BF16 || emb.data.dtype == DType::F16)),
+              "cuda: embed: no gather for {} tables; supported: dense BF16, F16, affine (loaded by load_linear)", emb.describe());
+  ARBOR_CHECK(out.dtype == DType::BF16 && out.cols() == emb.cols(), "cuda: embed: output {} {} for a table of {} columns",
+              dtype_name(out.dtype), out.shape_str(), emb.cols());
   const Tensor& table = emb.data;
   const auto& b = batch();
   const int64_t V = emb.rows();
@@ -469,7 +515,8 @@ void CudaBackend::embed(const Linear& emb, Tensor out, float scale) {
     ARBOR_CHECK(id >= 0 || -1 - int64_t(id) < last_pick_rows_, "embed: batch row {} takes the picked id of row {}, the last pick has {} rows",
                 t, -1 - int64_t(id), last_pick_rows_);
   }
-  launch_embed(table.data, table.dtype, d_tokens_, d_ids_, b.n_tokens(), emb.cols(), scale, out.as<uint16_t>(), st(stream_));
+  if (affine) launch_affine_embed(affine_weights(emb), d_tokens_, d_ids_, b.n_tokens(), scale, out.as<uint16_t>(), stream_);
+  else launch_embed(table.data, table.dtype, d_tokens_, d_ids_, b.n_tokens(), emb.cols(), scale, out.as<uint16_t>(), st(stream_));
 }
 
 void CudaBackend::norm(NormOp op, const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor out) {
@@ -494,6 +541,19 @@ void CudaBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
   if (T == 0) return;
   const float* bias = l.bias.empty() ? nullptr : l.bias.as<float>();
   switch (kernel) {
+    case LinearKernel::GemvAffine:
+    case LinearKernel::GemvAffineChunks: {
+      // More than kAffineGemvMaxRows rows: the GEMV over slices of that many rows, reading the weights once
+      // per slice (a stopgap for prefill until a tensor-core kernel takes those rows).
+      const AffineWeights w = affine_weights(l);
+      const size_t ysize = dtype_size(y.dtype);
+      for (int64_t r0 = 0; r0 < T; r0 += kAffineGemvMaxRows) {
+        const AffineGemvOut o{w, bias, static_cast<char*>(y.data) + size_t(r0 * N) * ysize};
+        launch_affine_gemv_multi(&o, 1, x.as<uint16_t>() + r0 * K, y.dtype == DType::F32, std::min(kAffineGemvMaxRows, T - r0), n_sms_,
+                                 stream_);
+      }
+      return;
+    }
     case LinearKernel::GemvBf16:
     case LinearKernel::GemvF16:
       launch_gemv(l.data.data, l.data.dtype, x.as<uint16_t>(), bias, y.data, y.dtype, T, N, K, n_sms_, st(stream_));
@@ -518,7 +578,15 @@ void CudaBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
 }
 
 namespace {
-bool is_gemv(CudaBackend::LinearKernel k) { return k == CudaBackend::LinearKernel::GemvBf16 || k == CudaBackend::LinearKernel::GemvF16; }
+bool is_gemv(CudaBackend::LinearKernel k) {
+  return k == CudaBackend::LinearKernel::GemvBf16 || k == CudaBackend::LinearKernel::GemvF16 || k == CudaBackend::LinearKernel::GemvAffine;
+}
+// Affine matrices one GEMV launch can take together: the same columns, bits, group size and scale dtype.
+bool affine_fusable(const Linear& a, const Linear& b) {
+  return a.format == WeightFormat::Affine && b.format == WeightFormat::Affine && a.cols() == b.cols() && a.bits == b.bits &&
+         a.group_size == b.group_size && a.scales.dtype == b.scales.dtype;
+}
+AffineGemvOut affine_out(const Linear& l, void* y) { return {affine_weights(l), l.bias.empty() ? nullptr : l.bias.as<float>(), y}; }
 }  // namespace
 
 void CudaBackend::linear_multi(const Tensor& x, const LinearOut* outs, int n) {
@@ -531,6 +599,15 @@ void CudaBackend::linear_multi(const Tensor& x, const LinearOut* outs, int n) {
     const Linear& l = *outs[i].l;
     one = pick_linear(l, x.rows()) == k0 && l.cols() == x.cols() && outs[i].y.dtype == outs[0].y.dtype && outs[i].y.rows() == x.rows() &&
           outs[i].y.cols() == l.rows();
+  }
+  if (one && k0 == LinearKernel::GemvAffine) {
+    for (int i = 1; one && i < n; ++i) one = affine_fusable(*outs[0].l, *outs[i].l);
+    if (one) {
+      AffineGemvOut a[kAffineGemvMaxSegments];
+      for (int i = 0; i < n; ++i) a[i] = affine_out(*outs[i].l, outs[i].y.data);
+      launch_affine_gemv_multi(a, n, x.as<uint16_t>(), outs[0].y.dtype == DType::F32, x.rows(), n_sms_, stream_);
+      return;
+    }
   }
   if (!one) {
     Backend::linear_multi(x, outs, n);
@@ -649,7 +726,12 @@ void CudaBackend::gated_up(const Tensor& x, const Linear& wg, const Linear& wu, 
     const LinearKernel k = pick_linear(wg, x.rows());
     one = is_gemv(k) && pick_linear(wu, x.rows()) == k;
   }
-  if (!one) {
+  if (one && pick_linear(wg, x.rows()) == LinearKernel::GemvAffine && affine_fusable(wg, wu)) {
+    launch_affine_gemv_gated(affine_out(wg, nullptr), affine_out(wu, nullptr), int(op), x.as<uint16_t>(), out.as<uint16_t>(), x.rows(),
+                             n_sms_, stream_);
+    return;
+  }
+  if (!one || wg.format != WeightFormat::Dense) {
     Backend::gated_up(x, wg, wu, op, gate, up, out);
     return;
   }

@@ -1,7 +1,8 @@
 // The CUDA backend: bf16 activations and KV cache, f32 accumulation, weights uploaded once (f32/bf16
 // checkpoints as bf16, f16 kept as f16, vectors as f32). Ops run in order on one stream; the only
 // host synchronisations are read_logits and the sampling calls that return ids.
-// Kernels: elementwise.cu, gemv.cu (T <= 8), gemm.cpp (cuBLASLt), attention_{prefill,decode}.cu, sampling.cu.
+// Kernels: elementwise.cu, gemv.cu (T <= 8), gemm.cpp (cuBLASLt), attention_{prefill,decode}.cu, sampling.cu;
+// MLX affine weights: affine.h (device layout), affine_gemv.cu (decode GEMV, embedding gather).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -51,9 +52,10 @@ class CudaBackend : public Backend {
   void linear(const Tensor& x, const Linear& l, Tensor y) override;
   // The linear kernels, by (weight format, rows of activations): the one place that picks one for
   // linear(), linear_multi() and gated_up(). GEMV (the streaming kernels, their tensor-core variant
-  // past gemv_max_rows) or cuBLASLt, for dense BF16 or F16 weights; anything else throws, naming the
-  // layer's format and the supported pairs.
-  enum class LinearKernel : uint8_t { GemvBf16, GemvF16, LtBf16, LtF16 };
+  // past gemv_max_rows) or cuBLASLt, for dense BF16 or F16 weights; affine (affine.h) up to 8 rows the
+  // affine GEMV (affine_gemv.cu), beyond that the same GEMV over slices of 8 rows (a stopgap until a
+  // tensor-core kernel); anything else throws, naming the layer's format and the supported pairs.
+  enum class LinearKernel : uint8_t { GemvBf16, GemvF16, LtBf16, LtF16, GemvAffine, GemvAffineChunks };
   LinearKernel pick_linear(const Linear& l, int64_t rows) const;
   void rope(Tensor x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const Tensor& cos, const Tensor& sin) override;
   void kv_write(int64_t layer, const Tensor& k, const Tensor& v) override;
@@ -143,6 +145,7 @@ class CudaBackend : public Backend {
   void* device_alloc(size_t bytes);
   void ensure(void*& buf, size_t& cap, size_t bytes);  // grows a scratch buffer (synchronises when it does)
   void stage_copy(void* dst, const void* src, size_t bytes, bool f32_to_bf16);
+  void load_affine(const Linear& host, Linear& l);  // load_linear's affine part (affine.h's layout)
   void upload_meta(const std::vector<int32_t>& host, void*& dev, size_t& cap);
   const BatchInfo& batch() const;
   // Host-side checks of the ops against the current batch; the per-token parts run once per batch.

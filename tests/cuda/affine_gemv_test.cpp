@@ -1,0 +1,378 @@
+// MLX affine weights on CUDA (affine.h, affine_gemv.cu) against the host reference (quant::affine_dequantize,
+// then a float matmul): the GEMV at 1, 3 and 8 rows (and the 8-row slices past that) for every bit width and
+// group size, bf16 and f16 scales, odd shapes, with and without a bias, f32 and bf16 outputs; the fused
+// q/k/v and gate/up forms; the quantized embedding gather; and whole affine checkpoints, CUDA against the
+// CPU. Skipped without a GPU.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <sstream>
+
+#include "backend/cuda/affine.h"
+#include "core/error.h"
+#include "cuda_test_util.h"
+#include "engine/generate.h"
+#include "model/model.h"
+#include "model/synth.h"
+#include "model/weights.h"
+#include "quant/affine.h"
+#include "quant/affine_synth.h"
+
+using namespace arbor;
+using namespace arbor::cuda_test;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A random affine matrix on the host (codes uniform over the levels, scales and biases in `dt`) and its
+// reference dequantization.
+struct HostAffine {
+  int64_t R, C;
+  int bits, gs;
+  DType dt;
+  std::vector<uint32_t> codes;
+  std::vector<uint16_t> scales, biases;
+  std::vector<float> bias;  // the layer's bias [R], empty when none
+  std::vector<float> w;     // dequantized [R, C]
+
+  HostAffine(std::mt19937& rng, int64_t r, int64_t c, int b, int g, DType d, bool with_bias) : R(r), C(c), bits(b), gs(g), dt(d) {
+    const int64_t W = C * bits / 32, G = C / gs;
+    codes.assign(size_t(R * W), 0u);
+    std::uniform_int_distribution<uint32_t> code(0, (1u << bits) - 1u);
+    for (int64_t i = 0; i < R; ++i)
+      for (int64_t j = 0; j < C; ++j) quant::affine_or_code(codes.data() + i * W, j, bits, code(rng));
+    std::uniform_real_distribution<float> u(0.5f, 1.5f), v(-1.0f, 1.0f);
+    auto enc = [&](float f) { return dt == DType::F16 ? f32_to_f16(f) : f32_to_bf16(f); };
+    const float step = 0.1f / float(1 << bits);  // groups spread over about [-0.05, 0.05]
+    for (int64_t i = 0; i < R * G; ++i) {
+      const float s = step * u(rng);
+      scales.push_back(enc(s));
+      biases.push_back(enc(-s * float((1 << bits) - 1) / 2 + 0.01f * v(rng)));
+    }
+    if (with_bias) bias = random_bf16(rng, size_t(R), 0.5f);
+    w.resize(size_t(R * C));
+    quant::affine_dequantize(codes.data(), scales.data(), biases.data(), dt, quant::affine_shape(R, C, {gs, bits}, "test"), w.data());
+  }
+  Linear host_linear() {
+    Linear l;
+    l.format = WeightFormat::Affine, l.n_rows = R, l.n_cols = C, l.bits = bits, l.group_size = gs;
+    l.data = Tensor(codes.data(), DType::U32, {R, C * bits / 32});
+    l.scales = Tensor(scales.data(), dt, {R, C / gs});
+    l.biases = Tensor(biases.data(), dt, {R, C / gs});
+    if (!bias.empty()) l.bias = Tensor(bias.data(), DType::F32, {R});
+    return l;
+  }
+  std::string name() const {
+    return fmt::format("{}-bit g{} {} scales [{}, {}]{}", bits, gs, dtype_name(dt), R, C, bias.empty() ? "" : " + bias");
+  }
+};
+
+// y [T, R] = x · wᵀ (+ bias) in double, and Σ|x·w| per output (the scale of its rounding error).
+void reference(const HostAffine& a, const std::vector<float>& x, int64_t T, std::vector<float>& y, std::vector<float>& mag) {
+  y.assign(size_t(T * a.R), 0.0f), mag.assign(y.size(), 0.0f);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = 0; n < a.R; ++n) {
+      double s = a.bias.empty() ? 0.0 : a.bias[size_t(n)], m = std::fabs(s);
+      for (int64_t k = 0; k < a.C; ++k) {
+        const double p = double(x[size_t(t * a.C + k)]) * a.w[size_t(n * a.C + k)];
+        s += p, m += std::fabs(p);
+      }
+      y[size_t(t * a.R + n)] = float(s), mag[size_t(t * a.R + n)] = float(m);
+    }
+}
+
+// Every output within 2e-5·Σ|x·w| of the reference, plus the bf16 rounding of a bf16 output.
+void expect_close(const std::vector<float>& got, const std::vector<float>& ref, const std::vector<float>& mag, bool bf16_out,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const float tol = 2e-5f * mag[i] + (bf16_out ? std::ldexp(std::fabs(ref[i]), -8) : 0.0f) + 1e-30f;
+    if (!(std::fabs(got[i] - ref[i]) <= tol) && bad++ < 5)
+      ADD_FAILURE() << what << ": output " << i << " is " << got[i] << ", reference " << ref[i] << " (tolerance " << tol << ")";
+  }
+}
+
+Linear upload(CudaBackend& gpu, HostAffine& a) {
+  Linear l = gpu.load_linear(a.host_linear());
+  gpu.synchronize();
+  return l;
+}
+
+TEST(CudaAffine, DeviceLayoutKeepsTheFileBytes) {
+  ARBOR_REQUIRE_GPU();
+  CudaBackend gpu(0);
+  std::mt19937 rng(3);
+  for (DType dt : {DType::BF16, DType::F16}) {
+    HostAffine a(rng, 5, 96, 3, 32, dt, false);
+    const Linear l = upload(gpu, a);
+    const cuda::AffineWeights w = cuda::affine_weights(l);
+    EXPECT_EQ(w.rows, 5);
+    EXPECT_EQ(w.cols, 96);
+    EXPECT_EQ(w.bits, 3);
+    EXPECT_EQ(w.group_size, 32);
+    EXPECT_EQ(w.sb_f16, dt == DType::F16);
+    std::vector<uint32_t> codes(a.codes.size()), sb(size_t(5 * 3));
+    gpu.download(l.data, codes.data());
+    gpu.download(l.scales, sb.data());
+    EXPECT_EQ(codes, a.codes);
+    for (size_t i = 0; i < sb.size(); ++i) {
+      EXPECT_EQ(sb[i] & 0xffffu, a.scales[i]) << i;
+      EXPECT_EQ(sb[i] >> 16, a.biases[i]) << i;
+    }
+  }
+  // A dense Linear is not affine: affine_weights says so.
+  std::vector<uint16_t> h(64, 0);
+  const Linear d = gpu.load_linear(Linear::dense(Tensor(h.data(), DType::BF16, {8, 8})));
+  EXPECT_THROW(cuda::affine_weights(d), Error);
+}
+
+// Every bits x group size x scale dtype; rows not a multiple of anything; cols a few groups (an odd count of
+// 32-column units, so the last 128-code chunk is partial) and a long row (8192 + g: K split over warps,
+// x read from global memory at 3 and 8 rows).
+TEST(CudaAffine, GemvMatchesTheReferenceEveryBitsAndGroup) {
+  ARBOR_REQUIRE_GPU();
+  CudaBackend gpu(0);
+  std::mt19937 rng(5);
+  int case_no = 0;
+  for (int bits : {2, 3, 4, 5, 6, 8})
+    for (int gs : {32, 64, 128})
+      for (DType dt : {DType::BF16, DType::F16})
+        for (int64_t C : {int64_t(3 * gs), int64_t(8192 + gs)}) {
+          const int64_t R = C > 1024 ? 37 : 131;
+          const bool with_bias = (case_no++ % 2) == 0;
+          HostAffine a(rng, R, C, bits, gs, dt, with_bias);
+          const Linear l = upload(gpu, a);
+          for (int64_t T : {1, 3, 8, 11}) {
+            const bool f32 = (T + bits) % 2 == 0;
+            std::vector<float> x = random_bf16(rng, size_t(T * C));
+            Tensor xd = dev_bf16(gpu, x, {T, C});
+            Tensor yd = gpu.alloc(f32 ? DType::F32 : DType::BF16, {T, R});
+            gpu.linear(xd, l, yd);
+            std::vector<float> ref, mag;
+            reference(a, x, T, ref, mag);
+            expect_close(host_f32(gpu, yd), ref, mag, !f32, fmt::format("{} T={} {}", a.name(), T, f32 ? "f32" : "bf16"));
+          }
+        }
+}
+
+TEST(CudaAffine, PickLinearNamesWhatItSupports) {
+  ARBOR_REQUIRE_GPU();
+  CudaBackend gpu(0);
+  std::mt19937 rng(6);
+  HostAffine a(rng, 4, 64, 4, 64, DType::BF16, false);
+  Linear l = upload(gpu, a);
+  EXPECT_EQ(gpu.pick_linear(l, 1), CudaBackend::LinearKernel::GemvAffine);
+  EXPECT_EQ(gpu.pick_linear(l, 8), CudaBackend::LinearKernel::GemvAffine);
+  EXPECT_EQ(gpu.pick_linear(l, 9), CudaBackend::LinearKernel::GemvAffineChunks);
+  l.bits = 7;
+  try {
+    gpu.pick_linear(l, 1);
+    ADD_FAILURE() << "7-bit weights were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("affine 7-bit g64"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("2/3/4/5/6/8-bit"), std::string::npos) << e.what();
+  }
+  // The host format is checked at load: 7 bits, and codes of the wrong shape.
+  Linear h = a.host_linear();
+  h.bits = 7;
+  EXPECT_THROW(gpu.load_linear(h), Error);
+  h = a.host_linear();
+  h.data.shape[1] = 3;
+  EXPECT_THROW(gpu.load_linear(h), Error);
+}
+
+// q/k/v in one launch (linear_multi) and gate/up with the activation (gated_up), against the reference.
+TEST(CudaAffine, FusedMultiAndGatedMatchTheReference) {
+  ARBOR_REQUIRE_GPU();
+  CudaBackend gpu(0);
+  std::mt19937 rng(9);
+  for (int bits : {3, 4, 6, 8})
+    for (int64_t T : {1, 3, 8}) {
+      const int gs = bits == 3 ? 32 : bits == 4 ? 64 : 128;
+      const int64_t C = 4 * gs + 128;
+      const DType dt = bits % 2 ? DType::F16 : DType::BF16;
+      HostAffine q(rng, 75, C, bits, gs, dt, true), k(rng, 33, C, bits, gs, dt, false), v(rng, 33, C, bits, gs, dt, true);
+      const Linear lq = upload(gpu, q), lk = upload(gpu, k), lv = upload(gpu, v);
+      std::vector<float> x = random_bf16(rng, size_t(T * C));
+      Tensor xd = dev_bf16(gpu, x, {T, C});
+      Tensor yq = gpu.alloc(DType::BF16, {T, 75}), yk = gpu.alloc(DType::BF16, {T, 33}), yv = gpu.alloc(DType::BF16, {T, 33});
+      const Backend::LinearOut outs[3] = {{&lq, yq}, {&lk, yk}, {&lv, yv}};
+      gpu.linear_multi(xd, outs, 3);
+      for (auto [a, y] : {std::pair{&q, yq}, std::pair{&k, yk}, std::pair{&v, yv}}) {
+        std::vector<float> ref, mag;
+        reference(*a, x, T, ref, mag);
+        expect_close(host_f32(gpu, y), ref, mag, true, fmt::format("multi {} T={}", a->name(), T));
+      }
+
+      // Gated: out = silu(bf16(x·gᵀ + b)) * bf16(x·uᵀ + b), rounded to bf16.
+      HostAffine g(rng, 91, C, bits, gs, dt, T == 3), u(rng, 91, C, bits, gs, dt, false);
+      const Linear lg = upload(gpu, g), lu = upload(gpu, u);
+      Tensor gate = gpu.alloc(DType::BF16, {T, 91}), up = gpu.alloc(DType::BF16, {T, 91}), out = gpu.alloc(DType::BF16, {T, 91});
+      gpu.gated_up(xd, lg, lu, ActOp::SiLU, gate, up, out);
+      std::vector<float> rg, mg, ru, mu;
+      reference(g, x, T, rg, mg), reference(u, x, T, ru, mu);
+      const std::vector<float> got = host_f32(gpu, out);
+      int bad = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const float gv = rg[i], uv = ru[i];
+        const float ref = gv / (1.0f + std::exp(-gv)) * uv;
+        // Each input within its tolerance and the two bf16 roundings of the fused kernel.
+        const float dg = 2e-5f * mg[i] + std::ldexp(std::fabs(gv), -8), du = 2e-5f * mu[i] + std::ldexp(std::fabs(uv), -8);
+        const float tol = (std::fabs(uv) * 1.1f * dg + (std::fabs(gv) + dg) * du) + std::ldexp(std::fabs(ref), -7) + 1e-30f;
+        if (!(std::fabs(got[i] - ref) <= tol) && bad++ < 5)
+          ADD_FAILURE() << "gated " << g.name() << " T=" << T << " output " << i << ": " << got[i] << " vs " << ref << " (tolerance " << tol
+                        << ")";
+      }
+    }
+}
+
+BatchInfo token_batch(std::vector<int32_t> tokens) {
+  BatchInfo b;
+  b.tokens = std::move(tokens);
+  for (size_t i = 0; i < b.tokens.size(); ++i) b.pos.push_back(int32_t(i));
+  b.seq.assign(b.tokens.size(), 0);
+  b.ctx_len = {int32_t(b.tokens.size())};
+  b.max_blocks = 0;
+  return b;
+}
+
+// The gather dequantizes rows exactly as the reference does (then × scale, rounded to bf16 once).
+TEST(CudaAffine, EmbedDequantizesRowsExactly) {
+  ARBOR_REQUIRE_GPU();
+  CudaBackend gpu(0);
+  std::mt19937 rng(12);
+  for (int bits : {2, 3, 4, 5, 6, 8})
+    for (DType dt : {DType::BF16, DType::F16}) {
+      const int gs = bits == 5 ? 128 : bits == 3 ? 32 : 64;
+      const int64_t V = 53, C = 3 * gs + (gs == 128 ? 0 : gs);
+      HostAffine a(rng, V, C, bits, gs, dt, false);
+      const Linear l = upload(gpu, a);
+      BatchInfo b = token_batch({3, 0, 52, 3, 17, 41});
+      gpu.begin_batch(b);
+      Tensor out = gpu.alloc(DType::BF16, {6, C});
+      gpu.embed(l, out, 1.5f);
+      const std::vector<float> got = host_f32(gpu, out);
+      for (size_t t = 0; t < b.tokens.size(); ++t)
+        for (int64_t c = 0; c < C; ++c) {
+          const float ref = bf16_to_f32(f32_to_bf16(a.w[size_t(b.tokens[t] * C + c)] * 1.5f));
+          ASSERT_EQ(got[t * size_t(C) + size_t(c)], ref) << a.name() << " token " << b.tokens[t] << " column " << c;
+        }
+    }
+}
+
+// Whole models: an affine checkpoint (arbor synth --bits B --group-size G's writer) on CUDA against the CPU
+// on the same checkpoint, teacher-forced (a prefill chunk of 20 rows: the 8-row slices; then one token per
+// step: the GEMV, fused q/k/v and gate/up, decode graphs), untied and tied (the quantized embedding as the
+// LM head).
+json small_llama(bool tied) {
+  return json{{"model_type", "llama"},       {"architectures", {"LlamaForCausalLM"}}, {"vocab_size", 300},
+              {"hidden_size", 256},          {"intermediate_size", 640},              {"num_hidden_layers", 2},
+              {"num_attention_heads", 4},    {"num_key_value_heads", 2},              {"head_dim", 64},
+              {"rms_norm_eps", 1e-5},        {"max_position_embeddings", 512},        {"tie_word_embeddings", tied},
+              {"rope_theta", 10000.0}};
+}
+
+std::string synth_affine(const json& cfg, const std::string& name, const quant::AffineParams& p, DType dt) {
+  const fs::path dir = fs::path(testing::TempDir()) / ("arbor_cuda_affine_" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  ModelConfig c = parse_model_config(cfg, "test config");
+  const ArchDescriptor& a = find_arch(c);
+  apply_arch_defaults(c, a);
+  std::vector<quant::SynthTensor> ts;
+  for (const TensorSpec& s : expected_tensors(c, a)) ts.push_back({s.name, s.shape});
+  quant::write_affine_synthetic_checkpoint(cfg, ts, dir.string(), dt, p, uint64_t(1) << 30,
+                                           [&](const quant::SynthTensor& t, void* dst) { fill_dummy(TensorSpec{t.name, t.shape}, a, dt, dst); });
+  return dir.string();
+}
+
+std::vector<float> teacher_forced(Model& m, Backend& be, const std::vector<int32_t>& tokens, int64_t prefill) {
+  BlockPool pool(be.kv_layout().n_blocks, be.kv_layout().block_size);
+  SequenceKV seq;
+  EXPECT_TRUE(seq.reserve(pool, int64_t(tokens.size())));
+  const int64_t V = m.config().vocab_size;
+  std::vector<float> all, l;
+  for (int64_t p0 = 0; p0 < int64_t(tokens.size());) {
+    const int64_t n = p0 == 0 ? prefill : 1;
+    std::vector<int32_t> chunk(tokens.begin() + p0, tokens.begin() + p0 + n);
+    BatchInfo b = make_batch({chunk}, {p0}, {&seq}, true);
+    l.resize(size_t(n * V));
+    m.forward(b, l.data());
+    all.insert(all.end(), l.begin(), l.end());
+    seq.length = p0 + n;
+    p0 += n;
+  }
+  seq.release(pool);
+  return all;
+}
+
+TEST(CudaAffine, AffineCheckpointsMatchTheCpu) {
+  ARBOR_REQUIRE_GPU();
+  struct Case {
+    int bits, gs;
+    bool tied;
+    DType dt;
+  };
+  for (const Case& cs : {Case{4, 64, false, DType::BF16}, Case{4, 64, true, DType::BF16}, Case{3, 32, false, DType::F16},
+                         Case{8, 128, true, DType::F16}, Case{6, 64, false, DType::BF16}}) {
+    const std::string label = fmt::format("{}-bit g{} {} {}", cs.bits, cs.gs, cs.tied ? "tied" : "untied", dtype_name(cs.dt));
+    SCOPED_TRACE(label);
+    LoadOptions opt;
+    opt.model_dir = synth_affine(small_llama(cs.tied), fmt::format("{}_{}_{}_{}", cs.bits, cs.gs, cs.tied, dtype_name(cs.dt)),
+                                 {cs.gs, cs.bits}, cs.dt);
+    opt.ctx_size = 128, opt.max_step_tokens = 64, opt.show_progress = false;
+    CpuBackend cpu(2, WeightPlacement::Mapped);
+    CudaBackend gpu(0);
+    Model mc(opt, cpu), mg(opt, gpu);
+    const int64_t V = mc.config().vocab_size;
+    std::mt19937 rng(7);
+    std::vector<int32_t> tokens(40);
+    for (auto& t : tokens) t = int32_t(rng() % uint32_t(V));
+    const std::vector<float> rc = teacher_forced(mc, cpu, tokens, 20), rg = teacher_forced(mg, gpu, tokens, 20);
+    const float ref = max_abs(rc), diff = max_diff(rg, rc);
+    EXPECT_GT(ref, 0.0f);
+    EXPECT_LE(diff, 2e-2f * ref) << "max|ref| " << ref;
+    int64_t agree = 0;
+    for (size_t t = 0; t < tokens.size(); ++t)
+      agree += argmax(rc.data() + t * size_t(V), V) == argmax(rg.data() + t * size_t(V), V);
+    std::printf("[ %s ] max|Δ| %.3g of max|ref| %.3g (%.2f%%), greedy agreement %lld/%zu\n", label.c_str(), double(diff), double(ref),
+                100.0 * double(diff) / double(ref), (long long)agree, tokens.size());
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// Not a check: the GEMV's bandwidth at Llama-3.1-8B's shapes (what `arbor bench-linear --device cuda` prints),
+// for device runs that ship only test_cuda: --gtest_also_run_disabled_tests --gtest_filter=*AffineBandwidth*.
+// ARBOR_AFFINE_BENCH="bits:T,T bits:T" picks the cases (default "4:1,2,8 8:1,2,8 3:1"), group size 64.
+TEST(CudaAffineBandwidth, DISABLED_At8BShapes) {
+  ARBOR_REQUIRE_GPU();
+  const char* env = std::getenv("ARBOR_AFFINE_BENCH");
+  std::istringstream spec(env ? env : "4:1,2,8 8:1,2,8 3:1");
+  const double bw = cuda_measure_copy_bandwidth();
+  std::printf("copy bandwidth %.1f GB/s\n%-9s %-14s %4s %3s %9s %8s %8s %7s\n", bw / 1e9, "linear", "N x K", "bits", "T", "MB", "us", "GB/s",
+              "of copy");
+  struct Shape {
+    const char* name;
+    int64_t N, K;
+  };
+  for (std::string item; spec >> item;) {
+    const int bits = std::stoi(item.substr(0, item.find(':')));
+    std::vector<int64_t> Ts;
+    std::istringstream tl(item.substr(item.find(':') + 1));
+    for (std::string t; std::getline(tl, t, ',');) Ts.push_back(std::stoll(t));
+    for (const Shape& s : {Shape{"q/o", 4096, 4096}, Shape{"k/v", 1024, 4096}, Shape{"gate/up", 14336, 4096}, Shape{"down", 4096, 14336},
+                           Shape{"lm_head", 128256, 4096}})
+      for (int64_t T : Ts) {
+        const double bytes = cuda::affine_weight_bytes(s.N, s.K, bits, 64), sec = cuda::time_affine_gemv(s.N, s.K, T, bits, 64, 20);
+        std::printf("%-9s %6lld x %-5lld %4d %3lld %9.2f %8.2f %8.1f %6.1f%%\n", s.name, (long long)s.N, (long long)s.K, bits, (long long)T,
+                    bytes / 1e6, sec * 1e6, bytes / sec / 1e9, 100.0 * bytes / sec / bw);
+        std::fflush(stdout);
+      }
+  }
+}
+
+}  // namespace
