@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
       // cuBLAS bf16 weights, several copies.
       const size_t wb = size_t(sh.N * sh.K) * 2;
       const int nb = int(std::max<size_t>(2, rotate_bytes / wb));
-      std::vector<void*> bw(size_t(nb));
+      std::vector<void*> bw(static_cast<size_t>(nb));
       for (auto& p : bw) {
         ARBOR_CUDA_CHECK(cudaMalloc(&p, wb));
         cuda::launch_fill_random_bf16(static_cast<uint16_t*>(p), sh.N * sh.K, uint64_t(reinterpret_cast<uintptr_t>(p)), nullptr);

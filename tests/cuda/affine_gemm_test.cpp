@@ -26,10 +26,14 @@ template <class T>
 struct DevBuf {
   T* p = nullptr;
   explicit DevBuf(size_t n) {
-    if (n) EXPECT_EQ(cudaMalloc(&p, n * sizeof(T)), cudaSuccess);
+    if (n) {
+      EXPECT_EQ(cudaMalloc(&p, n * sizeof(T)), cudaSuccess);
+    }
   }
-  DevBuf(const std::vector<T>& v) : DevBuf(v.size()) {
-    if (!v.empty()) EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  explicit DevBuf(const std::vector<T>& v) : DevBuf(v.size()) {
+    if (!v.empty()) {
+      EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+    }
   }
   ~DevBuf() { cudaFree(p); }
   DevBuf(const DevBuf&) = delete;
@@ -77,7 +81,7 @@ void run_case(const Case& c, std::mt19937& rng, int n_sms) {
   ASSERT_EQ(cudaMemset(dy.p, 0xff, size_t(c.T * c.rows) * ysize), cudaSuccess);  // NaN everywhere: every output must be written
   const cuda::AffineWeights aw{dcodes.p, dsb.p, c.sb_f16, c.rows, c.cols, c.bits, c.gs};
   const int64_t scratch_n = c.split ? cuda::affine_gemm_scratch_floats(aw, c.T, n_sms) : 0;
-  DevBuf<float> scratch(size_t(scratch_n));
+  DevBuf<float> scratch{static_cast<size_t>(scratch_n)};
   cuda::launch_affine_gemm(aw, dx.p, c.with_bias ? dbias.p : nullptr, dy.p, c.y_f32 ? DType::F32 : DType::BF16, c.T, scratch.p, n_sms,
                            nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
