@@ -2,6 +2,7 @@
 // cuBLASLt bf16 on the same shape: microseconds per call, TFLOP/s, and GB/s of the bytes a call must move
 // (codes + scale/bias + x + y). Weights (affine and bf16 alike) are used from enough copies that every call
 // reads them from HBM, not L2. Usage: bench_affine_gemm [--splits N] [--reps N] [--bits B] [--group G] [--T t]
+// [--variant 0|1] (the T > 64 kernel: plain or pipelined).
 #include <cuda_runtime.h>
 #include <cublasLt.h>
 
@@ -59,7 +60,7 @@ std::vector<uint32_t> random_words(size_t n, uint32_t seed) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int forced_splits = 0, reps = 9, only_bits = 0, group = 64;
+  int forced_splits = 0, reps = 9, only_bits = 0, group = 64, variant = 0;
   int64_t only_T = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--splits")) forced_splits = std::atoi(argv[i + 1]);
@@ -67,6 +68,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--bits")) only_bits = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--group")) group = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--T")) only_T = std::atoll(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--variant")) variant = std::atoi(argv[i + 1]);
     else {
       std::fprintf(stderr, "bench_affine_gemm: unknown flag %s\n", argv[i]);
       return 2;
@@ -74,13 +76,14 @@ int main(int argc, char** argv) {
   }
   try {
     cuda::set_affine_gemm_splits(forced_splits);
+    cuda::set_affine_gemm_variant(variant);
     int dev = 0, n_sms = 0;
     ARBOR_CUDA_CHECK(cudaGetDevice(&dev));
     ARBOR_CUDA_CHECK(cudaDeviceGetAttribute(&n_sms, cudaDevAttrMultiProcessorCount, dev));
     cudaDeviceProp prop{};
     ARBOR_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
-    std::printf("bench_affine_gemm: %s, %d SMs, group size %d, splits %s\n", prop.name, n_sms, group,
-                forced_splits ? std::to_string(forced_splits).c_str() : "auto");
+    std::printf("bench_affine_gemm: %s, %d SMs, group size %d, splits %s, T > 64 kernel: %s\n", prop.name, n_sms, group,
+                forced_splits ? std::to_string(forced_splits).c_str() : "auto", variant == 1 ? "pipelined" : "plain");
     cublasLtHandle_t lt;
     ARBOR_CUBLAS_CHECK(cublasLtCreate(&lt));
     const size_t ws_bytes = size_t(32) << 20;

@@ -1,7 +1,7 @@
 // The tensor-core affine GEMM (affine_gemm.cu) against the reference: weights dequantized on the host with
 // quant::affine_dequantize, rounded to bf16 as the kernel feeds them to the tensor cores, and a float64
 // matmul. Random codes, scales and biases at odd shapes: every bit width x group size, T = 9, 17, 64, 100,
-// 513, bf16 and f16 scale/bias, with and without bias, bf16 and f32 output, K split and unsplit, and the
+// 513 (and the pipelined kernel for T > 64), bf16 and f16 scale/bias, with and without bias, bf16 and f32 output, K split and unsplit, and the
 // K tail of group size 32 (cols not a multiple of 64). Skipped without a GPU.
 #include <cuda_runtime.h>
 
@@ -132,6 +132,26 @@ TEST(CudaAffineGemm, EveryBitsGroupAndRowCount) {
           const int64_t cols = gs == 32 ? 32 * (3 + 2 * (i % 5)) : int64_t(gs) * (2 + i % 4);
           run_case({rows, cols, T, bits, gs, f16, i % 2 == 0, i % 4 == 1, i % 3 != 0}, rng, n_sms);
         }
+}
+
+// The pipelined kernel for T > 64 (set_affine_gemm_variant(1)) on the same kind of cases.
+TEST(CudaAffineGemm, PipelinedVariant) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(22);
+  const int n_sms = sm_count();
+  cuda::set_affine_gemm_variant(1);
+  int i = 0;
+  for (int bits : quant::kAffineBits)
+    for (int gs : quant::kAffineGroupSizes)
+      for (int64_t T : {65, 100, 513}) {
+        ++i;
+        const int64_t rows = (i % 3 == 0) ? 131 : (i % 3 == 1) ? 77 : 260;
+        const int64_t cols = gs == 32 ? 32 * (3 + 2 * (i % 5)) : int64_t(gs) * (2 + i % 4);
+        run_case({rows, cols, T, bits, gs, i % 2 == 1, i % 2 == 0, i % 4 == 1, i % 3 != 0}, rng, n_sms);
+      }
+  run_case({300, 2048 + 32, 200, 4, 32, false, true, false, true}, rng, n_sms);
+  run_case({300, 2048 + 32, 200, 4, 32, false, true, false, false}, rng, n_sms);
+  cuda::set_affine_gemm_variant(0);
 }
 
 TEST(CudaAffineGemm, LongRowsSplitAndUnsplit) {

@@ -37,18 +37,16 @@ constexpr int kRowElems = kBK + 8;  // bf16 per shared row: 8 of padding keeps l
 constexpr int kMaxSplits = 16;
 
 std::atomic<int> g_forced_splits{0};
+std::atomic<int> g_variant{0};  // prefill kernel: 0 plain, 1 pipelined
 
-// The cp.async ring is STAGES tiles deep: 3 for BN = 128 (compute-bound), 4 for BN = 64 (more bytes in flight).
 template <int BITS, int BN>
 struct Layout {
-  static constexpr int kStages = BN == 128 ? 3 : 4;
   static constexpr int CW = kBK * BITS / 32;                   // code words per weight row per tile
   static constexpr int x_bytes = BN * kRowElems * 2;           // x tile, bf16
   static constexpr int code_bytes = (kBM * CW + 4) * 4;        // + the dequant's look-ahead word past the last row
   static constexpr int sb_bytes = kBM * 2 * 4;                 // up to two groups per row per tile (group size 32)
   static constexpr int stage_bytes = x_bytes + code_bytes + sb_bytes;
   static constexpr int a_bytes = kBM * kRowElems * 2;          // the dequantized tile, bf16
-  static constexpr int total = kStages * stage_bytes + a_bytes;
   static_assert(x_bytes % 16 == 0 && code_bytes % 16 == 0 && sb_bytes % 16 == 0);
 };
 
@@ -122,15 +120,23 @@ __device__ __forceinline__ void load_tile(const Params& p, unsigned char* st, in
   }
 }
 
-// The landed tile's codes -> bf16 weights in As [kBM][kRowElems]: each thread 8 codes of a row at a time.
+// The cp.async ring depth and the shared memory of a configuration. The plain kernel: 3 tiles for BN = 128
+// (compute-bound), 4 for BN = 64 (more bytes in flight), one dequantized tile. The pipelined one: 3 tiles,
+// two dequantized tiles (one being filled while the other feeds the MMAs).
+template <int BN, bool PIPE>
+constexpr int stages_of() { return PIPE ? 3 : (BN == 128 ? 3 : 4); }
+template <int BITS, int BN, bool PIPE>
+constexpr int smem_of() { return stages_of<BN, PIPE>() * Layout<BITS, BN>::stage_bytes + (PIPE ? 2 : 1) * Layout<BITS, BN>::a_bytes; }
+
+// Chunk c (row c / 8, codes 8 (c % 8) ..+8) of the landed tile's codes -> bf16 weights in As [kBM][kRowElems].
 template <int BITS, int BN>
-__device__ __forceinline__ void dequant_tile(const Params& p, const unsigned char* st, uint16_t* As) {
+__device__ __forceinline__ void dequant_chunk(const Params& p, const unsigned char* st, uint16_t* As, int c) {
   using L = Layout<BITS, BN>;
   constexpr bool kTwoWords = !(BITS == 2 || BITS == 4);  // 8 codes from a byte offset may cross a word
   constexpr uint32_t kMask = (1u << BITS) - 1;
   const uint32_t* cw = reinterpret_cast<const uint32_t*>(st + L::x_bytes);
   const uint32_t* sbw = reinterpret_cast<const uint32_t*>(st + L::x_bytes + L::code_bytes);
-  for (int c = threadIdx.x; c < kBM * 8; c += kThreads) {
+  {
     const int r = c >> 3, kc = c & 7;
     const int byte = kc * BITS;  // the 8 codes start at bit kc * 8 * BITS of the row's tile
     const uint32_t* wp = cw + r * L::CW + (byte >> 2);
@@ -159,12 +165,36 @@ __device__ __forceinline__ void dequant_tile(const Params& p, const unsigned cha
   }
 }
 
-// WM x WN warps; each owns (kBM / WM) weight rows x (BN / WN) activation rows of the block's tile. Two
-// blocks per SM (registers capped at 128; shared memory ~101 KB for BN = 128, ~74 KB for 64).
-template <int BITS, int BN, int WM, int WN>
-__global__ void __launch_bounds__(kThreads, 2) affine_gemm_kernel(Params p) {
+template <int BITS, int BN>
+__device__ __forceinline__ void dequant_tile(const Params& p, const unsigned char* st, uint16_t* As) {
+  for (int c = threadIdx.x; c < kBM * 8; c += kThreads) dequant_chunk<BITS, BN>(p, st, As, c);
+}
+
+// One 16-wide K step of a warp's MMAs: A fragments from the dequantized tile (a_base: this lane's
+// ldmatrix row), B fragments from the x tile (xs: likewise).
+template <int MT, int NT>
+__device__ __forceinline__ void mma_step(float (&acc)[MT][NT][4], uint32_t a_base, uint32_t xs, int kk) {
+  uint32_t a[MT][4], b[NT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) ldsm_x4(a_base + uint32_t(mt * 16 * kRowElems + kk * 16) * 2, a[mt][0], a[mt][1], a[mt][2], a[mt][3]);
+#pragma unroll
+  for (int np = 0; np < NT / 2; ++np)
+    ldsm_x4(xs + uint32_t(np * 16 * kRowElems + kk * 16) * 2, b[2 * np][0], b[2 * np][1], b[2 * np + 1][0], b[2 * np + 1][1]);
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) mma_bf16(acc[mt][nt], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b[nt][0], b[nt][1]);
+}
+
+// WM x WN warps; each owns (kBM / WM) weight rows x (BN / WN) activation rows of the block's tile.
+// Plain (PIPE false): each tile is dequantized, then multiplied, a barrier between; two blocks per SM
+// (registers capped at 128; shared memory ~101 KB for BN = 128, ~92 KB for 64) overlap one's dequant with
+// the other's MMAs. Pipelined (PIPE true): two dequantized tiles; while the warps multiply tile i they
+// dequantize tile i + 1 (one chunk per 16-wide K step), one barrier per tile; one block per SM.
+template <int BITS, int BN, int WM, int WN, bool PIPE>
+__global__ void __launch_bounds__(kThreads, PIPE ? 1 : 2) affine_gemm_kernel(Params p) {
   using L = Layout<BITS, BN>;
-  constexpr int kStages = L::kStages;
+  constexpr int kStages = stages_of<BN, PIPE>();
   constexpr int WTM = kBM / WM, WTN = BN / WN, MT = WTM / 16, NT = WTN / 8;
   static_assert(WM * WN * 32 == kThreads && MT >= 1 && NT % 2 == 0);
   extern __shared__ __align__(16) unsigned char smem[];
@@ -191,28 +221,39 @@ __global__ void __launch_bounds__(kThreads, 2) affine_gemm_kernel(Params p) {
   const uint32_t a_base = smem_addr(As + (wm * WTM + (lane & 15)) * kRowElems + (lane >> 4) * 8);
   const uint32_t x_off = uint32_t((wn * WTN + (lane & 7) + (lane >> 4) * 8) * kRowElems + ((lane >> 3) & 1) * 8) * 2;
 
-  for (int i = 0; i < nk; ++i) {
+  if constexpr (PIPE) {
+    static_assert(kStages == 3 && kBM * 8 == kThreads * (kBK / 16), "one dequant chunk per thread per K step");
+    constexpr uint32_t kABytes = L::a_bytes;
     cp_async_wait<kStages - 2>();
-    __syncthreads();  // tile i landed for every thread; every warp is done with tile i - 1
-    const unsigned char* st = smem + (i % kStages) * L::stage_bytes;
-    dequant_tile<BITS, BN>(p, st, As);
-    if (i + kStages - 1 < nk) load_tile<BITS, BN>(p, smem + ((i + kStages - 1) % kStages) * L::stage_bytes, m0, n0, kt0 + i + kStages - 1);
-    cp_async_commit();
-    __syncthreads();  // As holds tile i
-    const uint32_t xs = smem_addr(st) + x_off;
+    __syncthreads();
+    dequant_tile<BITS, BN>(p, smem, As);  // tile 0 -> As[0]
+    for (int i = 0; i < nk; ++i) {
+      cp_async_wait<0>();  // tile i + 1 landed (the last one issued)
+      __syncthreads();     // ... for every thread; As[i % 2] complete; every warp is done with tile i - 1
+      if (i + kStages - 1 < nk) load_tile<BITS, BN>(p, smem + ((i + kStages - 1) % kStages) * L::stage_bytes, m0, n0, kt0 + i + kStages - 1);
+      cp_async_commit();
+      const bool next = i + 1 < nk;
+      const unsigned char* nst = smem + ((i + 1) % kStages) * L::stage_bytes;
+      uint16_t* An = As + ((i + 1) & 1) * (kBM * kRowElems);
+      const uint32_t ab = a_base + (i & 1) * kABytes, xs = smem_addr(smem + (i % kStages) * L::stage_bytes) + x_off;
 #pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) {
-      uint32_t a[MT][4], b[NT][2];
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        if (next) dequant_chunk<BITS, BN>(p, nst, An, int(threadIdx.x) + kk * kThreads);
+        mma_step<MT, NT>(acc, ab, xs, kk);
+      }
+    }
+  } else {
+    for (int i = 0; i < nk; ++i) {
+      cp_async_wait<kStages - 2>();
+      __syncthreads();  // tile i landed for every thread; every warp is done with tile i - 1
+      const unsigned char* st = smem + (i % kStages) * L::stage_bytes;
+      dequant_tile<BITS, BN>(p, st, As);
+      if (i + kStages - 1 < nk) load_tile<BITS, BN>(p, smem + ((i + kStages - 1) % kStages) * L::stage_bytes, m0, n0, kt0 + i + kStages - 1);
+      cp_async_commit();
+      __syncthreads();  // As holds tile i
+      const uint32_t xs = smem_addr(st) + x_off;
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-        ldsm_x4(a_base + uint32_t(mt * 16 * kRowElems + kk * 16) * 2, a[mt][0], a[mt][1], a[mt][2], a[mt][3]);
-#pragma unroll
-      for (int np = 0; np < NT / 2; ++np)
-        ldsm_x4(xs + uint32_t(np * 16 * kRowElems + kk * 16) * 2, b[2 * np][0], b[2 * np][1], b[2 * np + 1][0], b[2 * np + 1][1]);
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) mma_bf16(acc[mt][nt], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b[nt][0], b[nt][1]);
+      for (int kk = 0; kk < kBK / 16; ++kk) mma_step<MT, NT>(acc, a_base, xs, kk);
     }
   }
   cp_async_wait<0>();
@@ -274,22 +315,23 @@ int pick_splits(const AffineWeights& w, int64_t T, int n_sms, int* tiles_per_spl
   return (ktiles + per - 1) / per;  // no split left empty
 }
 
-template <int BITS, int BN, int WM, int WN>
+template <int BITS, int BN, int WM, int WN, bool PIPE>
 void launch_cfg(const Params& p, dim3 grid, cudaStream_t s) {
-  using L = Layout<BITS, BN>;
+  constexpr int smem = smem_of<BITS, BN, PIPE>();
   static bool attr_set = false;  // per process: one device, as the backend runs
   if (!attr_set) {
-    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(affine_gemm_kernel<BITS, BN, WM, WN>, cudaFuncAttributeMaxDynamicSharedMemorySize, L::total));
+    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(affine_gemm_kernel<BITS, BN, WM, WN, PIPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     attr_set = true;
   }
-  affine_gemm_kernel<BITS, BN, WM, WN><<<grid, kThreads, L::total, s>>>(p);
+  affine_gemm_kernel<BITS, BN, WM, WN, PIPE><<<grid, kThreads, smem, s>>>(p);
   ARBOR_LAUNCH_CHECK("affine_gemm_kernel");
 }
 
 template <int BITS>
 void launch_bits(const Params& p, dim3 grid, cudaStream_t s) {
-  if (p.T <= 64) launch_cfg<BITS, 64, 4, 2>(p, grid, s);
-  else launch_cfg<BITS, 128, 2, 4>(p, grid, s);
+  if (p.T <= 64) launch_cfg<BITS, 64, 4, 2, false>(p, grid, s);
+  else if (g_variant.load() == 1) launch_cfg<BITS, 128, 2, 4, true>(p, grid, s);
+  else launch_cfg<BITS, 128, 2, 4, false>(p, grid, s);
 }
 
 void check_weights(const AffineWeights& w) {
@@ -306,6 +348,7 @@ void check_weights(const AffineWeights& w) {
 }  // namespace
 
 void set_affine_gemm_splits(int splits) { g_forced_splits.store(std::max(0, splits)); }
+void set_affine_gemm_variant(int v) { g_variant.store(v == 1 ? 1 : 0); }
 
 int64_t affine_gemm_scratch_floats(const AffineWeights& w, int64_t T, int n_sms) {
   if (T < 1) return 0;
