@@ -175,7 +175,7 @@ TEST(CudaAffineGemm, ForcedSplits) {
   for (int splits : {2, 3, 7}) {
     cuda::set_affine_gemm_splits(splits);
     run_case({200, 1024 + 64, 150, 5, 64, false, true, false, true}, rng, n_sms);
-    run_case({200, 1024 + 64, 20, 6, 128, true, true, true, true}, rng, n_sms);
+    run_case({200, 1024 + 128, 20, 6, 128, true, true, true, true}, rng, n_sms);
   }
   cuda::set_affine_gemm_splits(0);
 }

@@ -58,7 +58,7 @@ struct Params {
   void* y;
   float* partial;  // [splits, T, rows] when K is split, else null
   int64_t rows, cols, row_words, row_groups;
-  int T, gs, ktiles, tiles_per_split, code_vec;
+  int T, gs, gs_shift, ktiles, tiles_per_split, code_vec;
   bool sb_f16, y_f32;
 };
 
@@ -73,7 +73,11 @@ __device__ __forceinline__ void cp_async_v(uint32_t dst, const void* src, bool v
 template <int V, int CW>
 __device__ __forceinline__ void load_codes(const Params& p, uint32_t dst, int64_t m0, int64_t w0) {
   constexpr int per = CW * 4 / V;  // copies per weight row
-  for (int c = threadIdx.x; c < kBM * per; c += kThreads) {
+  constexpr int total = kBM * per, iters = (total + kThreads - 1) / kThreads;
+#pragma unroll
+  for (int it = 0; it < iters; ++it) {
+    const int c = int(threadIdx.x) + it * kThreads;
+    if (total % kThreads != 0 && c >= total) break;
     const int r = c / per, j = c % per;
     const int64_t m = m0 + r, w = w0 + j * (V / 4);
     const bool ok = m < p.rows && w < p.row_words;  // V > 4 only when no tile is partial
@@ -86,7 +90,10 @@ __device__ __forceinline__ void load_tile(const Params& p, unsigned char* st, in
   using L = Layout<BITS, BN>;
   const int64_t k0 = int64_t(kt) * kBK;
   const uint32_t xs = smem_addr(st);
-  for (int c = threadIdx.x; c < BN * 8; c += kThreads) {  // BN rows x 8 copies of 8 bf16
+  static_assert(BN * 8 % kThreads == 0 && kBM * 2 % kThreads == 0 && kBM * 8 % kThreads == 0);
+#pragma unroll
+  for (int it = 0; it < BN * 8 / kThreads; ++it) {  // BN rows x 8 copies of 8 bf16
+    const int c = int(threadIdx.x) + it * kThreads;
     const int r = c >> 3, j = c & 7;
     const int n = n0 + r;
     const int64_t k = k0 + j * 8;
@@ -111,8 +118,10 @@ __device__ __forceinline__ void load_tile(const Params& p, unsigned char* st, in
     }
   }
   const uint32_t ss = smem_addr(st + L::x_bytes + L::code_bytes);
-  const int64_t g0 = k0 / p.gs;
-  for (int c = threadIdx.x; c < kBM * 2; c += kThreads) {
+  const int64_t g0 = k0 >> p.gs_shift;
+#pragma unroll
+  for (int it = 0; it < kBM * 2 / kThreads; ++it) {
+    const int c = int(threadIdx.x) + it * kThreads;
     const int r = c >> 1, j = c & 1;
     const int64_t m = m0 + r, g = g0 + j;
     const bool ok = m < p.rows && g < p.row_groups && (j == 0 || p.gs == 32);
@@ -167,7 +176,8 @@ __device__ __forceinline__ void dequant_chunk(const Params& p, const unsigned ch
 
 template <int BITS, int BN>
 __device__ __forceinline__ void dequant_tile(const Params& p, const unsigned char* st, uint16_t* As) {
-  for (int c = threadIdx.x; c < kBM * 8; c += kThreads) dequant_chunk<BITS, BN>(p, st, As, c);
+#pragma unroll
+  for (int it = 0; it < kBM * 8 / kThreads; ++it) dequant_chunk<BITS, BN>(p, st, As, int(threadIdx.x) + it * kThreads);
 }
 
 // One 16-wide K step of a warp's MMAs: A fragments from the dequantized tile (a_base: this lane's
@@ -367,7 +377,7 @@ void launch_affine_gemm(const AffineWeights& w, const uint16_t* x, const float* 
   Params p{};
   p.codes = w.codes, p.sb = w.sb, p.x = x, p.bias = bias, p.y = y;
   p.rows = w.rows, p.cols = w.cols, p.row_words = w.cols * w.bits / 32, p.row_groups = w.cols / w.group_size;
-  p.T = int(T), p.gs = w.group_size, p.sb_f16 = w.sb_f16, p.y_f32 = y_dtype == DType::F32;
+  p.T = int(T), p.gs = w.group_size, p.gs_shift = w.group_size == 32 ? 5 : w.group_size == 64 ? 6 : 7, p.sb_f16 = w.sb_f16, p.y_f32 = y_dtype == DType::F32;
   p.ktiles = int((w.cols + kBK - 1) / kBK);
   int splits = pick_splits(w, T, n_sms, &p.tiles_per_split);
   if (splits > 1 && !scratch) {  // no room for partials: one split
