@@ -2,7 +2,7 @@
 // cuBLASLt bf16 on the same shape: microseconds per call, TFLOP/s, and GB/s of the bytes a call must move
 // (codes + scale/bias + x + y). Weights (affine and bf16 alike) are used from enough copies that every call
 // reads them from HBM, not L2. Usage: bench_affine_gemm [--splits N] [--reps N] [--bits B] [--group G] [--T t]
-// [--variant 0|1] (the T > 64 kernel: plain or pipelined).
+// [--variant 0|1|2] (the T > 64 kernel: plain, pipelined, or plain with 256 activation rows per block).
 #include <cuda_runtime.h>
 #include <cublasLt.h>
 
@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     ARBOR_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
     std::printf("bench_affine_gemm: %s, %d SMs, group size %d, splits %s, T > 64 kernel: %s\n", prop.name, n_sms, group,
-                forced_splits ? std::to_string(forced_splits).c_str() : "auto", variant == 1 ? "pipelined" : "plain");
+                forced_splits ? std::to_string(forced_splits).c_str() : "auto", variant == 1 ? "pipelined" : variant == 2 ? "plain BN=256" : "plain");
     cublasLtHandle_t lt;
     ARBOR_CUBLAS_CHECK(cublasLtCreate(&lt));
     const size_t ws_bytes = size_t(32) << 20;

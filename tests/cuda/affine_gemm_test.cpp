@@ -1,7 +1,7 @@
 // The tensor-core affine GEMM (affine_gemm.cu) against the reference: weights dequantized on the host with
 // quant::affine_dequantize, rounded to bf16 as the kernel feeds them to the tensor cores, and a float64
 // matmul. Random codes, scales and biases at odd shapes: every bit width x group size, T = 9, 17, 64, 100,
-// 513 (and the pipelined kernel for T > 64), bf16 and f16 scale/bias, with and without bias, bf16 and f32 output, K split and unsplit, and the
+// 513 (and the other T > 64 kernels), bf16 and f16 scale/bias, with and without bias, bf16 and f32 output, K split and unsplit, and the
 // K tail of group size 32 (cols not a multiple of 64). Skipped without a GPU.
 #include <cuda_runtime.h>
 
@@ -134,12 +134,15 @@ TEST(CudaAffineGemm, EveryBitsGroupAndRowCount) {
         }
 }
 
-// The pipelined kernel for T > 64 (set_affine_gemm_variant(1)) on the same kind of cases.
-TEST(CudaAffineGemm, PipelinedVariant) {
+// The other T > 64 kernels (set_affine_gemm_variant: 1 pipelined, 2 with 256 activation rows per block) on
+// the same kind of cases.
+TEST(CudaAffineGemm, PrefillVariants) {
   ARBOR_REQUIRE_GPU();
   std::mt19937 rng(22);
   const int n_sms = sm_count();
-  cuda::set_affine_gemm_variant(1);
+  for (int variant : {1, 2}) {
+  SCOPED_TRACE(::testing::Message() << "variant " << variant);
+  cuda::set_affine_gemm_variant(variant);
   int i = 0;
   for (int bits : quant::kAffineBits)
     for (int gs : quant::kAffineGroupSizes)
@@ -151,6 +154,8 @@ TEST(CudaAffineGemm, PipelinedVariant) {
       }
   run_case({300, 2048 + 32, 200, 4, 32, false, true, false, true}, rng, n_sms);
   run_case({300, 2048 + 32, 200, 4, 32, false, true, false, false}, rng, n_sms);
+  run_case({300, 2048 + 32, 600, 8, 64, true, true, false, true}, rng, n_sms);
+  }
   cuda::set_affine_gemm_variant(0);
 }
 

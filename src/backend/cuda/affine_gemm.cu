@@ -32,12 +32,15 @@ namespace {
 
 constexpr int kBM = 128;     // weight rows per block
 constexpr int kBK = 64;      // K per tile
-constexpr int kThreads = 256;
+// Threads per block: 256 (8 warps), 512 for BN = 256 (16 warps: one block per SM whose dequantized tile
+// feeds twice the MMAs).
+template <int BN>
+constexpr int threads_of() { return BN == 256 ? 512 : 256; }
 constexpr int kRowElems = kBK + 8;  // bf16 per shared row: 8 of padding keeps ldmatrix conflict-free
 constexpr int kMaxSplits = 16;
 
 std::atomic<int> g_forced_splits{0};
-std::atomic<int> g_variant{0};  // prefill kernel: 0 plain, 1 pipelined
+std::atomic<int> g_variant{0};  // prefill kernel: 0 plain, 1 pipelined, 2 plain with BN = 256 (512 threads)
 
 template <int BITS, int BN>
 struct Layout {
@@ -70,7 +73,7 @@ __device__ __forceinline__ void cp_async_v(uint32_t dst, const void* src, bool v
   else asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(V), "r"(n));
 }
 
-template <int V, int CW>
+template <int V, int CW, int kThreads>
 __device__ __forceinline__ void load_codes(const Params& p, uint32_t dst, int64_t m0, int64_t w0) {
   constexpr int per = CW * 4 / V;  // copies per weight row
   constexpr int total = kBM * per, iters = (total + kThreads - 1) / kThreads;
@@ -88,9 +91,10 @@ __device__ __forceinline__ void load_codes(const Params& p, uint32_t dst, int64_
 template <int BITS, int BN>
 __device__ __forceinline__ void load_tile(const Params& p, unsigned char* st, int64_t m0, int n0, int kt) {
   using L = Layout<BITS, BN>;
+  constexpr int kThreads = threads_of<BN>();
   const int64_t k0 = int64_t(kt) * kBK;
   const uint32_t xs = smem_addr(st);
-  static_assert(BN * 8 % kThreads == 0 && kBM * 2 % kThreads == 0 && kBM * 8 % kThreads == 0);
+  static_assert(BN * 8 % kThreads == 0 && kBM * 8 % kThreads == 0);
 #pragma unroll
   for (int it = 0; it < BN * 8 / kThreads; ++it) {  // BN rows x 8 copies of 8 bf16
     const int c = int(threadIdx.x) + it * kThreads;
@@ -104,24 +108,25 @@ __device__ __forceinline__ void load_tile(const Params& p, unsigned char* st, in
   const int64_t w0 = int64_t(kt) * L::CW;
   if constexpr (L::CW % 4 == 0) {
     if (p.code_vec == 16) {
-      load_codes<16, L::CW>(p, cs, m0, w0);
+      load_codes<16, L::CW, kThreads>(p, cs, m0, w0);
     } else if (p.code_vec == 8) {
-      load_codes<8, L::CW>(p, cs, m0, w0);
+      load_codes<8, L::CW, kThreads>(p, cs, m0, w0);
     } else {
-      load_codes<4, L::CW>(p, cs, m0, w0);
+      load_codes<4, L::CW, kThreads>(p, cs, m0, w0);
     }
   } else {
     if (p.code_vec == 8) {
-      load_codes<8, L::CW>(p, cs, m0, w0);
+      load_codes<8, L::CW, kThreads>(p, cs, m0, w0);
     } else {
-      load_codes<4, L::CW>(p, cs, m0, w0);
+      load_codes<4, L::CW, kThreads>(p, cs, m0, w0);
     }
   }
   const uint32_t ss = smem_addr(st + L::x_bytes + L::code_bytes);
   const int64_t g0 = k0 >> p.gs_shift;
 #pragma unroll
-  for (int it = 0; it < kBM * 2 / kThreads; ++it) {
+  for (int it = 0; it < (kBM * 2 + kThreads - 1) / kThreads; ++it) {
     const int c = int(threadIdx.x) + it * kThreads;
+    if (c >= kBM * 2) break;
     const int r = c >> 1, j = c & 1;
     const int64_t m = m0 + r, g = g0 + j;
     const bool ok = m < p.rows && g < p.row_groups && (j == 0 || p.gs == 32);
@@ -133,7 +138,7 @@ __device__ __forceinline__ void load_tile(const Params& p, unsigned char* st, in
 // (compute-bound), 4 for BN = 64 (more bytes in flight), one dequantized tile. The pipelined one: 3 tiles,
 // two dequantized tiles (one being filled while the other feeds the MMAs).
 template <int BN, bool PIPE>
-constexpr int stages_of() { return PIPE ? 3 : (BN == 128 ? 3 : 4); }
+constexpr int stages_of() { return PIPE ? 3 : (BN >= 128 ? 3 : 4); }
 template <int BITS, int BN, bool PIPE>
 constexpr int smem_of() { return stages_of<BN, PIPE>() * Layout<BITS, BN>::stage_bytes + (PIPE ? 2 : 1) * Layout<BITS, BN>::a_bytes; }
 
@@ -176,6 +181,7 @@ __device__ __forceinline__ void dequant_chunk(const Params& p, const unsigned ch
 
 template <int BITS, int BN>
 __device__ __forceinline__ void dequant_tile(const Params& p, const unsigned char* st, uint16_t* As) {
+  constexpr int kThreads = threads_of<BN>();
 #pragma unroll
   for (int it = 0; it < kBM * 8 / kThreads; ++it) dequant_chunk<BITS, BN>(p, st, As, int(threadIdx.x) + it * kThreads);
 }
@@ -202,7 +208,8 @@ __device__ __forceinline__ void mma_step(float (&acc)[MT][NT][4], uint32_t a_bas
 // the other's MMAs. Pipelined (PIPE true): two dequantized tiles; while the warps multiply tile i they
 // dequantize tile i + 1 (one chunk per 16-wide K step), one barrier per tile; one block per SM.
 template <int BITS, int BN, int WM, int WN, bool PIPE>
-__global__ void __launch_bounds__(kThreads, PIPE ? 1 : 2) affine_gemm_kernel(Params p) {
+__global__ void __launch_bounds__(threads_of<BN>(), (PIPE || BN == 256) ? 1 : 2) affine_gemm_kernel(Params p) {
+  constexpr int kThreads = threads_of<BN>();
   using L = Layout<BITS, BN>;
   constexpr int kStages = stages_of<BN, PIPE>();
   constexpr int WTM = kBM / WM, WTN = BN / WN, MT = WTM / 16, NT = WTN / 8;
@@ -307,7 +314,7 @@ __global__ void affine_reduce_kernel(const float* __restrict__ part, int splits,
   }
 }
 
-int block_cols(int64_t T) { return T <= 64 ? 64 : 128; }
+int block_cols(int64_t T) { return T <= 64 ? 64 : g_variant.load() == 2 ? 256 : 128; }
 
 // Splits of K so the grid has about two blocks per SM, each split at least 4 tiles; 1 when the M x N
 // tiles alone fill the GPU.
@@ -333,7 +340,7 @@ void launch_cfg(const Params& p, dim3 grid, cudaStream_t s) {
     ARBOR_CUDA_CHECK(cudaFuncSetAttribute(affine_gemm_kernel<BITS, BN, WM, WN, PIPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     attr_set = true;
   }
-  affine_gemm_kernel<BITS, BN, WM, WN, PIPE><<<grid, kThreads, smem, s>>>(p);
+  affine_gemm_kernel<BITS, BN, WM, WN, PIPE><<<grid, threads_of<BN>(), smem, s>>>(p);
   ARBOR_LAUNCH_CHECK("affine_gemm_kernel");
 }
 
@@ -341,6 +348,7 @@ template <int BITS>
 void launch_bits(const Params& p, dim3 grid, cudaStream_t s) {
   if (p.T <= 64) launch_cfg<BITS, 64, 4, 2, false>(p, grid, s);
   else if (g_variant.load() == 1) launch_cfg<BITS, 128, 2, 4, true>(p, grid, s);
+  else if (g_variant.load() == 2) launch_cfg<BITS, 256, 2, 8, false>(p, grid, s);
   else launch_cfg<BITS, 128, 2, 4, false>(p, grid, s);
 }
 
@@ -358,7 +366,7 @@ void check_weights(const AffineWeights& w) {
 }  // namespace
 
 void set_affine_gemm_splits(int splits) { g_forced_splits.store(std::max(0, splits)); }
-void set_affine_gemm_variant(int v) { g_variant.store(v == 1 ? 1 : 0); }
+void set_affine_gemm_variant(int v) { g_variant.store(v == 1 || v == 2 ? v : 0); }
 
 int64_t affine_gemm_scratch_floats(const AffineWeights& w, int64_t T, int n_sms) {
   if (T < 1) return 0;

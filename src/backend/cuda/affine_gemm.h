@@ -22,7 +22,8 @@ void launch_affine_gemm(const AffineWeights& w, const uint16_t* x, const float* 
                         float* scratch, int n_sms, cudaStream_t s);
 // Forces the K split (benchmarks, tests; 0: chosen by shape, the default).
 void set_affine_gemm_splits(int splits);
-// The kernel for T > 64 (A/B runs): 0 the plain one (the default), 1 the pipelined one (affine_gemm.cu).
+// The kernel for T > 64 (A/B runs): 0 the plain one (the default), 1 the pipelined one, 2 the plain one with
+// 256 activation rows per block (affine_gemm.cu).
 void set_affine_gemm_variant(int v);
 
 }  // namespace arbor::cuda
