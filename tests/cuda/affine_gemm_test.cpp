@@ -141,20 +141,20 @@ TEST(CudaAffineGemm, PrefillVariants) {
   std::mt19937 rng(22);
   const int n_sms = sm_count();
   for (int variant : {1, 2}) {
-  SCOPED_TRACE(::testing::Message() << "variant " << variant);
-  cuda::set_affine_gemm_variant(variant);
-  int i = 0;
-  for (int bits : quant::kAffineBits)
-    for (int gs : quant::kAffineGroupSizes)
-      for (int64_t T : {65, 100, 513}) {
-        ++i;
-        const int64_t rows = (i % 3 == 0) ? 131 : (i % 3 == 1) ? 77 : 260;
-        const int64_t cols = gs == 32 ? 32 * (3 + 2 * (i % 5)) : int64_t(gs) * (2 + i % 4);
-        run_case({rows, cols, T, bits, gs, i % 2 == 1, i % 2 == 0, i % 4 == 1, i % 3 != 0}, rng, n_sms);
-      }
-  run_case({300, 2048 + 32, 200, 4, 32, false, true, false, true}, rng, n_sms);
-  run_case({300, 2048 + 32, 200, 4, 32, false, true, false, false}, rng, n_sms);
-  run_case({300, 2048 + 32, 600, 8, 64, true, true, false, true}, rng, n_sms);
+    SCOPED_TRACE(::testing::Message() << "variant " << variant);
+    cuda::set_affine_gemm_variant(variant);
+    int i = 0;
+    for (int bits : quant::kAffineBits)
+      for (int gs : quant::kAffineGroupSizes)
+        for (int64_t T : {65, 100, 513}) {
+          ++i;
+          const int64_t rows = (i % 3 == 0) ? 131 : (i % 3 == 1) ? 77 : 260;
+          const int64_t cols = gs == 32 ? 32 * (3 + 2 * (i % 5)) : int64_t(gs) * (2 + i % 4);
+          run_case({rows, cols, T, bits, gs, i % 2 == 1, i % 2 == 0, i % 4 == 1, i % 3 != 0}, rng, n_sms);
+        }
+    run_case({300, 2048 + 32, 200, 4, 32, false, true, false, true}, rng, n_sms);
+    run_case({300, 2048 + 32, 200, 4, 32, false, true, false, false}, rng, n_sms);
+    run_case({300, 2048 + 32, 600, 8, 64, true, true, false, true}, rng, n_sms);
   }
   cuda::set_affine_gemm_variant(0);
 }
