@@ -52,11 +52,13 @@ int bench_cuda(const Args& a) {
   if (steps < 1 || reps < 1) fail("arguments: --decode-tokens and --reps must be >= 1");
   // --decode-only: one decode figure (graph replay), batch --decode-batch (1) at context --decode-ctx
   // (512), e.g. under a profiler or to compare settings.
-  const int64_t batch_ctx = 512, long_ctx = 8192;
   const bool decode_only = a.has("decode-only");
-  const int64_t only_batch = a.get_int("decode-batch", 1), only_ctx = a.get_int("decode-ctx", batch_ctx);
+  const int64_t only_batch = a.get_int("decode-batch", 1), only_ctx = a.get_int("decode-ctx", 512);
   if (only_batch < 1 || only_batch > 64) fail("arguments: --decode-batch must be in 1..64, got {}", only_batch);
-  if (only_ctx < 1 || only_ctx > long_ctx) fail("arguments: --decode-ctx must be in 1..{}, got {}", long_ctx, only_ctx);
+  if (only_ctx < 1 || only_ctx > 131072) fail("arguments: --decode-ctx must be in 1..131072, got {}", only_ctx);
+  // --decode-only at a context past 8192 (KV-cache codecs at 32k) sizes the model's context and the
+  // KV pool for it.
+  const int64_t batch_ctx = 512, long_ctx = decode_only ? std::max<int64_t>(8192, only_ctx) : 8192;
   // --prefill-only P[,P...]: prefill figures of P tokens only (no GEMV table, no decode), e.g. under
   // a profiler or to compare settings.
   std::vector<int64_t> prefill_only;
@@ -83,6 +85,7 @@ int bench_cuda(const Args& a) {
   opt.kv_cache = a.get_or("kv-cache", "bf16");
   const int64_t per_seq = (batch_ctx + steps + 16 + 15) / 16;
   opt.kv_blocks = std::max<int64_t>(batches.back() * per_seq, (opt.ctx_size + 15) / 16) + 8;
+  if (decode_only) opt.kv_blocks = std::max<int64_t>(opt.kv_blocks, only_batch * ((only_ctx + steps + 16 + 15) / 16 + 1) + 8);
   auto backend = make_cuda_backend(0);
   auto t0 = Clock::now();
   Model m(opt, *backend);
@@ -412,7 +415,7 @@ ARBOR_VERB("bench", "prefill/decode speed vs the measured hardware limit (--conf
            "                        prefill runs (default 3)\n"
            "  --decode-only         CUDA: one decode figure only (graph replay), e.g. under a profiler\n"
            "  --decode-batch B      CUDA, with --decode-only: sequences per step (1..64, default 1)\n"
-           "  --decode-ctx N        CUDA, with --decode-only: context length (1..8192, default 512)\n"
+           "  --decode-ctx N        CUDA, with --decode-only: context length (1..131072, default 512)\n"
            "  --prefill-only P,...  CUDA: prefill figures for these prompt lengths only (1..8192 each)\n"
            "  --gemv-only           CUDA: stop after the ceilings and the GEMV table at the model's shapes\n",
            cmd_bench);
