@@ -106,12 +106,17 @@ __device__ void encode_row8(const KVCodecDev& c, const float* x, int sl, uint8_t
     }
     if (write && sl % 4 == 0) store_bytes(scales + 2 * grp, sh, 2);
   } else {
+    // The group's min and max as the reference's std::min / std::max loop finds them: on equal values
+    // (only -0 against +0 can differ) the first in element order stays, so ties go to the lower lane.
     float mn = x[0], mx = x[0];
 #pragma unroll
-    for (int e = 1; e < 8; ++e) mn = fminf(mn, x[e]), mx = fmaxf(mx, x[e]);
+    for (int e = 1; e < 8; ++e) mn = x[e] < mn ? x[e] : mn, mx = mx < x[e] ? x[e] : mx;
+    int mn_at = sl, mx_at = sl;
     for (int m = 1; m < lpg; m *= 2) {
-      mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, m));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, m));
+      const float on = __shfl_xor_sync(0xffffffffu, mn, m), ox = __shfl_xor_sync(0xffffffffu, mx, m);
+      const int on_at = __shfl_xor_sync(0xffffffffu, mn_at, m), ox_at = __shfl_xor_sync(0xffffffffu, mx_at, m);
+      if (on < mn || (on == mn && on_at < mn_at)) mn = on, mn_at = on_at;
+      if (mx < ox || (ox == mx && ox_at < mx_at)) mx = ox, mx_at = ox_at;
     }
     uint16_t sh, zh;
     if (c.kind == int(KVCodecKind::Affine)) {
