@@ -253,6 +253,61 @@ TEST(CudaKVCodec, PrefillOverACodedPrefix) {
     }
 }
 
+// A decode step with the q/k prep and the encode of the step's own key and value inside the coded
+// decode kernel (prep_attention's fused path) against the same step as qk_prep_kv_write then attention:
+// the pools byte-identical, the outputs equal to f32 rounding. Rope on whole lanes, per-head norms,
+// GQA 4 and 8, contexts at block boundaries and over many pages.
+TEST(CudaKVCodec, DecodeWithThePrepInsideMatchesPrepThenAttention) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(17);
+  for (int64_t hd : {64, 128, 256})
+    for (const char* name : {"affine8", "affine4", "k8v4", "k8v3"})
+      for (int64_t G : {4, 8}) {
+        const std::string what = fmt::format("{} head_dim {} GQA {}", name, hd, G);
+        SCOPED_TRACE(what);
+        const int64_t H = 2, NQ = H * G, bs = 16;
+        const std::vector<int32_t> ctx = {1, 16, 17, 33, 900};
+        int64_t n_blocks = 0;
+        BatchInfo fill = paged_batch(ctx, ctx, bs, rng, &n_blocks);
+        std::mt19937 rng_copy = rng;
+        BatchInfo step = paged_batch(ctx, std::vector<int32_t>(ctx.size(), 1), bs, rng_copy, &n_blocks);
+        step.block_tables = fill.block_tables;
+        KVLayout kv;
+        kv.n_layers = 1, kv.n_blocks = n_blocks, kv.block_size = bs, kv.n_kv_heads = H, kv.head_dim = hd;
+        kv.codecs = {parse_kv_codec(name)};
+        const int64_t TF = fill.n_tokens(), T = step.n_tokens();
+        const std::vector<float> kf = random_bf16(rng, size_t(TF * H * hd)), vf = random_bf16(rng, size_t(TF * H * hd));
+        const std::vector<float> q = random_bf16(rng, size_t(T * NQ * hd), 2.0f), k = random_bf16(rng, size_t(T * H * hd)),
+                                 v = random_bf16(rng, size_t(T * H * hd)), nw = random_bf16(rng, size_t(hd), 0.5f, 1.0f);
+        std::vector<float> cs(size_t(1024 * hd / 2)), sn(cs.size());
+        for (size_t i = 0; i < cs.size(); ++i) cs[i] = std::cos(0.001f * float(i)), sn[i] = std::sin(0.001f * float(i));
+        AttentionParams ap;
+        ap.n_heads = NQ, ap.n_kv_heads = H, ap.head_dim = hd, ap.scale = 2.0f / std::sqrt(float(hd));
+        std::vector<std::vector<float>> outs;
+        std::vector<std::vector<uint8_t>> kpools, vpools;
+        for (bool fused : {true, false}) {
+          CudaBackend gpu(0);
+          gpu.set_fused_prep(fused);
+          gpu.alloc_kv(kv);
+          gpu.begin_batch(fill);
+          gpu.kv_write(0, dev_bf16(gpu, kf, {TF, H * hd}), dev_bf16(gpu, vf, {TF, H * hd}));
+          Tensor cos_t = gpu.upload_table(cs, {1024, hd / 2}), sin_t = gpu.upload_table(sn, {1024, hd / 2});
+          Tensor qn = gpu.upload_table(nw, {hd}), kn = gpu.upload_table(nw, {hd});
+          Backend::QKPrep p;
+          p.norm = NormOp::RMS, p.q_norm = &qn, p.k_norm = &kn, p.eps = 1e-5f, p.n_heads = NQ, p.n_kv_heads = H, p.head_dim = hd,
+          p.rot_dim = hd, p.cos = &cos_t, p.sin = &sin_t;
+          gpu.begin_batch(step);
+          Tensor out = gpu.alloc(DType::BF16, {T, NQ * hd});
+          gpu.prep_attention(0, dev_bf16(gpu, q, {T, NQ * hd}), dev_bf16(gpu, k, {T, H * hd}), dev_bf16(gpu, v, {T, H * hd}), p, ap, out);
+          outs.push_back(host_f32(gpu, out));
+          kpools.push_back(host_bytes(gpu, gpu.k_pool(0))), vpools.push_back(host_bytes(gpu, gpu.v_pool(0)));
+        }
+        EXPECT_TRUE(kpools[0] == kpools[1]) << "K pools differ";
+        EXPECT_TRUE(vpools[0] == vpools[1]) << "V pools differ";
+        EXPECT_LE(max_diff(outs[0], outs[1]), 8e-3f) << "max|out| " << max_abs(outs[1]);
+      }
+}
+
 TEST(CudaKVCodec, RefusesWhatTheKernelsCannotTake) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);

@@ -7,6 +7,7 @@
 
 #include <cfloat>
 
+#include "backend/cuda/attention_kv.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kv_rows.h"
@@ -132,9 +133,13 @@ __global__ void kv_dequant_kernel(const uint8_t* kp, const uint8_t* vp, KVCodecD
 // dequantizing in registers. TURBO: keys TurboQuant affine, values TurboQuant (accumulated as
 // centroid * scale, in the rotated domain; the merge rotates back). KB / VB: the code bits when fixed
 // at compile time (0: read from the codec). Partials (o, max, sum) always go to scratch.
-template <int D, int kHeads, bool TURBO, int KB, int VB>
+// PREP (one token per sequence): the q/k prep of launch_qk_prep inside, as attention_decode.cu's
+// kernel does it; the split holding the token's own position encodes its key and value (every block
+// of that split, in registers: the lanes' codes and scales are what they would load) and the first
+// head chunk's block stores them in the pools.
+template <int D, int kHeads, bool TURBO, int KB, int VB, bool PREP>
 __global__ void __launch_bounds__(128) attn_decode_coded_kernel(AttnArgs a, KVCodecDev kc, KVCodecDev vc, int n_splits, int head_chunks,
-                                                                float* scratch) {
+                                                                float* scratch, QKPrepArgs pa) {
   pdl_trigger();
   constexpr int kWarps = 4;
   constexpr int LPK = D / 8, KPW = 32 / LPK, NSG = kWarps * KPW;
@@ -171,7 +176,13 @@ __global__ void __launch_bounds__(128) attn_decode_coded_kernel(AttnArgs a, KVCo
     uint64_t kw, vw;
     uint16_t ks, kz, vs, vz;
   };
+  Raw own;  // PREP: this token's own key and value, encoded here
+  own.kw = own.vw = 0, own.ks = own.kz = own.vs = own.vz = 0;
   auto load = [&](int32_t kp, Raw& r) {
+    if (PREP && kp == pos) {
+      r = own;
+      return;
+    }
     if (kp >= k_end) {
       r.kw = r.vw = 0, r.ks = r.kz = r.vs = r.vz = 0;
       return;
@@ -187,11 +198,23 @@ __global__ void __launch_bounds__(128) attn_decode_coded_kernel(AttnArgs a, KVCo
     r.vz = TURBO ? uint16_t(0) : *reinterpret_cast<const uint16_t*>(vr + vz_off);
   };
 
-  pdl_wait();  // the previous kernel writes q and this step's key and value
+  // With PREP every cache row but this step's was written by earlier steps: the first key steps' rows
+  // and the prep's constants are loaded before waiting on the previous kernel (which writes q, k, v).
   Raw ring[NPRE];
   const int32_t kp0 = k_begin + warp * KPW + sub;
+  const bool owner = PREP && k_begin <= pos && pos < k_end;
+  PrepRow q_prep, k_prep;
+  if (PREP) {
 #pragma unroll
-  for (int j = 0; j < NPRE; ++j) load(kp0 + j * NSG, ring[j]);
+    for (int j = 0; j < NPRE; ++j) load(kp0 + j * NSG, ring[j]);  // own (zero for now) at pos
+    const int32_t rope_row = pa.rope_rows[t];
+    load_prep_row<LPK>(pa, pa.q_norm, rope_row, sl, q_prep);
+    if (owner) load_prep_row<LPK>(pa, pa.k_norm, rope_row, sl, k_prep);
+  }
+  pdl_wait();  // the previous kernel writes q and this step's key and value
+  if (!PREP)
+#pragma unroll
+    for (int j = 0; j < NPRE; ++j) load(kp0 + j * NSG, ring[j]);
 
   float q[kHeads][8], acc[kHeads][8], m[kHeads], l[kHeads];
 #pragma unroll
@@ -199,11 +222,29 @@ __global__ void __launch_bounds__(128) attn_decode_coded_kernel(AttnArgs a, KVCo
     m[i] = -INFINITY, l[i] = 0.0f;
     if (i < nh) {
       unpack8(*reinterpret_cast<const uint4*>(a.q + t * qrow + int64_t(h0 + i) * D + sl * 8), q[i]);
+      if (PREP) prep_row<LPK>(pa, q_prep, lane, sl, q[i]);
 #pragma unroll
       for (int e = 0; e < 8; ++e) q[i][e] *= a.scale;
     }
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[i][e] = 0.0f;
+  }
+  if (owner) {
+    // Every row slot of every warp encodes the same own key and value (the encoder's shuffles stay
+    // within a row's lanes); one row of the first head chunk's block stores them.
+    const int64_t kvrow = int64_t(a.n_kv_heads) * D;
+    float kf[8], vf[8];
+    unpack8(*reinterpret_cast<const uint4*>(pa.k + t * kvrow + int64_t(g) * D + sl * 8), kf);
+    prep_row<LPK>(pa, k_prep, lane, sl, kf);
+    unpack8(*reinterpret_cast<const uint4*>(pa.v + t * kvrow + int64_t(g) * D + sl * 8), vf);
+    const bool store = chunk == 0 && warp == 0 && sub == 0;
+    const int64_t row = kv_slot(a, table, pos) * a.n_kv_heads + g;
+    const CodedRow8 ke = encode_row8<LPK>(kc, kf, sl, reinterpret_cast<uint8_t*>(pa.k_pool) + row * kc.row_bytes, store);
+    const CodedRow8 ve = encode_row8<LPK>(vc, vf, sl, reinterpret_cast<uint8_t*>(pa.v_pool) + row * vc.row_bytes, store);
+    own.kw = ke.codes, own.ks = ke.s, own.kz = ke.z, own.vw = ve.codes, own.vs = ve.s, own.vz = ve.z;
+#pragma unroll
+    for (int j = 0; j < NPRE; ++j)
+      if (kp0 + j * NSG == pos) ring[j] = own;
   }
   __syncthreads();  // cent
 
@@ -321,25 +362,33 @@ __global__ void attn_combine_coded_kernel(const float* scratch, int n_splits, in
   out[(t * n_heads + h) * D + d] = __bfloat16_as_ushort(__float2bfloat16(o));
 }
 
-template <int D, bool TURBO, int KB, int VB>
-void launch_dc(const AttnArgs& a, KVCodecDev kc, KVCodecDev vc, int64_t T, int n_splits, float* scratch, cudaStream_t s) {
+template <int D, bool TURBO, int KB, int VB, bool PREP>
+void launch_dc(const AttnArgs& a, KVCodecDev kc, KVCodecDev vc, int64_t T, int n_splits, float* scratch, const QKPrepArgs& pa,
+               cudaStream_t s) {
   const int G = a.n_heads / a.n_kv_heads, hb = G <= 4 ? 4 : 8, chunks = (G + hb - 1) / hb;
   const dim3 grid(unsigned(n_splits), unsigned(a.n_kv_heads * chunks), unsigned(T));
-  if (hb == 4) pdl_launch(attn_decode_coded_kernel<D, 4, TURBO, KB, VB>, grid, 128, 0, s, a, kc, vc, n_splits, chunks, scratch);
-  else pdl_launch(attn_decode_coded_kernel<D, 8, TURBO, KB, VB>, grid, 128, 0, s, a, kc, vc, n_splits, chunks, scratch);
+  if (hb == 4) pdl_launch(attn_decode_coded_kernel<D, 4, TURBO, KB, VB, PREP>, grid, 128, 0, s, a, kc, vc, n_splits, chunks, scratch, pa);
+  else pdl_launch(attn_decode_coded_kernel<D, 8, TURBO, KB, VB, PREP>, grid, 128, 0, s, a, kc, vc, n_splits, chunks, scratch, pa);
   ARBOR_LAUNCH_CHECK("attn_decode_coded_kernel");
+}
+template <int D, bool TURBO, int KB, int VB>
+void launch_dp(const AttnArgs& a, KVCodecDev kc, KVCodecDev vc, int64_t T, int n_splits, float* scratch, const QKPrepArgs* pa,
+               cudaStream_t s) {
+  if (pa) launch_dc<D, TURBO, KB, VB, true>(a, kc, vc, T, n_splits, scratch, *pa, s);
+  else launch_dc<D, TURBO, KB, VB, false>(a, kc, vc, T, n_splits, scratch, QKPrepArgs{}, s);
 }
 
 template <int D>
-void launch_dcodec(const AttnArgs& a, KVCodecDev kc, KVCodecDev vc, int64_t T, int n_splits, float* scratch, cudaStream_t s) {
+void launch_dcodec(const AttnArgs& a, KVCodecDev kc, KVCodecDev vc, int64_t T, int n_splits, float* scratch, const QKPrepArgs* pa,
+                   cudaStream_t s) {
   if (kc.kind == kAffine) {
-    if (kc.bits == 8 && vc.bits == 8) launch_dc<D, false, 8, 8>(a, kc, vc, T, n_splits, scratch, s);
-    else if (kc.bits == 4 && vc.bits == 4) launch_dc<D, false, 4, 4>(a, kc, vc, T, n_splits, scratch, s);
-    else launch_dc<D, false, 0, 0>(a, kc, vc, T, n_splits, scratch, s);
+    if (kc.bits == 8 && vc.bits == 8) launch_dp<D, false, 8, 8>(a, kc, vc, T, n_splits, scratch, pa, s);
+    else if (kc.bits == 4 && vc.bits == 4) launch_dp<D, false, 4, 4>(a, kc, vc, T, n_splits, scratch, pa, s);
+    else launch_dc<D, false, 0, 0, false>(a, kc, vc, T, n_splits, scratch, QKPrepArgs{}, s);
   } else {
-    if (kc.bits == 8 && vc.bits == 4) launch_dc<D, true, 8, 4>(a, kc, vc, T, n_splits, scratch, s);
-    else if (kc.bits == 8 && vc.bits == 3) launch_dc<D, true, 8, 3>(a, kc, vc, T, n_splits, scratch, s);
-    else launch_dc<D, true, 0, 0>(a, kc, vc, T, n_splits, scratch, s);
+    if (kc.bits == 8 && vc.bits == 4) launch_dp<D, true, 8, 4>(a, kc, vc, T, n_splits, scratch, pa, s);
+    else if (kc.bits == 8 && vc.bits == 3) launch_dp<D, true, 8, 3>(a, kc, vc, T, n_splits, scratch, pa, s);
+    else launch_dc<D, true, 0, 0, false>(a, kc, vc, T, n_splits, scratch, QKPrepArgs{}, s);
   }
 }
 
@@ -380,7 +429,16 @@ void launch_kv_dequant_blocks(const uint8_t* k_pool, const uint8_t* v_pool, KVCo
 
 void launch_attention_decode_coded(const AttnArgs& a, KVCodecDev kc, KVCodecDev vc, int64_t T, int n_splits, float* scratch,
                                    cudaStream_t s) {
+  launch_attention_decode_coded_prep(a, kc, vc, T, n_splits, scratch, s, nullptr);
+}
+
+void launch_attention_decode_coded_prep(const AttnArgs& a, KVCodecDev kc, KVCodecDev vc, int64_t T, int n_splits, float* scratch,
+                                        cudaStream_t s, const QKPrepArgs* prep) {
   if (T == 0) return;
+  ARBOR_CU_CHECK(!prep || (coded_decode_takes_prep(kc, vc) && prep->half % 8 == 0 && prep->head_dim == a.head_dim &&
+                           prep->kc.kind == kc.kind && prep->kc.bits == kc.bits && prep->vc.kind == vc.kind && prep->vc.bits == vc.bits),
+                 "cuda: coded decode attention with q/k prep: codec kinds %d/%d bits %d/%d, rope half %d (a multiple of 8), head_dim %d",
+                 kc.kind, vc.kind, kc.bits, vc.bits, prep ? prep->half : 0, a.head_dim);
   const bool affine = kc.kind == kAffine && vc.kind == kAffine, turbo = kc.kind == kTurboKey && vc.kind == kTurboValue;
   ARBOR_CU_CHECK(affine || turbo, "cuda: coded decode attention: K codec kind %d / V codec kind %d (affine/affine or TurboQuant k/v)",
                  kc.kind, vc.kind);
@@ -388,9 +446,9 @@ void launch_attention_decode_coded(const AttnArgs& a, KVCodecDev kc, KVCodecDev 
                  "cuda: coded decode attention: T %lld, heads %d/%d, splits %d (1..%d)", (long long)T, a.n_heads, a.n_kv_heads, n_splits,
                  kDecodeMaxSplits);
   switch (a.head_dim) {
-    case 64: launch_dcodec<64>(a, kc, vc, T, n_splits, scratch, s); break;
-    case 128: launch_dcodec<128>(a, kc, vc, T, n_splits, scratch, s); break;
-    case 256: launch_dcodec<256>(a, kc, vc, T, n_splits, scratch, s); break;
+    case 64: launch_dcodec<64>(a, kc, vc, T, n_splits, scratch, prep, s); break;
+    case 128: launch_dcodec<128>(a, kc, vc, T, n_splits, scratch, prep, s); break;
+    case 256: launch_dcodec<256>(a, kc, vc, T, n_splits, scratch, prep, s); break;
     default: fail_printf("cuda: coded decode attention: head_dim %d (coded KV on cuda takes 64, 128, 256)", a.head_dim);
   }
   const dim3 grid(unsigned(a.n_heads), unsigned(T));

@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "backend/cuda/attention_kv.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
@@ -666,7 +667,9 @@ void CudaBackend::prep_attention(int64_t layer, Tensor q, Tensor k, const Tensor
   // One token per sequence (no token reads a key another token of the launch writes), the decode
   // kernel, whole 8-dim lanes under rope.
   QKPrepArgs a;
-  if (fused_prep_ && max_run_ == 1 && kv_.codec(layer).plain() && decode_attention_path(p.head_dim) && p.head_dim == prep.head_dim &&
+  const KVCodecPair& c = kv_.codec(layer);
+  const bool codec_fuses = c.plain() || coded_decode_takes_prep(kv_codec_dev(c.k, p.head_dim), kv_codec_dev(c.v, p.head_dim));
+  if (fused_prep_ && max_run_ == 1 && codec_fuses && attn_path_ != AttentionPath::Generic && decode_attention_path(p.head_dim) && p.head_dim == prep.head_dim &&
       (!prep.cos || (prep.rot_dim / 2) % 8 == 0) && prep_args(layer, q, k, v, prep, &a)) {
     attention_impl(layer, q, p, out, &a);
     return;
@@ -717,7 +720,6 @@ void CudaBackend::attention_impl(int64_t layer, const Tensor& q, const Attention
   const int64_t G = p.n_heads / p.n_kv_heads;
   const KVCodecPair& codec = kv_.codec(layer);
   if (!codec.plain()) {
-    ARBOR_CHECK(!prep, "cuda: attention: the q/k prep is not fused into the coded decode kernel");
     if (attn_path_ != AttentionPath::Generic && decode_attention_path(p.head_dim)) {
       // Split-K over the codes (attention_kv.cu): splits as the bf16 kernel's 4-warp blocks take them.
       const int64_t span = p.window > 0 ? std::min<int64_t>(span_bucket_, p.window) : span_bucket_;
@@ -727,10 +729,11 @@ void CudaBackend::attention_impl(int64_t layer, const Tensor& q, const Attention
       const int64_t n_splits =
           std::clamp<int64_t>((waves * n_sms_ + blocks - 1) / blocks, 1, std::min<int64_t>(max_splits, kDecodeMaxSplits));
       ensure(scratch_, scratch_cap_, size_t(T * p.n_heads * n_splits * (p.head_dim + 2)) * 4);
-      launch_attention_decode_coded(a, kv_codec_dev(codec.k, p.head_dim), kv_codec_dev(codec.v, p.head_dim), T, int(n_splits),
-                                    static_cast<float*>(scratch_), st(stream_));
+      launch_attention_decode_coded_prep(a, kv_codec_dev(codec.k, p.head_dim), kv_codec_dev(codec.v, p.head_dim), T, int(n_splits),
+                                         static_cast<float*>(scratch_), st(stream_), prep);
       return;
     }
+    ARBOR_CHECK(!prep, "cuda: attention: the q/k prep is fused only into the decode kernels");
     // Prefill (and the generic kernel): the blocks the batch's sequences read, dequantized into bf16
     // scratch pools, then the bf16 kernels over those (a first step: docs/kv-cache.md).
     dequant_coded_blocks(layer, a);

@@ -43,12 +43,19 @@ __device__ __forceinline__ void store_bytes(uint8_t* p, uint64_t w, int n) {
   for (int i = 0; i < n; ++i) p[i] = uint8_t(w >> (8 * i));
 }
 
+// A lane's share of a coded row: its 8 codes (code e at bit e * b) and its group's f16 scale and bias /
+// zero point (0 for TurboQuant values), as the decode kernel loads them.
+struct CodedRow8 {
+  uint64_t codes;
+  uint16_t s, z;
+};
+
 // Encodes one head row of D = 8 LPK values held 8 per lane (lane sub-index sl; the row's lanes are
 // LPK consecutive lanes of the warp, LPK >= 4) into `row` (row_bytes of c; zero bytes need not be
-// zeroed first: every byte is written). Every lane of the warp must call it (shuffles); lanes with
-// write false take part without storing.
+// zeroed first: every byte is written), and returns the lane's share. Every lane of the warp must call
+// it (shuffles); lanes with write false take part without storing.
 template <int LPK>
-__device__ void encode_row8(const KVCodecDev& c, const float* x, int sl, uint8_t* row, bool write) {
+__device__ CodedRow8 encode_row8(const KVCodecDev& c, const float* x, int sl, uint8_t* row, bool write) {
   constexpr int D = LPK * 8;
   const int bits = c.bits, code_bytes = D * bits / 8, G = D / c.group;
   const int lpg = c.group / 8;  // lanes per group: 8 (affine, 64) or 4 (TurboQuant, 32)
@@ -105,6 +112,8 @@ __device__ void encode_row8(const KVCodecDev& c, const float* x, int sl, uint8_t
       codes |= uint64_t(q) << (e * bits);
     }
     if (write && sl % 4 == 0) store_bytes(scales + 2 * grp, sh, 2);
+    if (write) store_bytes(row + sl * bits, codes, bits);
+    return {codes, sh, 0};
   } else {
     // The group's min and max as the reference's std::min / std::max loop finds them: on equal values
     // (only -0 against +0 can differ) the first in element order stays, so ties go to the lower lane.
@@ -118,7 +127,7 @@ __device__ void encode_row8(const KVCodecDev& c, const float* x, int sl, uint8_t
       if (on < mn || (on == mn && on_at < mn_at)) mn = on, mn_at = on_at;
       if (mx < ox || (ox == mx && ox_at < mx_at)) mx = ox, mx_at = ox_at;
     }
-    uint16_t sh, zh;
+    uint16_t sh = 0, zh = 0;
     if (c.kind == int(KVCodecKind::Affine)) {
       const bool neg_edge = fabsf(mn) > fabsf(mx);
       float scale = fmaxf(__fdiv_rn(mx - mn, float(maxq)), 1e-7f);
@@ -149,8 +158,9 @@ __device__ void encode_row8(const KVCodecDev& c, const float* x, int sl, uint8_t
       }
     }
     if (write && sl % lpg == 0) store_bytes(scales + 2 * grp, sh, 2), store_bytes(zeros + 2 * grp, zh, 2);
+    if (write) store_bytes(row + sl * bits, codes, bits);
+    return {codes, sh, zh};
   }
-  if (write) store_bytes(row + sl * bits, codes, bits);
 }
 
 // The 8 codes of lane sl (b bits each, the b bytes at byte sl * b of the row) as one 64-bit word,
