@@ -366,6 +366,16 @@ void CudaBackend::alloc_kv(const KVLayout& layout) {
     ARBOR_CHECK(affine || turbo, "kv codec {} (layer {}) is not supported on cuda: K and V must both be affine or both TurboQuant", c.name(),
                 l);
   }
+  if (!k_pools_.empty()) {  // a new layout (bench's codec sweep): free the old pools; recordings point at them
+    not_capturing("alloc_kv");
+    ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
+    drop_graphs();
+    std::set<void*> old(k_pools_.begin(), k_pools_.end());
+    old.insert(v_pools_.begin(), v_pools_.end());
+    owned_.erase(std::remove_if(owned_.begin(), owned_.end(), [&](const std::unique_ptr<Alloc>& a) { return old.count(a->p) != 0; }),
+                 owned_.end());
+    k_pools_.clear(), v_pools_.clear();
+  }
   kv_ = layout;
   // One block more than the layout: the spare block that padding tokens of decode graphs write to.
   // Each layer's pools are sized by its codec's row bytes (bf16 rows when plain), plus 16 bytes: the
