@@ -275,12 +275,20 @@ __global__ void __launch_bounds__(128) attn_decode_coded_kernel(AttnArgs a, KVCo
       for (int o = LPK / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
       if (!live) continue;
       if (a.softcap > 0) s = a.softcap * tanhf(s / a.softcap);
-      const float mn = fmaxf(m[i], s);
-      const float corr = __expf(m[i] - mn), p = __expf(s - mn);
-      l[i] = l[i] * corr + p;
+      // Online softmax rescaling only when the running max grows (after the first keys, rarely): one
+      // exp and 8 FMAs a key otherwise, where always rescaling costs two exps and 8 more multiplies.
+      // The condition is uniform over the key's lanes.
+      if (s > m[i]) {
+        const float corr = __expf(m[i] - s);  // 0 for the first key (m = -inf; acc and l are 0)
+        l[i] *= corr;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[i][e] = fmaf(acc[i][e], corr, p * vf[e]);
-      m[i] = mn;
+        for (int e = 0; e < 8; ++e) acc[i][e] *= corr;
+        m[i] = s;
+      }
+      const float p = __expf(s - m[i]);
+      l[i] += p;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[i][e] = fmaf(p, vf[e], acc[i][e]);
     }
   }
 
