@@ -52,11 +52,51 @@ int bench_cuda(const Args& a) {
   if (steps < 1 || reps < 1) fail("arguments: --decode-tokens and --reps must be >= 1");
   // --decode-only: one decode figure (graph replay), batch --decode-batch (1) at context --decode-ctx
   // (512), e.g. under a profiler or to compare settings.
-  const int64_t batch_ctx = 512, long_ctx = 8192;
   const bool decode_only = a.has("decode-only");
-  const int64_t only_batch = a.get_int("decode-batch", 1), only_ctx = a.get_int("decode-ctx", batch_ctx);
+  const int64_t only_batch = a.get_int("decode-batch", 1), only_ctx = a.get_int("decode-ctx", 512);
   if (only_batch < 1 || only_batch > 64) fail("arguments: --decode-batch must be in 1..64, got {}", only_batch);
-  if (only_ctx < 1 || only_ctx > long_ctx) fail("arguments: --decode-ctx must be in 1..{}, got {}", long_ctx, only_ctx);
+  if (only_ctx < 1 || only_ctx > 131072) fail("arguments: --decode-ctx must be in 1..131072, got {}", only_ctx);
+  // --decode-only's figures: one (--decode-batch, --decode-ctx), or --decode-runs B@CTX,B@CTX,...
+  std::vector<std::pair<int64_t, int64_t>> only_runs = {{only_batch, only_ctx}};
+  if (a.has("decode-runs")) {
+    if (!decode_only) fail("arguments: --decode-runs needs --decode-only");
+    only_runs.clear();
+    const std::string spec = a.get_or("decode-runs", "");
+    for (size_t i = 0; i <= spec.size();) {
+      size_t j = spec.find(',', i);
+      if (j == std::string::npos) j = spec.size();
+      const std::string e = spec.substr(i, j - i);
+      const size_t at = e.find('@');
+      int64_t B = 0, ctx = 0;
+      try {
+        if (at == std::string::npos) throw std::invalid_argument(e);
+        B = std::stoll(e.substr(0, at)), ctx = std::stoll(e.substr(at + 1));
+      } catch (const std::exception&) {
+        fail("arguments: --decode-runs: '{}' is not BATCH@CONTEXT (e.g. 1@8192,32@4096)", e);
+      }
+      if (B < 1 || B > 64 || ctx < 1 || ctx > 131072) fail("arguments: --decode-runs: '{}': batch 1..64, context 1..131072", e);
+      only_runs.push_back({B, ctx});
+      i = j + 1;
+    }
+  }
+  // --kv-sweep A/B/...: each decode figure once per KV-cache spec, in one process (the weights loaded
+  // once, the KV pools reallocated with each spec's codecs); without it, --kv-cache's one spec.
+  std::vector<std::string> kv_specs;
+  {
+    const std::string sweep = a.get_or("kv-sweep", "");
+    for (size_t i = 0; i < sweep.size();) {
+      size_t j = sweep.find('/', i);
+      if (j == std::string::npos) j = sweep.size();
+      if (j > i) kv_specs.push_back(sweep.substr(i, j - i));
+      i = j + 1;
+    }
+  }
+  if (!kv_specs.empty() && a.has("kv-cache")) fail("arguments: --kv-sweep and --kv-cache exclude each other");
+  // --decode-only at a context past 8192 (KV-cache codecs at 32k) sizes the model's context and the
+  // KV pool for it.
+  int64_t max_only_ctx = 0;
+  for (auto [B, ctx] : only_runs) max_only_ctx = std::max(max_only_ctx, ctx);
+  const int64_t batch_ctx = 512, long_ctx = decode_only ? std::max<int64_t>(8192, max_only_ctx) : 8192;
   // --prefill-only P[,P...]: prefill figures of P tokens only (no GEMV table, no decode), e.g. under
   // a profiler or to compare settings.
   std::vector<int64_t> prefill_only;
@@ -76,8 +116,11 @@ int bench_cuda(const Args& a) {
   opt.ctx_size = long_ctx + steps + 16;
   opt.max_step_tokens = long_ctx;
   opt.block_size = 16;
+  if (!kv_specs.empty()) opt.kv_cache = kv_specs[0];  // --kv-sweep: the first codec; later ones reload
   const int64_t per_seq = (batch_ctx + steps + 16 + 15) / 16;
   opt.kv_blocks = std::max<int64_t>(batches.back() * per_seq, (opt.ctx_size + 15) / 16) + 8;
+  if (decode_only)
+    for (auto [B, ctx] : only_runs) opt.kv_blocks = std::max<int64_t>(opt.kv_blocks, B * ((ctx + steps + 16 + 15) / 16 + 1) + 8);
   auto backend = make_cuda_backend(0);
   auto t0 = Clock::now();
   Model m(opt, *backend);
@@ -123,7 +166,8 @@ int bench_cuda(const Args& a) {
   const int64_t V = c.vocab_size;
   const uint64_t embed_bytes = m.embed_bytes();
   const uint64_t weight_step_bytes = m.weight_bytes() - (c.tie_word_embeddings ? 0 : embed_bytes);
-  const double kv_token_bytes = double(backend->kv_layout().bytes_per_token(backend->kv_dtype()));
+  double kv_token_bytes = double(backend->kv_layout().bytes_per_token(backend->kv_dtype()));
+  std::string kv_label = kv_specs.empty() ? "" : " kv " + opt.kv_cache;
   BlockPool pool(backend->kv_layout().n_blocks, backend->kv_layout().block_size);
   std::vector<float> logits;
   struct Row {
@@ -260,7 +304,7 @@ int bench_cuda(const Args& a) {
     cuda_be->set_step_graphs(true);
     const double mid = double(ctx) + double(steps) / 2 + 4;
     const double bytes = double(weight_step_bytes) + double(B) * mid * kv_token_bytes;
-    add_row({fmt::format("decode b={} ctx={}{}", B, ctx, graph ? "" : " eager"), double(B) / step_s, bytes / step_s / bw, "tok/s",
+    add_row({fmt::format("decode b={} ctx={}{}{}", B, ctx, graph ? "" : " eager", kv_label), double(B) / step_s, bytes / step_s / bw, "tok/s",
              fmt::format("{:.3f} ms/step (each waiting for its ids {:.3f}, queued without ids {:.3f}), {:.0f} MB/step, roofline {:.1f} tok/s",
                          step_s * 1e3, waited_s * 1e3, queued_s * 1e3, bytes * 1e-6, double(B) * bw / bytes)});
   };
@@ -269,9 +313,21 @@ int bench_cuda(const Args& a) {
     if (!prefill_only.empty() || (decode_only && !graph)) break;
     auto runs = std::vector<std::pair<int64_t, int64_t>>{{1, batch_ctx}, {1, long_ctx}, {8, batch_ctx}, {32, batch_ctx}, {64, batch_ctx}};
     if (graph) runs.insert(runs.begin() + 2, {{2, batch_ctx}, {4, batch_ctx}});
-    if (decode_only) runs = {{only_batch, only_ctx}};
-    for (auto [B, ctx] : runs)
-      guarded(fmt::format("decode b={} ctx={}", B, ctx), [&] { decode(B, ctx, graph); });
+    if (decode_only) runs = only_runs;
+    for (size_t k = 0; k < std::max<size_t>(1, kv_specs.size()); ++k) {
+      if (k > 0) {  // the next spec's pools (the weights stay; the old pools are freed)
+        KVLayout kv = backend->kv_layout();
+        kv.codecs.clear();
+        if (kv_specs[k] != "bf16") kv.codecs = resolve_kv_cache_spec(kv_specs[k], c.n_layers, c.head_dim);
+        backend->alloc_kv(kv);
+        kv_token_bytes = double(backend->kv_layout().bytes_per_token(backend->kv_dtype()));
+        kv_label = " kv " + kv_specs[k];
+      }
+      if (!kv_specs.empty())
+        std::printf("kv cache   %s: %.0f bytes per token\n", kv_specs[k].c_str(), kv_token_bytes);
+      for (auto [B, ctx] : runs)
+        guarded(fmt::format("decode b={} ctx={}{}", B, ctx, kv_label), [&] { decode(B, ctx, graph); });
+    }
   }
 
   std::printf("\n%-22s %12s %9s  %s\n", "measurement", "value", "roofline", "detail (decode: fraction of copy bw; prefill: of cuBLAS rate)");
@@ -284,7 +340,7 @@ int bench_cuda(const Args& a) {
 
 int cmd_bench(const std::vector<std::string>& args) {
   auto vf = model_value_flags();
-  vf.insert({"prompt-tokens", "decode-tokens", "chunk", "reps", "decode-batch", "decode-ctx", "prefill-only"});
+  vf.insert({"prompt-tokens", "decode-tokens", "chunk", "reps", "decode-batch", "decode-ctx", "decode-runs", "kv-sweep", "prefill-only"});
   auto bf = model_bool_flags();
   bf.insert("decode-only");
   bf.insert("gemv-only");
@@ -411,7 +467,9 @@ ARBOR_VERB("bench", "prefill/decode speed vs the measured hardware limit (--conf
            "                        prefill runs (default 3)\n"
            "  --decode-only         CUDA: one decode figure only (graph replay), e.g. under a profiler\n"
            "  --decode-batch B      CUDA, with --decode-only: sequences per step (1..64, default 1)\n"
-           "  --decode-ctx N        CUDA, with --decode-only: context length (1..8192, default 512)\n"
+           "  --decode-ctx N        CUDA, with --decode-only: context length (1..131072, default 512)\n"
+           "  --decode-runs B@N,... CUDA, with --decode-only: several (batch, context) figures, e.g. 1@8192,32@4096\n"
+           "  --kv-sweep A/B/...    CUDA: every decode figure once per --kv-cache spec (e.g. bf16/affine8/k8v3), one process\n"
            "  --prefill-only P,...  CUDA: prefill figures for these prompt lengths only (1..8192 each)\n"
            "  --gemv-only           CUDA: stop after the ceilings and the GEMV table at the model's shapes\n",
            cmd_bench);

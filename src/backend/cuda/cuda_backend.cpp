@@ -9,6 +9,7 @@
 #include <set>
 
 #include "backend/cuda/affine.h"
+#include "backend/cuda/attention_kv.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
@@ -392,24 +393,57 @@ void CudaBackend::alloc_kv(const KVLayout& layout) {
   // 32, 64, 96, 128, 256 take the tuned kernels; any other head_dim up to 512 the generic one.
   ARBOR_CHECK(layout.head_dim >= 1 && layout.head_dim <= cuda::kGenericMaxHeadDim,
               "cuda: head_dim {} is not supported by the attention kernels (1..{})", layout.head_dim, cuda::kGenericMaxHeadDim);
-  for (int64_t l = 0; l < layout.n_layers; ++l)
-    if (!layout.codec(l).plain()) fail("kv codec {} not yet supported on cuda (layer {}; use --kv-cache bf16)", layout.codec(l).name(), l);
+  ARBOR_CHECK(layout.codecs.empty() || int64_t(layout.codecs.size()) == layout.n_layers, "cuda: KV layout has {} layer codecs for {} layers",
+              layout.codecs.size(), layout.n_layers);
+  for (int64_t l = 0; l < layout.n_layers; ++l) {
+    const KVCodecPair& c = layout.codec(l);
+    if (c.plain()) continue;
+    check_kv_codec(c, layout.head_dim);
+    // The coded kernels (attention_kv.cu) hold a row 8 dims per lane: head_dim 64, 128 or 256, and
+    // both sides coded, affine with affine or TurboQuant keys with TurboQuant values.
+    ARBOR_CHECK(layout.head_dim == 64 || layout.head_dim == 128 || layout.head_dim == 256,
+                "kv codec {} on cuda needs head_dim 64, 128 or 256 (the model's is {}, layer {}); use --kv-cache bf16", c.name(),
+                layout.head_dim, l);
+    const bool affine = c.k.kind == KVCodecKind::Affine && c.v.kind == KVCodecKind::Affine;
+    const bool turbo = c.k.kind == KVCodecKind::TurboKey && c.v.kind == KVCodecKind::TurboValue;
+    ARBOR_CHECK(affine || turbo, "kv codec {} (layer {}) is not supported on cuda: K and V must both be affine or both TurboQuant", c.name(),
+                l);
+  }
+  if (!k_pools_.empty()) {  // a new layout (bench's codec sweep): free the old pools; recordings point at them
+    not_capturing("alloc_kv");
+    ARBOR_CUDA_CHECK(cudaStreamSynchronize(st(stream_)));
+    drop_graphs();
+    std::set<void*> old(k_pools_.begin(), k_pools_.end());
+    old.insert(v_pools_.begin(), v_pools_.end());
+    owned_.erase(std::remove_if(owned_.begin(), owned_.end(), [&](const std::unique_ptr<Alloc>& a) { return old.count(a->p) != 0; }),
+                 owned_.end());
+    k_pools_.clear(), v_pools_.clear();
+  }
   kv_ = layout;
   // One block more than the layout: the spare block that padding tokens of decode graphs write to.
-  const size_t per_layer = size_t((layout.n_blocks + 1) * layout.block_size * layout.n_kv_heads * layout.head_dim) * 2;
+  // Each layer's pools are sized by its codec's row bytes (bf16 rows when plain), plus 16 bytes: the
+  // coded kernels read a 3-bit lane's codes as whole words, up to a few bytes past the last row.
+  const size_t slots = size_t((layout.n_blocks + 1) * layout.block_size * layout.n_kv_heads);
   k_pools_.clear(), v_pools_.clear();
   for (int64_t l = 0; l < layout.n_layers; ++l) {
-    k_pools_.push_back(device_alloc(per_layer));
-    v_pools_.push_back(device_alloc(per_layer));
-    ARBOR_CUDA_CHECK(cudaMemsetAsync(k_pools_.back(), 0, per_layer, st(stream_)));
-    ARBOR_CUDA_CHECK(cudaMemsetAsync(v_pools_.back(), 0, per_layer, st(stream_)));
+    const KVCodecPair& c = layout.codec(l);
+    for (int side = 0; side < 2; ++side) {
+      const size_t bytes = slots * size_t((side ? c.v : c.k).row_bytes(layout.head_dim, 2)) + 16;
+      void* p = device_alloc(bytes);
+      ARBOR_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, st(stream_)));
+      (side ? v_pools_ : k_pools_).push_back(p);
+    }
   }
 }
 
 Tensor CudaBackend::k_pool(int64_t layer) const {
+  const KVCodec& c = kv_.codec(layer).k;
+  if (!c.plain()) return Tensor(k_pools_.at(size_t(layer)), DType::U8, {kv_.n_blocks, kv_.block_size, kv_.n_kv_heads, c.row_bytes(kv_.head_dim, 2)}, Device::CUDA);
   return Tensor(k_pools_.at(size_t(layer)), DType::BF16, {kv_.n_blocks, kv_.block_size, kv_.n_kv_heads, kv_.head_dim}, Device::CUDA);
 }
 Tensor CudaBackend::v_pool(int64_t layer) const {
+  const KVCodec& c = kv_.codec(layer).v;
+  if (!c.plain()) return Tensor(v_pools_.at(size_t(layer)), DType::U8, {kv_.n_blocks, kv_.block_size, kv_.n_kv_heads, c.row_bytes(kv_.head_dim, 2)}, Device::CUDA);
   return Tensor(v_pools_.at(size_t(layer)), DType::BF16, {kv_.n_blocks, kv_.block_size, kv_.n_kv_heads, kv_.head_dim}, Device::CUDA);
 }
 
@@ -670,6 +704,13 @@ void CudaBackend::kv_write(int64_t layer, const Tensor& k, const Tensor& v) {
   const auto& b = batch();
   check_kv_slots(layer, k, v);
   const int64_t row = kv_.n_kv_heads * kv_.head_dim;
+  const KVCodecPair& c = kv_.codec(layer);
+  if (!c.plain()) {
+    launch_kv_write_coded(k.as<uint16_t>(), v.as<uint16_t>(), d_pos_, d_seq_, d_tables_, b.max_blocks, b.n_tokens(), int(kv_.n_kv_heads),
+                          int(kv_.head_dim), kv_.block_size, kv_codec_dev(c.k, kv_.head_dim), kv_codec_dev(c.v, kv_.head_dim),
+                          static_cast<uint8_t*>(k_pools_[size_t(layer)]), static_cast<uint8_t*>(v_pools_[size_t(layer)]), st(stream_));
+    return;
+  }
   launch_kv_write(k.as<uint16_t>(), v.as<uint16_t>(), d_pos_, d_seq_, d_tables_, b.max_blocks, b.n_tokens(), row, kv_.block_size,
                   static_cast<uint16_t*>(k_pools_[size_t(layer)]), static_cast<uint16_t*>(v_pools_[size_t(layer)]), st(stream_));
 }
@@ -694,6 +735,8 @@ bool CudaBackend::prep_args(int64_t layer, const Tensor& q, const Tensor& k, con
   a->block_size = int32_t(kv_.block_size);
   a->k_pool = static_cast<uint16_t*>(k_pools_[size_t(layer)]), a->v_pool = static_cast<uint16_t*>(v_pools_[size_t(layer)]);
   a->T = int(b.n_tokens()), a->n_heads = int(p.n_heads), a->n_kv_heads = int(p.n_kv_heads), a->head_dim = int(p.head_dim);
+  const KVCodecPair& c = kv_.codec(layer);
+  if (!c.plain()) a->kc = kv_codec_dev(c.k, kv_.head_dim), a->vc = kv_codec_dev(c.v, kv_.head_dim);
   return true;
 }
 
@@ -711,7 +754,9 @@ void CudaBackend::prep_attention(int64_t layer, Tensor q, Tensor k, const Tensor
   // One token per sequence (no token reads a key another token of the launch writes), the decode
   // kernel, whole 8-dim lanes under rope.
   QKPrepArgs a;
-  if (fused_prep_ && max_run_ == 1 && decode_attention_path(p.head_dim) && p.head_dim == prep.head_dim &&
+  const KVCodecPair& c = kv_.codec(layer);
+  const bool codec_fuses = c.plain() || coded_decode_takes_prep(kv_codec_dev(c.k, p.head_dim), kv_codec_dev(c.v, p.head_dim));
+  if (fused_prep_ && max_run_ == 1 && codec_fuses && attn_path_ != AttentionPath::Generic && decode_attention_path(p.head_dim) && p.head_dim == prep.head_dim &&
       (!prep.cos || (prep.rot_dim / 2) % 8 == 0) && prep_args(layer, q, k, v, prep, &a)) {
     attention_impl(layer, q, p, out, &a);
     return;
@@ -765,6 +810,26 @@ void CudaBackend::attention_impl(int64_t layer, const Tensor& q, const Attention
   a.n_heads = int32_t(p.n_heads), a.n_kv_heads = int32_t(p.n_kv_heads), a.head_dim = int32_t(p.head_dim);
   a.scale = p.scale, a.softcap = p.softcap, a.window = int32_t(p.window);
   const int64_t G = p.n_heads / p.n_kv_heads;
+  const KVCodecPair& codec = kv_.codec(layer);
+  if (!codec.plain()) {
+    if (attn_path_ != AttentionPath::Generic && decode_attention_path(p.head_dim)) {
+      // Split-K over the codes (attention_kv.cu): splits as the bf16 kernel's 4-warp blocks take them.
+      const int64_t span = p.window > 0 ? std::min<int64_t>(span_bucket_, p.window) : span_bucket_;
+      const int64_t blocks = T * p.n_kv_heads * ((G + 7) / 8);
+      const int64_t max_splits = (span + 15) / 16;
+      const int64_t waves = std::clamp<int64_t>(span / 64 * blocks / n_sms_, attn_min_waves_, 8);
+      const int64_t n_splits =
+          std::clamp<int64_t>((waves * n_sms_ + blocks - 1) / blocks, 1, std::min<int64_t>(max_splits, kDecodeMaxSplits));
+      ensure(scratch_, scratch_cap_, size_t(T * p.n_heads * n_splits * (p.head_dim + 2)) * 4);
+      launch_attention_decode_coded_prep(a, kv_codec_dev(codec.k, p.head_dim), kv_codec_dev(codec.v, p.head_dim), T, int(n_splits),
+                                         static_cast<float*>(scratch_), st(stream_), prep);
+      return;
+    }
+    ARBOR_CHECK(!prep, "cuda: attention: the q/k prep is fused only into the decode kernels");
+    // Prefill (and the generic kernel): the blocks the batch's sequences read, dequantized into bf16
+    // scratch pools, then the bf16 kernels over those (a first step: docs/kv-cache.md).
+    dequant_coded_blocks(layer, a);
+  }
   if (attn_path_ == AttentionPath::Generic || (!decode_attention_path(p.head_dim) && !cuda::attention_tuned_head_dim(int(p.head_dim), false))) {
     ARBOR_CHECK(!prep, "cuda: attention: the q/k prep is fused only into the decode kernel");
     launch_attention_generic(a, T, st(stream_));
@@ -826,6 +891,42 @@ void CudaBackend::attention_impl(int64_t layer, const Tensor& q, const Attention
     tiles_serial_ = batch_serial_, tiles_group_ = G;
   }
   launch_attention_prefill(a, static_cast<const int32_t*>(tiles_), n_tiles_, st(stream_));
+}
+
+// The blocks each sequence of the batch reads (0 .. its last position's block), listed once per batch with
+// a block table remapped onto the list; then this layer's coded blocks dequantized into bf16 scratch
+// pools in list order, and `a` pointed at them.
+void CudaBackend::dequant_coded_blocks(int64_t layer, AttnArgs& a) {
+  const auto& b = batch();
+  const int64_t bs = kv_.block_size;
+  if (dq_serial_ != batch_serial_) {
+    std::vector<int32_t> last(size_t(b.n_seqs()), -1);
+    for (int64_t t = 0; t < b.n_tokens(); ++t)
+      last[size_t(b.seq[size_t(t)])] = std::max<int32_t>(last[size_t(b.seq[size_t(t)])], int32_t(b.pos[size_t(t)] / bs));
+    std::vector<int32_t> list, table(b.block_tables.size(), 0);
+    for (int64_t s = 0; s < b.n_seqs(); ++s)
+      for (int32_t j = 0; j <= last[size_t(s)]; ++j) {
+        table[size_t(s * b.max_blocks + j)] = int32_t(list.size());
+        list.push_back(b.block_tables[size_t(s * b.max_blocks + j)]);
+      }
+    dq_blocks_ = int64_t(list.size());
+    const size_t pad = (list.size() + 3) / 4 * 4;
+    list.resize(pad, 0);
+    list.insert(list.end(), table.begin(), table.end());
+    upload_meta(list, dq_meta_, dq_meta_cap_);
+    dq_table_off_ = int64_t(pad);
+    dq_serial_ = batch_serial_;
+  }
+  const size_t pool = size_t(dq_blocks_ * bs * kv_.n_kv_heads * kv_.head_dim) * 2;
+  ensure(dq_pools_, dq_pools_cap_, 2 * pool + 16);
+  uint16_t* ko = static_cast<uint16_t*>(dq_pools_);
+  uint16_t* vo = ko + pool / 2;
+  const KVCodecPair& c = kv_.codec(layer);
+  const int32_t* list = static_cast<const int32_t*>(dq_meta_);
+  launch_kv_dequant_blocks(static_cast<const uint8_t*>(k_pools_[size_t(layer)]), static_cast<const uint8_t*>(v_pools_[size_t(layer)]),
+                           kv_codec_dev(c.k, kv_.head_dim), kv_codec_dev(c.v, kv_.head_dim), list, dq_blocks_, bs, int(kv_.n_kv_heads),
+                           int(kv_.head_dim), ko, vo, st(stream_));
+  a.k_pool = ko, a.v_pool = vo, a.block_tables = list + dq_table_off_;
 }
 
 void CudaBackend::activation(ActOp op, const Tensor& gate, const Tensor& up, Tensor out) {

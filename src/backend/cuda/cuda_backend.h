@@ -18,6 +18,7 @@ struct cublasLtContext;  // cublasLtHandle_t
 namespace arbor {
 namespace cuda {
 struct QKPrepArgs;  // kernels.h
+struct AttnArgs;
 constexpr int64_t kGemvMaxRowsCap = 8;  // rows the GEMV kernels take (kernels.h: kGemvMaxRows)
 }
 
@@ -133,7 +134,8 @@ class CudaBackend : public Backend {
   void upload(const void* host, const Tensor& dev);
   void download(const Tensor& dev, void* host);
   void synchronize();
-  // KV pools [n_blocks, block_size, n_kv_heads, head_dim] bf16, for tests.
+  // KV pools [n_blocks, block_size, n_kv_heads, head_dim] bf16, for tests; a coded layer's side is
+  // [n_blocks, block_size, n_kv_heads, row bytes] U8 (quant/kv_codec.h's rows).
   Tensor k_pool(int64_t layer) const;
   Tensor v_pool(int64_t layer) const;
   int sm_count() const { return n_sms_; }
@@ -155,6 +157,9 @@ class CudaBackend : public Backend {
   bool prep_args(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const QKPrep& p, cuda::QKPrepArgs* a);
   void attention_impl(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out, const cuda::QKPrepArgs* prep);
   bool decode_attention_path(int64_t head_dim) const;
+  // Prefill over coded pools: this layer's blocks the batch reads, dequantized into bf16 scratch pools
+  // (a's pools and block tables pointed at them).
+  void dequant_coded_blocks(int64_t layer, cuda::AttnArgs& a);
   void not_capturing(const char* what);  // fails (and drops the recording) when called inside a capture
   void drop_graphs();                    // after a buffer the recordings point into moved
 
@@ -205,6 +210,12 @@ class CudaBackend : public Backend {
   int attn_merge_ = -1;  // decode attention's split merge: -1 by GQA group and span (attention_impl), 1 by the last block, 0 a second kernel, 2 a cluster (ARBOR_CUDA_ATTN_MERGE)
   void* attn_counters_ = nullptr;                  // decode attention's merge counters (zero between launches)
   size_t attn_counters_cap_ = 0;
+  void* dq_pools_ = nullptr;    // prefill over coded pools: bf16 K then V of the batch's blocks (dequant_coded_blocks)
+  size_t dq_pools_cap_ = 0;
+  void* dq_meta_ = nullptr;     // their source block ids, then the block tables remapped onto them
+  size_t dq_meta_cap_ = 0;
+  uint64_t dq_serial_ = ~uint64_t(0);
+  int64_t dq_blocks_ = 0, dq_table_off_ = 0;
   void* scratch2_ = nullptr;
   size_t scratch2_cap_ = 0;
   void* workspace_ = nullptr;                      // cuBLASLt

@@ -6,6 +6,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.h"
+#include "backend/cuda/kv_rows.h"
 #include "backend/cuda/qk_rows.h"
 
 namespace arbor::cuda {
@@ -213,9 +214,9 @@ __global__ void qk_prep_kernel(QKPrepArgs a) {
     }
     const bf16 o = __float2bfloat16(out);
     reinterpret_cast<bf16*>(x)[j] = o;
-    if (is_k) reinterpret_cast<bf16*>(a.k_pool)[kslot * row + int64_t(hh) * D + j] = o;
+    if (is_k && a.kc.kind == 0) reinterpret_cast<bf16*>(a.k_pool)[kslot * row + int64_t(hh) * D + j] = o;
   }
-  if (is_k)
+  if (is_k && a.kc.kind == 0)
     for (int j = lane; j < D; j += 32) a.v_pool[kslot * row + int64_t(hh) * D + j] = a.v[(t * a.n_kv_heads + hh) * D + j];
 }
 
@@ -242,6 +243,21 @@ __global__ void qk_prep_vec_kernel(QKPrepArgs a) {
   PrepRow r;
   load_prep_row<LPK>(a, is_k ? a.k_norm : a.q_norm, a.rope_rows[t], sl, r);
   prep_row<LPK>(a, r, lane, sl, f);
+  if (a.kc.kind != 0) {
+    // Coded pools: the key and value rows encoded as they are written (kv_rows.h). Every lane of the
+    // warp takes part in the encoder's shuffles (q rows too, storing nothing).
+    const bool store = valid && is_k;
+    const int kh = is_k ? hh : 0;
+    int64_t slot = 0;
+    if (store) slot = int64_t(a.tables[int64_t(a.seq[t]) * a.max_blocks + p / a.block_size]) * a.block_size + p % a.block_size;
+    const int64_t row = slot * a.n_kv_heads + kh;
+    encode_row8<LPK>(a.kc, f, sl, reinterpret_cast<uint8_t*>(a.k_pool) + row * a.kc.row_bytes, store);
+    float vf[8];
+    unpack8(*reinterpret_cast<const uint4*>(a.v + (t * a.n_kv_heads + kh) * D + sl * 8), vf);
+    encode_row8<LPK>(a.vc, vf, sl, reinterpret_cast<uint8_t*>(a.v_pool) + row * a.vc.row_bytes, store);
+    if (valid) *reinterpret_cast<uint4*>(x) = pack8(f);
+    return;
+  }
   if (!valid) return;
   const uint4 o = pack8(f);
   *reinterpret_cast<uint4*>(x) = o;
@@ -432,6 +448,10 @@ void launch_qk_prep(const QKPrepArgs& a, cudaStream_t s) {
   }
   pdl_launch(qk_prep_kernel, dim3(grid_for(items, 4)), 128, 0, s, a);
   ARBOR_LAUNCH_CHECK("qk_prep_kernel");
+  // Coded pools: the scalar kernel left the prepared keys in k; encode them (and v) into the pools.
+  if (a.kc.kind != 0)
+    launch_kv_write_coded(a.k, a.v, a.pos, a.seq, a.tables, a.max_blocks, a.T, a.n_kv_heads, a.head_dim, a.block_size, a.kc, a.vc,
+                          reinterpret_cast<uint8_t*>(a.k_pool), reinterpret_cast<uint8_t*>(a.v_pool), s);
 }
 
 void launch_rope(uint16_t* x, const int32_t* rows, int64_t T, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const float* cos,

@@ -28,7 +28,16 @@ void launch_rope(uint16_t* x, const int32_t* rows, int64_t T, int64_t n_heads, i
 void launch_kv_write(const uint16_t* k, const uint16_t* v, const int32_t* pos, const int32_t* seq,
                      const int32_t* block_tables, int32_t max_blocks, int64_t T, int64_t row, int64_t block_size,
                      uint16_t* k_pool, uint16_t* v_pool, cudaStream_t s);
+// One side's (K or V) KV-cache codec as the kernels see it (quant/kv_codec.h): kind is a KVCodecKind
+// (0: plain bf16 rows), row_bytes the bytes of one head row.
+struct KVCodecDev {
+  int kind = 0, bits = 0, group = 0, row_bytes = 0;
+};
+inline KVCodecDev kv_codec_dev(const KVCodec& c, int64_t head_dim) {
+  return {int(c.kind), c.bits, c.group, int(c.row_bytes(head_dim, 2))};
+}
 // Per-head q/k norms (RMS or RMS(1 + w)), rope and the KV write in one kernel (CudaBackend::qk_prep_kv_write).
+// With coded pools (kc / vc not plain) the key and value rows are encoded as they are written.
 struct QKPrepArgs {
   uint16_t* q = nullptr;        // [T, n_heads * head_dim], in place
   uint16_t* k = nullptr;        // [T, n_kv_heads * head_dim], in place
@@ -45,9 +54,10 @@ struct QKPrepArgs {
   const int32_t* seq = nullptr;
   const int32_t* tables = nullptr;
   int32_t max_blocks = 0, block_size = 16;
-  uint16_t* k_pool = nullptr;
+  uint16_t* k_pool = nullptr;  // bf16 rows, or coded rows (bytes) when kc / vc say so
   uint16_t* v_pool = nullptr;
   int T = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  KVCodecDev kc, vc;
 };
 void launch_qk_prep(const QKPrepArgs& a, cudaStream_t s);
 // out = act(gate) * up, or act(up) when gate is null; n elements, bf16.
@@ -180,6 +190,25 @@ void launch_attention_generic(const AttnArgs& a, int64_t T, cudaStream_t s);
 // Whether the decode kernel (decode true: 32, 64, 128, 256) or the prefill kernels (32, 64, 96, 128,
 // 256) take this head_dim.
 bool attention_tuned_head_dim(int head_dim, bool decode);
+
+// ---- attention_kv.cu: coded KV pools (quant/kv_codec.h, docs/kv-cache.md) -------------------------
+// k, v [T, n_kv_heads * head_dim] bf16 encoded into the coded pools [n_blocks, block_size, n_kv_heads,
+// row bytes] at each token's slot (a plain side is copied as bf16). head_dim 64, 128, 256.
+void launch_kv_write_coded(const uint16_t* k, const uint16_t* v, const int32_t* pos, const int32_t* seq, const int32_t* block_tables,
+                           int32_t max_blocks, int64_t T, int n_kv_heads, int head_dim, int64_t block_size, KVCodecDev kc, KVCodecDev vc,
+                           uint8_t* k_pool, uint8_t* v_pool, cudaStream_t s);
+// Split-K decode attention reading codes (a.k_pool / a.v_pool hold coded rows): keys and values
+// dequantized in registers; TurboQuant values accumulated in the rotated domain. Partials always go
+// to scratch [T, n_heads, n_splits, head_dim + 2] and a merge kernel combines them, applying the
+// inverse FWHT and sign flip once per output head for TurboQuant values. head_dim 64, 128, 256.
+void launch_attention_decode_coded(const AttnArgs& a, KVCodecDev kc, KVCodecDev vc, int64_t T, int n_splits, float* scratch,
+                                   cudaStream_t s);
+// Dequantizes whole blocks of a coded pool pair into bf16 pools: block src_blocks[i] of the coded pools
+// into block i of k_out / v_out ([n, block_size, n_kv_heads, head_dim] bf16). TurboQuant values are
+// rotated back.
+void launch_kv_dequant_blocks(const uint8_t* k_pool, const uint8_t* v_pool, KVCodecDev kc, KVCodecDev vc, const int32_t* src_blocks,
+                              int64_t n, int64_t block_size, int n_kv_heads, int head_dim, uint16_t* k_out, uint16_t* v_out,
+                              cudaStream_t s);
 
 // ---- sampling.cu ----------------------------------------------------------------------------------
 // ids[r] = argmax of logits row r (ties: lowest id, as torch.argmax; NaN never wins, a row of NaNs
