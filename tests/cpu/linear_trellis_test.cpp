@@ -79,7 +79,8 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 struct Shape {
   int64_t rows, coded;  // coded rows (outputs on axis 1, inputs on axis 0) and coded length
 };
-const Shape kShapes[] = {{1, 256}, {7, 768}, {67, 256}, {67, 768}};
+// {300, 256}: on axis 0, 300 coded rows over one output block: the GEMV splits the rows into slices.
+const Shape kShapes[] = {{1, 256}, {7, 768}, {67, 256}, {67, 768}, {300, 256}};
 const int64_t kTs[] = {1, 3, 8, 9, 33};
 
 TEST(LinearTrellis, ReferenceIsTheDenseProductOfTheDecodedWeights) {

@@ -54,29 +54,28 @@ TT void gemv_axis1(const Args& a, int64_t n0, int64_t n1) {
 }
 
 // ---- GEMV, axis 0: W stored transposed [K, N], coded along N; coded row r (input r) times x[:, r] is
-// added into a block of 256 outputs kept per thread -----------------------------------------------------
+// added into a block of 256 outputs kept per thread. Coded rows [r0, r1) of output block ob, written to
+// dst[t*N + ob*256 + o] (plus the bias when given).
 template <int K, int NT>
-TT void gemv_axis0(const Args& a, int64_t ob0, int64_t ob1) {
+TT void gemv_axis0(const Args& a, int64_t ob, int64_t r0, int64_t r1, float* dst, const float* bias) {
   constexpr int wpb = kBlock * K / 32;
   const int64_t Kin = a.w.K, N = a.w.N, wpr = N / kBlock * wpb;
   alignas(64) uint32_t ext[wpb + 2];
   alignas(64) float acc[NT][kBlock];
-  for (int64_t ob = ob0; ob < ob1; ++ob) {
-    for (int t = 0; t < NT; ++t)
-      for (int o = 0; o < kBlock; o += V::W) V::storeu(acc[t] + o, V::zero());
-    for (int64_t r = 0; r < Kin; ++r) {
-      load_ext<K>(a.w.words + r * wpr + ob * wpb, ext);
-      const float s = a.w.scales[r] * kInvStd;
-      typename V::F c[NT];
-      for (int t = 0; t < NT; ++t) c[t] = V::set1(a.x[t * Kin + r] * s);
-      for (int t0 = 0; t0 < kBlock; t0 += V::W) {
-        const typename V::F w = V::template decode<K>(ext, t0);
-        for (int t = 0; t < NT; ++t) V::storeu(acc[t] + t0, V::fmadd(c[t], w, V::loadu(acc[t] + t0)));
-      }
+  for (int t = 0; t < NT; ++t)
+    for (int o = 0; o < kBlock; o += V::W) V::storeu(acc[t] + o, V::zero());
+  for (int64_t r = r0; r < r1; ++r) {
+    load_ext<K>(a.w.words + r * wpr + ob * wpb, ext);
+    const float s = a.w.scales[r] * kInvStd;
+    typename V::F c[NT];
+    for (int t = 0; t < NT; ++t) c[t] = V::set1(a.x[t * Kin + r] * s);
+    for (int t0 = 0; t0 < kBlock; t0 += V::W) {
+      const typename V::F w = V::template decode<K>(ext, t0);
+      for (int t = 0; t < NT; ++t) V::storeu(acc[t] + t0, V::fmadd(c[t], w, V::loadu(acc[t] + t0)));
     }
-    for (int t = 0; t < NT; ++t)
-      for (int o = 0; o < kBlock; ++o) a.y[t * N + ob * kBlock + o] = acc[t][o] + (a.bias ? a.bias[ob * kBlock + o] : 0.0f);
   }
+  for (int t = 0; t < NT; ++t)
+    for (int o = 0; o < kBlock; ++o) dst[t * N + ob * kBlock + o] = acc[t][o] + (bias ? bias[ob * kBlock + o] : 0.0f);
 }
 
 template <int K, int NT>
@@ -84,8 +83,33 @@ void gemv_t(ThreadPool& pool, const Args& a) {
   if (a.w.axis == 1) {
     const int64_t grain = std::max<int64_t>(1, 64 * 1024 / std::max<int64_t>(1, a.w.K * K / 8));  // ~64 KiB of words
     pool.parallel_for(a.w.N, grain, [&](int, int64_t n0, int64_t n1) { gemv_axis1<K, NT>(a, n0, n1); });
-  } else {
-    pool.parallel_for(a.w.N / kBlock, 1, [&](int, int64_t b0, int64_t b1) { gemv_axis0<K, NT>(a, b0, b1); });
+    return;
+  }
+  // Output blocks x slices of the coded rows: with fewer blocks than twice the threads the rows are split
+  // too (slices of at least 128 rows), each slice's partial sums kept apart and added after.
+  const int64_t blocks = a.w.N / kBlock, Kin = a.w.K;
+  int64_t slices = 1;
+  while (blocks * slices < 2 * pool.size() && Kin / (slices * 2) >= 128) slices *= 2;
+  if (slices == 1) {
+    pool.parallel_for(blocks, 1, [&](int, int64_t b0, int64_t b1) {
+      for (int64_t ob = b0; ob < b1; ++ob) gemv_axis0<K, NT>(a, ob, 0, Kin, a.y, a.bias);
+    });
+    return;
+  }
+  thread_local std::vector<float> partial;
+  partial.resize(size_t(slices * NT * a.w.N));
+  float* part = partial.data();  // (the workers' own thread_local copies are not this one)
+  const int64_t rows_per = (Kin + slices - 1) / slices;
+  pool.parallel_for(blocks * slices, 1, [&](int, int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t ob = i % blocks, sl = i / blocks, r0 = sl * rows_per, r1 = std::min(Kin, r0 + rows_per);
+      gemv_axis0<K, NT>(a, ob, r0, r1, part + sl * NT * a.w.N, nullptr);
+    }
+  });
+  for (int64_t j = 0; j < NT * a.w.N; ++j) {
+    float s = a.bias ? a.bias[j % a.w.N] : 0.0f;
+    for (int64_t sl = 0; sl < slices; ++sl) s += part[sl * NT * a.w.N + j];
+    a.y[j] = s;
   }
 }
 
