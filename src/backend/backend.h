@@ -17,8 +17,8 @@ namespace arbor {
 
 // How a linear layer's matrix is stored. Dense: one F32/F16/BF16 tensor [rows, cols]. Affine (MLX:
 // b-bit codes packed in uint32 words, a scale and a bias per group of `group_size` columns) and
-// Trellis (packed trellis words, a scale per row): ../shared/design/formats.md §2-3. The CPU runs
-// Affine (reference kernel); other pairs fail at the kernel pick naming what the backend supports.
+// Trellis (packed trellis words, a scale per coded row): ../shared/design/formats.md §2-3. The CPU runs
+// Affine (reference kernel) and Trellis; other pairs fail at the kernel pick naming what the backend supports.
 enum class WeightFormat : uint8_t { Dense, Affine, Trellis };
 inline const char* weight_format_name(WeightFormat f) {
   switch (f) {
@@ -36,11 +36,15 @@ inline const char* weight_format_name(WeightFormat f) {
 struct Linear {
   WeightFormat format = WeightFormat::Dense;
   int64_t n_rows = 0, n_cols = 0;
-  Tensor data;    // Dense: W [rows, cols]. Affine: codes, uint32 [rows, cols*bits/32]. Trellis: packed words.
-  Tensor scales;  // Affine: [rows, cols/group_size]; Trellis: [rows]; Dense: empty
+  Tensor data;    // Dense: W [rows, cols]. Affine: codes, uint32 [rows, cols*bits/32]. Trellis: words (axis below;
+                  // on the host the k = 3 axis-0 interleaved layout may be 3-D [cols/512, rows, 48]).
+  Tensor scales;  // Affine: [rows, cols/group_size]; Trellis: [rows] (axis 0: [cols]); Dense: empty
   Tensor biases;  // Affine: [rows, cols/group_size]; else empty (the quantization offsets, not `bias`)
   Tensor bias;    // the layer's additive bias [rows], or empty
-  int32_t group_size = 0, bits = 0;  // Affine (Trellis: bits per weight)
+  int32_t group_size = 0, bits = 0;  // Affine (Trellis: bits per weight, group_size the block of 256)
+  // Trellis: 1: data [rows, cols*bits/32] (each output row coded along the inputs), scales [rows]; 0: the
+  // transpose, data [cols, rows*bits/32] (each input column coded along the outputs), scales [cols].
+  int32_t axis = 1;
 
   int64_t rows() const { return n_rows; }
   int64_t cols() const { return n_cols; }
@@ -57,7 +61,7 @@ struct Linear {
     std::string s = weight_format_name(format);
     if (format == WeightFormat::Dense) s += fmt::format(" {}", dtype_name(data.dtype));
     else if (format == WeightFormat::Affine) s += fmt::format(" {}-bit g{}", bits, group_size);
-    else s += fmt::format(" {}-bit", bits);
+    else s += fmt::format(" {}-bit axis {}", bits, axis);
     return s + fmt::format(" [{}, {}]", n_rows, n_cols);
   }
 };

@@ -14,6 +14,7 @@
 #include "backend/cpu/gemm_bf16.h"
 #include "backend/cpu/linear.h"
 #include "backend/cpu/linear_affine.h"
+#include "backend/cpu/linear_trellis.h"
 #include "cli/args.h"
 #include "cli/verb.h"
 #include "core/error.h"
@@ -157,9 +158,72 @@ int bench_linear_cuda(const arbor::cli::Args& args) {
 #endif
 }
 
+// --format trellis: the trellis kernels (cpu/linear_trellis) on random code words (all valid codes) at the same
+// shapes, k bits, the down projection on axis 0 (as arbor quantize writes it) and the rest on axis 1. Decode as
+// weights per second and GB/s of words streamed (the weights are 8x-4x smaller than bf16: the decode
+// arithmetic, not the bandwidth, is the limit on most CPUs); prefill as GFLOP/s of the equivalent dense product.
+int bench_trellis(const std::vector<LinearShape>& shapes, int threads, int reps, int64_t decode_T, int64_t gemm_T, int k,
+                  const std::string& kernel_name) {
+  cpu::TrellisKernel kernel = cpu::trellis_best_kernel();
+  if (!kernel_name.empty()) {
+    bool found = false;
+    for (auto kk : {cpu::TrellisKernel::Reference, cpu::TrellisKernel::Avx2, cpu::TrellisKernel::Avx512})
+      if (kernel_name == cpu::trellis_kernel_name(kk)) kernel = kk, found = true;
+    ARBOR_CHECK(found && cpu::trellis_kernel_supported(kernel), "bench-linear: --isa '{}': trellis kernels are reference, avx2, avx512 "
+                "(this CPU: {})", kernel_name, cpu::cpu_features().summary());
+  }
+  ThreadPool pool(threads);
+  const auto& f = cpu::cpu_features();
+  std::printf("bench-linear: %s [%s], %d thread(s), trellis k=%d (1MAD, L 12), %s kernels\n\n", f.brand.c_str(), f.summary().c_str(), threads,
+              k, cpu::trellis_kernel_name(kernel));
+  std::printf("%-13s %-9s %-14s %-4s | T=%-2lld %-14s %9s %7s | T=%-4lld %-14s %8s\n", "model", "linear", "N x K", "axis", (long long)decode_T,
+              "kernel", "Gw/s", "GB/s", (long long)gemm_T, "kernel", "GFLOP/s");
+  for (const auto& s : shapes) {
+    const int axis = std::string(s.name) == "down" ? 0 : 1;
+    const int64_t rows = axis == 1 ? s.N : s.K, cols = axis == 1 ? s.K : s.N;
+    const size_t words = size_t(rows * cols * k / 32);
+    // Copies totalling >= 256 MiB, used round-robin, so decode reads its words from DRAM.
+    const size_t copies = std::max<size_t>(2, (size_t(256) << 20) / (words * 4) + 1);
+    std::vector<std::vector<uint32_t>> w(copies, std::vector<uint32_t>(words));
+    uint32_t st = 12345;
+    for (auto& c : w)
+      for (auto& x : c) st = st * 1664525u + 1013904223u, x = st ^ (st >> 15);
+    std::vector<float> scales(size_t(rows), 0.01f);
+    std::vector<float> x(size_t(std::max(gemm_T, decode_T) * s.K));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 7919 % 2001) - 1000) * 1e-3f + 1e-4f;
+    std::vector<float> y(size_t(std::max(gemm_T, decode_T) * s.N));
+    const int64_t calls = std::max<int64_t>(int64_t(copies), int64_t(4e8 / double(s.N * s.K)) + 1);
+    double best = 1e30;
+    for (int r = 0; r < reps; ++r) {
+      const double t0 = now_s();
+      for (int64_t c = 0; c < calls; ++c) {
+        const cpu::TrellisWeights tw{w[size_t(c) % copies].data(), scales.data(), k, axis, s.N, s.K};
+        cpu::linear_trellis(pool, x.data(), decode_T, tw, nullptr, y.data(), kernel);
+      }
+      best = std::min(best, (now_s() - t0) / double(calls));
+    }
+    double gflops = 0;
+    if (gemm_T > 0 && s.per_layer > 0) {
+      double gbest = 1e30;
+      const cpu::TrellisWeights tw{w[0].data(), scales.data(), k, axis, s.N, s.K};
+      for (int r = 0; r < std::max(2, reps / 2); ++r) {
+        const double t0 = now_s();
+        cpu::linear_trellis(pool, x.data(), gemm_T, tw, nullptr, y.data(), kernel);
+        gbest = std::min(gbest, now_s() - t0);
+      }
+      gflops = 2.0 * double(gemm_T) * double(s.N) * double(s.K) / gbest / 1e9;
+    }
+    std::printf("%-13s %-9s %6lld x %-5lld %-4d | %-19s %9.3f %7.2f | %-21s %8s\n", s.model, s.name, (long long)s.N, (long long)s.K, axis,
+                cpu::trellis_kernel_label(kernel, decode_T).c_str(), double(s.N * s.K) / best / 1e9, double(words * 4) / best / 1e9,
+                gflops > 0 ? cpu::trellis_kernel_label(kernel, gemm_T).c_str() : "-", gflops > 0 ? fmt::format("{:.1f}", gflops).c_str() : "-");
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 int cmd_bench_linear(const std::vector<std::string>& argv) {
   arbor::cli::Args args(argv, {"threads", "model", "dtype", "reps", "gemm-tokens", "bw-mib", "decode-tokens", "isa", "device", "bits",
-                               "group-size", "cpu-gemm"},
+                               "group-size", "cpu-gemm", "format"},
                         {});
   const std::string device = args.get_or("device", "cpu");
   ARBOR_CHECK(device == "cpu" || device == "cuda", "bench-linear: --device must be cpu or cuda, got '{}'", device);
@@ -193,6 +257,13 @@ int cmd_bench_linear(const std::vector<std::string>& argv) {
     if (model == "all" || model == s.model) shapes.push_back(s);
   ARBOR_CHECK(!shapes.empty(), "bench-linear: unknown --model '{}' (qwen3-0.6b, llama-3.2-1b, all)", model);
 
+  const std::string format = args.get_or("format", "dense");
+  ARBOR_CHECK(format == "dense" || format == "trellis", "bench-linear: --format must be dense or trellis, got '{}'", format);
+  if (format == "trellis") {
+    const int k = int(args.get_int("bits", 2));
+    ARBOR_CHECK(k >= 2 && k <= 4, "bench-linear: --bits {} (trellis: 2, 3, 4)", k);
+    return bench_trellis(shapes, threads, reps, decode_T, gemm_T, k, args.get_or("isa", ""));
+  }
   // --isa forces one kernel level (default: the best this CPU supports, as linear() picks).
   const std::vector<cpu::LinearIsa> isas = cpu::linear_isas_supported();
   cpu::LinearIsa isa = isas.back();
@@ -342,5 +413,7 @@ ARBOR_VERB("bench-linear", "benchmark the linear kernels at model shapes (GB/s, 
            "  --decode-tokens N     rows of the decode (GEMV) calls (default 1)\n"
            "  --gemm-tokens N       rows of the prefill (GEMM) calls; 0 skips them (default 512)\n"
            "  --bw-mib N            buffer of the read-bandwidth passes, MiB (default 1024)\n"
-           "  --isa NAME            force one kernel level (default: the best this CPU has)\n",
+           "  --isa NAME            force one kernel level (default: the best this CPU has)\n"
+           "  --format dense|trellis  trellis: the trellis kernels on random code words (--bits 2/3/4, default 2;\n"
+           "                        down on axis 0, the rest axis 1); --isa reference|avx2|avx512\n",
            cmd_bench_linear);

@@ -30,7 +30,7 @@ int cmd_inspect(const std::vector<std::string>& args) {
     std::map<std::string, int> params;  // "4-bit g64" -> modules
     uint64_t bytes = 0;
   };
-  std::map<std::string, KindStats> quantized;
+  std::map<std::string, KindStats> quantized, trellis;  // trellis modules: .weight and .scales, the config's trellis entry
   const std::optional<quant::AffineQuantConfig> qc = quant::parse_affine_quant_config(read_json_file(cfg_path), cfg_path);
   bool have_ckpt = !dir.empty() && (file_exists(dir + "/model.safetensors") || file_exists(dir + "/model.safetensors.index.json"));
   // Parameters are the model's weights (a quantized matrix: rows x cols, not its packed words).
@@ -48,6 +48,13 @@ int cmd_inspect(const std::vector<std::string>& args) {
       const std::string& n = t->name;
       if (!qc || n.size() <= 7 || n.compare(n.size() - 7, 7, ".scales") != 0) continue;
       const std::string module = n.substr(0, n.size() - 7);
+      if (const std::optional<quant::TrellisConfig> tc = qc->trellis_for(module)) {
+        KindStats& k = trellis[module.substr(module.rfind('.') + 1)];
+        k.params[fmt::format("{}-bit axis {}", tc->bits, tc->axis)]++;
+        for (const char* part : {".weight", ".scales"})
+          if (const TensorInfo* ti = ck.find(module + part)) k.bytes += ti->nbytes;
+        continue;
+      }
       const std::optional<quant::AffineParams> p = qc->for_module(module);
       KindStats& k = quantized[module.substr(module.rfind('.') + 1)];
       k.params[p ? fmt::format("{}-bit g{}", p->bits, p->group_size) : "dense in config.json"]++;
@@ -89,6 +96,12 @@ int cmd_inspect(const std::vector<std::string>& args) {
     std::string what;
     for (const auto& [p, n] : k.params) what += fmt::format("{}{} x{}", what.empty() ? "" : ", ", p, n);
     std::printf("affine         %s: %s, %llu bytes (%.3f GB)\n", kind.c_str(), what.c_str(), (unsigned long long)k.bytes,
+                double(k.bytes) * 1e-9);
+  }
+  for (const auto& [kind, k] : trellis) {
+    std::string what;
+    for (const auto& [p, m] : k.params) what += fmt::format("{}{} x{}", what.empty() ? "" : ", ", p, m);
+    std::printf("trellis        %s: %s, %llu bytes (%.3f GB)\n", kind.c_str(), what.c_str(), (unsigned long long)k.bytes,
                 double(k.bytes) * 1e-9);
   }
   int64_t kv_f32 = 2 * c.n_layers * c.kv_dim() * 4, kv_bf16 = kv_f32 / 2;

@@ -1,5 +1,6 @@
 // `arbor quantize --model IN --out OUT --bits B --group-size G [--recipe R]`: a dense checkpoint written as an MLX
-// affine one (quant/affine_convert.h), one tensor at a time.
+// affine one (quant/affine_convert.h), one tensor at a time; `--format trellis --bits k [--down-axis 0|1]
+// [--k-map module=k,...]`: trellis-coded instead (quant/trellis_convert.h, the CPU Viterbi of trellis_encode.h).
 #include <cstdio>
 
 #include "cli/args.h"
@@ -18,7 +19,7 @@ namespace arbor::cli {
 namespace {
 
 int cmd_quantize(const std::vector<std::string>& args) {
-  Args a(args, {"model", "out", "bits", "group-size", "recipe", "shard-gb", "threads"}, {});
+  Args a(args, {"model", "out", "bits", "group-size", "recipe", "shard-gb", "threads", "format", "down-axis", "k-map"}, {});
   auto model = a.get("model");
   auto out = a.get("out");
   if (!model || !out)
@@ -27,9 +28,19 @@ int cmd_quantize(const std::vector<std::string>& args) {
   quant::AffineConvertOptions o;
   o.in_dir = resolve_model_dir(*model);
   o.out_dir = *out;
-  o.params.bits = int(a.get_int("bits", 4));
+  const std::string format = a.get_or("format", "affine");
+  if (format != "affine" && format != "trellis") fail("arguments: --format must be affine or trellis, got '{}'", format);
+  const bool trellis = format == "trellis";
+  if (trellis) {
+    for (const char* f : {"group-size", "recipe"})
+      if (a.has(f)) fail("arguments: --{} is for --format affine (trellis blocks are 256 weights; use --k-map for mixed bits)", f);
+  } else {
+    for (const char* f : {"down-axis", "k-map"})
+      if (a.has(f)) fail("arguments: --{} is for --format trellis", f);
+  }
+  o.params.bits = int(a.get_int("bits", trellis ? 2 : 4));
   o.params.group_size = int(a.get_int("group-size", 64));
-  quant::check_affine_params(o.params, "arguments: --bits/--group-size");
+  if (!trellis) quant::check_affine_params(o.params, "arguments: --bits/--group-size");
   o.recipe = quant::parse_affine_recipe(a.get_or("recipe", ""));
   const double shard_gb = a.get_double("shard-gb", 5.0);
   if (!(shard_gb > 0)) fail("arguments: --shard-gb must be positive, got {}", shard_gb);
@@ -41,6 +52,17 @@ int cmd_quantize(const std::vector<std::string>& args) {
   apply_arch_defaults(c, arch);
   for (const TensorSpec& s : expected_tensors(c, arch)) o.tensors.push_back({s.name, s.shape});
   o.num_layers = int(c.n_layers);
+  if (trellis) {
+    quant::TrellisRecipe r;
+    r.bits = o.params.bits;
+    r.down_axis = int(a.get_int("down-axis", 0));
+    r.down_suffix = arch.names.down;
+    r.k_map = quant::parse_trellis_k_map(a.get_or("k-map", ""));
+    for (const std::string& t : {arch.names.embed, arch.names.lm_head})
+      if (t.size() > 7) r.dense.insert(t.substr(0, t.size() - 7));  // "<module>.weight"
+    quant::check_trellis_recipe(r, "arguments: --bits/--down-axis/--k-map");
+    o.trellis = r;
+  }
 
   ThreadPool pool(int(a.get_int("threads", 0)));
   uint64_t total = 0;
@@ -52,6 +74,19 @@ int cmd_quantize(const std::vector<std::string>& args) {
   Progress prog("quantizing", total);
   const quant::AffineConvertStats st = quant::affine_convert_checkpoint(o, [&](uint64_t n) { prog.advance(n); }, &pool);
   prog.finish();
+  if (trellis) {
+    std::printf("wrote %s: %llu modules trellis-coded (k=%d, down axis %d%s%s), %llu tensors, %.3f GB -> %.3f GB in %llu shard(s); "
+                "copied %zu tokenizer/config file(s)\n",
+                out->c_str(), (unsigned long long)st.modules_quantized, o.trellis->bits, o.trellis->down_axis,
+                a.has("k-map") ? ", k-map " : "", a.get_or("k-map", "").c_str(), (unsigned long long)st.tensors_written,
+                double(st.bytes_in) * 1e-9, double(st.bytes_out) * 1e-9, (unsigned long long)st.shards, st.copied_files.size());
+    std::printf("encoder: %llu weights in %.2f s, %.3g weights/s (CPU Viterbi, %d threads, %s)\n",
+                (unsigned long long)st.weights_encoded, st.encode_seconds,
+                st.encode_seconds > 0 ? double(st.weights_encoded) / st.encode_seconds : 0.0, pool.size(),
+                quant::trellis_isa_name(o.encode.isa));
+    for (const auto& s : st.left_dense) std::printf("left dense: %s\n", s.c_str());
+    return 0;
+  }
   for (const auto& s : st.left_dense) std::printf("left dense: %s\n", s.c_str());
   if (!st.dropped.empty()) {
     std::printf("left out (not used by the model):");
@@ -68,11 +103,16 @@ int cmd_quantize(const std::vector<std::string>& args) {
   return 0;
 }
 
-ARBOR_VERB("quantize", "write a dense checkpoint as an MLX affine quantized one (--model IN --out OUT --bits 4 --group-size 64)",
+ARBOR_VERB("quantize", "write a dense checkpoint as an MLX affine or trellis quantized one (--model IN --out OUT --bits 4)",
            "--model IN --out OUT [flags]",
            "  --model DIR           the dense checkpoint (a directory, or a repo id in the Hugging Face cache)\n"
            "  --out DIR             where the quantized checkpoint goes (must not exist, or be empty)\n"
-           "  --bits B              2, 3, 4, 5, 6 or 8 (default 4)\n"
+           "  --format affine|trellis  MLX affine (default) or trellis (QTIP bitshift trellis, 1MAD, L 12, blocks of\n"
+           "                        256; encoded by the CPU Viterbi): the layers' linears, embedding and head dense\n"
+           "  --bits B              affine: 2, 3, 4, 5, 6 or 8 (default 4); trellis: 2, 3 or 4 (default 2)\n"
+           "  --down-axis 0|1       trellis: the down projection coded along its outputs (0, stored transposed;\n"
+           "                        default) or its inputs (1); every other linear: axis 1\n"
+           "  --k-map M=K,...       trellis: bits per module, M a path or its last parts (down_proj=4)\n"
            "  --group-size G        32, 64 or 128 (default 64)\n"
            "  --recipe R            mlx-lm's mixed recipes: mixed_2_6, mixed_3_4, mixed_3_6, mixed_4_6 (low bits,\n"
            "                        high bits for lm_head and v_proj/down_proj in some layers)\n"

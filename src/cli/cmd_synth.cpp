@@ -1,5 +1,5 @@
-// `arbor synth --config FILE --out DIR [--dtype bf16] [--bits B --group-size G]`: a deterministic random
-// checkpoint, dense or MLX affine quantized.
+// `arbor synth --config FILE --out DIR [--dtype bf16] [--bits B --group-size G] [--format trellis]`: a
+// deterministic random checkpoint, dense, MLX affine quantized, or trellis-coded.
 #include <cstdio>
 
 #include "cli/args.h"
@@ -11,12 +11,13 @@
 #include "model/synth.h"
 #include "model/weights.h"
 #include "quant/affine_synth.h"
+#include "quant/trellis_convert.h"
 
 namespace arbor::cli {
 namespace {
 
 int cmd_synth(const std::vector<std::string>& args) {
-  Args a(args, {"config", "out", "dtype", "shard-gb", "bits", "group-size"}, {});
+  Args a(args, {"config", "out", "dtype", "shard-gb", "bits", "group-size", "format", "down-axis"}, {});
   auto cfg = a.get("config");
   auto out = a.get("out");
   if (!cfg || !out) fail("arguments: usage: arbor synth --config FILE --out DIR [--dtype bf16|f16|f32] [--shard-gb 4] [--bits B --group-size G]");
@@ -25,7 +26,36 @@ int cmd_synth(const std::vector<std::string>& args) {
   if (dt == DType::U8) fail("arguments: --dtype must be bf16, f16 or f32, got '{}'", d);
   double shard_gb = a.get_double("shard-gb", 4.0);
   json j = read_json_file(*cfg);
-  if (a.has("bits") || a.has("group-size")) {  // random MLX affine weights
+  const std::string format = a.get_or("format", a.has("bits") || a.has("group-size") ? "affine" : "dense");
+  if (format != "dense" && format != "affine" && format != "trellis") fail("arguments: --format must be dense, affine or trellis, got '{}'", format);
+  if (format == "trellis") {  // random trellis code words (every bit stream is a valid code) and scales
+    if (a.has("group-size")) fail("arguments: --group-size is for affine weights (trellis blocks are 256)");
+    ModelConfig c = parse_model_config(j, "synth config");
+    const ArchDescriptor& arch = find_arch(c);
+    apply_arch_defaults(c, arch);
+    quant::TrellisRecipe r;
+    r.bits = int(a.get_int("bits", 2));
+    r.down_axis = int(a.get_int("down-axis", 0));
+    r.down_suffix = arch.names.down;
+    for (const std::string& t : {arch.names.embed, arch.names.lm_head})
+      if (t.size() > 7) r.dense.insert(t.substr(0, t.size() - 7));
+    quant::check_trellis_recipe(r, "arguments: --bits/--down-axis");
+    std::vector<quant::TrellisSynthTensor> ts;
+    for (const TensorSpec& s : expected_tensors(c, arch)) ts.push_back({s.name, s.shape});
+    ThreadPool pool(0);
+    Progress prog("writing weights", 0);
+    const quant::TrellisSynthStats st = quant::write_trellis_synthetic_checkpoint(
+        j, ts, *out, dt, r, uint64_t(shard_gb * 1e9),
+        [&](const quant::TrellisSynthTensor& t, void* dst) { fill_dummy(TensorSpec{t.name, t.shape}, arch, dt, dst, &pool); },
+        [&](uint64_t n) { prog.advance(n); }, &pool);
+    prog.finish();
+    std::printf("wrote %s: %llu tensors (%llu modules trellis %d-bit, down axis %d), %.3f GB in %llu shard(s)\n", out->c_str(),
+                (unsigned long long)st.tensors, (unsigned long long)st.modules_coded, r.bits, r.down_axis, double(st.bytes) * 1e-9,
+                (unsigned long long)st.shards);
+    return 0;
+  }
+  if (a.has("down-axis")) fail("arguments: --down-axis is for --format trellis");
+  if (format == "affine") {  // random MLX affine weights
     const quant::AffineParams p{int(a.get_int("group-size", 64)), int(a.get_int("bits", 4))};
     quant::check_affine_params(p, "arguments: --bits/--group-size");
     ModelConfig c = parse_model_config(j, "synth config");
@@ -60,7 +90,10 @@ ARBOR_VERB("synth", "write a deterministic random checkpoint for a config (--con
            "  --shard-gb G          largest shard (default 4)\n"
            "  --bits B              MLX affine weights: random codes of B bits (2, 3, 4, 5, 6, 8) for every\n"
            "                        matrix whose rows divide into groups, scales/biases in --dtype\n"
-           "  --group-size G        their group size (32, 64, 128; default 64)\n",
+           "  --group-size G        their group size (32, 64, 128; default 64)\n"
+           "  --format F            dense, affine (the default with --bits) or trellis: random trellis code words\n"
+           "                        (k = --bits: 2, 3, 4; default 2) and f16 row scales for the layers' linears\n"
+           "  --down-axis 0|1       trellis: the down projection's axis (default 0; others 1)\n",
            cmd_synth);
 
 }  // namespace

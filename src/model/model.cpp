@@ -136,7 +136,7 @@ Model::Model(const LoadOptions& opt, Backend& backend) : backend_(backend) {
       ARBOR_CHECK(ti.shape == s.shape, "model: {}: tensor '{}' has shape [{}], {} expects [{}]", ti.file, s.name,
                   fmt::join(ti.shape, ", "), c.model_type, fmt::join(s.shape, ", "));
       ARBOR_CHECK(ti.dtype == DType::F32 || ti.dtype == DType::F16 || ti.dtype == DType::BF16 || ti.dtype == DType::U32,
-                  "model: {}: tensor '{}' has dtype {}; supported: F32, F16, BF16 (U32: affine codes)", ti.file, s.name,
+                  "model: {}: tensor '{}' has dtype {}; supported: F32, F16, BF16 (U32: affine or trellis codes)", ti.file, s.name,
                   dtype_name(ti.dtype));
       account(s.name, ti.dtype, ti.nbytes);
       return host_tensor(const_cast<uint8_t*>(ti.data), ti.dtype, s.shape);
@@ -144,6 +144,10 @@ Model::Model(const LoadOptions& opt, Backend& backend) : backend_(backend) {
     affine = quant::parse_affine_quant_config(read_json_file(cfg_path), cfg_path);
     quantized.affine = affine ? &*affine : nullptr;
     quantized.has = [&](const std::string& name) { return ckpt_->find(name) != nullptr; };
+    quantized.shape = [&](const std::string& name) {  // trellis: the stored layout (k = 3 axis 0 may be interleaved)
+      const TensorInfo* t = ckpt_->find(name);
+      return t ? t->shape : std::vector<int64_t>{};
+    };
   }
   // Parameters are weights, whatever their storage: a quantized matrix counts rows x cols, not its packed words.
   for (const TensorSpec& s : expected_tensors(c, a)) {

@@ -117,6 +117,33 @@ namespace {
 
 bool float_dtype(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
 
+Tensor get_bias(const WeightSlot& s, const std::function<Tensor(const TensorSpec&)>& get) {
+  Tensor b = get({s.name + ".bias", {s.rows}});
+  ARBOR_CHECK(float_dtype(b.dtype), "model: tensor '{}.bias' has dtype {}; supported: F32, F16, BF16", s.name, dtype_name(b.dtype));
+  return b;
+}
+
+// A trellis matrix: .weight U32 (axis 1 [out, in*k/32]; axis 0 [in, out*k/32], or k = 3 interleaved
+// [out/512, in, 48]) and .scales F16 [coded rows], checked by quant::trellis_geometry (errors name the tensor).
+Linear trellis_linear(const WeightSlot& s, const quant::TrellisConfig& tc, const std::function<Tensor(const TensorSpec&)>& get,
+                      const QuantizedSource& q) {
+  const std::string wname = s.name + ".weight", sname = s.name + ".scales";
+  ARBOR_CHECK(!q.has(s.name + ".biases"), "model: tensor '{}.biases' is in the checkpoint but config.json makes '{}' a trellis module "
+              "(a scale per coded row, no biases)", s.name, s.name);
+  const int64_t coded_rows = tc.axis == 1 ? s.rows : s.cols, coded_cols = tc.axis == 1 ? s.cols : s.rows;
+  std::vector<int64_t> wshape = {coded_rows, coded_cols * tc.bits / 32}, sshape = {coded_rows};
+  if (q.shape) wshape = q.shape(wname), sshape = q.shape(sname);
+  Linear l;
+  l.format = WeightFormat::Trellis, l.bits = tc.bits, l.group_size = tc.group_size, l.axis = tc.axis;
+  l.data = get({wname, wshape});
+  l.scales = get({sname, sshape});
+  quant::trellis_geometry(wname, tc, l.data, l.scales, s.rows, s.cols);
+  if (l.scales.ndim == 2) l.scales = Tensor(l.scales.data, l.scales.dtype, {coded_rows});
+  if (s.bias) l.bias = get_bias(s, get);
+  l.n_rows = s.rows, l.n_cols = s.cols;
+  return l;
+}
+
 // The host Linear of a matrix slot, from its tensors (dense: .weight [rows, cols]; affine: .weight U32
 // [rows, cols*bits/32], .scales and .biases [rows, cols/group]; .bias [rows]). The one place that reads a
 // matrix's tensors.
@@ -125,6 +152,7 @@ Linear host_linear(const WeightSlot& s, const std::function<Tensor(const TensorS
   Linear l;
   if (q.has && q.has(sname)) {
     ARBOR_CHECK(q.affine, "model: tensor '{}' is in the checkpoint but config.json has no quantization block", sname);
+    if (const std::optional<quant::TrellisConfig> tc = q.affine->trellis_for(s.name)) return trellis_linear(s, *tc, get, q);
     const std::optional<quant::AffineParams> p = q.affine->for_module(s.name);
     ARBOR_CHECK(p, "model: tensor '{}' is in the checkpoint but config.json's quantization keeps '{}' dense (false)", sname, s.name);
     quant::check_affine_params(*p, fmt::format("model: {}", sname));
@@ -142,10 +170,7 @@ Linear host_linear(const WeightSlot& s, const std::function<Tensor(const TensorS
     ARBOR_CHECK(float_dtype(l.data.dtype), "model: tensor '{}' has dtype {}; a dense matrix is F32, F16 or BF16 (there is no '{}')", wname,
                 dtype_name(l.data.dtype), sname);
   }
-  if (s.bias) {
-    l.bias = get({s.name + ".bias", {s.rows}});
-    ARBOR_CHECK(float_dtype(l.bias.dtype), "model: tensor '{}.bias' has dtype {}; supported: F32, F16, BF16", s.name, dtype_name(l.bias.dtype));
-  }
+  if (s.bias) l.bias = get_bias(s, get);
   l.n_rows = s.rows, l.n_cols = s.cols;
   return l;
 }
@@ -153,8 +178,8 @@ Linear host_linear(const WeightSlot& s, const std::function<Tensor(const TensorS
 // Rows [r0, r0 + n) of a host matrix (and of its per-row tensors), as a Linear of its own.
 Linear linear_rows(const Linear& l, int64_t r0, int64_t n) {
   if (r0 == 0 && n == l.rows()) return l;
-  ARBOR_CHECK(l.format == WeightFormat::Dense || l.format == WeightFormat::Affine,
-              "model: cannot split {} weights by rows", l.describe());
+  ARBOR_CHECK(l.format == WeightFormat::Dense || l.format == WeightFormat::Affine || (l.format == WeightFormat::Trellis && l.axis == 1),
+              "model: cannot split {} weights by rows (a fused matrix coded along its outputs)", l.describe());
   auto slice = [&](const Tensor& t) {
     if (t.empty()) return t;
     if (t.ndim == 1) return Tensor(static_cast<char*>(t.data) + r0 * int64_t(dtype_size(t.dtype)), t.dtype, {n});

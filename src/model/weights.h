@@ -69,9 +69,13 @@ std::vector<TensorSpec> expected_tensors(const ModelConfig& c, const ArchDescrip
 // What tells a checkpoint's MLX affine matrices from dense ones (formats.md §2): a matrix is affine when
 // `has(module + ".scales")` (as mlx-lm decides); its bits and group size are the config's for that module path.
 // `affine` is config.json's quantization block (null when it has none); `has` null means no matrix is affine.
+// Trellis matrices (formats.md §3) are those whose module the block makes trellis (AffineQuantConfig::trellis_for):
+// .weight U32 and .scales F16, no .biases; `shape(name)` gives a stored tensor's shape (the k = 3 axis-0
+// weight may be interleaved, 3-D); null: the plain layout.
 struct QuantizedSource {
   const quant::AffineQuantConfig* affine = nullptr;
   std::function<bool(const std::string&)> has;
+  std::function<std::vector<int64_t>(const std::string&)> shape;
 };
 
 // Binds named host tensors to slots. `get(spec)` returns the host tensor for a spec (the checkpoint's,

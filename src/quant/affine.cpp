@@ -157,10 +157,18 @@ std::optional<AffineParams> AffineQuantConfig::for_module(std::string_view path)
   return defaults;
 }
 
+std::optional<TrellisConfig> AffineQuantConfig::trellis_for(std::string_view path) const {
+  if (auto it = trellis.find(path); it != trellis.end()) return it->second;
+  if (modules.find(path) != modules.end()) return std::nullopt;
+  return trellis_default;
+}
+
 json AffineQuantConfig::to_json() const {
-  json j = {{"group_size", defaults.group_size}, {"bits", defaults.bits}, {"mode", "affine"}};
+  json j = trellis_default ? trellis_config_json(*trellis_default)
+                           : json{{"group_size", defaults.group_size}, {"bits", defaults.bits}, {"mode", "affine"}};
   for (const auto& [k, v] : modules)
     j[k] = v ? json{{"group_size", v->group_size}, {"bits", v->bits}, {"mode", "affine"}} : json(false);
+  for (const auto& [k, v] : trellis) j[k] = trellis_config_json(v);
   return j;
 }
 
@@ -199,12 +207,17 @@ std::optional<AffineQuantConfig> parse_affine_quant_config(const json& config, s
   if (auto m = q.find("quant_method"); m != q.end())
     fail("{}: quant_method {} is another format (arbor reads MLX affine blocks: group_size, bits, mode \"affine\")", at, m->dump());
   AffineQuantConfig c;
-  c.defaults = params_of(q, at);
+  if (is_trellis_entry(q)) c.trellis_default = parse_trellis_config(q, fmt::format("(default; {})", at));
+  else c.defaults = params_of(q, at);
   for (auto it = q.begin(); it != q.end(); ++it) {
     const std::string& k = it.key();
-    if (k == "group_size" || k == "bits" || k == "mode") continue;
+    if (k == "group_size" || k == "bits" || k == "mode" || (c.trellis_default && k == "trellis")) continue;
     const std::string mat = fmt::format("{}: module '{}'", at, k);
-    if (it->is_boolean()) {
+    if (is_trellis_entry(*it)) {
+      c.trellis[k] = parse_trellis_config(*it, k);
+    } else if (it->is_boolean() && it->get<bool>() && c.trellis_default) {
+      c.trellis[k] = *c.trellis_default;
+    } else if (it->is_boolean()) {
       c.modules[k] = it->get<bool>() ? std::optional<AffineParams>(c.defaults) : std::nullopt;
     } else if (it->is_object()) {
       c.modules[k] = params_of(*it, mat);

@@ -27,6 +27,7 @@
 
 #include "core/dtype.h"
 #include "core/json.h"
+#include "quant/trellis.h"
 
 namespace arbor {
 class ThreadPool;
@@ -110,12 +111,22 @@ struct AffineQuantConfig {
   // keeps it dense. (Whether a module is quantized at all is decided by its .scales tensor being present.)
   std::optional<AffineParams> for_module(std::string_view path) const;
   json to_json() const;  // {"group_size", "bits", "mode": "affine", module: {...} or false ...}
+
+  // Trellis modules (formats.md §3) in the same block: per-module entries with "mode": "trellis", and a block
+  // whose own mode is "trellis" (its group_size/bits/trellis are then the default for every module without an
+  // entry; `defaults` keeps its affine default and serves no module). trellis_for(path): the module's trellis
+  // entry, else nullopt when it has another entry, else trellis_default.
+  std::map<std::string, TrellisConfig, std::less<>> trellis;
+  std::optional<TrellisConfig> trellis_default;
+  std::optional<TrellisConfig> trellis_for(std::string_view path) const;
 };
 // Reads `quantization`, else `quantization_config` (mlx-lm writes both; a config holding both uses the
 // first), from a model config. nullopt when neither is present. Fails "<where>: quantization...: ..." naming
 // the key for: a block that is not an object, a missing or non-integer group_size/bits, unsupported values, a
 // mode other than "affine", a quant_method (another format's block: awq, gptq, fp8, ...), and a module entry
 // that is neither an object with group_size/bits nor a bool (true: the defaults, as mlx-lm's loader reads it).
+// Trellis entries (mode "trellis", the block's own or a module's) are read by parse_trellis_config, errors
+// naming the module.
 std::optional<AffineQuantConfig> parse_affine_quant_config(const json& config, std::string_view where);
 
 }  // namespace arbor::quant

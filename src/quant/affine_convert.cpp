@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -122,6 +123,7 @@ struct Item {
   std::string name;   // the source tensor
   bool quantize = false;
   AffineParams p;
+  std::optional<TrellisConfig> trellis;  // the trellis path: this matrix's coding
   DType dtype = DType::F32;  // output dtype of the dense tensor, or of scales and biases
 };
 
@@ -149,7 +151,8 @@ void convert_dense(const TensorInfo& t, DType to, std::vector<uint8_t>& out) {
 
 AffineConvertStats affine_convert_checkpoint(const AffineConvertOptions& o, const std::function<void(uint64_t)>& progress,
                                              ThreadPool* pool) {
-  check_affine_params(o.params, "quantize");
+  if (o.trellis) check_trellis_recipe(*o.trellis, "quantize");
+  else check_affine_params(o.params, "quantize");
   if (fs::exists(o.out_dir) && !(fs::is_directory(o.out_dir) && fs::is_empty(o.out_dir)))
     fail("quantize: {} already exists and is not an empty directory; name a new one", o.out_dir);
   if (fs::exists(o.out_dir) && fs::equivalent(o.out_dir, o.in_dir)) fail("quantize: --out is the input directory");
@@ -193,6 +196,7 @@ AffineConvertStats affine_convert_checkpoint(const AffineConvertOptions& o, cons
   quant["group_size"] = o.params.group_size;
   quant["bits"] = o.params.bits;
   quant["mode"] = "affine";
+  std::vector<std::pair<std::string, TrellisConfig>> trellis_modules;
   std::set<std::string> wanted;
   for (const auto& t : o.tensors) {
     wanted.insert(t.name);
@@ -206,7 +210,19 @@ AffineConvertStats affine_convert_checkpoint(const AffineConvertOptions& o, cons
     const bool weight = t.name.size() > 7 && t.name.compare(t.name.size() - 7, 7, ".weight") == 0;
     if (weight && src.shape.size() == 2 && is_float(src.dtype)) {
       const std::string module = t.name.substr(0, t.name.size() - 7);
-      if (src.shape[1] % o.params.group_size != 0) {
+      std::string why;
+      if (o.trellis) {
+        it.trellis = trellis_recipe_config(*o.trellis, module, src.shape[0], src.shape[1], &why);
+        if (it.trellis) {
+          it.quantize = true;
+          plan.push_back({module + ".weight", DType::U32, trellis_weight_shape(*it.trellis, src.shape[0], src.shape[1])});
+          plan.push_back({module + ".scales", DType::F16, trellis_scales_shape(*it.trellis, src.shape[0], src.shape[1])});
+          trellis_modules.emplace_back(module, *it.trellis);
+          st.modules_quantized++;
+        } else {
+          st.left_dense.push_back(fmt::format("{}: {}", t.name, why));
+        }
+      } else if (src.shape[1] % o.params.group_size != 0) {
         st.left_dense.push_back(fmt::format("{}: a row of {} values does not divide into groups of {}", t.name, src.shape[1],
                                             o.params.group_size));
       } else {
@@ -239,9 +255,31 @@ AffineConvertStats affine_convert_checkpoint(const AffineConvertOptions& o, cons
   std::vector<uint8_t> dense;
   std::vector<uint32_t> packed;
   std::vector<uint8_t> scales, biases;
+  std::vector<float> f32;
   for (const auto& it : items) {
     const TensorInfo& src = *it.src;
-    if (it.quantize) {
+    if (it.trellis) {
+      const std::string module = it.name.substr(0, it.name.size() - 7);
+      const int64_t out = src.shape[0], in = src.shape[1];
+      f32.resize(size_t(out * in));
+      for (int64_t i = 0; i < out * in; ++i) {
+        float x;
+        if (src.dtype == DType::F32) std::memcpy(&x, src.data + 4 * i, 4);
+        else {
+          uint16_t h;
+          std::memcpy(&h, src.data + 2 * i, 2);
+          x = src.dtype == DType::F16 ? f16_to_f32(h) : bf16_to_f32(h);
+        }
+        f32[size_t(i)] = x;
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      const TrellisEncoded e = trellis_encode_linear(it.name, f32.data(), out, in, it.trellis->bits, it.trellis->axis, pool, o.encode);
+      st.encode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      st.weights_encoded += uint64_t(out * in);
+      w.write(module + ".weight", e.words.data(), e.words.size() * 4);
+      w.write(module + ".scales", e.scales.data(), e.scales.size() * 2);
+      st.tensors_written += 2;
+    } else if (it.quantize) {
       const std::string module = it.name.substr(0, it.name.size() - 7);
       const AffineShape s{src.shape[0], src.shape[1], it.p};
       packed.assign(size_t(s.rows * s.words_per_row()), 0);
@@ -267,6 +305,7 @@ AffineConvertStats affine_convert_checkpoint(const AffineConvertOptions& o, cons
   // Give the buffers back before the next steps (they held the largest tensor).
   std::vector<uint32_t>().swap(packed);
   std::vector<uint8_t>().swap(dense);
+  std::vector<float>().swap(f32);
   w.finish();
   st.bytes_out = w.total_bytes();
   st.shards = w.shard_count();
@@ -286,6 +325,7 @@ AffineConvertStats affine_convert_checkpoint(const AffineConvertOptions& o, cons
     } catch (const ojson::parse_error&) {  // mlx-lm ignores a generation config it cannot parse
     }
   }
+  if (o.trellis) quant = ojson::parse(trellis_quant_block(o.trellis->bits, trellis_modules).dump());
   cfg["quantization"] = quant;
   cfg["quantization_config"] = quant;
   std::vector<std::string> keys;

@@ -12,6 +12,8 @@
 
 #include "core/dtype.h"
 #include "quant/affine.h"
+#include "quant/trellis_convert.h"
+#include "quant/trellis_encode.h"
 
 namespace arbor {
 class ThreadPool;
@@ -50,6 +52,11 @@ struct AffineConvertOptions {
   std::vector<Tensor> tensors;
   int num_layers = 0;                      // for the recipes
   uint64_t shard_bytes = uint64_t(5) << 30;  // mlx-lm's MAX_FILE_SIZE_GB
+  // Trellis instead of affine (formats.md §3): matrices the recipe codes are encoded by the CPU Viterbi
+  // (trellis_encode_linear, rows over the pool; f32 of the source values) into .weight U32 and .scales F16;
+  // the rest as in the affine path (dense, cast). `params` and `recipe` are then unused.
+  std::optional<TrellisRecipe> trellis;
+  TrellisEncodeOptions encode;
 };
 
 struct AffineConvertStats {
@@ -57,6 +64,8 @@ struct AffineConvertStats {
   std::vector<std::string> left_dense;  // matrices left dense, each with the reason
   std::vector<std::string> dropped;     // checkpoint tensors not written
   std::vector<std::string> copied_files;
+  uint64_t weights_encoded = 0;  // trellis: weights through the Viterbi, and the seconds it took
+  double encode_seconds = 0;
 };
 
 // Quantizes in_dir into out_dir (created; it must not exist or be empty). A tensor is quantized when its name

@@ -79,6 +79,11 @@ TrellisConfig parse_trellis_config(const json& entry, const std::string& module)
   return c;
 }
 
+json trellis_config_json(const TrellisConfig& c) {
+  return json{{"mode", "trellis"}, {"bits", c.bits}, {"group_size", c.group_size},
+              {"trellis", {{"L", c.L}, {"code", "1mad"}, {"axis", c.axis}}}};
+}
+
 TrellisGeometry trellis_geometry(const std::string& name, const TrellisConfig& cfg, const Tensor& weight,
                                  const Tensor& scales, int64_t expect_out, int64_t expect_in) {
   TrellisGeometry g;

@@ -70,6 +70,7 @@ struct TrellisConfig {
 bool is_trellis_entry(const json& entry);  // an object whose "mode" is "trellis"
 // Errors name the module: "trellis: module 'model.layers.0.mlp.down_proj': bits 5 (supported: 2, 3, 4)".
 TrellisConfig parse_trellis_config(const json& entry, const std::string& module);
+json trellis_config_json(const TrellisConfig& c);  // the entry parse_trellis_config reads back
 
 // A trellis tensor pair, checked. The stored matrix is [rows, cols], coded along cols in blocks of T.
 struct TrellisGeometry {

@@ -59,7 +59,8 @@ TEST(CpuBackendLinear, FormatsWithoutKernelsFailNamingWhatIsSupported) {
   CpuBackend be(1, WeightPlacement::Copy);
   std::vector<uint32_t> codes(64 * 8);
   Linear q;
-  q.format = WeightFormat::Trellis, q.n_rows = 64, q.n_cols = 64, q.bits = 2;
+  // Trellis at 5 bits (the CPU runs 2, 3 and 4).
+  q.format = WeightFormat::Trellis, q.n_rows = 64, q.n_cols = 64, q.bits = 5, q.group_size = 256;
   q.data = Tensor(codes.data(), DType::U32, {64, 8});
   for (int64_t rows : {1, 64}) {
     try {
@@ -67,9 +68,10 @@ TEST(CpuBackendLinear, FormatsWithoutKernelsFailNamingWhatIsSupported) {
       FAIL() << "trellis weights picked a kernel at " << rows << " rows";
     } catch (const Error& e) {
       const std::string m = e.what();
-      EXPECT_NE(m.find("trellis 2-bit [64, 64]"), std::string::npos) << m;
+      EXPECT_NE(m.find("trellis 5-bit axis 1 [64, 64]"), std::string::npos) << m;
       EXPECT_NE(m.find("supported: dense F32/F16/BF16"), std::string::npos) << m;
       EXPECT_NE(m.find("affine 2/3/4/5/6/8-bit"), std::string::npos) << m;
+      EXPECT_NE(m.find("trellis 2/3/4-bit"), std::string::npos) << m;
     }
   }
   EXPECT_THROW(be.load_linear(q), Error);

@@ -14,8 +14,10 @@
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/linear.h"
 #include "backend/cpu/linear_affine.h"
+#include "backend/cpu/linear_trellis.h"
 #include "backend/cpu/vec.h"
 #include "core/error.h"
+#include "quant/trellis.h"
 
 namespace arbor {
 
@@ -116,6 +118,13 @@ void affine_bf16_linear(ThreadPool& pool, const Tensor& x, const Linear& l, Tens
                      cpu::GemmMode::Bf16);
 }
 
+// Trellis weights at any row count: cpu/linear_trellis (GEMV up to kLinearGemvMaxT rows, then the tiled
+// path; AVX-512 or AVX2, else the reference). load_linear made the words plain and the scales f32.
+void trellis_linear(ThreadPool& pool, const Tensor& x, const Linear& l, Tensor y) {
+  const cpu::TrellisWeights w{l.data.as<uint32_t>(), l.scales.as<float>(), l.bits, l.axis, l.rows(), l.cols()};
+  cpu::linear_trellis(pool, x.as<float>(), x.rows(), w, l.bias.empty() ? nullptr : l.bias.as<float>(), y.as<float>());
+}
+
 bool affine_bits(int bits) { return bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8; }
 bool affine_group(int g) { return g == 32 || g == 64 || g == 128; }
 
@@ -128,12 +137,14 @@ struct LinearKernelEntry {
 constexpr LinearKernelEntry kLinearKernels[] = {
     {WeightFormat::Dense, 0, INT64_MAX, "dense F32/F16/BF16 at any rows", dense_linear},
     {WeightFormat::Affine, 0, INT64_MAX, "affine 2/3/4/5/6/8-bit g32/64/128 at any rows (fused GEMV to 8 rows, GEMM above)", affine_linear},
+    {WeightFormat::Trellis, 0, INT64_MAX, "trellis 2/3/4-bit (1MAD, L 12, blocks of 256) axis 0/1 at any rows", trellis_linear},
 };
 
 // The format's own constraints beyond the table's (dtype of dense weights, bits and group of affine ones).
 bool variant_supported(const Linear& l) {
   if (l.format == WeightFormat::Dense) return dense_dtype(l.data.dtype);
   if (l.format == WeightFormat::Affine) return affine_bits(l.bits) && affine_group(l.group_size);
+  if (l.format == WeightFormat::Trellis) return l.bits >= 2 && l.bits <= 4 && l.group_size == 256 && (l.axis == 0 || l.axis == 1);
   return true;
 }
 
@@ -185,6 +196,27 @@ Linear CpuBackend::load_linear(const Linear& host) {
     l.data = load_weight(host.data);
     l.scales = load_weight(host.scales);
     l.biases = load_weight(host.biases);
+  } else if (host.format == WeightFormat::Trellis) {
+    // Words in the plain layout [coded rows, words per row] (the interleaved k = 3 axis-0 layout is
+    // de-interleaved into memory of our own); scales f32 [coded rows].
+    const int64_t coded_rows = host.axis == 1 ? host.rows() : host.cols(), coded_cols = host.axis == 1 ? host.cols() : host.rows();
+    const int64_t wpr = coded_cols * host.bits / 32;
+    ARBOR_CHECK(coded_cols % 256 == 0, "cpu: {}: the coded dimension {} is not a multiple of 256", host.describe(), coded_cols);
+    ARBOR_CHECK(host.data.dtype == DType::U32 && host.data.numel() == coded_rows * wpr, "cpu: {}: words must be U32 [{}, {}], got {} {}",
+                host.describe(), coded_rows, wpr, dtype_name(host.data.dtype), host.data.shape_str());
+    if (host.data.ndim == 3) {
+      const std::vector<uint32_t> plain = quant::trellis_deinterleave_k3(host.data.as<const uint32_t>(), coded_rows, coded_cols);
+      l.data = Tensor(own(plain.size() * 4, true), DType::U32, {coded_rows, wpr});
+      std::memcpy(l.data.data, plain.data(), plain.size() * 4);
+    } else {
+      ARBOR_CHECK(host.data.ndim == 2 && host.data.shape[0] == coded_rows, "cpu: {}: words must be U32 [{}, {}], got {}", host.describe(),
+                  coded_rows, wpr, host.data.shape_str());
+      l.data = load_weight(host.data);
+    }
+    ARBOR_CHECK(host.scales.numel() == coded_rows && dense_dtype(host.scales.dtype), "cpu: {}: scales must be [{}] F16/F32/BF16, got {} {}",
+                host.describe(), coded_rows, dtype_name(host.scales.dtype), host.scales.shape_str());
+    l.scales = Tensor(own(size_t(coded_rows) * 4, false), DType::F32, {coded_rows});
+    for (int64_t i = 0; i < coded_rows; ++i) l.scales.as<float>()[i] = load_elem(host.scales, i);
   } else {
     l.data = load_weight(host.data);
   }

@@ -1,0 +1,145 @@
+// `arbor quantize --format trellis`: a small generated Llama checkpoint trellis-coded (k = 3, the down
+// projection k = 4 by --k-map, on axis 0 and on axis 1), every coded tensor decoded here by an independent
+// reading of formats.md §3 (the bit window, the 1MAD code, the row scale, axis 0 transposed) and compared
+// with the source weights (relative MSE within the encoder's distortion for k); the config entries, the
+// encoder's weights-per-second report, `arbor inspect`, `synth --format trellis` writing the same layout,
+// the checkpoint running (`arbor bench`), and the errors.
+import test from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { spawnSync, execFileSync } from 'node:child_process';
+import { ARBOR, deadline } from './lib.mjs';
+
+deadline(300000);
+const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'arbor-quantize-trellis-'));
+process.on('exit', () => fs.rmSync(dir, { recursive: true, force: true }));
+
+// 2 layers, hidden 256, MLP 512 (the down projection codes 256 outputs on axis 0, 512 inputs on axis 1).
+const config = {
+  architectures: ['LlamaForCausalLM'], model_type: 'llama', vocab_size: 384, hidden_size: 256, intermediate_size: 512,
+  num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 64, max_position_embeddings: 512,
+  rms_norm_eps: 1e-6, rope_theta: 10000.0, tie_word_embeddings: false, torch_dtype: 'bfloat16',
+};
+const cfgFile = path.join(dir, 'config.json');
+fs.writeFileSync(cfgFile, JSON.stringify(config));
+const src = path.join(dir, 'in');
+execFileSync(ARBOR, ['synth', '--config', cfgFile, '--out', src, '--dtype', 'bf16'], { stdio: 'pipe' });
+
+// name -> {dtype, shape, data: Buffer} over a checkpoint's safetensors files.
+function tensors(d) {
+  const out = {};
+  for (const f of fs.readdirSync(d).filter((x) => x.endsWith('.safetensors'))) {
+    const buf = fs.readFileSync(path.join(d, f));
+    const n = Number(buf.readBigUInt64LE(0));
+    const h = JSON.parse(buf.subarray(8, 8 + n).toString('utf8'));
+    for (const [k, v] of Object.entries(h)) {
+      if (k === '__metadata__') continue;
+      out[k] = { dtype: v.dtype, shape: v.shape, data: buf.subarray(8 + n + v.data_offsets[0], 8 + n + v.data_offsets[1]) };
+    }
+  }
+  return out;
+}
+
+const bf16 = (buf, i) => { const b = Buffer.alloc(4); b.writeUInt16LE(buf.readUInt16LE(2 * i), 2); return b.readFloatLE(0); };
+function f16(h) {
+  const s = h >> 15 ? -1 : 1, e = (h >> 10) & 31, m = h & 1023;
+  if (e === 0) return s * m * 2 ** -24;
+  return s * (1 + m / 1024) * 2 ** (e - 15);
+}
+
+// formats.md §3, read independently: weight t of a 256-weight block is the 12-bit window at bit (255 - t)*k
+// (wrapping to the block's start), state -> byte sum of (state*34038481 + 76625530) mod 2^32, minus 510,
+// over 147.800537109375, times the row's f16 scale. Returns W [out, in] (axis 0: stored [in, out]).
+function decode(words, scales, k, axis, out, inDim) {
+  const rows = axis === 1 ? out : inDim, cols = axis === 1 ? inDim : out, wpb = 256 * k / 32, wpr = cols / 256 * wpb;
+  const W = new Float64Array(out * inDim);
+  for (let r = 0; r < rows; ++r) {
+    const scale = f16(scales.readUInt16LE(2 * r));
+    for (let b = 0; b < cols / 256; ++b) {
+      const base = r * wpr + b * wpb;
+      const bit = (i) => (words.readUInt32LE(4 * (base + ((i >> 5) % wpb))) >>> (i & 31)) & 1;
+      for (let t = 0; t < 256; ++t) {
+        let state = 0;
+        for (let j = 0; j < 12; ++j) state |= bit(((255 - t) * k + j) % (256 * k)) << j;
+        const x = (Math.imul(state, 34038481) + 76625530) >>> 0;
+        const y = (x & 255) + ((x >>> 8) & 255) + ((x >>> 16) & 255) + (x >>> 24) - 510;
+        const v = (y / 147.800537109375) * scale;
+        const c = b * 256 + t;
+        if (axis === 1) W[r * inDim + c] = v; else W[c * inDim + r] = v;
+      }
+    }
+  }
+  return W;
+}
+
+test('quantize --format trellis: every coded tensor decodes close to its source, entries and report', () => {
+  const out = path.join(dir, 'q');
+  const r = spawnSync(ARBOR, ['quantize', '--model', src, '--out', out, '--format', 'trellis', '--bits', '3', '--k-map', 'down_proj=4',
+    '--threads', '2'], { encoding: 'utf8' });
+  assert.equal(r.status, 0, r.stderr);
+  assert.match(r.stdout, /14 modules trellis-coded \(k=3, down axis 0, k-map down_proj=4\)/);
+  assert.match(r.stdout, /encoder: 1179648 weights in [0-9.]+ s, [0-9.e+]+ weights\/s/);
+  const cfg = JSON.parse(fs.readFileSync(path.join(out, 'config.json'), 'utf8'));
+  const q = cfg.quantization;
+  assert.deepEqual(cfg.quantization_config, q);
+  assert.equal(q.mode, 'trellis');
+  assert.deepEqual(q['model.layers.1.mlp.down_proj'], { mode: 'trellis', bits: 4, group_size: 256, trellis: { L: 12, code: '1mad', axis: 0 } });
+  assert.deepEqual(q['model.layers.0.self_attn.q_proj'], { mode: 'trellis', bits: 3, group_size: 256, trellis: { L: 12, code: '1mad', axis: 1 } });
+  assert.ok(!('model.embed_tokens' in q) && !('lm_head' in q));
+  const tin = tensors(src), tq = tensors(out);
+  assert.ok(!('model.embed_tokens.scales' in tq) && tq['lm_head.weight'].dtype === 'BF16', 'embedding and head dense');
+  for (const [name, t] of Object.entries(tin)) {
+    const m = name.slice(0, -'.weight'.length);
+    if (!(m in q)) continue;
+    const { bits: k, trellis: { axis } } = q[m];
+    const [o, i] = t.shape;
+    assert.deepEqual(tq[`${m}.weight`].shape, axis === 1 ? [o, i * k / 32] : [i, o * k / 32], m);
+    assert.equal(tq[`${m}.weight`].dtype, 'U32');
+    assert.deepEqual(tq[`${m}.scales`], { ...tq[`${m}.scales`], dtype: 'F16', shape: [axis === 1 ? o : i] });
+    const W = decode(tq[`${m}.weight`].data, tq[`${m}.scales`].data, k, axis, o, i);
+    let err = 0, ref = 0;
+    for (let j = 0; j < o * i; ++j) { const s = bf16(t.data, j); err += (W[j] - s) ** 2; ref += s * s; }
+    assert.ok(err / ref < (k === 3 ? 0.04 : 0.012), `${m}: relative MSE ${err / ref} at k=${k}`);
+    assert.ok(err / ref > 1e-4, `${m}: suspiciously exact (${err / ref})`);
+  }
+});
+
+test('down projection on axis 1; synth --format trellis writes the same layout; inspect and bench run it', () => {
+  const out = path.join(dir, 'q1');
+  const r = spawnSync(ARBOR, ['quantize', '--model', src, '--out', out, '--format', 'trellis', '--bits', '2', '--down-axis', '1'], { encoding: 'utf8' });
+  assert.equal(r.status, 0, r.stderr);
+  const q = JSON.parse(fs.readFileSync(path.join(out, 'config.json'), 'utf8')).quantization;
+  assert.equal(q['model.layers.0.mlp.down_proj'].trellis.axis, 1);
+  const syn = path.join(dir, 'syn');
+  const s = spawnSync(ARBOR, ['synth', '--config', cfgFile, '--out', syn, '--format', 'trellis', '--bits', '2', '--down-axis', '1'], { encoding: 'utf8' });
+  assert.equal(s.status, 0, s.stderr);
+  const shapes = (d) => Object.fromEntries(Object.entries(tensors(d)).map(([k, v]) => [k, [v.dtype, v.shape]]));
+  assert.deepEqual(shapes(syn), shapes(out));
+  const ins = spawnSync(ARBOR, ['inspect', out], { encoding: 'utf8' });
+  assert.equal(ins.status, 0, ins.stderr);
+  assert.match(ins.stdout, /trellis +down_proj: 2-bit axis 1 x2, \d+ bytes/);
+  assert.match(ins.stdout, /trellis +q_proj: 2-bit axis 1 x2, 33792 bytes/);  // 2 x (256 x 16 words x 4 + 256 x 2)
+  for (const d of [out, syn]) {
+    const b = spawnSync(ARBOR, ['bench', '--model', d, '--threads', '2', '--prompt-tokens', '16', '--chunk', '16', '--decode-tokens', '4', '--reps', '1'],
+      { encoding: 'utf8' });
+    assert.equal(b.status, 0, b.stderr);
+    assert.match(b.stdout, /tok\/s/);
+  }
+});
+
+test('errors name the problem', () => {
+  const bad = (args, re) => {
+    const r = spawnSync(ARBOR, ['quantize', '--model', src, '--out', path.join(dir, 'never'), '--format', 'trellis', ...args], { encoding: 'utf8' });
+    assert.notEqual(r.status, 0, r.stdout);
+    assert.match(r.stderr, re);
+  };
+  bad(['--bits', '5'], /trellis bits 5 \(supported: 2, 3, 4\)/);
+  bad(['--group-size', '64'], /--group-size is for --format affine/);
+  bad(['--k-map', 'down_proj=7'], /--k-map: 'down_proj=7': k must be 2, 3 or 4/);
+  bad(['--down-axis', '2'], /down axis 2 \(0 or 1\)/);
+  const r = spawnSync(ARBOR, ['quantize', '--model', src, '--out', path.join(dir, 'never'), '--k-map', 'down_proj=4'], { encoding: 'utf8' });
+  assert.match(r.stderr, /--k-map is for --format trellis/);
+  assert.ok(!fs.existsSync(path.join(dir, 'never')));
+});

@@ -1,0 +1,370 @@
+// Trellis checkpoints through the whole model on the CPU: a synthetic trellis checkpoint (arbor synth
+// --format trellis: random code words, k = 2/3/4, down projection on axis 0 or 1) gives the logits of a
+// dense f32 checkpoint holding its decoded weights (quant::trellis_decode_linear); so does one mixing
+// trellis (k 2 and 4 by module, the interleaved k = 3 axis-0 layout), affine and dense modules; a
+// checkpoint written by the quantize path (the CPU Viterbi) holds exactly what the encoder chose, loads
+// and runs; the loader's errors name the tensor.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "engine/generate.h"
+#include "io/safetensors.h"
+#include "model/synth.h"
+#include "model/weights.h"
+#include "quant/affine.h"
+#include "quant/affine_convert.h"
+#include "quant/trellis.h"
+#include "quant/trellis_convert.h"
+#include "quant/trellis_encode.h"
+#include "../test_util.h"
+
+using namespace arbor;
+namespace fs = std::filesystem;
+
+namespace {
+
+// hidden 512 (two k = 3 blocks for the interleaved down projection), q_dim 512, kv_dim 256, ffn 768.
+json small_llama() {
+  return json{{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}}, {"vocab_size", 97}, {"hidden_size", 512},
+              {"intermediate_size", 768}, {"num_hidden_layers", 2}, {"num_attention_heads", 8}, {"num_key_value_heads", 4},
+              {"rms_norm_eps", 1e-5}, {"max_position_embeddings", 128}, {"tie_word_embeddings", false}, {"torch_dtype", "bfloat16"}};
+}
+
+std::string temp_dir(const std::string& name) {
+  fs::path p = fs::path(testing::TempDir()) / ("arbor_trellis_model_test_" + name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+std::vector<std::string> shard_files(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".safetensors") out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool ends_with(const std::string& s, const char* suffix) {
+  const size_t n = strlen(suffix);
+  return s.size() > n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
+// All tensors of a checkpoint, copied (so the files may be rewritten).
+struct Tensors {
+  std::map<std::string, TensorInfo> info;
+  std::map<std::string, std::string> bytes;
+  explicit Tensors(const std::string& dir) {
+    for (const std::string& f : shard_files(dir)) {
+      SafetensorsFile sf(f);
+      for (const auto& t : sf.tensors()) {
+        bytes[t.name] = std::string(reinterpret_cast<const char*>(t.data), t.nbytes);
+        info[t.name] = t;
+        info[t.name].data = nullptr;
+      }
+    }
+  }
+  const uint8_t* data(const std::string& n) const { return reinterpret_cast<const uint8_t*>(bytes.at(n).data()); }
+};
+
+// A stored trellis pair as a Tensor view (the loader's geometry check runs on it).
+Tensor view(const Tensors& ts, const std::string& n) {
+  const TensorInfo& t = ts.info.at(n);
+  Tensor v(const_cast<uint8_t*>(ts.data(n)), t.dtype, {});
+  v.ndim = int(t.shape.size());
+  for (size_t i = 0; i < t.shape.size(); ++i) v.shape[i] = t.shape[i];
+  return v;
+}
+
+// The dense checkpoint of a quantized one: trellis and affine matrices decoded to f32 (the format references),
+// every other tensor as it is; config.json without the quantization blocks. Returns the matrices decoded.
+int write_decoded(const std::string& qdir, const std::string& ddir) {
+  json cfg = read_json_file(qdir + "/config.json");
+  const std::optional<quant::AffineQuantConfig> qc = quant::parse_affine_quant_config(cfg, "config.json");
+  EXPECT_TRUE(qc.has_value());
+  cfg.erase("quantization"), cfg.erase("quantization_config");
+  std::ofstream(ddir + "/config.json") << cfg.dump(2);
+  ModelConfig c = parse_model_config(cfg, "config");
+  const ArchDescriptor& a = find_arch(c);
+  apply_arch_defaults(c, a);
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const TensorSpec& s : expected_tensors(c, a)) shapes[s.name] = s.shape;
+  const Tensors ts(qdir);
+  std::vector<TensorToWrite> out;
+  std::vector<std::vector<float>> owned;
+  owned.reserve(ts.info.size());
+  int n = 0;
+  for (const auto& [name, t] : ts.info) {
+    if (ends_with(name, ".scales") || ends_with(name, ".biases")) continue;
+    const std::string module = ends_with(name, ".weight") ? name.substr(0, name.size() - 7) : "";
+    if (!module.empty() && ts.info.count(module + ".scales")) {
+      const std::vector<int64_t>& shape = shapes.at(name);
+      if (const auto tc = qc->trellis_for(module)) {
+        const quant::TrellisGeometry g = quant::trellis_geometry(name, *tc, view(ts, name), view(ts, module + ".scales"), shape[0], shape[1]);
+        owned.push_back(quant::trellis_decode_linear(g, view(ts, name), view(ts, module + ".scales")));
+      } else {
+        const quant::AffineParams p = *qc->for_module(module);
+        const quant::AffineShape sh = quant::affine_shape(shape[0], shape[1], p, module);
+        const TensorInfo& s = ts.info.at(module + ".scales");
+        owned.emplace_back(size_t(shape[0] * shape[1]));
+        quant::affine_dequantize(reinterpret_cast<const uint32_t*>(ts.data(name)), ts.data(module + ".scales"), ts.data(module + ".biases"),
+                                 s.dtype, sh, owned.back().data());
+      }
+      out.push_back({name, DType::F32, shape, owned.back().data(), owned.back().size() * 4});
+      ++n;
+    } else {
+      out.push_back({name, t.dtype, t.shape, ts.data(name), t.nbytes});
+    }
+  }
+  write_safetensors(ddir + "/model.safetensors", out, json{{"format", "pt"}});
+  return n;
+}
+
+// Greedy generation on both, every step's logits kept: the ids equal and the logits within 1e-4 of max|ref|.
+void expect_same_logits(const std::string& qdir, const std::string& ddir) {
+  CpuBackend bq(2, WeightPlacement::Copy), bd(2, WeightPlacement::Mapped);
+  LoadOptions oq, od;
+  oq.model_dir = qdir, od.model_dir = ddir;
+  Model mq(oq, bq), md(od, bd);
+  BlockPool pq(bq.kv_layout().n_blocks, 16), pd(bd.kv_layout().n_blocks, 16);
+  GenerateRequest req;
+  req.prompt = {1, 5, 9, 77, 3, 96, 0, 41, 12, 8, 60};  // 11 tokens: the prompt takes the tiled paths
+  req.max_tokens = 6;
+  req.keep_logits = true;
+  const GenerateResult rq = generate(mq, pq, req), rd = generate(md, pd, req);
+  EXPECT_EQ(rq.tokens, rd.tokens);
+  ASSERT_EQ(rq.logits.size(), rd.logits.size());
+  ASSERT_FALSE(rd.logits.empty());
+  float worst = 0, scale = 0;
+  for (size_t i = 0; i < rd.logits.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(rq.logits[i]));
+    worst = std::max(worst, std::fabs(rq.logits[i] - rd.logits[i])), scale = std::max(scale, std::fabs(rd.logits[i]));
+  }
+  EXPECT_GT(scale, 0.0f);
+  EXPECT_LE(worst, 1e-4f * scale) << "worst " << worst << " of max " << scale;
+}
+
+quant::TrellisRecipe recipe(int bits, int down_axis) {
+  quant::TrellisRecipe r;
+  r.bits = bits, r.down_axis = down_axis;
+  r.dense = {"model.embed_tokens", "lm_head"};
+  return r;
+}
+
+void synth_trellis(const json& cfg, const std::string& dir, const quant::TrellisRecipe& r) {
+  ModelConfig c = parse_model_config(cfg, "test config");
+  const ArchDescriptor& a = find_arch(c);
+  apply_arch_defaults(c, a);
+  std::vector<quant::TrellisSynthTensor> ts;
+  for (const TensorSpec& s : expected_tensors(c, a)) ts.push_back({s.name, s.shape});
+  quant::write_trellis_synthetic_checkpoint(cfg, ts, dir, DType::BF16, r, uint64_t(1) << 30, [&](const quant::TrellisSynthTensor& t, void* dst) {
+    fill_dummy(TensorSpec{t.name, t.shape}, a, DType::BF16, dst);
+  });
+}
+
+TEST(TrellisModel, SynthCheckpointMatchesItsDecodedWeights) {
+  for (int k : {2, 3, 4})
+    for (int down_axis : {0, 1}) {
+      if (k != 3 && down_axis == 1) continue;
+      SCOPED_TRACE("k=" + std::to_string(k) + " down axis " + std::to_string(down_axis));
+      const std::string tag = std::to_string(k) + "_" + std::to_string(down_axis);
+      const std::string q = temp_dir("synth" + tag), d = temp_dir("synth_dense" + tag);
+      synth_trellis(small_llama(), q, recipe(k, down_axis));
+      const json qc = read_json_file(q + "/config.json")["quantization"];
+      EXPECT_EQ(qc["model.layers.1.mlp.down_proj"]["trellis"]["axis"], down_axis);
+      EXPECT_EQ(qc["model.layers.1.mlp.up_proj"]["trellis"]["axis"], 1);
+      EXPECT_EQ(qc["model.layers.0.self_attn.q_proj"]["bits"], k);
+      EXPECT_FALSE(qc.contains("lm_head"));
+      EXPECT_EQ(write_decoded(q, d), 2 * 7);
+      expect_same_logits(q, d);
+    }
+}
+
+// Trellis k = 2 and 4 (--k-map), the interleaved k = 3 axis-0 layout, an affine module and dense ones in one
+// checkpoint.
+TEST(TrellisModel, MixedTrellisAffineDenseCheckpointMatches) {
+  const std::string q = temp_dir("mixed"), d = temp_dir("mixed_dense");
+  quant::TrellisRecipe r = recipe(2, 0);
+  r.k_map = quant::parse_trellis_k_map("down_proj=3,model.layers.1.self_attn.o_proj=4");
+  synth_trellis(small_llama(), q, r);
+  json cfg = read_json_file(q + "/config.json");
+  EXPECT_EQ(cfg["quantization"]["model.layers.1.self_attn.o_proj"]["bits"], 4);
+  EXPECT_EQ(cfg["quantization"]["model.layers.1.self_attn.q_proj"]["bits"], 2);
+  EXPECT_EQ(cfg["quantization"]["model.layers.0.mlp.down_proj"]["bits"], 3);
+  Tensors ts(q);
+  std::vector<TensorToWrite> out;
+  std::vector<std::vector<uint32_t>> words;
+  std::vector<std::vector<uint8_t>> bytes;
+  words.reserve(8), bytes.reserve(8);
+  // Layer 0's down projection interleaved ([out/512, in, 48]); layer 1's gate projection MLX affine 4-bit g64
+  // from its decoded weights; layer 0's up projection dense f32.
+  const std::string down = "model.layers.0.mlp.down_proj", gate = "model.layers.1.mlp.gate_proj", up = "model.layers.0.mlp.up_proj";
+  for (const auto& [name, t] : ts.info) {
+    if (name == down + ".weight") {
+      words.push_back(quant::trellis_interleave_k3(reinterpret_cast<const uint32_t*>(ts.data(name)), 768, 512));
+      out.push_back({name, DType::U32, {1, 768, 48}, words.back().data(), words.back().size() * 4});
+    } else if (name == gate + ".weight" || name == up + ".weight") {
+      const auto tc = quant::parse_affine_quant_config(cfg, "c")->trellis_for(name.substr(0, name.size() - 7));
+      ASSERT_TRUE(tc);
+      const std::string m = name.substr(0, name.size() - 7);
+      const quant::TrellisGeometry g = quant::trellis_geometry(name, *tc, view(ts, name), view(ts, m + ".scales"), 768, 512);
+      const std::vector<float> w = quant::trellis_decode_linear(g, view(ts, name), view(ts, m + ".scales"));
+      if (name == up + ".weight") {
+        bytes.emplace_back(w.size() * 4);
+        std::memcpy(bytes.back().data(), w.data(), w.size() * 4);
+        out.push_back({name, DType::F32, {768, 512}, bytes.back().data(), bytes.back().size()});
+        cfg["quantization"].erase(m), cfg["quantization_config"].erase(m);
+        continue;
+      }
+      const quant::AffineShape sh{768, 512, {64, 4}};
+      words.emplace_back(size_t(768 * 512 * 4 / 32));
+      bytes.emplace_back(size_t(768 * 8 * 2)), bytes.emplace_back(size_t(768 * 8 * 2));
+      uint8_t* s = bytes[bytes.size() - 2].data();
+      uint8_t* b = bytes.back().data();
+      quant::affine_quantize(w.data(), DType::F32, sh, words.back().data(), s, b, DType::BF16, "test");
+      out.push_back({name, DType::U32, {768, 64}, words.back().data(), words.back().size() * 4});
+      out.push_back({m + ".scales", DType::BF16, {768, 8}, s, 768 * 8 * 2});
+      out.push_back({m + ".biases", DType::BF16, {768, 8}, b, 768 * 8 * 2});
+      cfg["quantization"][m] = cfg["quantization_config"][m] = json{{"group_size", 64}, {"bits", 4}, {"mode", "affine"}};
+    } else if (name == gate + ".scales" || name == up + ".scales") {
+      continue;
+    } else {
+      out.push_back({name, t.dtype, t.shape, ts.data(name), t.nbytes});
+    }
+  }
+  for (const std::string& f : shard_files(q)) fs::remove(f);
+  fs::remove(q + "/model.safetensors.index.json");
+  write_safetensors(q + "/model.safetensors", out, json{{"format", "mlx"}});
+  std::ofstream(q + "/config.json") << cfg.dump(2);
+  EXPECT_EQ(write_decoded(q, d), 2 * 7 - 1);
+  expect_same_logits(q, d);
+}
+
+// The quantize path: a dense checkpoint through the CPU Viterbi. The file holds what the encoder chooses (the
+// same encode, run again here, gives the same words and scales), and the checkpoint runs like its decoded weights.
+TEST(TrellisModel, QuantizedCheckpointHoldsTheEncodersChoiceAndRuns) {
+  const std::string src = temp_dir("quant_src"), q = temp_dir("quant_q"), d = temp_dir("quant_dense");
+  json cfg = small_llama();  // one layer, hidden 256, ffn 512 (the CPU Viterbi is the slow part)
+  cfg["num_hidden_layers"] = 1, cfg["hidden_size"] = 256, cfg["intermediate_size"] = 512;
+  cfg["num_attention_heads"] = 4, cfg["num_key_value_heads"] = 2;
+  write_synthetic_checkpoint(cfg, src, DType::BF16);
+  ModelConfig c = parse_model_config(cfg, "test config");
+  const ArchDescriptor& a = find_arch(c);
+  apply_arch_defaults(c, a);
+  quant::AffineConvertOptions o;
+  o.in_dir = src, o.out_dir = q + "/out";
+  quant::TrellisRecipe r = recipe(2, 0);
+  r.k_map = {{"v_proj", 4}, {"down_proj", 3}};
+  o.trellis = r;
+  for (const TensorSpec& s : expected_tensors(c, a)) o.tensors.push_back({s.name, s.shape});
+  ThreadPool pool(2);
+  const quant::AffineConvertStats st = quant::affine_convert_checkpoint(o, nullptr, &pool);
+  EXPECT_EQ(st.modules_quantized, 7u);
+  EXPECT_EQ(st.weights_encoded, uint64_t(256 * 256 * 2 + 128 * 256 * 2 + 512 * 256 * 3));
+  const json qc = read_json_file(q + "/out/config.json")["quantization"];
+  EXPECT_EQ(qc["mode"], "trellis");
+  EXPECT_EQ(qc["model.layers.0.mlp.down_proj"]["trellis"]["axis"], 0);
+  EXPECT_EQ(qc["model.layers.0.mlp.down_proj"]["bits"], 3);
+  EXPECT_EQ(qc["model.layers.0.self_attn.v_proj"]["bits"], 4);
+  EXPECT_EQ(qc["model.layers.0.mlp.gate_proj"]["trellis"]["axis"], 1);
+
+  const Tensors in(src), outp(q + "/out");
+  for (const char* m : {"model.layers.0.self_attn.v_proj", "model.layers.0.mlp.down_proj", "model.layers.0.mlp.gate_proj"}) {
+    SCOPED_TRACE(m);
+    const std::string w = std::string(m) + ".weight";
+    const TensorInfo& t = in.info.at(w);
+    std::vector<float> f(size_t(t.numel()));
+    for (size_t i = 0; i < f.size(); ++i) f[i] = bf16_to_f32(reinterpret_cast<const uint16_t*>(in.data(w))[i]);
+    const int k = qc[m]["bits"], axis = qc[m]["trellis"]["axis"];
+    const quant::TrellisEncoded e = quant::trellis_encode_linear(w, f.data(), t.shape[0], t.shape[1], k, axis, &pool);
+    ASSERT_EQ(outp.bytes.at(w).size(), e.words.size() * 4);
+    EXPECT_EQ(std::memcmp(outp.data(w), e.words.data(), e.words.size() * 4), 0);
+    ASSERT_EQ(outp.bytes.at(std::string(m) + ".scales").size(), e.scales.size() * 2);
+    EXPECT_EQ(std::memcmp(outp.data(std::string(m) + ".scales"), e.scales.data(), e.scales.size() * 2), 0);
+    // And the codes are close to the source: relative MSE within the encoder's bound for the bits.
+    const quant::TrellisGeometry g =
+        quant::trellis_geometry(w, *quant::parse_affine_quant_config(read_json_file(q + "/out/config.json"), "c")->trellis_for(m),
+                                view(outp, w), view(outp, std::string(m) + ".scales"), t.shape[0], t.shape[1]);
+    const std::vector<float> dec = quant::trellis_decode_linear(g, view(outp, w), view(outp, std::string(m) + ".scales"));
+    double err = 0, ref = 0;
+    for (size_t i = 0; i < f.size(); ++i) err += (dec[i] - f[i]) * double(dec[i] - f[i]), ref += double(f[i]) * f[i];
+    EXPECT_LT(err / ref, k == 2 ? 0.12 : k == 3 ? 0.04 : 0.012) << "relative MSE";
+  }
+  EXPECT_EQ(write_decoded(q + "/out", d), 7);
+  expect_same_logits(q + "/out", d);
+}
+
+TEST(TrellisModel, LoadErrorsNameTheTensor) {
+  const std::string q = temp_dir("errors");
+  synth_trellis(small_llama(), q, recipe(3, 0));
+  CpuBackend be(1, WeightPlacement::Mapped);
+  LoadOptions o;
+  o.model_dir = q;
+  EXPECT_NO_THROW({ Model m(o, be); });
+  const Tensors ts(q);
+  std::vector<TensorToWrite> keep;
+  for (const auto& [name, t] : ts.info) keep.push_back({name, t.dtype, t.shape, ts.data(name), t.nbytes});
+  for (const std::string& f : shard_files(q)) fs::remove(f);
+  fs::remove(q + "/model.safetensors.index.json");
+  auto rewrite = [&](const std::vector<TensorToWrite>& v) { write_safetensors(q + "/model.safetensors", v, json{{"format", "mlx"}}); };
+
+  // Scales of the wrong length.
+  std::vector<TensorToWrite> v = keep;
+  for (auto& t : v)
+    if (t.name == "model.layers.1.mlp.up_proj.scales") t.shape = {700}, t.nbytes = 1400;
+  rewrite(v);
+  std::string e = test::error_of([&] { Model m(o, be); });
+  EXPECT_NE(e.find("model.layers.1.mlp.up_proj"), std::string::npos) << e;
+  EXPECT_NE(e.find("scales"), std::string::npos) << e;
+
+  // Words that are not whole blocks (a column dropped).
+  v = keep;
+  std::vector<uint32_t> cut;
+  for (auto& t : v)
+    if (t.name == "model.layers.0.self_attn.k_proj.weight") {
+      cut.assign(size_t(256 * 47), 0);
+      t.shape = {256, 47}, t.data = cut.data(), t.nbytes = cut.size() * 4;
+    }
+  rewrite(v);
+  e = test::error_of([&] { Model m(o, be); });
+  EXPECT_NE(e.find("model.layers.0.self_attn.k_proj.weight"), std::string::npos) << e;
+  EXPECT_NE(e.find("not a whole number of 24-word blocks"), std::string::npos) << e;
+
+  // A trellis module with .biases.
+  v = keep;
+  std::vector<uint16_t> biases(1024, 0);
+  v.push_back({"model.layers.0.self_attn.o_proj.biases", DType::F16, {512, 2}, biases.data(), biases.size() * 2});
+  rewrite(v);
+  e = test::error_of([&] { Model m(o, be); });
+  EXPECT_NE(e.find("model.layers.0.self_attn.o_proj.biases"), std::string::npos) << e;
+
+  // A config entry the layout contradicts: bits 4 for a 3-bit tensor.
+  rewrite(keep);
+  json cfg = read_json_file(q + "/config.json");
+  cfg["quantization"]["model.layers.1.self_attn.q_proj"]["bits"] = 4;
+  cfg["quantization_config"] = cfg["quantization"];
+  std::ofstream(q + "/config.json") << cfg.dump(2);
+  e = test::error_of([&] { Model m(o, be); });
+  EXPECT_NE(e.find("model.layers.1.self_attn.q_proj"), std::string::npos) << e;
+
+  // A bad entry: L 16.
+  cfg["quantization"]["model.layers.1.self_attn.q_proj"]["bits"] = 3;
+  cfg["quantization"]["model.layers.1.self_attn.q_proj"]["trellis"]["L"] = 16;
+  cfg["quantization_config"] = cfg["quantization"];
+  std::ofstream(q + "/config.json") << cfg.dump(2);
+  e = test::error_of([&] { Model m(o, be); });
+  EXPECT_NE(e.find("model.layers.1.self_attn.q_proj"), std::string::npos) << e;
+  EXPECT_NE(e.find("L 16"), std::string::npos) << e;
+}
+
+}  // namespace
