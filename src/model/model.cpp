@@ -87,7 +87,7 @@ Model::Model(const LoadOptions& opt, Backend& backend) : backend_(backend) {
                 "model: --dummy-weights cannot make {} weights (dense or affine)", weight_format_name(dq.format));
     if (dq.format == WeightFormat::Affine) {
       quant::check_affine_params(dq.affine, "model: dummy weights");
-      affine = quant::AffineQuantConfig{dq.affine, {}};
+      affine = quant::AffineQuantConfig{dq.affine, {}, {}, std::nullopt};
       for_each_weight(c, a, nullptr, [&](const WeightSlot& s) {
         if (s.kind == WeightSlot::Kind::Matrix && quant::affine_synth_quantizes(s.cols, dq.affine)) dummy_affine.insert(s.name);
       });

@@ -154,7 +154,7 @@ TEST(CudaAffineGemm, PrefillVariants) {
         }
     run_case({300, 2048 + 32, 200, 4, 32, false, true, false, true}, rng, n_sms);
     run_case({300, 2048 + 32, 200, 4, 32, false, true, false, false}, rng, n_sms);
-    run_case({300, 2048 + 32, 600, 8, 64, true, true, false, true}, rng, n_sms);
+    run_case({300, 2048 + 64, 600, 8, 64, true, true, false, true}, rng, n_sms);
   }
   cuda::set_affine_gemm_variant(0);
 }
@@ -183,6 +183,52 @@ TEST(CudaAffineGemm, ForcedSplits) {
     run_case({200, 1024 + 128, 20, 6, 128, true, true, true, true}, rng, n_sms);
   }
   cuda::set_affine_gemm_splits(0);
+}
+
+// launch_affine_dequant: rows [row0, row0 + n) to bf16, bit for bit the host dequantization rounded to bf16
+// (the arithmetic is the same: one multiply, one add, no FMA), every bit width and group size, a window of
+// rows not at the start, cols with an odd count of 8-code chunks per word pair.
+TEST(CudaAffineGemm, DequantIsBitExact) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(23);
+  const int n_sms = sm_count();
+  for (int bits : quant::kAffineBits)
+    for (int gs : quant::kAffineGroupSizes)
+      for (bool f16 : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "bits " << bits << " g" << gs << (f16 ? " f16" : " bf16"));
+        const int64_t rows = 37, cols = int64_t(gs) * 3, row0 = 5, n = 29;
+        const quant::AffineShape shape = quant::affine_shape(rows, cols, {gs, bits}, "test");
+        const int64_t W = shape.words_per_row(), G = shape.groups_per_row();
+        std::vector<uint32_t> codes(size_t(rows * W), 0);
+        std::uniform_int_distribution<uint32_t> code(0, (1u << bits) - 1);
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t j = 0; j < cols; ++j) quant::affine_or_code(codes.data() + r * W, j, bits, code(rng));
+        std::uniform_real_distribution<float> us(-0.03f, 0.03f), ub(-0.5f, 0.5f);
+        std::vector<uint16_t> scales(size_t(rows * G)), biases(scales.size());
+        std::vector<uint32_t> sb(scales.size());
+        for (size_t i = 0; i < sb.size(); ++i) {
+          scales[i] = f16 ? f32_to_f16(us(rng)) : f32_to_bf16(us(rng));
+          biases[i] = f16 ? f32_to_f16(ub(rng)) : f32_to_bf16(ub(rng));
+          sb[i] = uint32_t(scales[i]) | (uint32_t(biases[i]) << 16);
+        }
+        std::vector<float> w(size_t(rows * cols));
+        quant::affine_dequantize(codes.data(), scales.data(), biases.data(), f16 ? DType::F16 : DType::BF16, shape, w.data());
+        DevBuf<uint32_t> dcodes(codes), dsb(sb);
+        DevBuf<uint16_t> dout(size_t(n * cols));
+        ASSERT_EQ(cudaMemset(dout.p, 0xff, size_t(n * cols) * 2), cudaSuccess);
+        cuda::launch_affine_dequant({dcodes.p, dsb.p, f16, rows, cols, bits, gs}, row0, n, dout.p, n_sms, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        std::vector<uint16_t> got(size_t(n * cols));
+        ASSERT_EQ(cudaMemcpy(got.data(), dout.p, got.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+        int bad = 0;
+        for (int64_t i = 0; i < n * cols; ++i)
+          if (got[size_t(i)] != f32_to_bf16(w[size_t(row0 * cols + i)]) && ++bad <= 5)
+            ADD_FAILURE() << "row " << row0 + i / cols << " col " << i % cols << ": " << bf16_to_f32(got[size_t(i)]) << ", reference "
+                          << w[size_t(row0 * cols + i)];
+        EXPECT_EQ(bad, 0);
+      }
+  const cuda::AffineWeights w{reinterpret_cast<const uint32_t*>(16), reinterpret_cast<const uint32_t*>(16), false, 8, 64, 4, 64};
+  EXPECT_THROW(cuda::launch_affine_dequant(w, 4, 5, reinterpret_cast<uint16_t*>(16), 132, nullptr), Error);  // rows past the end
 }
 
 TEST(CudaAffineGemm, BadInputFailsNamingIt) {

@@ -352,6 +352,41 @@ void launch_bits(const Params& p, dim3 grid, cudaStream_t s) {
   else launch_cfg<BITS, 128, 2, 4, false>(p, grid, s);
 }
 
+// Rows [row0, row0 + n) of W dequantized to bf16 [n, cols] (the prefill path for many activation rows: this,
+// then cuBLASLt). Thread i takes 8 codes (one 16-byte store); the arithmetic is dequant_chunk's.
+template <int BITS>
+__global__ void affine_dequant_kernel(const uint32_t* __restrict__ codes, const uint32_t* __restrict__ sb, bool sb_f16, int64_t row0,
+                                      int64_t n, int64_t cols, int gs_shift, uint16_t* __restrict__ out) {
+  constexpr uint32_t kMask = (1u << BITS) - 1;
+  const int64_t chunks_per_row = cols / 8, total = n * chunks_per_row, row_words = cols * BITS / 32, groups = cols >> gs_shift;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / chunks_per_row, c = i - r * chunks_per_row, row = row0 + r;
+    const int64_t byte = c * BITS;  // 8 codes start at bit 8·BITS·c
+    const uint32_t* wp = codes + row * row_words + (byte >> 2);
+    uint64_t v = __ldg(wp);
+    if ((byte >> 2) + 1 < row_words) v |= uint64_t(__ldg(wp + 1)) << 32;
+    v >>= (byte & 3) * 8;
+    const uint32_t s = __ldg(sb + row * groups + ((c * 8) >> gs_shift));
+    float scale, bias;
+    if (sb_f16) {
+      scale = __half2float(__ushort_as_half(uint16_t(s & 0xffffu)));
+      bias = __half2float(__ushort_as_half(uint16_t(s >> 16)));
+    } else {
+      scale = __uint_as_float(s << 16);
+      bias = __uint_as_float(s & 0xffff0000u);
+    }
+    uint32_t o[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t q0 = uint32_t(v >> (2 * k * BITS)) & kMask, q1 = uint32_t(v >> ((2 * k + 1) * BITS)) & kMask;
+      const float f0 = __uint_as_float(0x4B000000u | q0) - 8388608.0f, f1 = __uint_as_float(0x4B000000u | q1) - 8388608.0f;
+      __nv_bfloat162 h = __floats2bfloat162_rn(__fadd_rn(__fmul_rn(scale, f0), bias), __fadd_rn(__fmul_rn(scale, f1), bias));
+      o[k] = *reinterpret_cast<uint32_t*>(&h);
+    }
+    *reinterpret_cast<uint4*>(out + r * cols + c * 8) = make_uint4(o[0], o[1], o[2], o[3]);
+  }
+}
+
 void check_weights(const AffineWeights& w) {
   if (w.bits != 2 && w.bits != 3 && w.bits != 4 && w.bits != 5 && w.bits != 6 && w.bits != 8)
     fail_printf("affine GEMM: %d-bit codes are not supported (2, 3, 4, 5, 6, 8)", w.bits);
@@ -415,6 +450,24 @@ void launch_affine_gemm(const AffineWeights& w, const uint16_t* x, const float* 
     affine_reduce_kernel<<<blocks, 256, 0, s>>>(scratch, splits, TN, w.rows, bias, y, p.y_f32);
     ARBOR_LAUNCH_CHECK("affine_reduce_kernel");
   }
+}
+
+void launch_affine_dequant(const AffineWeights& w, int64_t row0, int64_t n, uint16_t* out, int n_sms, cudaStream_t s) {
+  check_weights(w);
+  if (row0 < 0 || n < 0 || row0 + n > w.rows) fail_printf("affine dequant: rows [%lld, %lld) of a %lld-row weight", (long long)row0,
+                                                            (long long)(row0 + n), (long long)w.rows);
+  if ((reinterpret_cast<uintptr_t>(out) & 15) != 0) fail_printf("affine dequant: the output must be 16-byte aligned");
+  if (n == 0) return;
+  const int gs_shift = w.group_size == 32 ? 5 : w.group_size == 64 ? 6 : 7;
+  const int64_t total = n * (w.cols / 8);
+  const int blocks = int(std::min<int64_t>((total + 255) / 256, int64_t(n_sms) * 16));
+  switch (w.bits) {
+#define ARBOR_AFF_DEQ(B) \
+  case B: affine_dequant_kernel<B><<<blocks, 256, 0, s>>>(w.codes, w.sb, w.sb_f16, row0, n, w.cols, gs_shift, out); break;
+    ARBOR_AFF_DEQ(2) ARBOR_AFF_DEQ(3) ARBOR_AFF_DEQ(4) ARBOR_AFF_DEQ(5) ARBOR_AFF_DEQ(6) ARBOR_AFF_DEQ(8)
+#undef ARBOR_AFF_DEQ
+  }
+  ARBOR_LAUNCH_CHECK("affine_dequant_kernel");
 }
 
 }  // namespace arbor::cuda

@@ -20,6 +20,10 @@ namespace arbor::cuda {
 int64_t affine_gemm_scratch_floats(const AffineWeights& w, int64_t T, int n_sms);
 void launch_affine_gemm(const AffineWeights& w, const uint16_t* x, const float* bias, void* y, DType y_dtype, int64_t T,
                         float* scratch, int n_sms, cudaStream_t s);
+// Rows [row0, row0 + n) of W dequantized to bf16 [n, cols] at out (16-byte aligned), with the GEMM's
+// arithmetic (bf16(float(scale) * q + float(bias))): for many activation rows, dequantizing once and running
+// cuBLASLt beats dequantizing every tile inside the GEMM (CudaBackend picks by T).
+void launch_affine_dequant(const AffineWeights& w, int64_t row0, int64_t n, uint16_t* out, int n_sms, cudaStream_t s);
 // Forces the K split (benchmarks, tests; 0: chosen by shape, the default).
 void set_affine_gemm_splits(int splits);
 // The kernel for T > 64 (A/B runs): 0 the plain one (the default), 1 the pipelined one, 2 the plain one with

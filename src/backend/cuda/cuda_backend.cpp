@@ -9,6 +9,7 @@
 #include <set>
 
 #include "backend/cuda/affine.h"
+#include "backend/cuda/affine_gemm.h"
 #include "backend/cuda/attention_kv.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm.h"
@@ -115,11 +116,14 @@ CudaBackend::LinearKernel CudaBackend::pick_linear(const Linear& l, int64_t rows
                                                            l.bits == 8) && (l.group_size == 32 || l.group_size == 64 || l.group_size == 128);
   // (the device layout, affine.h: scale/bias pairs [rows, groups, 2]; host tensors have no kernel)
   const bool loaded = l.scales.ndim == 3 && (l.scales.dtype == DType::BF16 || l.scales.dtype == DType::F16);
-  if (affine && loaded) return rows <= cuda::kAffineGemvMaxRows ? LinearKernel::GemvAffine : LinearKernel::GemvAffineChunks;
+  if (affine && loaded)
+    return rows <= cuda::kAffineGemvMaxRows    ? LinearKernel::GemvAffine
+           : rows < affine_dequant_min_rows_ ? LinearKernel::GemmAffine
+                                             : LinearKernel::DequantAffineLt;
   fail("cuda: no linear kernel for {} weights at {} rows; supported: dense BF16 or F16 (on the device) at any rows: GEMV up to {} "
        "rows (and where the tensor-core GEMV takes the shape), cuBLASLt beyond; affine 2/3/4/5/6/8-bit g32/64/128 (loaded by "
-       "load_linear): GEMV up to {} rows, beyond that the same GEMV over slices of {} rows (a stopgap until a tensor-core kernel)",
-       l.describe(), rows, gemv_max_rows_, cuda::kAffineGemvMaxRows, cuda::kAffineGemvMaxRows);
+       "load_linear): GEMV up to {} rows, a tensor-core GEMM to {}, dequantization + cuBLASLt beyond",
+       l.describe(), rows, gemv_max_rows_, cuda::kAffineGemvMaxRows, affine_dequant_min_rows_ - 1);
 }
 void CudaBackend::set_prefill_kernel(const char* name) { cuda::set_prefill_kernel(cuda::parse_prefill_kernel(name)); }
 bool CudaBackend::prefill_wgmma_supported(int head_dim) { return cuda::prefill_wgmma_supported(head_dim); }
@@ -142,6 +146,7 @@ CudaBackend::CudaBackend(int device)
   if (const char* env = std::getenv("ARBOR_CUDA_FUSED_PREP")) fused_prep_ = std::atoi(env) != 0;
   if (const char* env = std::getenv("ARBOR_CUDA_GEMV_STREAM")) set_gemv_stream(std::atoi(env) != 0);
   if (const char* env = std::getenv("ARBOR_CUDA_GEMV_MMA")) set_gemv_mma(std::atoi(env) != 0);
+  if (const char* env = std::getenv("ARBOR_CUDA_AFFINE_DEQUANT_ROWS")) affine_dequant_min_rows_ = std::max(9, std::atoi(env));
   int cluster_launch = 0;
   ARBOR_CUDA_CHECK(cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, device));
   cluster_merge_ok_ = cluster_launch != 0;
@@ -575,17 +580,33 @@ void CudaBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
   if (T == 0) return;
   const float* bias = l.bias.empty() ? nullptr : l.bias.as<float>();
   switch (kernel) {
-    case LinearKernel::GemvAffine:
-    case LinearKernel::GemvAffineChunks: {
-      // More than kAffineGemvMaxRows rows: the GEMV over slices of that many rows, reading the weights once
-      // per slice (a stopgap for prefill until a tensor-core kernel takes those rows).
+    case LinearKernel::GemvAffine: {
+      const AffineGemvOut o{affine_weights(l), bias, y.data};
+      launch_affine_gemv_multi(&o, 1, x.as<uint16_t>(), y.dtype == DType::F32, T, n_sms_, stream_);
+      return;
+    }
+    case LinearKernel::GemmAffine: {
       const AffineWeights w = affine_weights(l);
+      const int64_t partials = affine_gemm_scratch_floats(w, T, n_sms_);
+      if (partials > 0) ensure(scratch_, scratch_cap_, size_t(partials) * 4);
+      launch_affine_gemm(w, x.as<uint16_t>(), bias, y.data, y.dtype, T, partials > 0 ? static_cast<float*>(scratch_) : nullptr, n_sms_,
+                         st(stream_));
+      return;
+    }
+    case LinearKernel::DequantAffineLt: {
+      // Many activation rows: W dequantized to bf16 once, slice by slice of rows (whole 128-row tiles of
+      // at most affine_dequant_bytes_), each slice's columns of y from cuBLASLt; then the bias.
+      const AffineWeights w = affine_weights(l);
+      const int64_t slice = std::min<int64_t>(N, std::max<int64_t>(128, int64_t(affine_dequant_bytes_ / size_t(K * 2)) / 128 * 128));
+      ensure(affine_dq_, affine_dq_cap_, size_t(slice * K) * 2);
       const size_t ysize = dtype_size(y.dtype);
-      for (int64_t r0 = 0; r0 < T; r0 += kAffineGemvMaxRows) {
-        const AffineGemvOut o{w, bias, static_cast<char*>(y.data) + size_t(r0 * N) * ysize};
-        launch_affine_gemv_multi(&o, 1, x.as<uint16_t>() + r0 * K, y.dtype == DType::F32, std::min(kAffineGemvMaxRows, T - r0), n_sms_,
-                                 stream_);
+      for (int64_t n0 = 0; n0 < N; n0 += slice) {
+        const int64_t n = std::min(slice, N - n0);
+        launch_affine_dequant(w, n0, n, static_cast<uint16_t*>(affine_dq_), n_sms_, st(stream_));
+        lt_gemm(lt_, affine_dq_, x.data, DType::BF16, static_cast<char*>(y.data) + size_t(n0) * ysize, y.dtype, T, n, K, workspace_,
+                workspace_bytes_, st(stream_), N);
       }
+      if (bias) launch_add_bias(y.data, y.dtype, bias, T, N, st(stream_));
       return;
     }
     case LinearKernel::GemvBf16:

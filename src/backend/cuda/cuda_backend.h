@@ -54,9 +54,10 @@ class CudaBackend : public Backend {
   // The linear kernels, by (weight format, rows of activations): the one place that picks one for
   // linear(), linear_multi() and gated_up(). GEMV (the streaming kernels, their tensor-core variant
   // past gemv_max_rows) or cuBLASLt, for dense BF16 or F16 weights; affine (affine.h) up to 8 rows the
-  // affine GEMV (affine_gemv.cu), beyond that the same GEMV over slices of 8 rows (a stopgap until a
-  // tensor-core kernel); anything else throws, naming the layer's format and the supported pairs.
-  enum class LinearKernel : uint8_t { GemvBf16, GemvF16, LtBf16, LtF16, GemvAffine, GemvAffineChunks };
+  // affine GEMV (affine_gemv.cu), 9 to affine_dequant_min_rows_ - 1 the tensor-core GEMM that dequantizes
+  // tiles in its main loop (affine_gemm.cu), from there on W dequantized to bf16 once (in slices of at most
+  // affine_dequant_bytes_) and cuBLASLt; anything else throws, naming the layer's format and the supported pairs.
+  enum class LinearKernel : uint8_t { GemvBf16, GemvF16, LtBf16, LtF16, GemvAffine, GemmAffine, DequantAffineLt };
   LinearKernel pick_linear(const Linear& l, int64_t rows) const;
   void rope(Tensor x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const Tensor& cos, const Tensor& sin) override;
   void kv_write(int64_t layer, const Tensor& k, const Tensor& v) override;
@@ -108,6 +109,11 @@ class CudaBackend : public Backend {
   // from 4 rows on the GEMV, which reads every activation row from L1 per weight load, is slower than
   // cuBLASLt; docs/cuda-notes.md). ARBOR_CUDA_GEMV_MAX_ROWS overrides it; 0 sends everything to cuBLASLt.
   void set_gemv_max_rows(int64_t n) { gemv_max_rows_ = std::clamp<int64_t>(n, 0, cuda::kGemvMaxRowsCap); }
+  // Affine weights at >= min_rows activation rows: dequantized to bf16 in slices of at most slice_bytes,
+  // then cuBLASLt (below it, 9+ rows: the in-loop dequantizing GEMM). Tests and A/B runs.
+  void set_affine_dequant(int64_t min_rows, size_t slice_bytes) {
+    affine_dequant_min_rows_ = std::max<int64_t>(9, min_rows), affine_dequant_bytes_ = std::max<size_t>(1, slice_bytes);
+  }
   int64_t gemv_max_rows() const { return gemv_max_rows_; }
   // GEMVs of 1-2 rows with K % 256 == 0 stream through shared memory (gemv.cu); off: the register
   // kernel for every GEMV. Process-wide; ARBOR_CUDA_GEMV_STREAM=0 turns it off (A/B runs, tests).
@@ -203,6 +209,13 @@ class CudaBackend : public Backend {
   int64_t tiles_group_ = 0, n_tiles_ = 0;
   void* scratch_ = nullptr;                        // split-K partials, f16-GEMM operands
   size_t scratch_cap_ = 0;
+  // Affine prefill: a slice of W dequantized to bf16 (DequantAffineLt), at most affine_dequant_bytes_: 16 MiB
+  // (2048 rows of a 4096-column matrix) stays in the 50 MB L2 between the dequant kernel writing it and
+  // cuBLASLt reading it, so there is never a full-size bf16 copy of a weight, in memory or in traffic.
+  size_t affine_dequant_bytes_ = size_t(16) << 20;
+  void* affine_dq_ = nullptr;
+  size_t affine_dq_cap_ = 0;
+  int64_t affine_dequant_min_rows_ = 65;           // ARBOR_CUDA_AFFINE_DEQUANT_ROWS overrides (A/B runs)
   bool cluster_merge_ok_ = false;  // the device launches thread-block clusters (sm_90)
   int attn_min_waves_ = 2;         // decode attention's split blocks: this many waves over the SMs at least (ARBOR_CUDA_ATTN_WAVES)
   int attn_cluster_max_ = 16;      // splits of a cluster merge, at most (ARBOR_CUDA_ATTN_CLUSTER)

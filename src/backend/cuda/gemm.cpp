@@ -28,14 +28,14 @@ struct Plan {
   cublasLtMatmulAlgo_t algo{};
 };
 
-using Key = std::tuple<cublasLtHandle_t, int64_t, int64_t, int64_t, int, int, size_t>;
+using Key = std::tuple<cublasLtHandle_t, int64_t, int64_t, int64_t, int, int, size_t, int64_t>;
 
 // Plans live for the process (a handful of shapes per model); they are never destroyed.
-Plan& plan_for(cublasLtHandle_t lt, int64_t T, int64_t N, int64_t K, DType ab, DType yt, size_t ws) {
+Plan& plan_for(cublasLtHandle_t lt, int64_t T, int64_t N, int64_t K, DType ab, DType yt, size_t ws, int64_t ldy) {
   static std::mutex mu;
   static std::map<Key, Plan> plans;
   std::lock_guard<std::mutex> lock(mu);
-  Key key{lt, T, N, K, int(ab), int(yt), ws};
+  Key key{lt, T, N, K, int(ab), int(yt), ws, ldy};
   auto it = plans.find(key);
   if (it != plans.end()) return it->second;
   Plan p;
@@ -45,7 +45,7 @@ Plan& plan_for(cublasLtHandle_t lt, int64_t T, int64_t N, int64_t K, DType ab, D
   ARBOR_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof opN));
   ARBOR_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, cuda_type(ab), uint64_t(K), uint64_t(N), K));
   ARBOR_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, cuda_type(ab), uint64_t(K), uint64_t(T), K));
-  ARBOR_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, cuda_type(yt), uint64_t(N), uint64_t(T), N));
+  ARBOR_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, cuda_type(yt), uint64_t(N), uint64_t(T), ldy));
   cublasLtMatmulPreference_t pref;
   ARBOR_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   ARBOR_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
@@ -63,8 +63,10 @@ Plan& plan_for(cublasLtHandle_t lt, int64_t T, int64_t N, int64_t K, DType ab, D
 }  // namespace
 
 void lt_gemm(cublasLtHandle_t lt, const void* w, const void* x, DType ab_dtype, void* y, DType y_dtype, int64_t T, int64_t N,
-             int64_t K, void* workspace, size_t workspace_bytes, cudaStream_t s) {
-  Plan& p = plan_for(lt, T, N, K, ab_dtype, y_dtype, workspace_bytes);
+             int64_t K, void* workspace, size_t workspace_bytes, cudaStream_t s, int64_t ldy) {
+  if (ldy == 0) ldy = N;
+  ARBOR_CHECK(ldy >= N, "cuda: gemm: output row stride {} is less than its {} columns", ldy, N);
+  Plan& p = plan_for(lt, T, N, K, ab_dtype, y_dtype, workspace_bytes, ldy);
   const float alpha = 1.0f, beta = 0.0f;
   ARBOR_CUBLAS_CHECK(cublasLtMatmul(lt, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo, workspace, workspace_bytes, s));
 }
