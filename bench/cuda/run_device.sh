@@ -4,6 +4,8 @@
 # to .cudarun/ by bench/cuda/pack.sh (arbor, test_cuda, lib/ with the shared libraries), carried with the call:
 #   run(command="bash bench/cuda/run_device.sh", carry=[".cudarun"])
 # Steps can be chosen: STEPS="tests bench memcheck" (default: all, in that order), plus
+#   quant: MLX affine weights and KV codecs (issues 19 and 21): the 8B at 4-bit, the codec sweep at 4-bit
+#       weights, and docs/quality.md's affine rows on CUDA (~7 min; not run yet: no device in session 14),
 #   ab: 8B batch-1 decode (--decode-only) under each setting of AB (';'-separated environment
 #       assignments, "" for none; e.g. AB="ARBOR_CUDA_FUSED_PREP=0;ARBOR_CUDA_FUSED_PREP=1"), the list
 #       run twice in turn, so a change is judged on one machine (H200s of the tool differ by ~1.5%);
@@ -103,6 +105,28 @@ for step in $STEPS; do
           rc=$?
           echo "ab round $round [$setting] rc=$rc $(tail -1 "$OUT/ab.log")"
         done
+      done
+      ;;
+    quant)
+      # Issue 19 / 21: the 8B at MLX affine 4-bit g64 (every bench figure), the KV codec sweep at 4-bit weights,
+      # and the quality rows of docs/quality.md on CUDA (the evaluation model quantized here by arbor quantize,
+      # its bf16 run the KL base). Logs quant_*.log; each a line of the summary.
+      Q=/tmp/arbor-quality; mkdir -p $Q; EM=tests/fixtures/eval-model
+      timeout 200 "$D/arbor" bench --device cuda --dummy-weights --bits 4 --group-size 64 --config bench/configs/llama-3.1-8b.json \
+        > "$OUT/quant_bench_8b_q4.log" 2>&1
+      summary+=("quant bench 8B 4-bit rc=$?")
+      timeout 150 "$D/arbor" bench --device cuda --dummy-weights --bits 4 --group-size 64 --config bench/configs/llama-3.1-8b.json \
+        --decode-only --decode-tokens 32 --decode-runs 1@8192,1@32768,32@4096 --kv-sweep bf16/affine8/affine4/k8v4/k8v3 \
+        > "$OUT/quant_kv_sweep_q4.log" 2>&1
+      summary+=("quant kv sweep at 4-bit weights rc=$?")
+      timeout 60 "$D/arbor" perplexity --model $EM --file $EM/heldout.txt --ctx 1024 --device cuda --json --save-logits $Q/base.ppl \
+        > "$OUT/quant_ppl_base.log" 2>&1
+      for spec in "a8:--bits 8" "a6:--bits 6" "a4:--bits 4" "a3:--bits 3" "a2:--bits 2" "m36:--recipe mixed_3_6"; do
+        n=${spec%%:*}
+        timeout 60 "$D/arbor" quantize --model $EM --out $Q/$n ${spec#*:} --group-size 64 > "$OUT/quant_make_$n.log" 2>&1
+        timeout 60 "$D/arbor" perplexity --model $Q/$n --file $EM/heldout.txt --ctx 1024 --device cuda --json --kl-base $Q/base.ppl \
+          > "$OUT/quant_ppl_$n.log" 2>&1
+        summary+=("quant quality $n rc=$? $(tail -1 "$OUT/quant_ppl_$n.log" | head -c 200)")
       done
       ;;
   esac

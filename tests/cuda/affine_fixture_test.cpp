@@ -10,6 +10,7 @@
 #include <algorithm>
 
 #include "../model/affine_fixtures.h"
+#include "../model/golden_logits.h"
 #include "cuda_test_util.h"
 #include "engine/generate.h"
 
@@ -61,12 +62,8 @@ TEST_P(AffineFixtureCuda, NoWorseThanTransformersInBf16) {
   stream.insert(stream.end(), f.generated.begin(), f.generated.end() - 1);  // the rows fed
   const std::vector<float> logits = teacher_forced(m, gpu, stream, {int64_t(f.prompt.size()), 3, 1});
   ASSERT_EQ(int64_t(logits.size()), f.rows * f.vocab);
-  double worst = 0;
   int64_t worst_row = 0;
-  for (int64_t row = 0; row < f.rows; ++row) {
-    const double e = test::affine_row_error(logits.data() + row * f.vocab, f.logits.data() + row * f.vocab, f.vocab, f.max_abs);
-    if (e > worst) worst = e, worst_row = row;
-  }
+  const double worst = test::worst_logit_row_error(logits.data(), f.logits.data(), f.rows, f.vocab, f.max_abs, &worst_row);
   EXPECT_LE(worst, bound) << f.name << ": worst row " << worst_row << " max|Δ|/max|ref| = " << worst
                           << "; transformers bf16: " << f.bf16_error;
 

@@ -12,7 +12,7 @@
 
 #include "affine_fixtures.h"
 #include "backend/cpu/cpu_backend.h"
-#include "engine/generate.h"
+#include "golden_logits.h"
 #include "io/checkpoint.h"
 #include "model/archs.h"
 #include "model/config.h"
@@ -36,20 +36,11 @@ TEST_P(AffineFixtureCpu, LogitsAndGreedyIdsMatchTransformers) {
   opt.max_step_tokens = 32;
   Model m(opt, be);
   ASSERT_EQ(m.config().vocab_size, f.vocab);
-  BlockPool pool(be.kv_layout().n_blocks, be.kv_layout().block_size);
-  GenerateRequest req;
-  req.prompt = f.prompt;
-  req.max_tokens = int64_t(f.generated.size());
-  req.keep_logits = true;
-  const GenerateResult r = generate(m, pool, req);
+  const GenerateResult r = test::greedy_with_logits(m, be, f.prompt, int64_t(f.generated.size()));
   EXPECT_EQ(r.tokens, f.generated) << f.name << ": greedy ids differ from transformers";
   ASSERT_EQ(int64_t(r.logits.size()), f.rows * f.vocab);
-  double worst = 0;
   int64_t worst_row = 0;
-  for (int64_t row = 0; row < f.rows; ++row) {
-    const double e = test::affine_row_error(r.logits.data() + row * f.vocab, f.logits.data() + row * f.vocab, f.vocab, f.max_abs);
-    if (e > worst) worst = e, worst_row = row;
-  }
+  const double worst = test::worst_logit_row_error(r.logits.data(), f.logits.data(), f.rows, f.vocab, f.max_abs, &worst_row);
   EXPECT_LE(worst, 2e-3) << f.name << ": worst row " << worst_row << " max|Δ|/max|ref| = " << worst;
   std::printf("%-24s CPU max|Δ|/max|ref| %.3e (transformers bf16 on the GPU: %.3e)\n", f.name.c_str(), worst, f.bf16_error);
 }

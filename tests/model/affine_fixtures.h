@@ -63,13 +63,6 @@ inline AffineFixture load_affine_fixture(const std::string& source_dir, const st
   return f;
 }
 
-// max |a - ref| over a row, relative to the fixture's max |ref|.
-inline double affine_row_error(const float* a, const float* ref, int64_t n, float max_abs) {
-  double e = 0;
-  for (int64_t i = 0; i < n; ++i) e = std::max(e, double(std::fabs(a[i] - ref[i])));
-  return e / double(max_abs);
-}
-
 // The gap between a row's largest and second largest logit.
 inline float top2_margin(const float* row, int64_t n) {
   float a = -INFINITY, b = -INFINITY;

@@ -13,6 +13,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "core/json.h"
 #include "engine/generate.h"
+#include "golden_logits.h"
 #include "mixed_batches.h"
 
 using namespace arbor;
@@ -55,13 +56,6 @@ Fixture load_fixture(const std::string& name) {
   return f;
 }
 
-// max |a - ref| over a row, relative to the fixture's max |ref|.
-double row_error(const float* a, const float* ref, int64_t n, float max_abs) {
-  double e = 0;
-  for (int64_t i = 0; i < n; ++i) e = std::max(e, double(std::fabs(a[i] - ref[i])));
-  return e / double(max_abs);
-}
-
 class Parity : public testing::TestWithParam<std::string> {};
 
 TEST_P(Parity, LogitsAndGreedyIdsMatchTransformers) {
@@ -73,20 +67,11 @@ TEST_P(Parity, LogitsAndGreedyIdsMatchTransformers) {
   opt.max_step_tokens = 32;
   Model m(opt, be);
   ASSERT_EQ(m.config().vocab_size, f.vocab);
-  BlockPool pool(be.kv_layout().n_blocks, be.kv_layout().block_size);
-  GenerateRequest req;
-  req.prompt = f.prompt;
-  req.max_tokens = int64_t(f.generated.size());
-  req.keep_logits = true;
-  GenerateResult r = generate(m, pool, req);
+  const GenerateResult r = test::greedy_with_logits(m, be, f.prompt, int64_t(f.generated.size()));
   EXPECT_EQ(r.tokens, f.generated) << f.name << ": greedy ids differ from transformers";
   ASSERT_EQ(int64_t(r.logits.size()), f.rows * f.vocab);
-  double worst = 0;
   int64_t worst_row = 0;
-  for (int64_t row = 0; row < f.rows; ++row) {
-    double e = row_error(r.logits.data() + row * f.vocab, f.logits.data() + row * f.vocab, f.vocab, f.max_abs);
-    if (e > worst) worst = e, worst_row = row;
-  }
+  const double worst = test::worst_logit_row_error(r.logits.data(), f.logits.data(), f.rows, f.vocab, f.max_abs, &worst_row);
   EXPECT_LE(worst, 1e-3) << f.name << ": worst row " << worst_row << " max|Δ|/max|ref| = " << worst;
 }
 
@@ -114,7 +99,7 @@ TEST_P(Parity, MixedBatchesMatchSingleSequence) {
       m, pool, streams, {{5, 9, 1, 1, 3, 100}, {100}, {1, 1, 1, 2, 100}},
       [&](int s, int64_t p, const float* row) {
         const float* ref = f.logits.data() + p * f.vocab;
-        worst = std::max(worst, row_error(row, ref, f.vocab, f.max_abs));
+        worst = std::max(worst, test::logit_row_error(row, ref, f.vocab, f.max_abs));
         EXPECT_EQ(argmax(row, f.vocab), argmax(ref, f.vocab)) << f.name << ": sequence " << s << " position " << p;
       },
       std::vector<bool>(streams.size(), long_rope));
