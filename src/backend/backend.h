@@ -3,6 +3,7 @@
 // CUDA); weights stay in their checkpoint dtype unless the backend converts them at upload.
 #pragma once
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -135,16 +136,19 @@ struct KVLayout {
     for (int64_t l = 0; l < n_layers; ++l) sum += layer_token_bytes(l, t);
     return sum;
   }
-  // "k8v3", or the layers' codecs when they differ ("k8v3, layers 0 27: bf16").
-  std::string codec_summary() const {
-    if (codecs.empty()) return "bf16";
+  // "k8v3", or the layers' codecs when they differ ("k8v3, layers 0 27: bf16"). The plain cache is named by
+  // the values it stores, `plain` (the backend's kv_dtype(): bf16 on CUDA, f32 on the CPU).
+  std::string codec_summary(DType plain = DType::BF16) const {
+    std::string plain_name(dtype_name(plain));
+    for (char& ch : plain_name) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+    if (codecs.empty()) return plain_name;
     struct Seen {
       std::string name, layers;
       int count = 0;
     };
     std::vector<Seen> seen;
     for (size_t l = 0; l < codecs.size(); ++l) {
-      const std::string n = codecs[l].name();
+      const std::string n = codecs[l].plain() ? plain_name : codecs[l].name();
       auto it = std::find_if(seen.begin(), seen.end(), [&](const Seen& e) { return e.name == n; });
       if (it == seen.end()) it = seen.insert(seen.end(), Seen{n, "", 0});
       it->layers += fmt::format("{}{}", it->layers.empty() ? "" : " ", l);

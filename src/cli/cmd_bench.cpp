@@ -367,9 +367,14 @@ int cmd_bench(const std::vector<std::string>& args) {
   std::printf("backend    %s\n", lm.backend->name().c_str());
   std::printf("weights    %.3f GB (%s), loaded in %.2f s\n", double(m.weight_bytes()) * 1e-9, m.weight_dtypes().c_str(), lm.load_seconds);
   std::printf("matrices   %s; %llu parameters\n", m.weight_formats().c_str(), (unsigned long long)m.parameter_count());
-  std::printf("kv cache   %s: %lld bytes per token (codecs: %s; bf16 here is f32)\n", lm.backend->kv_layout().codec_summary().c_str(),
-              (long long)lm.backend->kv_layout().bytes_per_token(lm.backend->kv_dtype()),
-              kv_bytes_per_codec(c.n_layers, c.n_kv_heads, c.head_dim, 4).c_str());
+  {
+    // The plain cache holds the backend's kv_dtype() (f32 on the CPU, where `--kv-cache bf16` means plain).
+    const DType plain = lm.backend->kv_dtype();
+    std::printf("kv cache   %s: %lld bytes per token (codecs: %s%s)\n", lm.backend->kv_layout().codec_summary(plain).c_str(),
+                (long long)lm.backend->kv_layout().bytes_per_token(plain),
+                kv_bytes_per_codec(c.n_layers, c.n_kv_heads, c.head_dim, int64_t(dtype_size(plain))).c_str(),
+                plain == DType::BF16 ? "" : "; the plain cache here stores f32, the bf16 entry counts it");
+  }
 
   // The ceiling, measured now and between the decode runs: on a shared VM the bandwidth moves from
   // second to second, so each decode run is paired with the bandwidth pass just before it.

@@ -204,7 +204,7 @@ int cmd_serve(const std::vector<std::string>& args_in) {
   log_info("serve: {} ({}) on http://{}:{}/v1 — ctx {}, max batch {}, queue {}, {} KV blocks of {} tokens, prefix cache {}, tools {}, reasoning {}",
            ctx.model_id, m.config().summary(), ho.host, api.port(), ctx.ctx_size, max_batch, max_queue, pool.n_blocks(),
            pool.block_size(), prefix_cache ? "on" : "off", ctx.chat_format.tool_format_name(), ctx.chat_format.reasoning ? "<think>" : "none");
-  log_info("serve: KV cache {}: {} bytes per token, capacity {} tokens ({:.2f} GB)", lm.backend->kv_layout().codec_summary(),
+  log_info("serve: KV cache {}: {} bytes per token, capacity {} tokens ({:.2f} GB)", lm.backend->kv_layout().codec_summary(lm.backend->kv_dtype()),
            ctx.kv_bytes_per_token, ctx.kv_capacity_tokens, double(ctx.kv_bytes_per_token) * double(ctx.kv_capacity_tokens) * 1e-9);
   std::fflush(stdout);
 

@@ -210,6 +210,8 @@ TEST(AttentionKV, LayoutSizesAndErrors) {
   EXPECT_EQ(be.kv_layout().layer_token_bytes(2, DType::F32), 2 * 144);
   EXPECT_EQ(be.kv_layout().bytes_per_token(DType::F32), 2048 + 400 + 288);
   EXPECT_EQ(be.kv_layout().codec_summary(), "bf16, layers 1: k8v3, layers 2: affine4");
+  // Named by what it stores: the CPU's plain cache is f32.
+  EXPECT_EQ(be.kv_layout().codec_summary(be.kv_dtype()), "f32, layers 1: k8v3, layers 2: affine4");
   EXPECT_NO_THROW(be.k_pool(0));
   EXPECT_THROW(be.k_pool(1), Error);
   L.head_dim = 96;
