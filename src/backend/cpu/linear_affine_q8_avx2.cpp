@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "backend/cpu/linear_affine.h"
 #include "core/error.h"
@@ -140,66 +141,121 @@ struct Span {
   }
 };
 
+// n scales or biases from `sdtype` to f32 (8 at a time, then one by one).
+ARBOR_AVX2_INLINE void to_f32(const void* p, DType t, int64_t n, float* out) {
+  int64_t i = 0;
+  if (t == DType::BF16) {
+    const auto* h = static_cast<const uint16_t*>(p);
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(
+                                    _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))), 16)));
+  } else if (t == DType::F16) {
+    const auto* h = static_cast<const uint16_t*>(p);
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+  } else {
+    std::memcpy(out, p, size_t(n) * sizeof(float));
+    return;
+  }
+  for (; i < n; ++i) out[i] = scale_at(p, t, i);
+}
+
+// Σ_i a[i]·b[i] over n floats (8 partial sums, then one by one).
+ARBOR_AVX2_INLINE float dot_f32(const float* a, const float* b, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  float s = hsum(acc);
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// What span_step reads besides the codes.
+struct SpanCtx {
+  const float* sb;    // the row's scales in f32 (+ 4 zeros)
+  const uint8_t* xq;  // Q8Args::xq
+  const float* xd;
+  int gshift;  // log2 of the group size (no integer division per span)
+  int64_t Kp, spans;
+  bool wide_groups;
+  __m256i lane_group;
+};
+
+// One span of codes at p (span index sp) against every token row: total[t][c] += float(isum)·(s·d).
+template <int B, int TT, int AC>
+ARBOR_AVX2_INLINE void span_step(const SpanCtx& x, int64_t sp, const uint8_t* p, __m256 (&total)[TT][AC], int c) {
+  constexpr int64_t S = span_codes<B>(), XB = B == 8 ? 2 : 1;
+  const float* sg = x.sb + ((sp * S) >> x.gshift);  // the group of the span's first code
+  const __m256 s = x.wide_groups ? _mm256_broadcast_ss(sg) : _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(sg)), x.lane_group);
+  Span<B> u;
+  u.load(p);
+#pragma GCC unroll 8
+  for (int t = 0; t < TT; ++t) {
+    const __m256 v = _mm256_cvtepi32_ps(u.dot(x.xq + (t * x.Kp + sp * S) * XB));
+    const __m256 ds = _mm256_mul_ps(s, _mm256_load_ps(x.xd + (t * x.spans + sp) * 8));
+    total[t][c] = _mm256_fmadd_ps(v, ds, total[t][c]);
+  }
+}
+
+// One weight row at a time (one sequential stream per thread, as the exact GEMV), all TT token rows per
+// decoded span. The row's scales and biases are first converted to f32 (sb, bb); per span and token row,
+// total += float(isum)·(s_lane·d_lane), in AC independent accumulators per token row when TT is small (the
+// FMA's latency would otherwise bound one span); y = Σ total + Σ_g b_g·Σx_g (+ bias).
 template <int B, int TT>
 ARBOR_AVX2 void q8_rows(const Q8Args& a, int64_t n0, int64_t n1) {
   constexpr int64_t S = span_codes<B>();
   constexpr int64_t kSpanBytes = 32;
-  constexpr int64_t XB = B == 8 ? 2 : 1;  // bytes per xq element
+  constexpr int AC = TT == 1 ? 4 : TT == 2 ? 2 : 1;
   const int64_t K = a.K, G = a.G, groups = K / G, row_bytes = K * B / 8, spans = (K + S - 1) / S;
   const int64_t Kp = spans * S;  // xq row stride (elements)
   const bool wide_groups = G >= S;  // a group spans whole spans; else a span holds S/G groups (lane runs of 8G/S)
-  const int64_t spans_per_chunk = wide_groups ? G / S : 1, groups_per_chunk = wide_groups ? 1 : S / G;
-  const int64_t chunks = wide_groups ? groups : spans;
-  const int lanes_per_group = wide_groups ? 8 : int(8 * G / S);
+  const __m256i lane_group = G * 4 == S ? _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3) : _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
   // The last span of the matrix is read from a padded copy where the row's codes do not fill it.
   const bool tail_short = row_bytes % kSpanBytes != 0;
   alignas(32) uint8_t pad[kSpanBytes] = {};
+  // Scales and biases of one row in f32: K/32 groups at most, plus 4 zeros read by the last span's lane
+  // vector (a span past the row's last group).
+  constexpr int64_t kMaxGroupsOnStack = 1024;
+  float sb_stack[kMaxGroupsOnStack + 4], bb_stack[kMaxGroupsOnStack];
+  std::vector<float> sb_heap, bb_heap;
+  float* sb = sb_stack;
+  float* bb = bb_stack;
+  if (groups > kMaxGroupsOnStack) {
+    sb_heap.resize(size_t(groups + 4)), bb_heap.resize(size_t(groups));
+    sb = sb_heap.data(), bb = bb_heap.data();
+  }
+  std::memset(sb + groups, 0, 4 * sizeof(float));
   const auto* xq = static_cast<const uint8_t*>(a.xq);
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = a.codes + n * row_bytes;
-    const bool last_row = n == a.N - 1;
-    __m256 total[TT];
-    float bsum[TT];
+    const int64_t full = tail_short && n == a.N - 1 ? spans - 1 : spans;  // spans read in place
+    to_f32(static_cast<const uint8_t*>(a.scales) + n * groups * dtype_size(a.sdtype), a.sdtype, groups, sb);
+    to_f32(static_cast<const uint8_t*>(a.biases) + n * groups * dtype_size(a.sdtype), a.sdtype, groups, bb);
+    __m256 total[TT][AC];
 #pragma GCC unroll 8
-    for (int t = 0; t < TT; ++t) total[t] = _mm256_setzero_ps(), bsum[t] = 0.0f;
-    for (int64_t ch = 0; ch < chunks; ++ch) {
-      const int64_t g0 = ch * (wide_groups ? 1 : S / G);
-      const int64_t ng = std::min(groups_per_chunk, groups - g0);
-      __m256 s;
-      if (wide_groups) {
-        s = _mm256_set1_ps(scale_at(a.scales, a.sdtype, n * groups + g0));
-      } else {
-        alignas(16) float sv[4] = {0, 0, 0, 0};
-        for (int64_t i = 0; i < ng; ++i) sv[i] = scale_at(a.scales, a.sdtype, n * groups + g0 + i);
-        const __m256i idx = lanes_per_group == 4 ? _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1) : _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
-        s = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_load_ps(sv)), idx);
-      }
-      for (int64_t j = 0; j < spans_per_chunk; ++j) {
-        const int64_t sp = ch * spans_per_chunk + j;
-        const uint8_t* p = row + sp * kSpanBytes;
+    for (int t = 0; t < TT; ++t)
+#pragma GCC unroll 4
+      for (int c = 0; c < AC; ++c) total[t][c] = _mm256_setzero_ps();
+    const SpanCtx ctx{sb, xq, a.xd, __builtin_ctzll(uint64_t(G)), Kp, spans, wide_groups, lane_group};
+    int64_t sp = 0;
+    for (; sp + AC <= full; sp += AC) {
+#pragma GCC unroll 4
+      for (int c = 0; c < AC; ++c) {
+        const uint8_t* p = row + (sp + c) * kSpanBytes;
         _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes, _MM_HINT_T0);
-        if (tail_short && last_row && sp == spans - 1) {
-          std::memcpy(pad, p, size_t(row_bytes - sp * kSpanBytes));
-          p = pad;
-        }
-        Span<B> u;
-        u.load(p);
-#pragma GCC unroll 8
-        for (int t = 0; t < TT; ++t) {
-          const __m256 v = _mm256_cvtepi32_ps(u.dot(xq + (t * Kp + sp * S) * XB));
-          const __m256 ds = _mm256_mul_ps(s, _mm256_load_ps(a.xd + (t * spans + sp) * 8));
-          total[t] = _mm256_fmadd_ps(v, ds, total[t]);
-        }
+        span_step<B, TT, AC>(ctx, sp + c, p, total, c);
       }
-      for (int64_t i = 0; i < ng; ++i) {
-        const float bg = scale_at(a.biases, a.sdtype, n * groups + g0 + i);
-#pragma GCC unroll 8
-        for (int t = 0; t < TT; ++t) bsum[t] += bg * a.sx[t * groups + g0 + i];
-      }
+    }
+    for (; sp < full; ++sp) span_step<B, TT, AC>(ctx, sp, row + sp * kSpanBytes, total, 0);
+    if (full < spans) {
+      std::memcpy(pad, row + full * kSpanBytes, size_t(row_bytes - full * kSpanBytes));
+      span_step<B, TT, AC>(ctx, full, pad, total, 0);
     }
 #pragma GCC unroll 8
     for (int t = 0; t < TT; ++t) {
-      const float v = hsum(total[t]) + bsum[t];
+      __m256 sum = total[t][0];
+#pragma GCC unroll 4
+      for (int c = 1; c < AC; ++c) sum = _mm256_add_ps(sum, total[t][c]);
+      const float v = hsum(sum) + dot_f32(bb, a.sx + t * groups, groups);
       a.y[t * a.N + n] = a.bias ? v + a.bias[n] : v;
     }
   }
