@@ -367,8 +367,9 @@ Q8Bounds q8_bounds(const AffineCase& c, const std::vector<float>& x, int64_t T, 
 // The q8 GEMV against linear_affine_q8_reference (the same int8 x, integer dots and scaling, in double): only
 // f32 rounding and summation order differ, within kAffineTol of the magnitude. Both against the exact product
 // (dequantize-then-matmul in double): within x's int8 rounding bound, plus kAffineTol of the magnitude.
-// Every bits × group × scale dtype the kernel takes, odd N, K of 1, 3 and 5 groups and a long K, T 1, 3, 8,
-// with and without bias, one pool thread and three.
+// Every bits × group × scale dtype the kernel takes, odd N, K of 1, 3 and 5 groups, a long K and one of 1025
+// groups (the kernel's per-row scale buffer then leaves the stack), T 1, 2, 3, 8 (rows in pairs up to T 4, one
+// at a time above, the matrix's last row alone), with and without bias, one pool thread and three.
 TEST(CpuLinearAffine, Q8GemvMatchesItsReferenceAndTheExactProductWithinInt8Rounding) {
   std::vector<cpu::LinearIsa> isas;
   for (cpu::LinearIsa isa : cpu::linear_isas_supported())
@@ -382,12 +383,12 @@ TEST(CpuLinearAffine, Q8GemvMatchesItsReferenceAndTheExactProductWithinInt8Round
     for (int G : {32, 64, 128})
       for (DType dt : {DType::F32, DType::BF16, DType::F16})
         for (int64_t N : {1, 7, 67, 300})
-          for (int64_t groups : {1, 3, 5, -1}) {
+          for (int64_t groups : {1, 3, 5, -1, 1025}) {
             const int64_t K = groups > 0 ? groups * G : 8192;  // -1: a long row (down_proj's K)
-            if (groups < 0 && N > 67) continue;
+            if ((groups < 0 && N > 67) || (groups > 5 && N != 7)) continue;
             const AffineCase c = make_case(N, K, bits, G, seed++, dt == DType::F16 ? DType::F16 : DType::BF16);
             const cpu::AffineMatrix w = dt == DType::F32 ? matrix_f32(c) : matrix_16(c);
-            for (int64_t T : {1, 3, 8}) {
+            for (int64_t T : {1, 2, 3, 8}) {
               const bool with_bias = (cases++ % 2) == 0;
               const std::vector<float> x = activations(T, K, seed++), bias = random_floats(size_t(N), seed++);
               const float* b = with_bias ? bias.data() : nullptr;

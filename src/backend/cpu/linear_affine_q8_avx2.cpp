@@ -125,18 +125,15 @@ struct Span {
       for (int k = 1; k < 8 / B; ++k) r[k] = _mm256_and_si256(_mm256_srli_epi16(v, k * B), mask);
     }
   }
-  // x: this span of one row's xq (int8 [S] or int16 [S]).
-  ARBOR_AVX2_INLINE __m256i dot(const void* x) const {
-    const __m256i ones = _mm256_set1_epi16(1);
+  // xv: this span of one row's xq (int8 [S] or int16 [S]) in registers.
+  ARBOR_AVX2_INLINE __m256i dot(const __m256i* xv) const {
     if constexpr (B == 8) {
-      const __m256i* xv = static_cast<const __m256i*>(x);
-      return _mm256_add_epi32(_mm256_madd_epi16(r[0], _mm256_load_si256(xv)), _mm256_madd_epi16(r[1], _mm256_load_si256(xv + 1)));
+      return _mm256_add_epi32(_mm256_madd_epi16(r[0], xv[0]), _mm256_madd_epi16(r[1], xv[1]));
     } else {
-      const __m256i* xv = static_cast<const __m256i*>(x);
-      __m256i p = _mm256_maddubs_epi16(r[0], _mm256_load_si256(xv));
+      __m256i p = _mm256_maddubs_epi16(r[0], xv[0]);
 #pragma GCC unroll 4
-      for (int k = 1; k < 8 / B; ++k) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(r[k], _mm256_load_si256(xv + k)));
-      return _mm256_madd_epi16(p, ones);
+      for (int k = 1; k < 8 / B; ++k) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(r[k], xv[k]));
+      return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
     }
   }
 };
@@ -159,120 +156,188 @@ ARBOR_AVX2_INLINE void to_f32(const void* p, DType t, int64_t n, float* out) {
   for (; i < n; ++i) out[i] = scale_at(p, t, i);
 }
 
-// Σ_i a[i]·b[i] over n floats (8 partial sums, then one by one).
-ARBOR_AVX2_INLINE float dot_f32(const float* a, const float* b, int64_t n) {
+// Σ_g b_g·sx_g over n groups, b in `t` (bf16, f16 or f32), 8 at a time then one by one.
+ARBOR_AVX2_INLINE float bias_dot(const void* p, DType t, const float* sx, int64_t n) {
   __m256 acc = _mm256_setzero_ps();
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  if (t == DType::BF16) {
+    const auto* h = static_cast<const uint16_t*>(p);
+    for (; i + 8 <= n; i += 8)
+      acc = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))), 16)),
+                            _mm256_loadu_ps(sx + i), acc);
+  } else if (t == DType::F16) {
+    const auto* h = static_cast<const uint16_t*>(p);
+    for (; i + 8 <= n; i += 8)
+      acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))), _mm256_loadu_ps(sx + i), acc);
+  } else {
+    const auto* f = static_cast<const float*>(p);
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(f + i), _mm256_loadu_ps(sx + i), acc);
+  }
   float s = hsum(acc);
-  for (; i < n; ++i) s += a[i] * b[i];
+  for (; i < n; ++i) s += scale_at(p, t, i) * sx[i];
   return s;
 }
 
 // What span_step reads besides the codes.
 struct SpanCtx {
-  const float* sb;    // the row's scales in f32 (+ 4 zeros)
   const uint8_t* xq;  // Q8Args::xq
   const float* xd;
-  int gshift;  // log2 of the group size (no integer division per span)
+  int gshift;  // WIDE: log2(G/S), the span's group is sp >> gshift; else log2(G)
   int64_t Kp, spans;
-  bool wide_groups;
   __m256i lane_group;
 };
 
-// One span of codes at p (span index sp) against every token row: total[t][c] += float(isum)·(s·d).
-template <int B, int TT, int AC>
-ARBOR_AVX2_INLINE void span_step(const SpanCtx& x, int64_t sp, const uint8_t* p, __m256 (&total)[TT][AC], int c) {
+// One span (index sp) of R weight rows (codes at p[r], f32 scales sb[r]) against every token row:
+// total[r][t][c] += float(isum)·(s·d). x's registers and d are loaded once for the R rows.
+template <int B, int TT, int R, int AC, bool WIDE>
+ARBOR_AVX2_INLINE void span_step(const SpanCtx& x, int64_t sp, const uint8_t* const (&p)[R], const float* const (&sb)[R],
+                                 __m256 (&total)[R][TT][AC], int c) {
   constexpr int64_t S = span_codes<B>(), XB = B == 8 ? 2 : 1;
-  const float* sg = x.sb + ((sp * S) >> x.gshift);  // the group of the span's first code
-  const __m256 s = x.wide_groups ? _mm256_broadcast_ss(sg) : _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(sg)), x.lane_group);
-  Span<B> u;
-  u.load(p);
+  constexpr int NX = B == 8 ? 2 : 8 / B;  // x registers per span
+  __m256 s[R];
+  Span<B> u[R];
+#pragma GCC unroll 2
+  for (int r = 0; r < R; ++r) {
+    if constexpr (WIDE)
+      s[r] = _mm256_broadcast_ss(sb[r] + (sp >> x.gshift));
+    else
+      s[r] = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(sb[r] + ((sp * S) >> x.gshift))), x.lane_group);
+    u[r].load(p[r]);
+  }
 #pragma GCC unroll 8
   for (int t = 0; t < TT; ++t) {
-    const __m256 v = _mm256_cvtepi32_ps(u.dot(x.xq + (t * x.Kp + sp * S) * XB));
-    const __m256 ds = _mm256_mul_ps(s, _mm256_load_ps(x.xd + (t * x.spans + sp) * 8));
-    total[t][c] = _mm256_fmadd_ps(v, ds, total[t][c]);
+    const auto* xv = reinterpret_cast<const __m256i*>(x.xq + (t * x.Kp + sp * S) * XB);
+    __m256i xr[NX];
+#pragma GCC unroll 4
+    for (int k = 0; k < NX; ++k) xr[k] = _mm256_load_si256(xv + k);
+    const __m256 d = _mm256_load_ps(x.xd + (t * x.spans + sp) * 8);
+#pragma GCC unroll 2
+    for (int r = 0; r < R; ++r) {
+      const __m256 v = _mm256_cvtepi32_ps(u[r].dot(xr));
+      total[r][t][c] = _mm256_fmadd_ps(v, _mm256_mul_ps(s[r], d), total[r][t][c]);
+    }
   }
 }
 
-// One weight row at a time (one sequential stream per thread, as the exact GEMV), all TT token rows per
-// decoded span. The row's scales and biases are first converted to f32 (sb, bb); per span and token row,
-// total += float(isum)·(s_lane·d_lane), in AC independent accumulators per token row when TT is small (the
-// FMA's latency would otherwise bound one span); y = Σ total + Σ_g b_g·Σx_g (+ bias).
-template <int B, int TT>
-ARBOR_AVX2 void q8_rows(const Q8Args& a, int64_t n0, int64_t n1) {
+// R weight rows at a time (R sequential streams per thread), all TT token rows per decoded span. Each row's
+// scales are first converted to f32 (sb); per span and token row, total += float(isum)·(s_lane·d_lane), in AC
+// independent accumulators per row and token row when TT is small (the FMA's latency would otherwise bound one
+// span); y = Σ total + Σ_g b_g·Σx_g (+ bias). Rows pair up so that x's registers, loaded once per span, serve
+// two rows (the loads, not the multiplies, bound one row on 2-load-port cores).
+template <int B, int TT, int R, bool WIDE>
+ARBOR_AVX2 void q8_row_block(const Q8Args& a, int64_t n, float* const (&sb)[R]) {
   constexpr int64_t S = span_codes<B>();
   constexpr int64_t kSpanBytes = 32;
-  constexpr int AC = TT == 1 ? 4 : TT == 2 ? 2 : 1;
+  constexpr int AC = TT == 1 ? (R == 1 ? 4 : 2) : (TT == 2 && R == 1) ? 2 : 1;
   const int64_t K = a.K, G = a.G, groups = K / G, row_bytes = K * B / 8, spans = (K + S - 1) / S;
   const int64_t Kp = spans * S;  // xq row stride (elements)
-  const bool wide_groups = G >= S;  // a group spans whole spans; else a span holds S/G groups (lane runs of 8G/S)
   const __m256i lane_group = G * 4 == S ? _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3) : _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-  // The last span of the matrix is read from a padded copy where the row's codes do not fill it.
-  const bool tail_short = row_bytes % kSpanBytes != 0;
-  alignas(32) uint8_t pad[kSpanBytes] = {};
-  // Scales and biases of one row in f32: K/32 groups at most, plus 4 zeros read by the last span's lane
-  // vector (a span past the row's last group).
-  constexpr int64_t kMaxGroupsOnStack = 1024;
-  float sb_stack[kMaxGroupsOnStack + 4], bb_stack[kMaxGroupsOnStack];
-  std::vector<float> sb_heap, bb_heap;
-  float* sb = sb_stack;
-  float* bb = bb_stack;
-  if (groups > kMaxGroupsOnStack) {
-    sb_heap.resize(size_t(groups + 4)), bb_heap.resize(size_t(groups));
-    sb = sb_heap.data(), bb = bb_heap.data();
+  // The last span of the matrix is read from a padded copy where the row's codes do not fill it (the caller
+  // gives the last row a block of its own).
+  const bool tail_short = R == 1 && row_bytes % kSpanBytes != 0 && n + 1 == a.N;
+  const int64_t full = tail_short ? spans - 1 : spans;  // spans read in place
+  const size_t ssize = dtype_size(a.sdtype);
+  const uint8_t* row[R];
+  const float* sbc[R];
+#pragma GCC unroll 2
+  for (int r = 0; r < R; ++r) {
+    row[r] = a.codes + (n + r) * row_bytes;
+    to_f32(static_cast<const uint8_t*>(a.scales) + (n + r) * groups * ssize, a.sdtype, groups, sb[r]);
+    sbc[r] = sb[r];
   }
-  std::memset(sb + groups, 0, 4 * sizeof(float));
-  const auto* xq = static_cast<const uint8_t*>(a.xq);
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* row = a.codes + n * row_bytes;
-    const int64_t full = tail_short && n == a.N - 1 ? spans - 1 : spans;  // spans read in place
-    to_f32(static_cast<const uint8_t*>(a.scales) + n * groups * dtype_size(a.sdtype), a.sdtype, groups, sb);
-    to_f32(static_cast<const uint8_t*>(a.biases) + n * groups * dtype_size(a.sdtype), a.sdtype, groups, bb);
-    __m256 total[TT][AC];
+  __m256 total[R][TT][AC];
+#pragma GCC unroll 2
+  for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int t = 0; t < TT; ++t)
 #pragma GCC unroll 4
-      for (int c = 0; c < AC; ++c) total[t][c] = _mm256_setzero_ps();
-    const SpanCtx ctx{sb, xq, a.xd, __builtin_ctzll(uint64_t(G)), Kp, spans, wide_groups, lane_group};
-    int64_t sp = 0;
-    for (; sp + AC <= full; sp += AC) {
+      for (int c = 0; c < AC; ++c) total[r][t][c] = _mm256_setzero_ps();
+  const SpanCtx ctx{static_cast<const uint8_t*>(a.xq), a.xd, WIDE ? __builtin_ctzll(uint64_t(G / S)) : __builtin_ctzll(uint64_t(G)), Kp,
+                    spans, lane_group};
+  int64_t sp = 0;
+  for (; sp + AC <= full; sp += AC) {
 #pragma GCC unroll 4
-      for (int c = 0; c < AC; ++c) {
-        const uint8_t* p = row + (sp + c) * kSpanBytes;
-        _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes, _MM_HINT_T0);
-        span_step<B, TT, AC>(ctx, sp + c, p, total, c);
+    for (int c = 0; c < AC; ++c) {
+      const uint8_t* p[R];
+#pragma GCC unroll 2
+      for (int r = 0; r < R; ++r) {
+        p[r] = row[r] + (sp + c) * kSpanBytes;
+        if ((sp + c) % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(p[r]) + kPrefetchBytes, _MM_HINT_T0);
       }
+      span_step<B, TT, R, AC, WIDE>(ctx, sp + c, p, sbc, total, c);
     }
-    for (; sp < full; ++sp) span_step<B, TT, AC>(ctx, sp, row + sp * kSpanBytes, total, 0);
+  }
+  for (; sp < full; ++sp) {
+    const uint8_t* p[R];
+#pragma GCC unroll 2
+    for (int r = 0; r < R; ++r) p[r] = row[r] + sp * kSpanBytes;
+    span_step<B, TT, R, AC, WIDE>(ctx, sp, p, sbc, total, 0);
+  }
+  if constexpr (R == 1) {
     if (full < spans) {
-      std::memcpy(pad, row + full * kSpanBytes, size_t(row_bytes - full * kSpanBytes));
-      span_step<B, TT, AC>(ctx, full, pad, total, 0);
+      alignas(32) uint8_t pad[kSpanBytes] = {};
+      std::memcpy(pad, row[0] + full * kSpanBytes, size_t(row_bytes - full * kSpanBytes));
+      const uint8_t* p[1] = {pad};
+      span_step<B, TT, R, AC, WIDE>(ctx, full, p, sbc, total, 0);
     }
+  }
+#pragma GCC unroll 2
+  for (int r = 0; r < R; ++r) {
+    const void* biases = static_cast<const uint8_t*>(a.biases) + (n + r) * groups * ssize;
 #pragma GCC unroll 8
     for (int t = 0; t < TT; ++t) {
-      __m256 sum = total[t][0];
+      __m256 sum = total[r][t][0];
 #pragma GCC unroll 4
-      for (int c = 1; c < AC; ++c) sum = _mm256_add_ps(sum, total[t][c]);
-      const float v = hsum(sum) + dot_f32(bb, a.sx + t * groups, groups);
-      a.y[t * a.N + n] = a.bias ? v + a.bias[n] : v;
+      for (int c = 1; c < AC; ++c) sum = _mm256_add_ps(sum, total[r][t][c]);
+      const float v = hsum(sum) + bias_dot(biases, a.sdtype, a.sx + t * groups, groups);
+      a.y[t * a.N + n + r] = a.bias ? v + a.bias[n + r] : v;
     }
   }
 }
 
+// Rows [n0, n1): pairs of rows, the last row of the matrix (its padded tail) and an odd row one at a time.
+template <int B, int TT, bool WIDE>
+ARBOR_AVX2 void q8_rows(const Q8Args& a, int64_t n0, int64_t n1) {
+  const int64_t groups = a.K / a.G;
+  // Scales of a row in f32: K/32 groups at most, plus 4 zeros read by the last span's lane vector (a span past
+  // the row's last group).
+  constexpr int64_t kMaxGroupsOnStack = 1024;
+  alignas(32) float sb_stack[2][kMaxGroupsOnStack + 8];
+  std::vector<float> sb_heap;
+  float* sb[2] = {sb_stack[0], sb_stack[1]};
+  if (groups > kMaxGroupsOnStack) {
+    sb_heap.resize(size_t(2 * (groups + 8)));
+    sb[0] = sb_heap.data(), sb[1] = sb_heap.data() + groups + 8;
+  }
+  std::memset(sb[0] + groups, 0, 4 * sizeof(float));
+  std::memset(sb[1] + groups, 0, 4 * sizeof(float));
+  constexpr bool kPairs = TT <= 4;  // register pressure: 2·TT accumulators and 2 decoded spans
+  int64_t n = n0;
+  if constexpr (kPairs) {
+    for (; n + 2 <= n1 && n + 2 < a.N; n += 2) q8_row_block<B, TT, 2, WIDE>(a, n, {sb[0], sb[1]});
+  }
+  for (; n < n1; ++n) q8_row_block<B, TT, 1, WIDE>(a, n, {sb[0]});
+}
+
+template <int B, bool WIDE>
+ARBOR_AVX2 void q8_bits_groups(const Q8Args& a, int64_t n0, int64_t n1) {
+  switch (a.T) {
+    case 1: return q8_rows<B, 1, WIDE>(a, n0, n1);
+    case 2: return q8_rows<B, 2, WIDE>(a, n0, n1);
+    case 3: return q8_rows<B, 3, WIDE>(a, n0, n1);
+    case 4: return q8_rows<B, 4, WIDE>(a, n0, n1);
+    case 5: return q8_rows<B, 5, WIDE>(a, n0, n1);
+    case 6: return q8_rows<B, 6, WIDE>(a, n0, n1);
+    case 7: return q8_rows<B, 7, WIDE>(a, n0, n1);
+    case 8: return q8_rows<B, 8, WIDE>(a, n0, n1);
+  }
+}
+
+// WIDE: a group covers whole spans (G >= S), one scale per span; else a span holds S/G groups (lane runs of 8G/S).
 template <int B>
 ARBOR_AVX2 void q8_bits(const Q8Args& a, int64_t n0, int64_t n1) {
-  switch (a.T) {
-    case 1: return q8_rows<B, 1>(a, n0, n1);
-    case 2: return q8_rows<B, 2>(a, n0, n1);
-    case 3: return q8_rows<B, 3>(a, n0, n1);
-    case 4: return q8_rows<B, 4>(a, n0, n1);
-    case 5: return q8_rows<B, 5>(a, n0, n1);
-    case 6: return q8_rows<B, 6>(a, n0, n1);
-    case 7: return q8_rows<B, 7>(a, n0, n1);
-    case 8: return q8_rows<B, 8>(a, n0, n1);
-  }
+  if (a.G >= span_codes<B>()) return q8_bits_groups<B, true>(a, n0, n1);
+  if constexpr (B != 8) return q8_bits_groups<B, false>(a, n0, n1);
 }
 
 }  // namespace
