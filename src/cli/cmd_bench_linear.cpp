@@ -364,7 +364,7 @@ int cmd_bench_linear(const std::vector<std::string>& argv) {
   std::printf("decode: best pass in GB/s of weights streamed; 'of bw' = that / best bandwidth pass; 'paired' =\n"
               "mean decode rate / mean bandwidth over the same interleaved passes (steadier when the machine is busy)\n\n");
   auto kname = [&](int64_t T) {
-    if (affine) return cpu::linear_affine_kernel_name(isa, T, gemm_mode);
+    if (affine) return cpu::linear_affine_kernel_name(isa, T, gemm_mode, bits);
     return T > cpu::kLinearGemvMaxT && dense_bf16_gemm ? std::string("avx512bf16-gemm-bf16") : cpu::linear_kernel_name(isa, *dtype, T);
   };
   std::printf("%-13s %-9s %-14s | T=%-2lld %-21s %7s %6s %6s | T=%-4lld %-21s %8s%s\n", "model", "linear", "N x K",
@@ -407,7 +407,8 @@ ARBOR_VERB("bench-linear", "benchmark the linear kernels at model shapes (GB/s, 
            "                        and biases; the prefill column adds the dense --dtype GEMM (cuda: default 4,\n"
            "                        bf16 scales/biases; --decode-tokens may list rows, 1,8)\n"
            "  --group-size G        affine group size (32, 64, 128; default 64)\n"
-           "  --cpu-gemm exact|bf16 prefill as the CPU backend runs it in that mode (default exact)\n"
+           "  --cpu-gemm exact|bf16 prefill as the CPU backend runs it in that mode (default exact); with --bits\n"
+           "                        2/4/8 and bf16, decode too (the int8-activation GEMV)\n"
            "  --threads N           threads (default: every CPU this process may run on)\n"
            "  --reps N              passes per shape, the best reported (default 5)\n"
            "  --decode-tokens N     rows of the decode (GEMV) calls (default 1)\n"

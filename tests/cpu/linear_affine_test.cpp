@@ -285,7 +285,8 @@ TEST(CpuLinearAffine, Bf16GemmMatchesRoundedReference) {
         }
   std::printf("bf16 GEMM: worst error / sum|x*w| over %d cases: %.3g (tolerance %.0e)\n", cases, worst, kAffineTol);
 
-  // CpuBackend in --cpu-gemm bf16 mode sends affine prompt chunks here (and decode rows to the exact GEMV).
+  // CpuBackend in --cpu-gemm bf16 mode sends affine prompt chunks here (and 4-bit decode rows to the q8 GEMV).
+  ThreadPool pool1(1);
   CpuBackend be(2, WeightPlacement::Copy);
   be.set_gemm_mode(cpu::GemmMode::Bf16);
   const int64_t N = 70, K = 256, G = 64;
@@ -309,7 +310,7 @@ TEST(CpuLinearAffine, Bf16GemmMatchesRoundedReference) {
     if (T > cpu::kLinearGemvMaxT)
       cpu::gemm_bf16_reference(x.data(), T, K, wb.data(), N, nullptr, ref.data());
     else
-      ref = reference(c, x, T, nullptr);
+      cpu::linear_affine_q8_reference(pool1, x.data(), T, matrix_16(c), nullptr, ref.data());  // the q8 GEMV
     double err = 0, scale = 0;
     for (size_t i = 0; i < y.size(); ++i) err = std::max(err, double(std::fabs(y[i] - ref[i]))), scale = std::max(scale, double(std::fabs(ref[i])));
     EXPECT_LE(err, 1e-5 * scale) << "backend, T " << T;
@@ -317,6 +318,157 @@ TEST(CpuLinearAffine, Bf16GemmMatchesRoundedReference) {
   EXPECT_EQ(cpu::linear_affine_kernel_name(cpu::LinearIsa::Avx512Bf16, 9, cpu::GemmMode::Bf16), "avx512bf16-affine-gemm-bf16");
   EXPECT_EQ(cpu::linear_affine_kernel_name(cpu::LinearIsa::Avx512Bf16, 9, cpu::GemmMode::Exact), "avx512-affine-gemm");
   EXPECT_EQ(cpu::linear_affine_kernel_name(cpu::LinearIsa::Avx512Bf16, 8, cpu::GemmMode::Bf16), "avx512-affine-gemv");
+  EXPECT_EQ(cpu::linear_affine_kernel_name(cpu::LinearIsa::Avx512Bf16, 8, cpu::GemmMode::Bf16, 4), "avx2-affine-gemv-q8");
+}
+
+// ---- The int8-activation GEMV of the fast mode (GemmMode::Bf16, T <= 8, 2/4/8 bits) -------------------
+
+// x with what real activations have: a few large outliers per row, and an all-zero 32-column block (d = 0).
+std::vector<float> activations(int64_t T, int64_t K, uint32_t seed) {
+  std::vector<float> x = random_floats(size_t(T * K), seed);
+  std::mt19937 rng(seed + 1);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int i = 0; i < 3; ++i) x[size_t(t * K) + rng() % size_t(K)] *= 30.0f;
+    if (K >= 64)
+      for (int64_t j = 32; j < 64; ++j) x[size_t(t * K + j)] = 0.0f;
+  }
+  return x;
+}
+
+// Per output, for the q8 GEMV: the magnitude its f32 rounding scales with (Σ_j |s·code_j|·(|x_j| + d_j) +
+// |b|·|x_j|, + |bias|), and the bound of x's int8 rounding: Σ_j |s·code_j|·d_j/2 (|x_j - d·q_j| <= d/2; the
+// bias term uses the exact Σx). d_j = max|x| / 127 over x's 32-column block of j, computed here on its own.
+struct Q8Bounds {
+  std::vector<double> mag, rounding;
+};
+Q8Bounds q8_bounds(const AffineCase& c, const std::vector<float>& x, int64_t T, const float* bias) {
+  Q8Bounds e{std::vector<double>(size_t(T * c.N)), std::vector<double>(size_t(T * c.N))};
+  std::vector<double> d(size_t(T * c.K));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t b = 0; b < c.K; b += 32) {
+      double m = 0;
+      for (int64_t j = b; j < b + 32; ++j) m = std::max(m, std::fabs(double(x[size_t(t * c.K + j)])));
+      for (int64_t j = b; j < b + 32; ++j) d[size_t(t * c.K + j)] = m / 127.0;
+    }
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = 0; n < c.N; ++n) {
+      double mag = bias ? std::fabs(bias[n]) : 0.0, r = 0;
+      for (int64_t j = 0; j < c.K; ++j) {
+        const size_t g = size_t(n * (c.K / c.G) + j / c.G);
+        const double sq = std::fabs(double(c.scales[g]) * c.codes[size_t(n * c.K + j)]), xj = std::fabs(double(x[size_t(t * c.K + j)]));
+        mag += sq * (xj + d[size_t(t * c.K + j)]) + std::fabs(double(c.biases[g])) * xj;
+        r += sq * d[size_t(t * c.K + j)] / 2;
+      }
+      e.mag[size_t(t * c.N + n)] = mag, e.rounding[size_t(t * c.N + n)] = r;
+    }
+  return e;
+}
+
+// The q8 GEMV against linear_affine_q8_reference (the same int8 x, integer dots and scaling, in double): only
+// f32 rounding and summation order differ, within kAffineTol of the magnitude. Both against the exact product
+// (dequantize-then-matmul in double): within x's int8 rounding bound, plus kAffineTol of the magnitude.
+// Every bits × group × scale dtype the kernel takes, odd N, K of 1, 3 and 5 groups, a long K and one of 1025
+// groups (the kernel's per-row scale buffer then leaves the stack), T 1, 2, 3, 8 (rows in pairs up to T 4, one
+// at a time above, the matrix's last row alone), with and without bias, one pool thread and three.
+TEST(CpuLinearAffine, Q8GemvMatchesItsReferenceAndTheExactProductWithinInt8Rounding) {
+  std::vector<cpu::LinearIsa> isas;
+  for (cpu::LinearIsa isa : cpu::linear_isas_supported())
+    if (isa != cpu::LinearIsa::Scalar) isas.push_back(isa);
+  if (isas.empty()) GTEST_SKIP() << "no AVX2 on this CPU: the fast mode runs the exact kernels";
+  ThreadPool p1(1), p3(3);
+  uint32_t seed = 5000;
+  int cases = 0;
+  double worst_ref = 0, worst_exact = 0;  // kernel vs reference / mag; kernel vs exact / (rounding bound + tol)
+  for (int bits : {2, 4, 8})
+    for (int G : {32, 64, 128})
+      for (DType dt : {DType::F32, DType::BF16, DType::F16})
+        for (int64_t N : {1, 7, 67, 300})
+          for (int64_t groups : {1, 3, 5, -1, 1025}) {
+            const int64_t K = groups > 0 ? groups * G : 8192;  // -1: a long row (down_proj's K)
+            if ((groups < 0 && N > 67) || (groups > 5 && N != 7)) continue;
+            const AffineCase c = make_case(N, K, bits, G, seed++, dt == DType::F16 ? DType::F16 : DType::BF16);
+            const cpu::AffineMatrix w = dt == DType::F32 ? matrix_f32(c) : matrix_16(c);
+            for (int64_t T : {1, 2, 3, 8}) {
+              const bool with_bias = (cases++ % 2) == 0;
+              const std::vector<float> x = activations(T, K, seed++), bias = random_floats(size_t(N), seed++);
+              const float* b = with_bias ? bias.data() : nullptr;
+              std::vector<float> ref(size_t(T * N), NAN);
+              cpu::linear_affine_q8_reference(p1, x.data(), T, w, b, ref.data());
+              const std::vector<float> exact = reference(c, x, T, b);
+              const Q8Bounds e = q8_bounds(c, x, T, b);
+              for (size_t i = 0; i < ref.size(); ++i)
+                ASSERT_LE(std::fabs(double(ref[i]) - exact[i]), e.rounding[i] + kAffineTol * e.mag[i]) << "reference, output " << i;
+              for (cpu::LinearIsa isa : isas)
+                for (ThreadPool* pool : {&p1, &p3}) {
+                  SCOPED_TRACE(::testing::Message() << cpu::linear_affine_kernel_name(isa, T, cpu::GemmMode::Bf16, bits) << " " << bits
+                                                    << "-bit g" << G << " " << dtype_name(dt) << " T " << T << " N " << N << " K " << K
+                                                    << " bias " << with_bias << " threads " << pool->size());
+                  ASSERT_EQ(cpu::linear_affine_kernel_name(isa, T, cpu::GemmMode::Bf16, bits), "avx2-affine-gemv-q8");
+                  std::vector<float> y(size_t(T * N), NAN);
+                  cpu::linear_affine_with_isa(isa, *pool, x.data(), T, w, b, y.data(), cpu::GemmMode::Bf16);
+                  for (size_t i = 0; i < y.size(); ++i) {
+                    ASSERT_TRUE(std::isfinite(y[i])) << "output " << i;
+                    const double er = std::fabs(double(y[i]) - ref[i]) / e.mag[i];
+                    ASSERT_LE(er, kAffineTol) << "against the q8 reference, output " << i << ": " << y[i] << " vs " << ref[i];
+                    const double ee = std::fabs(double(y[i]) - exact[i]) / (e.rounding[i] + kAffineTol * e.mag[i]);
+                    ASSERT_LE(ee, 1.0) << "against the exact product, output " << i << ": " << y[i] << " vs " << exact[i];
+                    worst_ref = std::max(worst_ref, er), worst_exact = std::max(worst_exact, ee);
+                  }
+                }
+            }
+          }
+  std::printf("q8 gemv over %d cases: worst |Δ| vs its reference / magnitude %.3g (tolerance %.0e); worst |Δ| vs exact / "
+              "(int8 bound + tolerance) %.3g\n",
+              cases, worst_ref, kAffineTol, worst_exact);
+}
+
+// 3, 5 and 6 bits in the fast mode still run the exact GEMV (to the exact tolerance); the CpuBackend in bf16
+// mode sends 2/4/8-bit decode rows to the q8 GEMV and prompt chunks elsewhere.
+TEST(CpuLinearAffine, FastModeDecodeDispatch) {
+  ThreadPool pool(2);
+  for (int bits : {3, 5, 6}) {
+    SCOPED_TRACE(bits);
+    EXPECT_FALSE(cpu::linear_affine_q8_applies(bits));
+    const AffineCase c = make_case(37, 192, bits, 64, uint32_t(bits));
+    const std::vector<float> x = activations(3, 192, 4);
+    std::vector<float> y(3 * 37);
+    cpu::linear_affine(pool, x.data(), 3, matrix_16(c), nullptr, y.data(), cpu::GemmMode::Bf16);
+    const Expected e = expected(c, x, 3, nullptr);
+    for (size_t i = 0; i < y.size(); ++i) ASSERT_LE(std::fabs(double(y[i]) - e.y[i]), kAffineTol * e.mag[i]) << i;
+    EXPECT_EQ(cpu::linear_affine_kernel_name(3, cpu::GemmMode::Bf16, bits), cpu::linear_affine_kernel_name(3, cpu::GemmMode::Exact, bits));
+  }
+  if (!cpu::cpu_features().avx2) GTEST_SKIP() << "no AVX2: the fast mode runs the exact kernels";
+  for (int bits : {2, 4, 8}) EXPECT_TRUE(cpu::linear_affine_q8_applies(bits));
+  EXPECT_EQ(cpu::linear_affine_kernel_name(8, cpu::GemmMode::Bf16, 4), "avx2-affine-gemv-q8");
+  EXPECT_NE(cpu::linear_affine_kernel_name(9, cpu::GemmMode::Bf16, 4), "avx2-affine-gemv-q8");
+  EXPECT_NE(cpu::linear_affine_kernel_name(1, cpu::GemmMode::Exact, 4), "avx2-affine-gemv-q8");
+
+  CpuBackend be(2, WeightPlacement::Copy);
+  be.set_gemm_mode(cpu::GemmMode::Bf16);
+  const int64_t N = 45, K = 320, G = 32;
+  for (int bits : {2, 4, 8, 6})
+    for (int64_t T : {1, 8, 9}) {
+      SCOPED_TRACE(::testing::Message() << bits << "-bit T " << T);
+      const AffineCase c = make_case(N, K, bits, int(G), uint32_t(bits * 10 + T));
+      Linear h;
+      h.format = WeightFormat::Affine, h.n_rows = N, h.n_cols = K, h.bits = bits, h.group_size = int(G);
+      h.data = Tensor(const_cast<uint32_t*>(c.packed.data()), DType::U32, {N, K * bits / 32});
+      h.scales = Tensor(const_cast<uint16_t*>(c.scales16.data()), DType::BF16, {N, K / G});
+      h.biases = Tensor(const_cast<uint16_t*>(c.biases16.data()), DType::BF16, {N, K / G});
+      const Linear l = be.load_linear(h);
+      const std::vector<float> x = activations(T, K, 31);
+      std::vector<float> y(size_t(T * N)), ref(y.size());
+      be.linear(Tensor(const_cast<float*>(x.data()), DType::F32, {T, K}), l, Tensor(y.data(), DType::F32, {T, N}));
+      const bool q8 = T <= cpu::kLinearGemvMaxT && bits != 6;
+      if (q8)
+        cpu::linear_affine_q8_reference(pool, x.data(), T, matrix_16(c), nullptr, ref.data());
+      else if (T > cpu::kLinearGemvMaxT && cpu::cpu_features().avx512_bf16)
+        continue;  // the bf16 GEMM: Bf16GemmMatchesRoundedReference
+      else
+        ref = reference(c, x, T, nullptr);
+      const Q8Bounds e = q8_bounds(c, x, T, nullptr);
+      for (size_t i = 0; i < y.size(); ++i) ASSERT_LE(std::fabs(double(y[i]) - ref[i]), kAffineTol * e.mag[i]) << "q8 " << q8 << " output " << i;
+    }
 }
 
 TEST(CpuLinearAffine, KernelsRejectBadArguments) {

@@ -112,7 +112,8 @@ void affine_linear(ThreadPool& pool, const Tensor& x, const Linear& l, Tensor y)
   cpu::linear_affine(pool, x.as<float>(), x.rows(), affine_matrix(l), l.bias.empty() ? nullptr : l.bias.as<float>(), y.as<float>());
 }
 
-// Affine prompt chunks in bf16 mode on AVX-512 BF16: panels dequantized to bf16, x rounded once (gemm_bf16).
+// Affine weights in bf16 (fast) mode: prompt chunks on AVX-512 BF16 (panels dequantized to bf16, x rounded once:
+// gemm_bf16), and decode rows of 2/4/8-bit weights on AVX2 (x quantized to int8 per 32 columns: the q8 GEMV).
 void affine_bf16_linear(ThreadPool& pool, const Tensor& x, const Linear& l, Tensor y) {
   cpu::linear_affine(pool, x.as<float>(), x.rows(), affine_matrix(l), l.bias.empty() ? nullptr : l.bias.as<float>(), y.as<float>(),
                      cpu::GemmMode::Bf16);
@@ -163,11 +164,15 @@ bool format_supported(const Linear& l) {
 }  // namespace
 
 CpuBackend::LinearKernel CpuBackend::pick_linear(const Linear& l, int64_t rows, cpu::GemmMode mode) {
-  // Prompt chunks in bf16 mode: activations rounded to bf16 once (cpu/gemm_bf16); decode rows stay exact.
+  // Prompt chunks in bf16 mode: activations rounded to bf16 once (cpu/gemm_bf16); dense decode rows stay exact,
+  // affine 2/4/8-bit decode rows take the int8-activation GEMV (cpu/linear_affine.h).
   if (mode == cpu::GemmMode::Bf16 && l.format == WeightFormat::Dense && rows > cpu::kLinearGemvMaxT && cpu::gemm_bf16_applies(l.data.dtype))
     return bf16_gemm_linear;
   if (mode == cpu::GemmMode::Bf16 && l.format == WeightFormat::Affine && rows > cpu::kLinearGemvMaxT && cpu::cpu_features().avx512_bf16 &&
       variant_supported(l))
+    return affine_bf16_linear;
+  if (mode == cpu::GemmMode::Bf16 && l.format == WeightFormat::Affine && rows <= cpu::kLinearGemvMaxT && variant_supported(l) &&
+      cpu::linear_affine_q8_applies(l.bits))
     return affine_bf16_linear;
   for (const auto& e : kLinearKernels)
     if (e.format == l.format && variant_supported(l) && rows >= e.min_rows && rows <= e.max_rows)

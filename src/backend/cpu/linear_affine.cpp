@@ -4,6 +4,7 @@
 #include "backend/cpu/linear_affine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "backend/cpu/cpu_features.h"
@@ -110,21 +111,78 @@ void linear_affine_reference(ThreadPool& pool, const float* x, int64_t T, const 
   });
 }
 
+void linear_affine_q8_reference(ThreadPool& pool, const float* x, int64_t T, const AffineMatrix& w, const float* bias, float* y) {
+  check_args("linear_affine_q8_reference", x, T, w, y);
+  if (T == 0) return;
+  const int64_t K = w.K, G = w.group_size, groups = K / G, blocks = K / 32;
+  // x quantized per 32 columns (f32 operations as the kernel's: max, divide, multiply, round to nearest even).
+  std::vector<int32_t> q(size_t(T * K));
+  std::vector<float> d(size_t(T * blocks)), sx(size_t(T * groups));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float* xb = x + t * K + b * 32;
+      float amax = 0.0f;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
+      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      d[size_t(t * blocks + b)] = amax / 127.0f;
+      for (int j = 0; j < 32; ++j) {
+        const float v = xb[j] * inv;
+        q[size_t(t * K + b * 32 + j)] = int32_t(std::nearbyint(v));
+      }
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      double s = 0;
+      for (int64_t j = g * G; j < (g + 1) * G; ++j) s += x[t * K + j];
+      sx[size_t(t * groups + g)] = float(s);
+    }
+  }
+  const int64_t words = K * w.bits / 32;
+  pool.parallel_for(w.N, 16, [&](int, int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const uint32_t* row = w.packed + n * words;
+      for (int64_t t = 0; t < T; ++t) {
+        double acc = bias ? bias[n] : 0.0;
+        for (int64_t g = 0; g < groups; ++g) {
+          double gs = 0;
+          for (int64_t b = g * G / 32; b < (g + 1) * G / 32; ++b) {
+            int64_t isum = 0;
+            for (int64_t j = b * 32; j < b * 32 + 32; ++j) isum += int64_t(quant::affine_get_code(row, j, w.bits)) * q[size_t(t * K + j)];
+            gs += double(d[size_t(t * blocks + b)]) * double(isum);
+          }
+          acc += double(scale_at(w.scales, w.sdtype, n * groups + g)) * gs +
+                 double(scale_at(w.biases, w.sdtype, n * groups + g)) * double(sx[size_t(t * groups + g)]);
+        }
+        y[t * w.N + n] = float(acc);
+      }
+    }
+  });
+}
+
 namespace {
 bool bf16_gemm(LinearIsa isa, int64_t T, GemmMode mode) {
   return isa == LinearIsa::Avx512Bf16 && T > kLinearGemvMaxT && mode == GemmMode::Bf16;
 }
+bool q8_gemv(LinearIsa isa, int64_t T, GemmMode mode, int bits) {
+  return mode == GemmMode::Bf16 && T <= kLinearGemvMaxT && linear_affine_q8_applies(isa, bits);
+}
 }  // namespace
 
-std::string linear_affine_kernel_name(LinearIsa isa, int64_t T, GemmMode mode) {
+bool linear_affine_q8_applies(LinearIsa isa, int bits) {
+  return isa != LinearIsa::Scalar && (bits == 2 || bits == 4 || bits == 8);
+}
+
+bool linear_affine_q8_applies(int bits) { return linear_affine_q8_applies(linear_isas_supported().back(), bits); }
+
+std::string linear_affine_kernel_name(LinearIsa isa, int64_t T, GemmMode mode, int bits) {
   if (isa == LinearIsa::Scalar) return "scalar-affine-reference";
   if (bf16_gemm(isa, T, mode)) return "avx512bf16-affine-gemm-bf16";
+  if (q8_gemv(isa, T, mode, bits)) return "avx2-affine-gemv-q8";  // the AVX2 code on every level above too
   if (isa == LinearIsa::Avx512Bf16) isa = LinearIsa::Avx512;  // the exact paths use no bf16 instructions
   return fmt::format("{}-affine-{}", linear_isa_name(isa), T <= kLinearGemvMaxT ? "gemv" : "gemm");
 }
 
-std::string linear_affine_kernel_name(int64_t T, GemmMode mode) {
-  return linear_affine_kernel_name(linear_isas_supported().back(), T, mode);
+std::string linear_affine_kernel_name(int64_t T, GemmMode mode, int bits) {
+  return linear_affine_kernel_name(linear_isas_supported().back(), T, mode, bits);
 }
 
 void linear_affine_with_isa(LinearIsa isa, ThreadPool& pool, const float* x, int64_t T, const AffineMatrix& w, const float* bias,
@@ -139,6 +197,26 @@ void linear_affine_with_isa(LinearIsa isa, ThreadPool& pool, const float* x, int
     const affine_detail::Args a{nullptr, nullptr, T, w.K, w.N, reinterpret_cast<const uint8_t*>(w.packed), w.scales, w.biases, w.sdtype,
                                 w.bits, w.group_size, bias, y};
     return gemm_bf16_panels(pool, x, T, w.K, w.N, bias, y, affine_detail::pack_panel_bf16_avx512bf16, &a);
+  }
+  if (q8_gemv(isa, T, mode, w.bits)) {
+    // x quantized per 32 columns into the decode order, per span the lanes' d, Σx per group: once per call on
+    // the caller's scratch, in chunks of kPrepCols columns of one token row; then rows of W over the pool.
+    const int64_t K = w.K, G = w.group_size, groups = K / G, S = affine_detail::q8_span_codes(w.bits);
+    const int64_t spans = (K + S - 1) / S, Kp = spans * S, xb = w.bits == 8 ? 2 : 1;
+    auto* xq = reinterpret_cast<uint8_t*>(thread_scratch<3>(size_t((T * Kp * xb + 3) / 4)));
+    float* xd = thread_scratch<4>(size_t(T * spans * 8));
+    float* sx = thread_scratch<1>(size_t(T * groups));
+    const int64_t chunks = (K + kPrepCols - 1) / kPrepCols;
+    pool.parallel_for(T * chunks, 1, [&](int, int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t t = i / chunks, c0 = (i % chunks) * kPrepCols, c1 = std::min(K, c0 + kPrepCols);
+        affine_detail::q8_prepare_avx2(x + t * K, K, G, w.bits, c0, c1, xq + t * Kp * xb, xd + t * spans * 8, sx + t * groups);
+      }
+    });
+    const affine_detail::Q8Args a{xq, xd, sx, T, K, w.N, reinterpret_cast<const uint8_t*>(w.packed), w.scales, w.biases, w.sdtype,
+                                  w.bits, int(G), bias, y};
+    pool.parallel_for(w.N, kGemvGrain, [&](int, int64_t n0, int64_t n1) { affine_detail::q8_gemv_avx2(a, n0, n1); });
+    return;
   }
   const bool avx2 = isa == LinearIsa::Avx2;
   const int64_t K = w.K, G = w.group_size, groups = K / G;

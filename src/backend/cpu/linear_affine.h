@@ -7,6 +7,12 @@
 //     dequantized once (w = s·q + b in f32) and reused across every token row of the chunk; in GemmMode::Bf16
 //     on an AVX-512 BF16 CPU, gemm_bf16's kernel with panels dequantized and rounded to bf16 (x rounded to
 //     bf16 once per call, as for dense bf16 weights in that mode).
+//   T <= kLinearGemvMaxT in GemmMode::Bf16 (the fast mode), 2, 4 or 8 bits, AVX2 (AVX-512 CPUs too): the
+//     int8-activation GEMV (linear_affine_q8_avx2.cpp): x quantized once per call per 32 columns to int8
+//     with d = max|x|/127 (round to nearest even), codes times int8 x summed exactly in integers
+//     (vpmaddubsw; 8 bits: vpmaddwd on s16), then per 32 columns f32 d·s_group, plus Σ_g b_g·Σx_g with the
+//     exact f32 Σx. Its error against the exact product is at most Σ_j |s_g·q_j|·d_j/2 (x's rounding);
+//     3, 5 and 6 bits still run the exact GEMV in that mode.
 //   Scalar CPUs: the reference kernel.
 // Both fast paths read x with each 32-column unit permuted into the order the codes are decoded in (a copy
 // of x made once per call), so no code is ever shuffled back into column order.
@@ -38,19 +44,31 @@ void affine_dequantize_row(const AffineMatrix& w, int64_t n, float* out);
 // y[T, N] = x[T, K] · W^T (+ bias[N] if not null), x and y f32 row-major. Throws arbor::Error on a bad
 // shape, bits or group size, scale dtype, or a null pointer. Calls on one pool must not overlap; per-thread
 // scratch grows once (the permuted x and Σx: (T*K + T*K/group_size) floats on the calling thread).
-// `mode` matters only for T > kLinearGemvMaxT on an AVX-512 BF16 CPU (see above).
+// `mode` matters for T > kLinearGemvMaxT on an AVX-512 BF16 CPU and for T <= kLinearGemvMaxT with 2, 4 or
+// 8 bits on an AVX2 CPU (see above; linear_affine_q8_applies).
 void linear_affine(ThreadPool& pool, const float* x, int64_t T, const AffineMatrix& w, const float* bias, float* y,
                    GemmMode mode = GemmMode::Exact);
 // The same forced onto one ISA level (tests, bench-linear); throws if this CPU cannot run it.
 void linear_affine_with_isa(LinearIsa isa, ThreadPool& pool, const float* x, int64_t T, const AffineMatrix& w,
                             const float* bias, float* y, GemmMode mode = GemmMode::Exact);
-// "avx2-affine-gemv", "avx512-affine-gemm", "avx512bf16-affine-gemm-bf16", "scalar-affine-reference", ...
-std::string linear_affine_kernel_name(LinearIsa isa, int64_t T, GemmMode mode = GemmMode::Exact);
-std::string linear_affine_kernel_name(int64_t T, GemmMode mode = GemmMode::Exact);
+// Whether GemmMode::Bf16 decode rows (T <= kLinearGemvMaxT) of `bits`-bit weights run the int8-activation
+// GEMV at this ISA level (any level from AVX2 up, bits 2, 4, 8); the second form at the best level here.
+bool linear_affine_q8_applies(LinearIsa isa, int bits);
+bool linear_affine_q8_applies(int bits);
+// "avx2-affine-gemv", "avx2-affine-gemv-q8", "avx512-affine-gemm", "avx512bf16-affine-gemm-bf16",
+// "scalar-affine-reference", ...
+// `bits` only matters in GemmMode::Bf16 at T <= kLinearGemvMaxT (0: a width the q8 GEMV does not take).
+std::string linear_affine_kernel_name(LinearIsa isa, int64_t T, GemmMode mode = GemmMode::Exact, int bits = 0);
+std::string linear_affine_kernel_name(int64_t T, GemmMode mode = GemmMode::Exact, int bits = 0);
 
 // The reference: per output row, dequantize the row once in f32 (affine_dequantize_row), then dot it with each
 // activation row (f32, 8 partial sums). Rows of W spread over the pool. What the fast kernels are tested against.
 void linear_affine_reference(ThreadPool& pool, const float* x, int64_t T, const AffineMatrix& w, const float* bias, float* y);
+
+// The int8-activation product the q8 GEMV computes, in plain scalar code (double sums): per token row t and
+// 32-column block b, d = max|x|/127 and q_j = nearbyint(x_j · (127/max|x|)) (all in f32, as the kernel); then
+// y[t, n] = Σ_g s_g · Σ_{b in g} d_b · Σ_{j in b} code_j·q_j + Σ_g b_g·Σ_{j in g} x_j (+ bias[n]). Any bits.
+void linear_affine_q8_reference(ThreadPool& pool, const float* x, int64_t T, const AffineMatrix& w, const float* bias, float* y);
 
 // ---- Internal: the per-ISA kernels and their shared arguments ----------------------------------------
 namespace affine_detail {
@@ -80,6 +98,26 @@ void pack_panel_avx2(const void* ctx, int64_t nb, int64_t nw, int64_t kb, int64_
 void pack_panel_avx512(const void* ctx, int64_t nb, int64_t nw, int64_t kb, int64_t kc, float* P);
 // Bf16PanelPacker for gemm_bf16_panels (ctx: const Args*; x in natural order, xp not read).
 void pack_panel_bf16_avx512bf16(const void* ctx, int64_t nb, int64_t nw, int64_t pb, int64_t kcp, uint32_t* P);
+
+// The int8-activation GEMV (linear_affine_q8_avx2.cpp), 2, 4 and 8 bits. A span is 32 bytes of a row's
+// codes, S = q8_span_codes(bits) codes (128, 64, 32); x rows are padded to Kp = K rounded up to S.
+int64_t q8_span_codes(int bits);
+struct Q8Args {
+  const void* xq;   // [T, Kp] quantized x in decode order: int8 (2, 4 bits) or int16 (8 bits), 32-byte aligned
+  const float* xd;  // [T, Kp/S, 8] per span, each s32 lane's d (its 32-column block's scale)
+  const float* sx;  // [T, K/G] exact Σx per group
+  int64_t T, K, N;
+  const uint8_t* codes;
+  const void* scales;
+  const void* biases;
+  DType sdtype;
+  int bits, G;
+  const float* bias;
+  float* y;
+};
+// Columns [c0, c1) of one row xr of x (c0 a multiple of 1024, c1 = min(K, c0 + 1024)) into the row's xq, xd and sx.
+void q8_prepare_avx2(const float* xr, int64_t K, int64_t G, int bits, int64_t c0, int64_t c1, void* xq, float* xd, float* sx);
+void q8_gemv_avx2(const Q8Args& a, int64_t n0, int64_t n1);
 
 }  // namespace affine_detail
 }  // namespace arbor::cpu
