@@ -21,6 +21,7 @@
 #ifdef ARBOR_HAS_CUDA
 #include "backend/cuda/affine.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/trellis.h"
 #endif
 
 namespace {
@@ -116,9 +117,12 @@ struct AffineCopies {
 // plus scale/bias words) and as a fraction of the device-to-device copy bandwidth measured in the same run.
 int bench_linear_cuda(const arbor::cli::Args& args) {
 #ifdef ARBOR_HAS_CUDA
-  const int bits = int(args.get_int("bits", 4)), gs = int(args.get_int("group-size", 64)), reps = int(args.get_int("reps", 20));
-  ARBOR_CHECK((bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8) && (gs == 32 || gs == 64 || gs == 128),
+  const bool trellis = args.get_or("format", "dense") == "trellis";
+  const int bits = int(args.get_int("bits", trellis ? 2 : 4)), gs = int(args.get_int("group-size", 64)), reps = int(args.get_int("reps", 20));
+  ARBOR_CHECK(!trellis || bits == 2 || bits == 3 || bits == 4, "bench-linear: --format trellis: --bits {} (2, 3, 4)", bits);
+  ARBOR_CHECK(trellis || ((bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8) && (gs == 32 || gs == 64 || gs == 128)),
               "bench-linear: --bits must be 2/3/4/5/6/8 and --group-size 32/64/128 (got {} and {})", bits, gs);
+  const int64_t max_T = trellis ? arbor::cuda::kTrellisGemvMaxRows : arbor::cuda::kAffineGemvMaxRows;
   std::vector<int64_t> Ts;
   const std::string tlist = args.get_or("decode-tokens", "1");
   for (size_t b = 0; b <= tlist.size();) {
@@ -130,13 +134,16 @@ int bench_linear_cuda(const arbor::cli::Args& args) {
     b = e + 1;
   }
   for (int64_t T : Ts)
-    ARBOR_CHECK(T >= 1 && T <= arbor::cuda::kAffineGemvMaxRows, "bench-linear: --decode-tokens {} (1..{} on cuda)", T,
-                arbor::cuda::kAffineGemvMaxRows);
+    ARBOR_CHECK(T >= 1 && T <= max_T, "bench-linear: --decode-tokens {} (1..{} on cuda)", T, max_T);
   std::string why;
   ARBOR_CHECK(arbor::cuda_device_available(&why), "bench-linear: --device cuda: {}", why);
   const double bw = arbor::cuda_measure_copy_bandwidth();
-  std::printf("bench-linear: cuda, affine %d-bit g%d weights (bf16 scale/bias), copy bandwidth %.1f GB/s (read + written, median of 10)\n\n",
-              bits, gs, bw / 1e9);
+  if (trellis)  // the down projection on axis 0 (stored transposed), the rest on axis 1, as arbor synth --format trellis
+    std::printf("bench-linear: cuda, trellis k=%d weights (1MAD, f32 row scales), copy bandwidth %.1f GB/s (read + written, median of 10)\n\n",
+                bits, bw / 1e9);
+  else
+    std::printf("bench-linear: cuda, affine %d-bit g%d weights (bf16 scale/bias), copy bandwidth %.1f GB/s (read + written, median of 10)\n\n",
+                bits, gs, bw / 1e9);
   std::printf("%-13s %-9s %-14s %3s %10s %9s %8s %7s\n", "model", "linear", "N x K", "T", "MB", "us", "GB/s", "of copy");
   struct Shape {
     const char* name;
@@ -145,8 +152,10 @@ int bench_linear_cuda(const arbor::cli::Args& args) {
   for (const Shape& s : {Shape{"q/o_proj", 4096, 4096}, Shape{"k/v_proj", 1024, 4096}, Shape{"gate/up", 14336, 4096},
                          Shape{"down", 4096, 14336}, Shape{"lm_head", 128256, 4096}})
     for (int64_t T : Ts) {
-      const double bytes = arbor::cuda::affine_weight_bytes(s.N, s.K, bits, gs);
-      const double sec = arbor::cuda::time_affine_gemv(s.N, s.K, T, bits, gs, reps);
+      const int axis = std::string(s.name) == "down" ? 0 : 1;
+      const double bytes = trellis ? arbor::cuda::trellis_weight_bytes(s.N, s.K, bits, axis) : arbor::cuda::affine_weight_bytes(s.N, s.K, bits, gs);
+      const double sec = trellis ? arbor::cuda::time_trellis_gemv(s.N, s.K, T, bits, axis, reps)
+                                 : arbor::cuda::time_affine_gemv(s.N, s.K, T, bits, gs, reps);
       std::printf("%-13s %-9s %6lld x %-5lld %3lld %10.2f %9.2f %8.1f %6.1f%%\n", "llama-3.1-8b", s.name, (long long)s.N, (long long)s.K,
                   (long long)T, bytes / 1e6, sec * 1e6, bytes / sec / 1e9, 100.0 * bytes / sec / bw);
       std::fflush(stdout);
@@ -399,8 +408,9 @@ int cmd_bench_linear(const std::vector<std::string>& argv) {
 }  // namespace
 
 ARBOR_VERB("bench-linear", "benchmark the linear kernels at model shapes (GB/s, % of bandwidth, GFLOP/s)", "[flags]",
-           "  --device cpu|cuda     cpu (default): the CPU kernels below; cuda: the affine decode GEMV at\n"
-           "                        Llama-3.1-8B's shapes against the measured copy bandwidth\n"
+           "  --device cpu|cuda     cpu (default): the CPU kernels below; cuda: the affine (--format trellis: the\n"
+           "                        trellis, down on axis 0) decode GEMV at Llama-3.1-8B's shapes against the\n"
+           "                        measured copy bandwidth\n"
            "  --model NAME          shapes of qwen3-0.6b, llama-3.2-1b or all (default all)\n"
            "  --dtype bf16|f16|f32  weight type (default bf16); with --bits, of the scales and biases\n"
            "  --bits B              MLX affine weights of B bits (2, 3, 4, 5, 6, 8); GB/s count codes, scales\n"

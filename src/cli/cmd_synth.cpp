@@ -33,12 +33,7 @@ int cmd_synth(const std::vector<std::string>& args) {
     ModelConfig c = parse_model_config(j, "synth config");
     const ArchDescriptor& arch = find_arch(c);
     apply_arch_defaults(c, arch);
-    quant::TrellisRecipe r;
-    r.bits = int(a.get_int("bits", 2));
-    r.down_axis = int(a.get_int("down-axis", 0));
-    r.down_suffix = arch.names.down;
-    for (const std::string& t : {arch.names.embed, arch.names.lm_head})
-      if (t.size() > 7) r.dense.insert(t.substr(0, t.size() - 7));
+    const quant::TrellisRecipe r = trellis_synth_recipe(arch, int(a.get_int("bits", 2)), int(a.get_int("down-axis", 0)));
     quant::check_trellis_recipe(r, "arguments: --bits/--down-axis");
     std::vector<quant::TrellisSynthTensor> ts;
     for (const TensorSpec& s : expected_tensors(c, arch)) ts.push_back({s.name, s.shape});

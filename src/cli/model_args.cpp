@@ -16,11 +16,13 @@
 #include "core/error.h"
 #include "core/json.h"
 #include "quant/affine.h"
+#include "quant/trellis_convert.h"
 
 namespace arbor::cli {
 
 std::set<std::string> model_value_flags() {
-  return {"model", "config", "device", "threads", "weights", "ctx-size", "kv-blocks", "dtype", "cpu-gemm", "kv-cache", "bits", "group-size"};
+  return {"model",    "config",   "device", "threads",    "weights", "ctx-size", "kv-blocks",
+          "dtype",    "cpu-gemm", "kv-cache", "bits", "group-size", "format", "down-axis"};
 }
 std::set<std::string> model_bool_flags() { return {"dummy-weights"}; }
 
@@ -96,9 +98,27 @@ std::string default_model_dir() {
 
 DummyQuant dummy_quant_from_args(const Args& a, bool dummy_weights) {
   DummyQuant q;
-  if (!a.has("bits") && !a.has("group-size")) return q;
+  const std::string format = a.get_or("format", a.has("bits") || a.has("group-size") ? "affine" : "dense");
+  if (format != "dense" && format != "affine" && format != "trellis")
+    fail("arguments: --format must be dense, affine or trellis (the dummy weights' format), got '{}'", format);
+  if (format != "trellis" && a.has("down-axis")) fail("arguments: --down-axis is for --format trellis");
+  if (format == "dense") {
+    if (a.has("bits") || a.has("group-size")) fail("arguments: --bits/--group-size make quantized weights, not --format dense");
+    return q;
+  }
   if (!dummy_weights)
-    fail("arguments: --bits/--group-size make quantized --dummy-weights; a checkpoint's quantization comes from its config.json");
+    fail("arguments: --format/--bits/--group-size make quantized --dummy-weights; a checkpoint's quantization comes from its "
+         "config.json");
+  if (format == "trellis") {  // as arbor synth --format trellis writes them
+    if (a.has("group-size")) fail("arguments: --group-size is for affine weights (trellis blocks are 256)");
+    q.format = WeightFormat::Trellis;
+    q.trellis_bits = int(a.get_int("bits", 2));
+    q.trellis_down_axis = int(a.get_int("down-axis", 0));
+    quant::TrellisRecipe r;
+    r.bits = q.trellis_bits, r.down_axis = q.trellis_down_axis;
+    quant::check_trellis_recipe(r, "arguments: --bits/--down-axis");
+    return q;
+  }
   q.format = WeightFormat::Affine;
   q.affine = {int(a.get_int("group-size", 64)), int(a.get_int("bits", 4))};
   quant::check_affine_params(q.affine, "arguments: --bits/--group-size");

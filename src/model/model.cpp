@@ -13,8 +13,10 @@
 #include "core/log.h"
 #include "core/thread_pool.h"
 #include "io/checkpoint.h"
+#include "model/synth.h"
 #include "quant/affine.h"
 #include "quant/affine_synth.h"
+#include "quant/trellis_convert.h"
 
 namespace arbor {
 
@@ -47,6 +49,7 @@ Tensor first_rows(const Tensor& t, int64_t n) { return t.row_slice(0, n); }
 
 std::string DummyQuant::describe() const {
   if (format == WeightFormat::Affine) return fmt::format("affine {}-bit g{}", affine.bits, affine.group_size);
+  if (format == WeightFormat::Trellis) return fmt::format("trellis {}-bit", trellis_bits);
   return weight_format_name(format);
 }
 
@@ -80,11 +83,32 @@ Model::Model(const LoadOptions& opt, Backend& backend) : backend_(backend) {
   std::optional<quant::AffineQuantConfig> affine;
   QuantizedSource quantized;
   std::set<std::string, std::less<>> dummy_affine;  // modules --dummy-weights quantizes
+  struct DummyTrellis {
+    quant::TrellisConfig cfg;
+    int64_t out = 0, in = 0;
+  };
+  std::map<std::string, DummyTrellis, std::less<>> dummy_trellis;  // modules --dummy-weights trellis-codes
   if (opt.dummy_weights) {
     fill_pool = std::make_unique<ThreadPool>(0);
     const DummyQuant& dq = opt.dummy_quant;
-    ARBOR_CHECK(dq.format == WeightFormat::Dense || dq.format == WeightFormat::Affine,
-                "model: --dummy-weights cannot make {} weights (dense or affine)", weight_format_name(dq.format));
+    if (dq.format == WeightFormat::Trellis) {  // what arbor synth --format trellis writes, module by module
+      const quant::TrellisRecipe r = trellis_synth_recipe(a, dq.trellis_bits, dq.trellis_down_axis);
+      quant::check_trellis_recipe(r, "model: dummy weights");
+      affine.emplace();
+      for_each_weight(c, a, nullptr, [&](const WeightSlot& s) {
+        if (s.kind != WeightSlot::Kind::Matrix) return;
+        if (const std::optional<quant::TrellisConfig> tc = quant::trellis_recipe_config(r, s.name, s.rows, s.cols)) {
+          affine->trellis[s.name] = *tc;
+          dummy_trellis[s.name] = {*tc, s.rows, s.cols};
+        }
+      });
+      quantized.affine = &*affine;
+      quantized.has = [&](const std::string& name) {  // asked for "<module>.scales" and "<module>.biases"
+        const size_t dot = name.rfind('.');
+        return dot != std::string::npos && std::string_view(name).substr(dot) == ".scales" &&
+               dummy_trellis.count(std::string_view(name).substr(0, dot)) > 0;
+      };
+    }
     if (dq.format == WeightFormat::Affine) {
       quant::check_affine_params(dq.affine, "model: dummy weights");
       affine = quant::AffineQuantConfig{dq.affine, {}, {}, std::nullopt};
@@ -104,6 +128,20 @@ Model::Model(const LoadOptions& opt, Backend& backend) : backend_(backend) {
       const std::string_view part = std::string_view(s.name).substr(dot == std::string::npos ? s.name.size() : dot);
       int64_t n = 1;
       for (auto d : s.shape) n *= d;
+      if (part == ".weight" || part == ".scales") {
+        if (const auto it = dummy_trellis.find(module); it != dummy_trellis.end()) {
+          const DummyTrellis& t = it->second;
+          const bool words = part == ".weight";
+          const DType dt = words ? DType::U32 : DType::F16;
+          const size_t bytes = size_t(n) * dtype_size(dt);
+          dummy_.emplace_back(new uint8_t[bytes]);
+          void* out = dummy_.back().get();
+          quant::trellis_synth_matrix(std::string(module) + ".weight", t.cfg, t.out, t.in, words ? static_cast<uint32_t*>(out) : nullptr,
+                                      words ? nullptr : static_cast<uint16_t*>(out), fill_pool.get());
+          account(s.name, dt, bytes);
+          return host_tensor(out, dt, s.shape);
+        }
+      }
       if ((part == ".weight" || part == ".scales" || part == ".biases") && dummy_affine.count(module)) {
         const quant::AffineParams& p = dq.affine;
         const bool codes = part == ".weight";

@@ -7,8 +7,11 @@
 
 #include "core/dtype.h"
 #include "core/json.h"
+#include "quant/trellis_convert.h"
 
 namespace arbor {
+
+struct ArchDescriptor;
 
 struct SynthStats {
   uint64_t tensors = 0, bytes = 0, shards = 0;
@@ -18,5 +21,10 @@ struct SynthStats {
 SynthStats write_synthetic_checkpoint(const json& config_json, const std::string& out_dir, DType dtype,
                                       uint64_t shard_bytes = uint64_t(4) << 30,
                                       const std::function<void(uint64_t)>& progress = nullptr);
+
+// The recipe `arbor synth --format trellis` (and --dummy-weights --format trellis) codes an architecture
+// with: the layers' linears at `bits`, the architecture's down projection on `down_axis`, the rest on axis 1,
+// the embedding and the head dense.
+quant::TrellisRecipe trellis_synth_recipe(const ArchDescriptor& a, int bits, int down_axis);
 
 }  // namespace arbor

@@ -368,3 +368,70 @@ TEST(TrellisModel, LoadErrorsNameTheTensor) {
 }
 
 }  // namespace
+
+// --dummy-weights --format trellis (LoadOptions::dummy_quant) makes, in memory, exactly what `arbor synth --format
+// trellis` writes (trellis_synth_recipe): the same bytes, the same formats, the same logits bit for bit; parameters
+// count weights, as for the dense model of the config. With ffn 640 and the down projection on axis 1 its coded
+// length (640) is not whole blocks: it stays dense in both.
+TEST(TrellisModel, DummyWeightsAreWhatSynthWrites) {
+  for (const auto& [k, down_axis] : {std::pair{2, 0}, std::pair{3, 0}, std::pair{4, 0}, std::pair{3, 1}}) {
+    SCOPED_TRACE(fmt::format("k={} down axis {}", k, down_axis));
+    const std::string q = temp_dir(fmt::format("dummy_{}_{}", k, down_axis));
+    json cfg = small_llama();
+    if (down_axis == 1) cfg["intermediate_size"] = 640;
+    ModelConfig c = parse_model_config(cfg, "test config");
+    const ArchDescriptor& a = find_arch(c);
+    apply_arch_defaults(c, a);
+    synth_trellis(cfg, q, trellis_synth_recipe(a, k, down_axis));
+    const std::string plain = q + "/plain_config.json";
+    std::ofstream(plain) << cfg.dump();
+    CpuBackend bq(2, WeightPlacement::Mapped), bd(2, WeightPlacement::Copy), bdense(1, WeightPlacement::Mapped);
+    LoadOptions oq, od, odense;
+    oq.model_dir = q;
+    od.config_path = plain, od.dummy_weights = true, od.dummy_quant.format = WeightFormat::Trellis;
+    od.dummy_quant.trellis_bits = k, od.dummy_quant.trellis_down_axis = down_axis;
+    odense.config_path = plain, odense.dummy_weights = true;
+    Model mq(oq, bq), md(od, bd), mdense(odense, bdense);
+    EXPECT_EQ(md.weight_bytes(), mq.weight_bytes());
+    EXPECT_EQ(md.embed_bytes(), mq.embed_bytes());
+    EXPECT_EQ(md.weight_dtypes(), "BF16, F16, U32");
+    EXPECT_EQ(md.weight_formats(), mq.weight_formats());
+    EXPECT_EQ(md.parameter_count(), mdense.parameter_count());
+    // Words take k/8 bytes a weight, scales 2 bytes a coded row; embedding, head and norms bf16.
+    const int64_t V = 97, H = 512, F = down_axis == 1 ? 640 : 768, L = 2, Q = 512, KV = 256;
+    auto coded = [&](int64_t rows, int64_t cols) { return uint64_t(rows * cols * k / 8 + rows * 2); };  // rows: coded rows
+    uint64_t want = uint64_t(2 * V * H * 2 + (2 * L + 1) * H * 2);
+    want += uint64_t(L) * (coded(Q, H) + 2 * coded(KV, H) + coded(H, Q) + 2 * coded(F, H) +
+                           (down_axis == 1 ? uint64_t(H * F * 2) : coded(F, H)));
+    EXPECT_EQ(md.weight_bytes(), want);
+    const std::string formats = md.weight_formats();
+    EXPECT_NE(formats.find(fmt::format("trellis {}-bit axis 1 x", k)), std::string::npos) << formats;
+    EXPECT_EQ(formats.find(fmt::format("trellis {}-bit axis 0 x{}", k, L)) != std::string::npos, down_axis == 0) << formats;
+    EXPECT_EQ(formats.find("dense BF16 x4") != std::string::npos, down_axis == 1) << formats;  // + embedding, head
+    BlockPool pq(bq.kv_layout().n_blocks, 16), pd(bd.kv_layout().n_blocks, 16);
+    GenerateRequest req;
+    req.prompt = {1, 5, 9, 77, 3, 96, 0, 41, 12, 8, 60};
+    req.max_tokens = 4;
+    req.keep_logits = true;
+    const GenerateResult rq = generate(mq, pq, req), rd = generate(md, pd, req);
+    EXPECT_EQ(rq.tokens, rd.tokens);
+    ASSERT_EQ(rq.logits.size(), rd.logits.size());
+    ASSERT_FALSE(rd.logits.empty());
+    EXPECT_EQ(std::memcmp(rq.logits.data(), rd.logits.data(), rq.logits.size() * sizeof(float)), 0);
+    for (float v : rd.logits) ASSERT_TRUE(std::isfinite(v));
+  }
+}
+
+TEST(TrellisModel, DummyWeightsRejectUnsupportedBits) {
+  CpuBackend be(1, WeightPlacement::Mapped);
+  const std::string d = temp_dir("dummy_bad");
+  std::ofstream(d + "/config.json") << small_llama().dump();
+  LoadOptions o;
+  o.config_path = d + "/config.json", o.dummy_weights = true, o.dummy_quant.format = WeightFormat::Trellis;
+  o.dummy_quant.trellis_bits = 5;
+  std::string e = test::error_of([&] { Model m(o, be); });
+  EXPECT_NE(e.find("trellis bits 5"), std::string::npos) << e;
+  o.dummy_quant.trellis_bits = 2, o.dummy_quant.trellis_down_axis = 2;
+  e = test::error_of([&] { Model m(o, be); });
+  EXPECT_NE(e.find("down axis 2"), std::string::npos) << e;
+}

@@ -15,7 +15,9 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.h"
+#include "backend/cuda/trellis.h"
 #include "core/error.h"
+#include "quant/trellis.h"
 #include "core/log.h"
 
 namespace arbor {
@@ -116,13 +118,15 @@ CudaBackend::LinearKernel CudaBackend::pick_linear(const Linear& l, int64_t rows
                                                            l.bits == 8) && (l.group_size == 32 || l.group_size == 64 || l.group_size == 128);
   // (the device layout, affine.h: scale/bias pairs [rows, groups, 2]; host tensors have no kernel)
   const bool loaded = l.scales.ndim == 3 && (l.scales.dtype == DType::BF16 || l.scales.dtype == DType::F16);
+  if (l.format == WeightFormat::Trellis && l.scales.dtype == DType::F32 && l.scales.device == Device::CUDA) return LinearKernel::GemvTrellis;
   if (affine && loaded)
     return rows <= cuda::kAffineGemvMaxRows    ? LinearKernel::GemvAffine
            : rows < affine_dequant_min_rows_ ? LinearKernel::GemmAffine
                                              : LinearKernel::DequantAffineLt;
   fail("cuda: no linear kernel for {} weights at {} rows; supported: dense BF16 or F16 (on the device) at any rows: GEMV up to {} "
        "rows (and where the tensor-core GEMV takes the shape), cuBLASLt beyond; affine 2/3/4/5/6/8-bit g32/64/128 (loaded by "
-       "load_linear): GEMV up to {} rows, a tensor-core GEMM to {}, dequantization + cuBLASLt beyond",
+       "load_linear): GEMV up to {} rows, a tensor-core GEMM to {}, dequantization + cuBLASLt beyond; trellis k 2/3/4 (loaded by "
+       "load_linear): GEMV (over slices of 8 rows past 8)",
        l.describe(), rows, gemv_max_rows_, cuda::kAffineGemvMaxRows, affine_dequant_min_rows_ - 1);
 }
 void CudaBackend::set_prefill_kernel(const char* name) { cuda::set_prefill_kernel(cuda::parse_prefill_kernel(name)); }
@@ -331,11 +335,12 @@ void CudaBackend::stage_copy(void* dst, const void* src, size_t bytes, bool f32_
 }
 
 Linear CudaBackend::load_linear(const Linear& host) {
-  ARBOR_CHECK(host.format == WeightFormat::Dense || host.format == WeightFormat::Affine,
-              "cuda: cannot load {} weights; supported: dense F32, BF16, F16 (F32 becomes BF16), affine 2/3/4/5/6/8-bit g32/64/128",
-              host.describe());
+  ARBOR_CHECK(host.format == WeightFormat::Dense || host.format == WeightFormat::Affine || host.format == WeightFormat::Trellis,
+              "cuda: cannot load {} weights; supported: dense F32, BF16, F16 (F32 becomes BF16), affine 2/3/4/5/6/8-bit g32/64/128, "
+              "trellis k 2/3/4", host.describe());
   Linear l = host;
   if (host.format == WeightFormat::Affine) load_affine(host, l);
+  else if (host.format == WeightFormat::Trellis) load_trellis(host, l);
   else l.data = load_weight(host.data);
   if (!host.bias.empty()) l.bias = load_weight(host.bias);
   return l;
@@ -373,6 +378,32 @@ void CudaBackend::load_affine(const Linear& host, Linear& l) {
   sb.data = device_alloc(sb.nbytes());
   stage_copy(sb.data, pairs.data(), sb.nbytes(), false);
   l.data = codes, l.scales = sb, l.biases = Tensor();
+}
+
+// trellis.h's layout: the words in the plain layout (the k = 3 axis-0 interleaved file layout de-interleaved
+// here), the f16 row scales as f32.
+void CudaBackend::load_trellis(const Linear& host, Linear& l) {
+  const char* on = std::getenv("ARBOR_CUDA_TRELLIS");
+  ARBOR_CHECK(on && std::strcmp(on, "1") == 0,
+              "cuda: {}: the CUDA trellis GEMV has not been checked on a GPU yet; set ARBOR_CUDA_TRELLIS=1 to run it anyway",
+              host.describe());
+  quant::TrellisConfig tc;
+  tc.bits = host.bits, tc.group_size = host.group_size, tc.axis = host.axis;
+  ARBOR_CHECK((tc.bits == 2 || tc.bits == 3 || tc.bits == 4) && tc.group_size == 256 && (tc.axis == 0 || tc.axis == 1),
+              "cuda: cannot load {} weights; supported: trellis k 2/3/4, blocks of 256, axis 0 or 1", host.describe());
+  const quant::TrellisGeometry g = quant::trellis_geometry(host.describe(), tc, host.data, host.scales, host.rows(), host.cols());
+  const int64_t W = g.words_per_row();
+  Tensor words(nullptr, DType::U32, {g.rows, W}, Device::CUDA);
+  words.data = device_alloc(words.nbytes());
+  if (g.interleaved) {
+    const std::vector<uint32_t> plain = quant::trellis_deinterleave_k3(host.data.as<const uint32_t>(), g.rows, g.cols);
+    stage_copy(words.data, plain.data(), words.nbytes(), false);
+  } else {
+    stage_copy(words.data, host.data.data, words.nbytes(), false);
+  }
+  std::vector<float> sc(size_t(g.rows));
+  for (int64_t r = 0; r < g.rows; ++r) sc[size_t(r)] = f16_to_f32(host.scales.as<const uint16_t>()[r]);
+  l.data = words, l.scales = upload_table(sc, {g.rows}), l.biases = Tensor();
 }
 
 Tensor CudaBackend::load_weight(const Tensor& host) {
@@ -607,6 +638,18 @@ void CudaBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
                 workspace_bytes_, st(stream_), N);
       }
       if (bias) launch_add_bias(y.data, y.dtype, bias, T, N, st(stream_));
+      return;
+    }
+    case LinearKernel::GemvTrellis: {
+      // Past kTrellisGemvMaxRows rows: the GEMV over slices of that many rows (a stopgap for prefill).
+      const TrellisWeights w = trellis_weights(l);
+      const int64_t partials = trellis_gemv_scratch_floats(w, std::min(T, kTrellisGemvMaxRows), n_sms_);
+      if (partials > 0) ensure(scratch_, scratch_cap_, size_t(partials) * 4);
+      const size_t ysize = dtype_size(y.dtype);
+      for (int64_t r0 = 0; r0 < T; r0 += kTrellisGemvMaxRows)
+        launch_trellis_gemv(w, x.as<uint16_t>() + r0 * K, bias, static_cast<char*>(y.data) + size_t(r0 * N) * ysize, y.dtype == DType::F32,
+                            std::min(kTrellisGemvMaxRows, T - r0), partials > 0 ? static_cast<float*>(scratch_) : nullptr, n_sms_,
+                            stream_);
       return;
     }
     case LinearKernel::GemvBf16:

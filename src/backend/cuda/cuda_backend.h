@@ -56,8 +56,10 @@ class CudaBackend : public Backend {
   // past gemv_max_rows) or cuBLASLt, for dense BF16 or F16 weights; affine (affine.h) up to 8 rows the
   // affine GEMV (affine_gemv.cu), 9 to affine_dequant_min_rows_ - 1 the tensor-core GEMM that dequantizes
   // tiles in its main loop (affine_gemm.cu), from there on W dequantized to bf16 once (in slices of at most
-  // affine_dequant_bytes_) and cuBLASLt; anything else throws, naming the layer's format and the supported pairs.
-  enum class LinearKernel : uint8_t { GemvBf16, GemvF16, LtBf16, LtF16, GemvAffine, GemmAffine, DequantAffineLt };
+  // affine_dequant_bytes_) and cuBLASLt; trellis (trellis.h) the trellis GEMV (trellis_gemv.cu) at any rows,
+  // over slices of 8 rows past 8 (a stopgap for prefill); anything else throws, naming the layer's format and
+  // the supported pairs.
+  enum class LinearKernel : uint8_t { GemvBf16, GemvF16, LtBf16, LtF16, GemvAffine, GemmAffine, DequantAffineLt, GemvTrellis };
   LinearKernel pick_linear(const Linear& l, int64_t rows) const;
   void rope(Tensor x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const Tensor& cos, const Tensor& sin) override;
   void kv_write(int64_t layer, const Tensor& k, const Tensor& v) override;
@@ -154,6 +156,9 @@ class CudaBackend : public Backend {
   void ensure(void*& buf, size_t& cap, size_t bytes);  // grows a scratch buffer (synchronises when it does)
   void stage_copy(void* dst, const void* src, size_t bytes, bool f32_to_bf16);
   void load_affine(const Linear& host, Linear& l);  // load_linear's affine part (affine.h's layout)
+  // load_linear's trellis part (trellis.h's layout). The trellis GEMV has not run on a GPU yet (session 14):
+  // it loads only with ARBOR_CUDA_TRELLIS=1 in the environment, else fails saying so.
+  void load_trellis(const Linear& host, Linear& l);
   void upload_meta(const std::vector<int32_t>& host, void*& dev, size_t& cap);
   const BatchInfo& batch() const;
   // Host-side checks of the ops against the current batch; the per-token parts run once per batch.

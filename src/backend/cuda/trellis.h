@@ -1,0 +1,120 @@
+// Trellis weights on the device (QTIP bitshift trellis, 1MAD code, L = 12, blocks of 256; formats.md §3): the
+// layout CudaBackend::load_linear uploads and the decode GEMV (trellis_gemv.cu) reads.
+//
+// The device Linear holds: data = the words in the plain layout, U32 [coded rows, coded cols*k/32] (the k = 3
+// axis-0 interleaved file layout is de-interleaved on the host first; quant::trellis_deinterleave_k3);
+// scales = F32 [coded rows], the file's f16 scale as f32 (exact). Axis 1: coded rows are the output rows,
+// coded along the inputs; axis 0: coded rows are the input columns, coded along the outputs (the transposed
+// down projection). trellis_weights() reads that back (checking it). Plain C++ (no fmt, no CUDA headers): .cu
+// files include it too.
+//
+// Decode of weight t of a 256-weight block (words w[0..wpb)): the 12-bit window at bit (255-t)*k, wrapping
+// from the block's end to its start; x = state*34038481 + 76625530 (mod 2^32); y = bytesum(x) - 510;
+// weight = float(y) * (1/147.800537109375) * scale. The kernels sum y·x per coded row (axis 1) or y·(x·scale)
+// (axis 0) in f32 and apply the constant factors once, so they agree with quant::trellis_decode_linear's f32
+// weights to f32 rounding (not bit for bit).
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+struct CUstream_st;  // cudaStream_t without the CUDA headers
+
+namespace arbor {
+struct Linear;
+}
+
+namespace arbor::cuda {
+
+struct TrellisWeights {
+  const uint32_t* words;  // [coded rows, coded cols*bits/32], plain layout
+  const float* scales;    // [coded rows]
+  int64_t rows, cols;     // the linear's [out, in]
+  int bits, axis;
+  int64_t coded_rows() const { return axis == 1 ? rows : cols; }
+  int64_t coded_cols() const { return axis == 1 ? cols : rows; }
+};
+
+// The device view of a trellis Linear that CudaBackend::load_linear returned. Fails (arbor::Error) naming the
+// layer when it is not one: another format, host tensors, or tensors not in the layout above.
+TrellisWeights trellis_weights(const Linear& l);
+
+// ---- the lane decode the kernels use (host-callable, so a CPU test checks its index math) ------------------
+// Lane l of a warp decodes weights 8l..8l+7 of a 256-weight block. Their bits, with the 12-bit windows of all
+// eight, are the 7k + 12 bits from bit (248 - 8l)·k: inside words trellis_lane_word and trellis_lane_word2
+// (the next one, wrapping to word 0 for lane 0: tail-biting), from bit trellis_lane_off of the first. The
+// lane aligns them once (lo = funnel(w0, w1, off), hi = w1 >> off); weight 8l + j's y is then
+// trellis_lane_y<K>(lo, hi, j).
+#if defined(__CUDACC__)
+#define ARBOR_TRELLIS_HD __host__ __device__ __forceinline__
+#else
+#define ARBOR_TRELLIS_HD inline
+#endif
+template <int K>
+ARBOR_TRELLIS_HD int trellis_lane_word(int lane) {
+  return ((248 - 8 * lane) * K) >> 5;
+}
+template <int K>
+ARBOR_TRELLIS_HD int trellis_lane_word2(int lane) {
+  return trellis_lane_word<K>(lane) + 1 == 8 * K ? 0 : trellis_lane_word<K>(lane) + 1;
+}
+template <int K>
+ARBOR_TRELLIS_HD int trellis_lane_off(int lane) {
+  return ((248 - 8 * lane) * K) & 31;
+}
+// Bits [s, s + 32) of the pair hi:lo, s in 0..31 (__funnelshift_r).
+ARBOR_TRELLIS_HD uint32_t trellis_funnel(uint32_t lo, uint32_t hi, int s) {
+#if defined(__CUDA_ARCH__)
+  return __funnelshift_r(lo, hi, unsigned(s));
+#else
+  return uint32_t(((uint64_t(hi) << 32) | lo) >> (s & 31));
+#endif
+}
+// y = bytesum(state·34038481 + 76625530) - 510 as an exact float: __dp4a sums the bytes into the accumulator
+// 0x4B000000 (the float 2^23), giving the float 2^23 + bytesum; subtracting 2^23 + 510 is exact.
+ARBOR_TRELLIS_HD float trellis_y_of_state(uint32_t state) {
+  const uint32_t x = state * 34038481u + 76625530u;
+#if defined(__CUDA_ARCH__)
+  const uint32_t d = __dp4a(x, 0x01010101u, 0x4B000000u);
+  return __uint_as_float(d) - (8388608.0f + 510.0f);
+#else
+  const uint32_t d = 0x4B000000u + (x & 0xff) + ((x >> 8) & 0xff) + ((x >> 16) & 0xff) + (x >> 24);
+  float f;
+  std::memcpy(&f, &d, 4);
+  return f - (8388608.0f + 510.0f);
+#endif
+}
+// The lane's span aligned to bit 0 of hi:lo, from its two words.
+ARBOR_TRELLIS_HD void trellis_lane_align(uint32_t w0, uint32_t w1, int off, uint32_t& lo, uint32_t& hi) {
+  lo = trellis_funnel(w0, w1, off), hi = w1 >> off;
+}
+template <int K>
+ARBOR_TRELLIS_HD float trellis_lane_y(uint32_t lo, uint32_t hi, int j) {
+  const int s = (7 - j) * K;  // a constant once the callers' loops are unrolled; < 32
+  return trellis_y_of_state((s == 0 ? lo : trellis_funnel(lo, hi, s)) & 0xfffu);
+}
+#undef ARBOR_TRELLIS_HD
+
+// ---- trellis_gemv.cu: decode GEMV, 1..kTrellisGemvMaxRows rows of bf16 activations -----------------------
+// y [T, rows] = x [T, cols] · Wᵀ (+ bias f32 [rows]), each weight decoded once in registers (two word loads
+// per 8 weights, a funnel shift and mask per weight, the 1MAD multiply-add, the byte sum with __dp4a whose
+// accumulator is the bits of 2^23 so the sum lands as an exact float). Axis 1: a warp owns two output rows
+// (K split over up to 8 warps for small N), lane l decodes weights 8l..8l+7 of each block and FMAs them with
+// x; axis 0: a block of 8 warps owns 256 outputs and a range of input rows (x·scale staged in shared memory),
+// lane l accumulates outputs 8l..8l+7 over its warp's rows; ranges split over blocks write f32 partials to
+// `scratch` (trellis_gemv_scratch_floats) that a second kernel sums in a fixed order. y bf16 or f32.
+constexpr int64_t kTrellisGemvMaxRows = 8;
+// Floats of scratch launch_trellis_gemv needs for these weights and rows (0: none).
+int64_t trellis_gemv_scratch_floats(const TrellisWeights& w, int64_t T, int n_sms);
+void launch_trellis_gemv(const TrellisWeights& w, const uint16_t* x, const float* bias, void* y, bool y_f32, int64_t T, float* scratch,
+                         int n_sms, CUstream_st* s);
+
+// Seconds per trellis GEMV y[T, N] = x[T, K]·Wᵀ (random words, unit scales, bf16 out) on `axis`, median of
+// reps, rotating over enough weight copies (> 256 MiB) that L2 holds none (arbor bench-linear --device cuda
+// --format trellis; the bandwidth test).
+double time_trellis_gemv(int64_t N, int64_t K, int64_t T, int bits, int axis, int reps);
+// The bytes one such call reads from its weights: the words plus the f32 scales.
+inline double trellis_weight_bytes(int64_t N, int64_t K, int bits, int axis) {
+  return double(N) * double(K) * bits / 8.0 + double(axis == 1 ? N : K) * 4.0;
+}
+
+}  // namespace arbor::cuda

@@ -1,0 +1,349 @@
+// Trellis weights (trellis.h's layout) for decode: a GEMV for 1-8 rows of bf16 activations, both axes.
+//
+// Each weight is decoded once, in registers. Lane l of a warp owns weights 8l..8l+7 of a 256-weight block:
+// their bits, with the 12-bit windows of all eight, lie in two consecutive words of the block (the second
+// wrapping to word 0 for lane 0: tail-biting), at most 7k + 12 <= 40 bits from bit (248 - 8l)·k. One
+// funnel shift per lane aligns that span to bit 0 of a 64-bit pair; weight j's state is then a funnel shift
+// by the constant (7 - j)·k and a mask. The 1MAD value: one IMAD (state·34038481 + 76625530), one __dp4a
+// summing the four bytes into the accumulator 0x4B000000 (so the 32-bit result is the float 2^23 + sum,
+// exact), one FADD taking 2^23 + 510 back: y in [-510, 510] as an exact float. The kernels sum y·x in f32 and
+// apply 1/147.800537109375 and the row scale once (axis 1) or fold them into x (axis 0).
+//
+// Axis 1 (y[t][o] = scale[o]/std · Σ_i y(o, i) x[t][i]): a warp owns two output rows and a range of their
+// blocks (K split over up to 8 warps when there are few rows), 4 blocks per step with the next step's words
+// loaded before the current step's arithmetic; x is read 8 bf16 values (16 bytes) per lane per block.
+// Axis 0 (stored transposed [in, out·k/32]: y[t][o] = Σ_i (x[t][i]·scale[i]/std) · y(i, o)): a block of 8
+// warps owns 256 outputs (lane l: outputs 8l..8l+7) and a range of input rows, staged as x·scale/std in
+// shared memory; each warp takes 8 rows per step. Ranges split over blocks write f32 partials that
+// trellis_reduce_kernel sums in split order (deterministic), adding the bias.
+//
+// UNCHECKED ON A GPU at the time of writing (session 14 had no device): tests/cuda/trellis_gemv_test.cpp is
+// the check to run.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/pdl.h"
+#include "backend/cuda/trellis.h"
+
+namespace arbor::cuda {
+
+namespace {
+
+constexpr int kTrWarps = 8;                        // per block
+constexpr int kTrU = 4;                            // axis 1: blocks per warp step
+constexpr int kTrG = 8;                            // axis 0: rows per warp step
+constexpr int64_t kTrMaxRowsPerBlock = 1024;       // axis 0: rows one block stages (x·scale: NR x 4 KB at most)
+constexpr float kTrInvStd = 1.0f / 147.800537109375f;  // as quant::trellis_1mad_value
+
+// bf16 element j of 8 packed in a uint4, as a float.
+__device__ __forceinline__ float bf16_of(const uint4& v, int j) {
+  const uint32_t w = j < 2 ? v.x : j < 4 ? v.y : j < 6 ? v.z : v.w;
+  return __uint_as_float(j % 2 == 0 ? w << 16 : w & 0xffff0000u);
+}
+
+__device__ __forceinline__ uint4 load_x8(const uint16_t* p, bool vec) {
+  if (vec) return __ldg(reinterpret_cast<const uint4*>(p));
+  uint32_t h[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) h[e] = uint32_t(__ldg(p + 2 * e)) | uint32_t(__ldg(p + 2 * e + 1)) << 16;
+  return make_uint4(h[0], h[1], h[2], h[3]);
+}
+
+__device__ __forceinline__ void store_y(void* y, bool y_f32, int64_t i, float v) {
+  if (y_f32) static_cast<float*>(y)[i] = v;
+  else static_cast<__nv_bfloat16*>(y)[i] = __float2bfloat16(v);
+}
+
+// ---- axis 1 -------------------------------------------------------------------------------------------
+template <int K, int NR>
+__global__ void __launch_bounds__(kTrWarps * 32)
+    trellis_gemv_axis1_kernel(const uint32_t* __restrict__ words, const float* __restrict__ scales, const float* __restrict__ bias,
+                              const uint16_t* __restrict__ x, void* __restrict__ y, bool y_f32, int T, int64_t N, int64_t Kin, int wpr,
+                              bool vec) {
+  constexpr int WPB = 8 * K;
+  __shared__ float red[kTrWarps][2][NR];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int pair = warp / wpr, part = warp % wpr;
+  const int64_t row0 = (int64_t(blockIdx.x) * (kTrWarps / wpr) + pair) * 2;
+  const bool has0 = row0 < N, has1 = row0 + 1 < N;
+  // Rows past the matrix read row 0 (valid memory) and are not stored.
+  const int64_t ra = has0 ? row0 : 0, rb = has1 ? row0 + 1 : ra;
+  const int64_t nb = Kin / 256, row_words = nb * WPB;
+  const uint32_t* wa = words + ra * row_words;
+  const uint32_t* wb = words + rb * row_words;
+  const int64_t bbeg = nb * part / wpr, bend = nb * (part + 1) / wpr;
+  const int ia = trellis_lane_word<K>(lane), ib = trellis_lane_word2<K>(lane), off = trellis_lane_off<K>(lane);
+
+  uint32_t cur[4][kTrU];
+  auto load = [&](uint32_t (&w)[4][kTrU], int64_t b) {
+#pragma unroll
+    for (int u = 0; u < kTrU; ++u) {
+      const int64_t bb = (b + u < bend ? b + u : bbeg) * WPB;  // past the range: a block of the range, unused
+      w[0][u] = __ldg(wa + bb + ia), w[1][u] = __ldg(wa + bb + ib);
+      w[2][u] = __ldg(wb + bb + ia), w[3][u] = __ldg(wb + bb + ib);
+    }
+  };
+  // The first words do not depend on the previous kernel: fetched before waiting for it.
+  if (bbeg < bend) load(cur, bbeg);
+  pdl_trigger();
+  pdl_wait();
+
+  float acc[2][NR];
+#pragma unroll
+  for (int r = 0; r < NR; ++r) acc[0][r] = acc[1][r] = 0.0f;
+  for (int64_t b = bbeg; b < bend; b += kTrU) {
+    uint32_t nxt[4][kTrU];
+    if (b + kTrU < bend) load(nxt, b + kTrU);
+#pragma unroll
+    for (int u = 0; u < kTrU; ++u) {
+      if (b + u >= bend) break;
+      uint4 xv[NR];
+#pragma unroll
+      for (int r = 0; r < NR; ++r)
+        if (r < T) xv[r] = load_x8(x + r * Kin + (b + u) * 256 + 8 * lane, vec);
+      uint32_t alo, ahi, blo, bhi;
+      trellis_lane_align(cur[0][u], cur[1][u], off, alo, ahi);
+      trellis_lane_align(cur[2][u], cur[3][u], off, blo, bhi);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float ya = trellis_lane_y<K>(alo, ahi, j), yb = trellis_lane_y<K>(blo, bhi, j);
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+          if (r >= T) break;
+          const float xf = bf16_of(xv[r], j);
+          acc[0][r] = fmaf(ya, xf, acc[0][r]);
+          acc[1][r] = fmaf(yb, xf, acc[1][r]);
+        }
+      }
+    }
+    if (b + kTrU < bend) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int u = 0; u < kTrU; ++u) cur[q][u] = nxt[q][u];
+    }
+  }
+
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int r = 0; r < NR; ++r)
+      for (int o = 16; o > 0; o >>= 1) acc[j][r] += __shfl_xor_sync(0xffffffffu, acc[j][r], o);
+  if (wpr > 1) {
+    if (lane == 0)
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int r = 0; r < NR; ++r) red[warp][j][r] = acc[j][r];
+    __syncthreads();
+    if (part != 0) return;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int r = 0; r < NR; ++r) {
+        float s = 0;
+        for (int p = 0; p < wpr; ++p) s += red[warp + p][j][r];
+        acc[j][r] = s;
+      }
+  }
+  if (lane != 0) return;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int64_t n = row0 + j;
+    if (n >= N) break;
+    const float sc = scales[n] * kTrInvStd, bv = bias ? bias[n] : 0.0f;
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+      if (r >= T) break;
+      store_y(y, y_f32, r * N + n, fmaf(acc[j][r], sc, bv));
+    }
+  }
+}
+
+// ---- axis 0 -------------------------------------------------------------------------------------------
+// Block (ob, split): outputs [256·ob, 256·ob + 256), input rows [split·rpc, split·rpc + rpc) ∩ [0, R).
+// Shared memory (dynamic): cs [NR][rpc] = x·scale/std of those rows (0 past R), then red [kTrWarps][256].
+template <int K, int NR>
+__global__ void __launch_bounds__(kTrWarps * 32)
+    trellis_gemv_axis0_kernel(const uint32_t* __restrict__ words, const float* __restrict__ scales, const float* __restrict__ bias,
+                              const uint16_t* __restrict__ x, void* __restrict__ y, bool y_f32, float* __restrict__ partial, int T,
+                              int64_t R, int64_t N, int64_t rpc) {
+  constexpr int WPB = 8 * K;
+  extern __shared__ __align__(16) float tr_smem[];
+  float* cs = tr_smem;
+  float* red = tr_smem + NR * rpc;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t ob = blockIdx.x, split = blockIdx.y, r0 = split * rpc;
+  const int64_t row_words = N / 256 * WPB;
+  const uint32_t* base = words + ob * WPB;
+  const int ia = trellis_lane_word<K>(lane), ib = trellis_lane_word2<K>(lane), off = trellis_lane_off<K>(lane);
+  const int64_t groups = rpc / kTrG;  // rpc is a multiple of kTrWarps * kTrG
+
+  uint32_t cur[2][kTrG];
+  auto load = [&](uint32_t (&w)[2][kTrG], int64_t g) {
+#pragma unroll
+    for (int q = 0; q < kTrG; ++q) {
+      const int64_t i = r0 + g * kTrG + q < R ? r0 + g * kTrG + q : R - 1;  // past R: a valid row, its x·scale is 0
+      w[0][q] = __ldg(base + i * row_words + ia), w[1][q] = __ldg(base + i * row_words + ib);
+    }
+  };
+  if (warp < groups) load(cur, warp);
+  pdl_trigger();
+  pdl_wait();
+  for (int64_t i = threadIdx.x; i < int64_t(T) * rpc; i += kTrWarps * 32) {
+    const int64_t t = i / rpc, r = i % rpc, row = r0 + r;
+    cs[t * rpc + r] = row < R ? __uint_as_float(uint32_t(x[t * R + row]) << 16) * (scales[row] * kTrInvStd) : 0.0f;
+  }
+  __syncthreads();
+
+  float acc[8][NR];
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int r = 0; r < NR; ++r) acc[j][r] = 0.0f;
+  for (int64_t g = warp; g < groups; g += kTrWarps) {
+    uint32_t nxt[2][kTrG];
+    if (g + kTrWarps < groups) load(nxt, g + kTrWarps);
+    float c[NR][kTrG];
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+      if (r >= T) break;
+      const float4 c0 = reinterpret_cast<const float4*>(cs + r * rpc + g * kTrG)[0];
+      const float4 c1 = reinterpret_cast<const float4*>(cs + r * rpc + g * kTrG)[1];
+      c[r][0] = c0.x, c[r][1] = c0.y, c[r][2] = c0.z, c[r][3] = c0.w, c[r][4] = c1.x, c[r][5] = c1.y, c[r][6] = c1.z, c[r][7] = c1.w;
+    }
+#pragma unroll
+    for (int q = 0; q < kTrG; ++q) {
+      uint32_t lo, hi;
+      trellis_lane_align(cur[0][q], cur[1][q], off, lo, hi);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float yv = trellis_lane_y<K>(lo, hi, j);
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+          if (r >= T) break;
+          acc[j][r] = fmaf(yv, c[r][q], acc[j][r]);
+        }
+      }
+    }
+    if (g + kTrWarps < groups) {
+#pragma unroll
+      for (int q = 0; q < kTrG; ++q) cur[0][q] = nxt[0][q], cur[1][q] = nxt[1][q];
+    }
+  }
+
+  // The 8 warps' sums of each output, row by row of x; one partial (or y) per block.
+  const bool direct = gridDim.y == 1;
+#pragma unroll
+  for (int r = 0; r < NR; ++r) {
+    if (r >= T) break;
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < 8; ++j) red[warp * 256 + 8 * lane + j] = acc[j][r];
+    __syncthreads();
+    const int o = threadIdx.x;  // 256 threads: one output each
+    float s = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kTrWarps; ++w) s += red[w * 256 + o];
+    const int64_t n = ob * 256 + o;
+    if (direct) store_y(y, y_f32, r * N + n, s + (bias ? bias[n] : 0.0f));
+    else partial[(split * T + r) * N + n] = s;
+  }
+}
+
+// y[t][n] = Σ_split partial[split][t][n] (in split order) + bias[n].
+__global__ void trellis_reduce_kernel(const float* __restrict__ partial, int splits, int T, int64_t N, const float* __restrict__ bias,
+                                      void* __restrict__ y, bool y_f32) {
+  pdl_trigger();
+  pdl_wait();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(T) * N) return;
+  const int64_t n = i % N;
+  float s = 0.0f;
+  for (int p = 0; p < splits; ++p) s += partial[int64_t(p) * T * N + i];
+  store_y(y, y_f32, i, s + (bias ? bias[n] : 0.0f));
+}
+
+// Axis 0's split of the input rows over blocks: about 4 blocks per SM, at most kTrMaxRowsPerBlock rows each.
+struct Axis0Plan {
+  int64_t rpc, splits;
+};
+Axis0Plan axis0_plan(int64_t R, int64_t N, int n_sms) {
+  constexpr int64_t unit = kTrWarps * kTrG;
+  const int64_t nbo = N / 256;
+  int64_t splits = std::max<int64_t>(1, (4 * int64_t(n_sms) + nbo - 1) / nbo);
+  splits = std::min(splits, (R + unit - 1) / unit);
+  int64_t rpc = (R + splits - 1) / splits;
+  rpc = std::min(kTrMaxRowsPerBlock, (rpc + unit - 1) / unit * unit);
+  return {rpc, (R + rpc - 1) / rpc};
+}
+
+template <int K, int NR>
+void launch_kn(const TrellisWeights& w, const uint16_t* x, const float* bias, void* y, bool y_f32, int T, float* scratch, int n_sms,
+               cudaStream_t s) {
+  if (w.axis == 1) {
+    const int64_t N = w.rows, Kin = w.cols, nb = Kin / 256, pairs = (N + 1) / 2;
+    // K split: about half the SMs' warp slots busy, but at least kTrU blocks a warp.
+    int wpr = 1;
+    while (wpr < kTrWarps && pairs * wpr < int64_t(n_sms) * 32 && nb / (wpr * 2) >= kTrU) wpr *= 2;
+    const int64_t per_block = kTrWarps / wpr;
+    const unsigned grid = unsigned((pairs + per_block - 1) / per_block);
+    const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0;
+    pdl_launch(trellis_gemv_axis1_kernel<K, NR>, dim3(grid), dim3(kTrWarps * 32), 0, s, w.words, w.scales, bias, x, y, y_f32, T, N, Kin,
+               wpr, vec);
+    ARBOR_LAUNCH_CHECK("trellis_gemv_axis1_kernel");
+    return;
+  }
+  const int64_t R = w.cols, N = w.rows;  // stored [in, out]: R coded rows (inputs), N outputs
+  const Axis0Plan p = axis0_plan(R, N, n_sms);
+  ARBOR_CU_CHECK(p.splits == 1 || scratch, "cuda: trellis gemv: axis 0 over %lld blocks of rows needs scratch", (long long)p.splits);
+  const size_t smem = size_t(NR * p.rpc + kTrWarps * 256) * 4;
+  pdl_launch(trellis_gemv_axis0_kernel<K, NR>, dim3(unsigned(N / 256), unsigned(p.splits)), dim3(kTrWarps * 32), smem, s, w.words,
+             w.scales, bias, x, y, y_f32, scratch, T, R, N, p.rpc);
+  ARBOR_LAUNCH_CHECK("trellis_gemv_axis0_kernel");
+  if (p.splits > 1) {
+    const int64_t n = int64_t(T) * N;
+    pdl_launch(trellis_reduce_kernel, dim3(unsigned((n + 255) / 256)), dim3(256), 0, s, static_cast<const float*>(scratch), int(p.splits),
+               T, N, bias, y, y_f32);
+    ARBOR_LAUNCH_CHECK("trellis_reduce_kernel");
+  }
+}
+
+template <int K>
+void launch_k(int nr, const TrellisWeights& w, const uint16_t* x, const float* bias, void* y, bool y_f32, int T, float* scratch, int n_sms,
+              cudaStream_t s) {
+  if (nr == 1) launch_kn<K, 1>(w, x, bias, y, y_f32, T, scratch, n_sms, s);
+  else if (nr == 2) launch_kn<K, 2>(w, x, bias, y, y_f32, T, scratch, n_sms, s);
+  else if (nr == 4) launch_kn<K, 4>(w, x, bias, y, y_f32, T, scratch, n_sms, s);
+  else launch_kn<K, 8>(w, x, bias, y, y_f32, T, scratch, n_sms, s);
+}
+
+}  // namespace
+
+int64_t trellis_gemv_scratch_floats(const TrellisWeights& w, int64_t T, int n_sms) {
+  if (w.axis == 1) return 0;
+  const Axis0Plan p = axis0_plan(w.cols, w.rows, n_sms);
+  return p.splits > 1 ? p.splits * T * w.rows : 0;
+}
+
+void launch_trellis_gemv(const TrellisWeights& w, const uint16_t* x, const float* bias, void* y, bool y_f32, int64_t T, float* scratch,
+                         int n_sms, CUstream_st* s) {
+  ARBOR_CU_CHECK(T >= 1 && T <= kTrellisGemvMaxRows, "cuda: trellis gemv: %lld rows of activations (1..%lld)", (long long)T,
+                 (long long)kTrellisGemvMaxRows);
+  ARBOR_CU_CHECK(w.bits == 2 || w.bits == 3 || w.bits == 4, "cuda: trellis gemv: k = %d (2, 3, 4)", w.bits);
+  ARBOR_CU_CHECK(w.axis == 0 || w.axis == 1, "cuda: trellis gemv: axis %d (0, 1)", w.axis);
+  ARBOR_CU_CHECK(w.rows > 0 && w.cols > 0 && w.coded_cols() % 256 == 0, "cuda: trellis gemv: [%lld, %lld] axis %d: coded length not whole blocks of 256",
+                 (long long)w.rows, (long long)w.cols, w.axis);
+  const int nr = T == 1 ? 1 : T == 2 ? 2 : T <= 4 ? 4 : 8;
+  switch (w.bits) {
+    case 2: launch_k<2>(nr, w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
+    case 3: launch_k<3>(nr, w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
+    default: launch_k<4>(nr, w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
+  }
+}
+
+}  // namespace arbor::cuda

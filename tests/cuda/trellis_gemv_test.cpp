@@ -1,0 +1,303 @@
+// Trellis weights on CUDA (trellis.h, trellis_gemv.cu) against the host reference (quant::trellis_decode_linear,
+// then a double matmul): the GEMV on random code words (every bit stream is a valid code) for k 2/3/4, both
+// axes, odd shapes (rows and, on axis 0, inputs not a multiple of anything; K split over warps; axis 0 split
+// over blocks), T 1/3/8/11 (11: slices of 8), bias, f32 and bf16 outputs; the device layout (incl. the k = 3
+// axis-0 interleaved file layout); the load gate; and whole synth trellis checkpoints, CUDA against the CPU.
+// The bandwidth test at Llama-3.1-8B's shapes is disabled (run it by name). Skipped without a GPU.
+//
+// Written in session 14 without a GPU: none of these has run yet.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+#include <tuple>
+
+#include "backend/cuda/trellis.h"
+#include "core/error.h"
+#include "cuda_test_util.h"
+#include "engine/generate.h"
+#include "model/model.h"
+#include "model/synth.h"
+#include "model/weights.h"
+#include "quant/trellis.h"
+#include "quant/trellis_convert.h"
+
+using namespace arbor;
+using namespace arbor::cuda_test;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The trellis GEMV loads only with ARBOR_CUDA_TRELLIS=1 until it has been checked on a GPU.
+struct TrellisOn {
+  TrellisOn() { setenv("ARBOR_CUDA_TRELLIS", "1", 1); }
+};
+
+// A random trellis matrix [out, in] on the host (random words, f16 scales around 0.02) and its reference decode.
+struct HostTrellis {
+  int64_t out, in;
+  int k, axis;
+  int64_t R, C;  // stored: coded rows x coded cols
+  std::vector<uint32_t> words;
+  std::vector<uint16_t> scales;
+  std::vector<float> bias;  // [out] or empty
+  std::vector<float> w;     // decoded [out, in]
+
+  HostTrellis(std::mt19937& rng, int64_t o, int64_t i, int kk, int ax, bool with_bias) : out(o), in(i), k(kk), axis(ax) {
+    R = axis == 1 ? out : in, C = axis == 1 ? in : out;
+    words.resize(size_t(R * C * k / 32));
+    for (auto& v : words) v = uint32_t(rng());
+    std::uniform_real_distribution<float> u(0.01f, 0.03f);
+    for (int64_t r = 0; r < R; ++r) scales.push_back(f32_to_f16(u(rng)));
+    if (with_bias) bias = random_bf16(rng, size_t(out), 0.5f);
+    quant::TrellisGeometry g;
+    g.params = {k, 12, 256}, g.axis = axis, g.rows = R, g.cols = C, g.in_features = in, g.out_features = out;
+    w = quant::trellis_decode_linear(g, words.data(), scales.data());
+  }
+  Linear host_linear() {
+    Linear l;
+    l.format = WeightFormat::Trellis, l.n_rows = out, l.n_cols = in, l.bits = k, l.group_size = 256, l.axis = axis;
+    l.data = Tensor(words.data(), DType::U32, {R, C * k / 32});
+    l.scales = Tensor(scales.data(), DType::F16, {R});
+    if (!bias.empty()) l.bias = Tensor(bias.data(), DType::F32, {out});
+    return l;
+  }
+  std::string name() const { return fmt::format("k={} axis {} [{}, {}]{}", k, axis, out, in, bias.empty() ? "" : " + bias"); }
+};
+
+// y [T, out] = x · wᵀ (+ bias) in double, and Σ|x·w| per output (the scale of its rounding error).
+void reference(const HostTrellis& a, const std::vector<float>& x, int64_t T, std::vector<float>& y, std::vector<float>& mag) {
+  y.assign(size_t(T * a.out), 0.0f), mag.assign(y.size(), 0.0f);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = 0; n < a.out; ++n) {
+      double s = a.bias.empty() ? 0.0 : a.bias[size_t(n)], m = std::fabs(s);
+      for (int64_t c = 0; c < a.in; ++c) {
+        const double p = double(x[size_t(t * a.in + c)]) * a.w[size_t(n * a.in + c)];
+        s += p, m += std::fabs(p);
+      }
+      y[size_t(t * a.out + n)] = float(s), mag[size_t(t * a.out + n)] = float(m);
+    }
+}
+
+// Every output within 2e-5·Σ|x·w| of the reference, plus the bf16 rounding of a bf16 output.
+void expect_close(const std::vector<float>& got, const std::vector<float>& ref, const std::vector<float>& mag, bool bf16_out,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const float tol = 2e-5f * mag[i] + (bf16_out ? std::ldexp(std::fabs(ref[i]), -8) : 0.0f) + 1e-30f;
+    if (!(std::fabs(got[i] - ref[i]) <= tol) && bad++ < 5)
+      ADD_FAILURE() << what << ": output " << i << " is " << got[i] << ", reference " << ref[i] << " (tolerance " << tol << ")";
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+TEST(CudaTrellis, DeviceLayoutIsThePlainWordsAndF32Scales) {
+  ARBOR_REQUIRE_GPU();
+  TrellisOn on;
+  CudaBackend gpu(0);
+  std::mt19937 rng(3);
+  // Axis 1 as stored; axis 0 k = 3 from the interleaved file layout [out/512, in, 48], de-interleaved at load.
+  for (const auto& [k, axis, interleave] : {std::tuple{2, 1, false}, std::tuple{3, 0, true}, std::tuple{4, 0, false}}) {
+    const int64_t out = axis == 1 ? 77 : 512, in = axis == 1 ? 512 : 77;
+    HostTrellis a(rng, out, in, k, axis, false);
+    Linear h = a.host_linear();
+    std::vector<uint32_t> inter;
+    if (interleave) {
+      inter = quant::trellis_interleave_k3(a.words.data(), a.R, a.C);
+      h.data = Tensor(inter.data(), DType::U32, {a.C / 512, a.R, 48});
+    }
+    const Linear l = gpu.load_linear(h);
+    gpu.synchronize();
+    const cuda::TrellisWeights w = cuda::trellis_weights(l);
+    EXPECT_EQ(w.rows, out);
+    EXPECT_EQ(w.cols, in);
+    EXPECT_EQ(w.bits, k);
+    EXPECT_EQ(w.axis, axis);
+    std::vector<uint32_t> words(a.words.size());
+    std::vector<float> sc(size_t(a.R));
+    gpu.download(l.data, words.data());
+    gpu.download(l.scales, sc.data());
+    EXPECT_EQ(words, a.words) << a.name();
+    for (int64_t r = 0; r < a.R; ++r) EXPECT_EQ(sc[size_t(r)], f16_to_f32(a.scales[size_t(r)])) << r;
+  }
+  std::vector<uint16_t> h(64, 0);
+  const Linear d = gpu.load_linear(Linear::dense(Tensor(h.data(), DType::BF16, {8, 8})));
+  EXPECT_THROW(cuda::trellis_weights(d), Error);
+}
+
+// k 2/3/4 x both axes x shapes: axis 1 [odd out, 256 | 768 | 4352 in] (4352: 17 blocks, K split over warps at
+// few rows); axis 0 [256 | 768 out, odd in] (1601 inputs: split over blocks, the partials reduced). T 1/3/8/11.
+TEST(CudaTrellis, GemvMatchesTheReference) {
+  ARBOR_REQUIRE_GPU();
+  TrellisOn on;
+  CudaBackend gpu(0);
+  std::mt19937 rng(5);
+  struct Shape {
+    int axis;
+    int64_t out, in;
+  };
+  int case_no = 0;
+  for (int k : {2, 3, 4})
+    for (const Shape& s : {Shape{1, 131, 256}, Shape{1, 37, 4352}, Shape{1, 5, 768}, Shape{0, 256, 77}, Shape{0, 768, 1601},
+                           Shape{0, 512, 3}}) {
+      const bool with_bias = (case_no++ % 2) == 0;
+      HostTrellis a(rng, s.out, s.in, k, s.axis, with_bias);
+      const Linear l = gpu.load_linear(a.host_linear());
+      for (int64_t T : {1, 3, 8, 11}) {
+        const bool f32 = (T + k) % 2 == 0;
+        std::vector<float> x = random_bf16(rng, size_t(T * s.in));
+        Tensor xd = dev_bf16(gpu, x, {T, s.in});
+        Tensor yd = gpu.alloc(f32 ? DType::F32 : DType::BF16, {T, s.out});
+        gpu.linear(xd, l, yd);
+        std::vector<float> ref, mag;
+        reference(a, x, T, ref, mag);
+        expect_close(host_f32(gpu, yd), ref, mag, !f32, fmt::format("{} T={} {}", a.name(), T, f32 ? "f32" : "bf16"));
+      }
+    }
+}
+
+TEST(CudaTrellis, LoadIsGatedAndPickLinearTakesEveryRowCount) {
+  ARBOR_REQUIRE_GPU();
+  CudaBackend gpu(0);
+  std::mt19937 rng(6);
+  HostTrellis a(rng, 8, 256, 2, 1, false);
+  unsetenv("ARBOR_CUDA_TRELLIS");
+  try {
+    gpu.load_linear(a.host_linear());
+    ADD_FAILURE() << "trellis weights loaded without ARBOR_CUDA_TRELLIS=1";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ARBOR_CUDA_TRELLIS=1"), std::string::npos) << e.what();
+  }
+  TrellisOn on;
+  const Linear l = gpu.load_linear(a.host_linear());
+  for (int64_t rows : {1, 8, 9, 2048}) EXPECT_EQ(gpu.pick_linear(l, rows), CudaBackend::LinearKernel::GemvTrellis);
+  // The host format is checked at load: words of the wrong width, k 5.
+  Linear h = a.host_linear();
+  h.data.shape[1] = 15;
+  EXPECT_THROW(gpu.load_linear(h), Error);
+  h = a.host_linear();
+  h.bits = 5;
+  EXPECT_THROW(gpu.load_linear(h), Error);
+}
+
+// Whole models: a synth trellis checkpoint (arbor synth --format trellis's writer and recipe) on CUDA against the
+// CPU on the same checkpoint, teacher-forced (a prefill chunk of 20 rows: the 8-row slices; then one token per
+// step: the GEMV through linear_multi / gated_up's unfused forms and the decode graphs).
+json small_llama() {
+  return json{{"model_type", "llama"},       {"architectures", {"LlamaForCausalLM"}}, {"vocab_size", 300},
+              {"hidden_size", 512},          {"intermediate_size", 768},              {"num_hidden_layers", 2},
+              {"num_attention_heads", 8},    {"num_key_value_heads", 4},              {"head_dim", 64},
+              {"rms_norm_eps", 1e-5},        {"max_position_embeddings", 512},        {"tie_word_embeddings", false},
+              {"rope_theta", 10000.0}};
+}
+
+std::string synth_trellis(const json& cfg, int k, int down_axis) {
+  const fs::path dir = fs::path(testing::TempDir()) / fmt::format("arbor_cuda_trellis_{}_{}", k, down_axis);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  ModelConfig c = parse_model_config(cfg, "test config");
+  const ArchDescriptor& a = find_arch(c);
+  apply_arch_defaults(c, a);
+  std::vector<quant::TrellisSynthTensor> ts;
+  for (const TensorSpec& s : expected_tensors(c, a)) ts.push_back({s.name, s.shape});
+  quant::write_trellis_synthetic_checkpoint(cfg, ts, dir.string(), DType::BF16, trellis_synth_recipe(a, k, down_axis), uint64_t(1) << 30,
+                                            [&](const quant::TrellisSynthTensor& t, void* dst) {
+                                              fill_dummy(TensorSpec{t.name, t.shape}, a, DType::BF16, dst);
+                                            });
+  return dir.string();
+}
+
+std::vector<float> teacher_forced(Model& m, Backend& be, const std::vector<int32_t>& tokens, int64_t prefill) {
+  BlockPool pool(be.kv_layout().n_blocks, be.kv_layout().block_size);
+  SequenceKV seq;
+  EXPECT_TRUE(seq.reserve(pool, int64_t(tokens.size())));
+  const int64_t V = m.config().vocab_size;
+  std::vector<float> all, l;
+  for (int64_t p0 = 0; p0 < int64_t(tokens.size());) {
+    const int64_t n = p0 == 0 ? prefill : 1;
+    std::vector<int32_t> chunk(tokens.begin() + p0, tokens.begin() + p0 + n);
+    BatchInfo b = make_batch({chunk}, {p0}, {&seq}, true);
+    l.resize(size_t(n * V));
+    m.forward(b, l.data());
+    all.insert(all.end(), l.begin(), l.end());
+    seq.length = p0 + n;
+    p0 += n;
+  }
+  seq.release(pool);
+  return all;
+}
+
+int64_t argmax_of(const float* v, int64_t n) { return int64_t(std::max_element(v, v + n) - v); }
+
+TEST(CudaTrellis, TrellisCheckpointsMatchTheCpu) {
+  ARBOR_REQUIRE_GPU();
+  TrellisOn on;
+  for (const auto& [k, down_axis] : {std::pair{2, 0}, std::pair{3, 0}, std::pair{4, 0}, std::pair{3, 1}}) {
+    const std::string label = fmt::format("k={} down axis {}", k, down_axis);
+    SCOPED_TRACE(label);
+    LoadOptions opt;
+    opt.model_dir = synth_trellis(small_llama(), k, down_axis);
+    opt.ctx_size = 128, opt.max_step_tokens = 64, opt.show_progress = false;
+    CpuBackend cpu(2, WeightPlacement::Mapped);
+    CudaBackend gpu(0);
+    Model mc(opt, cpu), mg(opt, gpu);
+    EXPECT_NE(mg.weight_formats().find(fmt::format("trellis {}-bit", k)), std::string::npos) << mg.weight_formats();
+    const int64_t V = mc.config().vocab_size;
+    std::mt19937 rng(7);
+    std::vector<int32_t> tokens(40);
+    for (auto& t : tokens) t = int32_t(rng() % uint32_t(V));
+    const std::vector<float> rc = teacher_forced(mc, cpu, tokens, 20), rg = teacher_forced(mg, gpu, tokens, 20);
+    const float ref = max_abs(rc), diff = max_diff(rg, rc);
+    EXPECT_GT(ref, 0.0f);
+    EXPECT_LE(diff, 2e-2f * ref) << "max|ref| " << ref;
+    int64_t agree = 0;
+    for (size_t t = 0; t < tokens.size(); ++t)
+      agree += argmax_of(rc.data() + t * size_t(V), V) == argmax_of(rg.data() + t * size_t(V), V);
+    std::printf("[ %s ] max|Δ| %.3g of max|ref| %.3g (%.2f%%), greedy agreement %lld/%zu\n", label.c_str(), double(diff), double(ref),
+                100.0 * double(diff) / double(ref), (long long)agree, tokens.size());
+  }
+}
+
+// Not a check: the GEMV's bandwidth at Llama-3.1-8B's shapes (what `arbor bench-linear --device cuda --format
+// trellis` prints), for device runs that ship only test_cuda: --gtest_also_run_disabled_tests
+// --gtest_filter=*TrellisBandwidth*. ARBOR_TRELLIS_BENCH="k:T,T k:T" picks the cases (default "2:1,8 3:1 4:1");
+// the down projection on axis 0, the rest on axis 1.
+TEST(CudaTrellisBandwidth, DISABLED_At8BShapes) {
+  ARBOR_REQUIRE_GPU();
+  const char* env = std::getenv("ARBOR_TRELLIS_BENCH");
+  std::istringstream spec(env ? env : "2:1,8 3:1 4:1");
+  const double bw = cuda_measure_copy_bandwidth();
+  std::printf("copy bandwidth %.1f GB/s\n%-9s %-14s %4s %2s %3s %9s %8s %8s %7s\n", bw / 1e9, "linear", "N x K", "k", "ax", "T", "MB", "us",
+              "GB/s", "of copy");
+  struct Shape {
+    const char* name;
+    int64_t N, K;
+    int axis;
+  };
+  for (std::string item; spec >> item;) {
+    const int k = std::stoi(item.substr(0, item.find(':')));
+    std::vector<int64_t> Ts;
+    std::istringstream tl(item.substr(item.find(':') + 1));
+    for (std::string t; std::getline(tl, t, ',');) Ts.push_back(std::stoll(t));
+    double total_bytes = 0, total_sec = 0;  // one decoder layer (q, k, v, o, gate, up, down) at T = Ts[0]
+    for (const Shape& s : {Shape{"q/o", 4096, 4096, 1}, Shape{"k/v", 1024, 4096, 1}, Shape{"gate/up", 14336, 4096, 1},
+                           Shape{"down", 4096, 14336, 0}, Shape{"down ax1", 4096, 14336, 1}})
+      for (int64_t T : Ts) {
+        const double bytes = cuda::trellis_weight_bytes(s.N, s.K, k, s.axis), sec = cuda::time_trellis_gemv(s.N, s.K, T, k, s.axis, 20);
+        std::printf("%-9s %6lld x %-5lld %4d %2d %3lld %9.2f %8.2f %8.1f %6.1f%%\n", s.name, (long long)s.N, (long long)s.K, k, s.axis,
+                    (long long)T, bytes / 1e6, sec * 1e6, bytes / sec / 1e9, 100.0 * bytes / sec / bw);
+        std::fflush(stdout);
+        if (T == Ts[0] && std::string(s.name) != "down ax1") {
+          const double times = std::string(s.name) == "q/o" || std::string(s.name) == "k/v" || std::string(s.name) == "gate/up" ? 2 : 1;
+          total_bytes += times * bytes, total_sec += times * sec;
+        }
+      }
+    std::printf("k=%d one layer at T=%lld: %.2f MB in %.2f us, %.1f%% of copy bandwidth\n", k, (long long)Ts[0], total_bytes / 1e6,
+                total_sec * 1e6, 100.0 * total_bytes / total_sec / bw);
+  }
+}
+
+}  // namespace
