@@ -190,12 +190,12 @@ TEST(CudaAffine, PickLinearNamesWhatItSupports) {
 }
 
 // q/k/v in one launch (linear_multi) and gate/up with the activation (gated_up), against the reference.
-// (Both GEMV kernels: v1, then v2 where it applies (4/8-bit), at every group size for those.)
+// (Every GEMV kernel: v1, then v2 and v3 where they apply (4/8-bit), at every group size for those.)
 TEST(CudaAffine, FusedMultiAndGatedMatchTheReference) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
   std::mt19937 rng(9);
-  for (int variant : {1, 2})
+  for (int variant : {1, 2, 3})
   for (int bits : {3, 4, 6, 8})
     for (int gs_pick : {0, 1, 2})
     for (int64_t T : {1, 3, 8}) {
@@ -239,14 +239,16 @@ TEST(CudaAffine, FusedMultiAndGatedMatchTheReference) {
     }
 }
 
-// The v2 (tensor-core) GEMV, ARBOR_CUDA_AFFINE_GEMV=2's kernel, against the same reference: 4- and 8-bit
+// The v2 (tensor-core) GEMV, ARBOR_CUDA_AFFINE_GEMV=2's kernel, and v3 (=3, its cp.async ring), against the same reference: 4- and 8-bit
 // (other widths fall back to v1 and run too), every group size, T 1..8, bf16/f16 pairs, shapes that give
 // one tile and a partial one, K splits over 1..8 warps, partial last steps (K not a multiple of 256), and a
 // matrix with more units than resident blocks (blocks walking several units, units past the end).
 TEST(CudaAffine, GemvV2MatchesTheReference) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
-  GemvVariant v2(2);
+  for (int variant : {2, 3}) {
+  SCOPED_TRACE(fmt::format("variant {}", variant));
+  GemvVariant chosen(variant);
   std::mt19937 rng(15);
   struct Shape {
     int64_t R, C;
@@ -284,6 +286,7 @@ TEST(CudaAffine, GemvV2MatchesTheReference) {
     std::vector<float> ref, mag;
     reference(a, x, T, ref, mag);
     expect_close(host_f32(gpu, yd), ref, mag, false, fmt::format("v2 {} T={}", a.name(), T));
+  }
   }
 }
 

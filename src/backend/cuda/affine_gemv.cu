@@ -19,6 +19,7 @@
 #include <cstdlib>
 
 #include "backend/cuda/affine.h"
+#include "backend/cuda/cp_async.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mma_sync.h"
@@ -414,6 +415,10 @@ void check_same(const AffineWeights& a, const AffineWeights& b, const char* what
 // of a warp's next step (the next unit's first step across unit boundaries) are issued before the current
 // step is computed, in a second register buffer: 2 KB per warp, 32 KB per SM in flight. The first step is
 // loaded before griddepcontrol.wait.
+//
+// v3 (ARBOR_CUDA_AFFINE_GEMV=3): the same warps and arithmetic, but a warp's steps travel through a ring of
+// STAGES steps in shared memory (cp.async, each lane's bytes lane-interleaved: conflict-free to read back
+// into the register buffer): STAGES - 1 steps (6 KB a warp, 96 KB an SM at g64) in flight instead of one.
 constexpr int kV2Warps = 8;
 constexpr int kV2BlocksPerSm = 2;
 constexpr int kV2LaneRowBytes = 32;  // code bytes per lane per weight row per step
@@ -512,7 +517,21 @@ struct V2Buf {
   uint32_t sb[2][V2Geo<BITS, GS>::NP];
 };
 
+// One stage of a warp's v3 ring: codes [row h][piece p][lane][L bytes], then scale/bias words [h][p][lane].
 template <int BITS, int GS>
+struct V2Ring {
+  static constexpr int kCodeBytes = 2 * V2Geo<BITS, GS>::NP * 32 * V2Geo<BITS, GS>::L;
+  static constexpr int kBytes = kCodeBytes + 2 * V2Geo<BITS, GS>::NP * 32 * 4;
+  static constexpr int kStages = V2Geo<BITS, GS>::NP == 8 ? 3 : 4;  // <= 96 KB a block
+};
+
+template <int L>
+__device__ __forceinline__ void cp_async_n(uint32_t dst, const void* src) {
+  if constexpr (L == 16) cp_async16(dst, src);
+  else asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(src), "n"(L));
+}
+
+template <int BITS, int GS, int STAGES>
 __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
     affine_gemv_v2_kernel(V2Segs segs, const uint16_t* __restrict__ x, bool y_f32, int T, int64_t K, bool sb_f16, int wpr, int64_t units,
                           int gated_act) {
@@ -542,7 +561,58 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
 
   V2Buf<BITS, GS> b0, b1;
   int64_t u = blockIdx.x, s = sbeg;
-  load(b0, u, s);  // the first weights do not depend on the previous kernel
+  // v3's ring: this warp's STAGES stages.
+  using R = V2Ring<BITS, GS>;
+  extern __shared__ __align__(16) unsigned char v2_ring[];
+  unsigned char* ring = v2_ring + size_t(warp) * STAGES * R::kBytes;
+  auto issue = [&](int stage, int64_t uu, int64_t ss) {
+    if (uu < units) {
+      const V2Rows r = v2_rows<BITS, GS>(segs, uu * tpu + slot, g, gated, K);
+      const uint32_t base = smem_addr(ring + stage * R::kBytes);
+#pragma unroll
+      for (int p = 0; p < G::NP; ++p) {
+        const int64_t c0 = ss * G::STEP_COLS + p * G::PIECE_COLS;
+        if (c0 >= K) break;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int slotw = (h * G::NP + p) * 32 + lane;
+          cp_async_n<G::L>(base + slotw * G::L,
+                           reinterpret_cast<const uint8_t*>(r.c[h]) + ss * G::STEP_ROW_BYTES + p * 4 * G::L + j * G::L);
+          cp_async_n<4>(base + R::kCodeBytes + slotw * 4, r.s[h] + c0 / GS);
+        }
+      }
+    }
+    cp_async_commit();  // empty groups too: every iteration waits for the same count
+  };
+  auto read = [&](V2Buf<BITS, GS>& b, int stage) {
+    const unsigned char* base = ring + stage * R::kBytes;
+#pragma unroll
+    for (int p = 0; p < G::NP; ++p)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int slotw = (h * G::NP + p) * 32 + lane;
+        if constexpr (G::L == 16) {
+          const uint4 v = *reinterpret_cast<const uint4*>(base + slotw * 16);
+          b.w[h][p][0] = v.x, b.w[h][p][1] = v.y, b.w[h][p][2] = v.z, b.w[h][p][3] = v.w;
+        } else if constexpr (G::L == 8) {
+          const uint2 v = *reinterpret_cast<const uint2*>(base + slotw * 8);
+          b.w[h][p][0] = v.x, b.w[h][p][1] = v.y;
+        } else {
+          b.w[h][p][0] = *reinterpret_cast<const uint32_t*>(base + slotw * 4);
+        }
+        b.sb[h][p] = *reinterpret_cast<const uint32_t*>(base + R::kCodeBytes + slotw * 4);
+      }
+  };
+  int64_t lu = u, ls = s;  // v3: the next step to issue
+  if constexpr (STAGES > 0) {
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) {  // the first weights do not depend on the previous kernel
+      issue(i, lu, ls);
+      if (++ls == send) ls = sbeg, lu += gridDim.x;
+    }
+  } else {
+    load(b0, u, s);  // the first weights do not depend on the previous kernel
+  }
   pdl_trigger();
   pdl_wait();
 
@@ -638,6 +708,24 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
   auto advance = [&](int64_t& uu, int64_t& ss) {
     if (++ss == send) ss = sbeg, uu += gridDim.x;
   };
+  if constexpr (STAGES > 0) {
+    int stage = 0;
+#pragma unroll 1
+    while (u < units) {
+      cp_async_wait<STAGES - 2>();  // this step's group has landed
+      read(b0, stage);
+      issue(stage == 0 ? STAGES - 1 : stage - 1, lu, ls);  // the slot read (and computed) last iteration
+      advance(lu, ls);
+      compute(b0, s);
+      int64_t un = u, sn = s;
+      advance(un, sn);
+      if (sn == sbeg) finish(u);
+      u = un, s = sn;
+      stage = stage + 1 == STAGES ? 0 : stage + 1;
+    }
+    cp_async_wait<0>();
+    return;
+  }
 #pragma unroll 1
   while (u < units) {
     int64_t un = u, sn = s;
@@ -655,24 +743,42 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
   }
 }
 
-template <int BITS, int GS>
-void launch_v2_t(unsigned grid, cudaStream_t s, const V2Segs& segs, const uint16_t* x, bool y_f32, int T, int64_t K, bool sb_f16, int wpr,
+template <int BITS, int GS, int STAGES>
+void launch_v2_s(unsigned grid, cudaStream_t s, const V2Segs& segs, const uint16_t* x, bool y_f32, int T, int64_t K, bool sb_f16, int wpr,
                  int64_t units, int gated_act) {
-  pdl_launch(affine_gemv_v2_kernel<BITS, GS>, dim3(grid), dim3(kV2Warps * 32), 0, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
+  auto* kernel = affine_gemv_v2_kernel<BITS, GS, STAGES>;
+  const size_t smem = size_t(kV2Warps) * STAGES * V2Ring<BITS, GS>::kBytes;
+  static bool attr = false;
+  if (STAGES > 0 && !attr) {
+    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    attr = true;
+  }
+  pdl_launch(kernel, dim3(grid), dim3(kV2Warps * 32), smem, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
   ARBOR_LAUNCH_CHECK("affine_gemv_v2_kernel");
+}
+
+template <int BITS, int GS>
+void launch_v2_t(int variant, unsigned grid, cudaStream_t s, const V2Segs& segs, const uint16_t* x, bool y_f32, int T, int64_t K,
+                 bool sb_f16, int wpr, int64_t units, int gated_act) {
+  if (variant == 3)
+    launch_v2_s<BITS, GS, V2Ring<BITS, GS>::kStages>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
+  else
+    launch_v2_s<BITS, GS, 0>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
 }
 
 int v2_variant() {
   if (g_v2_variant < 0) {
     const char* e = std::getenv("ARBOR_CUDA_AFFINE_GEMV");
-    g_v2_variant = e && std::atoi(e) == 2 ? 2 : 1;
+    const int v = e ? std::atoi(e) : 1;
+    g_v2_variant = v == 2 || v == 3 ? v : 1;
   }
   return g_v2_variant;
 }
 
 // The v2 kernel when it is selected and applies (4/8-bit, aligned x and codes); false: the caller runs v1.
 bool try_v2(V2Segs& segs, const AffineWeights& w0, const uint16_t* x, bool y_f32, int64_t T, int n_sms, int gated_act, cudaStream_t s) {
-  if (v2_variant() != 2 || (w0.bits != 4 && w0.bits != 8) || T < 1 || T > 8 || !aligned16(x)) return false;
+  const int variant = v2_variant();
+  if (variant < 2 || (w0.bits != 4 && w0.bits != 8) || T < 1 || T > 8 || !aligned16(x)) return false;
   for (int i = 0; i < segs.n; ++i)
     if (!aligned16(segs.codes[i])) return false;
   const int64_t K = w0.cols;
@@ -701,7 +807,7 @@ bool try_v2(V2Segs& segs, const AffineWeights& w0, const uint16_t* x, bool y_f32
   const int64_t resident = int64_t(n_sms) * kV2BlocksPerSm, rounds = (units + resident - 1) / resident;
   const unsigned grid = unsigned(persistent ? std::min(units, resident) : (units + rounds - 1) / rounds);
   const int t = int(T);
-#define ARBOR_V2(B, G) launch_v2_t<B, G>(grid, s, segs, x, y_f32, t, K, w0.sb_f16, wpr, units, gated_act)
+#define ARBOR_V2(B, G) launch_v2_t<B, G>(variant, grid, s, segs, x, y_f32, t, K, w0.sb_f16, wpr, units, gated_act)
   if (w0.bits == 4) {
     if (gs == 32) ARBOR_V2(4, 32);
     else if (gs == 64) ARBOR_V2(4, 64);
@@ -778,7 +884,7 @@ void launch_affine_gemv_gated(const AffineGemvOut& gate, const AffineGemvOut& up
   launch(segs, gate.w.rows, gate.w, x, false, T, n_sms, act, s);
 }
 
-void set_affine_gemv_variant(int v) { g_v2_variant = v == 2 ? 2 : v == 1 ? 1 : -1; }
+void set_affine_gemv_variant(int v) { g_v2_variant = v >= 1 && v <= 3 ? v : -1; }
 
 void launch_affine_embed(const AffineWeights& w, const int32_t* tokens, const int32_t* picked, int64_t T, float mul, uint16_t* out,
                          CUstream_st* s) {
