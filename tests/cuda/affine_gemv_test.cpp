@@ -99,6 +99,12 @@ Linear upload(CudaBackend& gpu, HostAffine& a) {
   return l;
 }
 
+// Picks the affine GEMV kernel (1 or 2) for a scope, then back to the environment's.
+struct GemvVariant {
+  explicit GemvVariant(int v) { cuda::set_affine_gemv_variant(v); }
+  ~GemvVariant() { cuda::set_affine_gemv_variant(0); }
+};
+
 TEST(CudaAffine, DeviceLayoutKeepsTheFileBytes) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
@@ -184,13 +190,18 @@ TEST(CudaAffine, PickLinearNamesWhatItSupports) {
 }
 
 // q/k/v in one launch (linear_multi) and gate/up with the activation (gated_up), against the reference.
+// (Every GEMV kernel: v1, then v2 and v3 where they apply (4/8-bit), at every group size for those.)
 TEST(CudaAffine, FusedMultiAndGatedMatchTheReference) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
   std::mt19937 rng(9);
+  for (int variant : {1, 2, 3})
   for (int bits : {3, 4, 6, 8})
+    for (int gs_pick : {0, 1, 2})
     for (int64_t T : {1, 3, 8}) {
-      const int gs = bits == 3 ? 32 : bits == 4 ? 64 : 128;
+      if (gs_pick > 0 && (variant == 1 || (bits != 4 && bits != 8))) continue;
+      GemvVariant chosen(variant);
+      const int gs = gs_pick == 1 ? 32 : gs_pick == 2 ? (bits == 4 ? 128 : 64) : bits == 3 ? 32 : bits == 4 ? 64 : 128;
       const int64_t C = 4 * gs + 128;
       const DType dt = bits % 2 ? DType::F16 : DType::BF16;
       HostAffine q(rng, 75, C, bits, gs, dt, true), k(rng, 33, C, bits, gs, dt, false), v(rng, 33, C, bits, gs, dt, true);
@@ -203,7 +214,7 @@ TEST(CudaAffine, FusedMultiAndGatedMatchTheReference) {
       for (auto [a, y] : {std::pair{&q, yq}, std::pair{&k, yk}, std::pair{&v, yv}}) {
         std::vector<float> ref, mag;
         reference(*a, x, T, ref, mag);
-        expect_close(host_f32(gpu, y), ref, mag, true, fmt::format("multi {} T={}", a->name(), T));
+        expect_close(host_f32(gpu, y), ref, mag, true, fmt::format("v{} multi {} T={}", variant, a->name(), T));
       }
 
       // Gated: out = silu(bf16(x·gᵀ + b)) * bf16(x·uᵀ + b), rounded to bf16.
@@ -222,10 +233,61 @@ TEST(CudaAffine, FusedMultiAndGatedMatchTheReference) {
         const float dg = 2e-5f * mg[i] + std::ldexp(std::fabs(gv), -8), du = 2e-5f * mu[i] + std::ldexp(std::fabs(uv), -8);
         const float tol = (std::fabs(uv) * 1.1f * dg + (std::fabs(gv) + dg) * du) + std::ldexp(std::fabs(ref), -7) + 1e-30f;
         if (!(std::fabs(got[i] - ref) <= tol) && bad++ < 5)
-          ADD_FAILURE() << "gated " << g.name() << " T=" << T << " output " << i << ": " << got[i] << " vs " << ref << " (tolerance " << tol
+          ADD_FAILURE() << "v" << variant << " gated " << g.name() << " T=" << T << " output " << i << ": " << got[i] << " vs " << ref << " (tolerance " << tol
                         << ")";
       }
     }
+}
+
+// The v2 (tensor-core) GEMV, ARBOR_CUDA_AFFINE_GEMV=2's kernel, and v3 (=3, its cp.async ring), against the same reference: 4- and 8-bit
+// (other widths fall back to v1 and run too), every group size, T 1..8, bf16/f16 pairs, shapes that give
+// one tile and a partial one, K splits over 1..8 warps, partial last steps (K not a multiple of 256), and a
+// matrix with more units than resident blocks (blocks walking several units, units past the end).
+TEST(CudaAffine, GemvV2MatchesTheReference) {
+  ARBOR_REQUIRE_GPU();
+  CudaBackend gpu(0);
+  for (int variant : {2, 3}) {
+  SCOPED_TRACE(fmt::format("variant {}", variant));
+  GemvVariant chosen(variant);
+  std::mt19937 rng(15);
+  struct Shape {
+    int64_t R, C;
+  };
+  int case_no = 0;
+  for (int bits : {4, 8, 3})
+    for (int gs : {32, 64, 128})
+      for (const Shape& sh : {Shape{131, int64_t(3 * gs)}, Shape{37, int64_t(8192 + gs)}, Shape{2000, 2048 + gs}, Shape{9, int64_t(gs)}}) {
+        if (bits == 3 && sh.R != 131) continue;
+        const DType dt = (case_no % 3) == 1 ? DType::F16 : DType::BF16;
+        const bool with_bias = (case_no++ % 2) == 0;
+        HostAffine a(rng, sh.R, sh.C, bits, gs, dt, with_bias);
+        const Linear l = upload(gpu, a);
+        for (int64_t T : {1, 2, 3, 5, 8}) {
+          if (sh.R == 2000 && T != 1 && T != 8) continue;
+          const bool f32 = (T + bits + gs / 32) % 2 == 0;
+          std::vector<float> x = random_bf16(rng, size_t(T * sh.C));
+          Tensor xd = dev_bf16(gpu, x, {T, sh.C});
+          Tensor yd = gpu.alloc(f32 ? DType::F32 : DType::BF16, {T, sh.R});
+          gpu.linear(xd, l, yd);
+          std::vector<float> ref, mag;
+          reference(a, x, T, ref, mag);
+          expect_close(host_f32(gpu, yd), ref, mag, !f32, fmt::format("v2 {} T={} {}", a.name(), T, f32 ? "f32" : "bf16"));
+        }
+      }
+  // More tiles than resident blocks: 4-bit g64, 70001 rows x 256 columns (one step a row, no K split).
+  for (int bits : {4, 8}) {
+    HostAffine a(rng, 70001, 256, bits, 64, DType::BF16, true);
+    const Linear l = upload(gpu, a);
+    const int64_t T = 3;
+    std::vector<float> x = random_bf16(rng, size_t(T * 256));
+    Tensor xd = dev_bf16(gpu, x, {T, 256});
+    Tensor yd = gpu.alloc(DType::F32, {T, 70001});
+    gpu.linear(xd, l, yd);
+    std::vector<float> ref, mag;
+    reference(a, x, T, ref, mag);
+    expect_close(host_f32(gpu, yd), ref, mag, false, fmt::format("v2 {} T={}", a.name(), T));
+  }
+  }
 }
 
 BatchInfo token_batch(std::vector<int32_t> tokens) {

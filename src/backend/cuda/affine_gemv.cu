@@ -19,8 +19,10 @@
 #include <cstdlib>
 
 #include "backend/cuda/affine.h"
+#include "backend/cuda/cp_async.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/mma_sync.h"
 #include "backend/cuda/pdl.h"
 
 namespace arbor::cuda {
@@ -386,6 +388,439 @@ void check_same(const AffineWeights& a, const AffineWeights& b, const char* what
                  a.group_size, a.sb_f16 ? "f16" : "bf16", (long long)b.cols, b.bits, b.group_size, b.sb_f16 ? "f16" : "bf16");
 }
 
+// ---- v2: the tensor-core decode GEMV (4- and 8-bit; ARBOR_CUDA_AFFINE_GEMV=2, off by default) ---------
+// Unchecked on a GPU as written (session 14 had no device): the old kernel above stays the default until a
+// device run has passed tests/cuda/affine_gemv_test.cpp's V2 cases and measured it.
+//
+// Mapping. A warp owns a tile of 16 weight rows (the MMA's M; gated: 8 gate rows then the same 8 up rows)
+// for all T <= 8 activation rows at once (the MMA's N: x rows past T are zeros), so the dequantization and
+// the MMAs cost the same at T = 1 and T = 8. Lane (g = lane/4, j = lane%4) holds M-rows g and g+8, as
+// mma.sync m16n8k16's A fragment does. K is walked in steps; in a step each lane loads 32 bytes of each of
+// its two rows as NP "pieces" of L = group_size*bits/32 bytes (capped at 16): piece p of the quad (j = 0..3)
+// is 4L consecutive bytes of the row, lane j's L of them at j*L, so a piece's columns lie in one group (4-bit
+// g32: 4-byte loads; g64: 8; g128 and 8-bit g64/g128: 16; 8-bit g128: a piece is half a group). One 32-bit
+// word of a lane gives two MMAs' A values. A nibble moved to mantissa bits 3..6 under the exponent of 16 is
+// the bf16 16 + nibble (under 256's: 256 + 16·nibble): 4-bit word (q0..q7): ((w >> (4i - 3)) & 0x00780078) |
+// 0x41804180 is the bf16 pair (16 + q_i, 16 + q_{i+4}), one SHF + one LOP3 per two codes; MMA 1 takes pairs
+// (q0,q4),(q1,q5), MMA 2 (q2,q6),(q3,q7), and the lane's B values are x at the same columns: a 16-byte load
+// of its 8 x values, 4 PRMT. 8-bit word (q0..q3): low nibbles as 16 + l, high nibbles | 0x43804380 as 256 +
+// 16h, pairs (q0,q2),(q1,q3), two MMAs into the same accumulators: Σ x (272 + q). Codes in bf16 are exact,
+// products exact in f32. Each piece's MMAs start from zero; then acc += scale · C + (bias − M·scale) · Σx
+// (M = 16 or 272: small offsets, so little cancels), Σx per (activation row, piece) from one more MMA per
+// 16 columns with an A of ones (the tensor cores are otherwise idle here; no table, no prologue, no shared
+// memory but the K split's).
+//
+// Pipelining: blocks of 8 warps, at most 2 per SM, each walking units (8/wpr tiles; wpr warps split a
+// tile's K steps and add their partial sums through shared memory at the unit's end) grid-stride. The loads
+// of a warp's next step (the next unit's first step across unit boundaries) are issued before the current
+// step is computed, in a second register buffer: 2 KB per warp, 32 KB per SM in flight. The first step is
+// loaded before griddepcontrol.wait.
+//
+// v3 (ARBOR_CUDA_AFFINE_GEMV=3): the same warps and arithmetic, but a warp's steps travel through a ring of
+// STAGES steps in shared memory (cp.async, each lane's bytes lane-interleaved: conflict-free to read back
+// into the register buffer): STAGES - 1 steps (6 KB a warp, 96 KB an SM at g64) in flight instead of one.
+constexpr int kV2Warps = 8;
+constexpr int kV2BlocksPerSm = 2;
+constexpr int kV2LaneRowBytes = 32;  // code bytes per lane per weight row per step
+
+int g_v2_variant = -1;  // set_affine_gemv_variant; -1: from ARBOR_CUDA_AFFINE_GEMV (default 1)
+
+struct V2Segs {
+  const uint32_t* codes[kAffineGemvMaxSegments];
+  const uint32_t* sb[kAffineGemvMaxSegments];
+  const float* bias[kAffineGemvMaxSegments];
+  void* y[kAffineGemvMaxSegments];
+  int64_t N[kAffineGemvMaxSegments];
+  int64_t tile0[kAffineGemvMaxSegments];  // matrix i owns tiles [tile0[i], tile0[i + 1]); gated: one matrix pair
+  int n;
+  int64_t tiles;
+};
+
+template <int BITS, int GS>
+struct V2Geo {
+  static constexpr int L = GS * BITS / 32 < 16 ? GS * BITS / 32 : 16;  // bytes per lane per piece
+  static constexpr int NP = kV2LaneRowBytes / L;                      // pieces per step
+  static constexpr int CPB = 8 / BITS;                                 // codes per byte
+  static constexpr int LANE_COLS = L * CPB;                            // a lane's columns in a piece
+  static constexpr int PIECE_COLS = 4 * LANE_COLS;                     // the quad's: the group, or 64 (8-bit g128)
+  static constexpr int STEP_COLS = NP * PIECE_COLS;                    // 256 (4-bit), 128 (8-bit)
+  static constexpr int STEP_ROW_BYTES = 4 * kV2LaneRowBytes;           // bytes of a row per step
+  static constexpr int WPP = L / 4;                                    // words per lane per piece
+  static constexpr float kM = BITS == 4 ? 16.0f : 272.0f;              // the codes' offset in the MMA sums
+  static_assert(BITS == 4 || BITS == 8, "v2: 4- and 8-bit codes");
+  static_assert(GS % PIECE_COLS == 0, "a piece lies inside one group");
+};
+
+template <int L>
+__device__ __forceinline__ void v2_load(const uint8_t* p, uint32_t* w) {
+  if constexpr (L == 16) {
+    const uint4 v = ld_stream(p);
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+  } else if constexpr (L == 8) {
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p));
+  } else {  // 4 bytes: the quad reads half a 32-byte sector; the next piece reads the other half from L1
+    asm("ld.global.nc.u32 %0, [%1];" : "=r"(w[0]) : "l"(p));
+  }
+}
+
+// The nibbles at bits SH + 3 and SH + 19 of w (SH < 0: shifted left) at bits 3..6 of each bf16 half, under
+// `magic`'s exponent: 0x41804180 gives 16 + nibble, 0x43804380 256 + 16·nibble.
+template <int SH>
+__device__ __forceinline__ uint32_t nib_pair(uint32_t w, uint32_t magic) {
+  const uint32_t v = SH >= 0 ? (w >> (SH >= 0 ? SH : 0)) : (w << (SH < 0 ? -SH : 0));
+  return (v & 0x00780078u) | magic;
+}
+
+// Where the warp's tile is: the code and scale/bias rows of its M-rows g and g + 8 (rows past a matrix read
+// its row 0 and are not stored).
+struct V2Rows {
+  const uint32_t* c[2];
+  const uint32_t* s[2];
+  int64_t row[2];  // output row of each M-row (gated: the gate/up row), -1 when past the matrix
+  int si;
+};
+
+template <int BITS, int GS>
+__device__ __forceinline__ V2Rows v2_rows(const V2Segs& segs, int64_t tile, int g, bool gated, int64_t K) {
+  const int64_t words = K * BITS / 32, groups = K / GS;
+  V2Rows r;
+  if (tile >= segs.tiles) tile = 0;  // a block's last unit past the end: computes tile 0, stores nothing
+  if (gated) {
+    const int64_t row = tile * 8 + g;
+    const bool in = row < segs.N[0];
+    const int64_t rr = in ? row : 0;
+    r.si = 0;
+    r.c[0] = segs.codes[0] + rr * words, r.s[0] = segs.sb[0] + rr * groups;
+    r.c[1] = segs.codes[1] + rr * words, r.s[1] = segs.sb[1] + rr * groups;
+    r.row[0] = r.row[1] = in ? row : -1;
+  } else {
+    const int si = segs.n > 2 && tile >= segs.tile0[2] ? 2 : segs.n > 1 && tile >= segs.tile0[1] ? 1 : 0;
+    const uint32_t* codes = si == 0 ? segs.codes[0] : si == 1 ? segs.codes[1] : segs.codes[2];
+    const uint32_t* sb = si == 0 ? segs.sb[0] : si == 1 ? segs.sb[1] : segs.sb[2];
+    const int64_t N = si == 0 ? segs.N[0] : si == 1 ? segs.N[1] : segs.N[2];
+    const int64_t row0 = (tile - (si == 0 ? 0 : si == 1 ? segs.tile0[1] : segs.tile0[2])) * 16 + g;
+    r.si = si;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = row0 + 8 * h;
+      const bool in = row < N;
+      r.c[h] = codes + (in ? row : 0) * words, r.s[h] = sb + (in ? row : 0) * groups;
+      r.row[h] = in ? row : -1;
+    }
+  }
+  return r;
+}
+
+template <int BITS, int GS>
+struct V2Buf {
+  uint32_t w[2][V2Geo<BITS, GS>::NP][V2Geo<BITS, GS>::WPP];  // [M-row g / g+8][piece][word]
+  uint32_t sb[2][V2Geo<BITS, GS>::NP];
+};
+
+// One stage of a warp's v3 ring: codes [row h][piece p][lane][L bytes], then scale/bias words [h][p][lane].
+template <int BITS, int GS>
+struct V2Ring {
+  static constexpr int kCodeBytes = 2 * V2Geo<BITS, GS>::NP * 32 * V2Geo<BITS, GS>::L;
+  static constexpr int kBytes = kCodeBytes + 2 * V2Geo<BITS, GS>::NP * 32 * 4;
+  static constexpr int kStages = V2Geo<BITS, GS>::NP == 8 ? 3 : 4;  // <= 96 KB a block
+};
+
+template <int L>
+__device__ __forceinline__ void cp_async_n(uint32_t dst, const void* src) {
+  if constexpr (L == 16) cp_async16(dst, src);
+  else asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(src), "n"(L));
+}
+
+template <int BITS, int GS, int STAGES>
+__global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
+    affine_gemv_v2_kernel(V2Segs segs, const uint16_t* __restrict__ x, bool y_f32, int T, int64_t K, bool sb_f16, int wpr, int64_t units,
+                          int gated_act) {
+  using G = V2Geo<BITS, GS>;
+  __shared__ float4 red[2][kV2Warps][32];           // partial sums of the wpr warps of a tile, by unit parity
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, j = lane % 4;
+  const int tpu = kV2Warps / wpr, slot = warp / wpr, part = warp % wpr;
+  const bool gated = gated_act >= 0;
+  const int64_t steps = (K + G::STEP_COLS - 1) / G::STEP_COLS;
+  const int64_t sbeg = steps * part / wpr, send = steps * (part + 1) / wpr;
+
+  auto load = [&](V2Buf<BITS, GS>& b, int64_t u, int64_t s) {
+    if (u >= units) return;
+    const V2Rows r = v2_rows<BITS, GS>(segs, u * tpu + slot, g, gated, K);
+#pragma unroll
+    for (int p = 0; p < G::NP; ++p) {
+      const int64_t c0 = s * G::STEP_COLS + p * G::PIECE_COLS;
+      if (c0 >= K) break;  // the last step's pieces past K (K is whole pieces: group_size | K)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* base = reinterpret_cast<const uint8_t*>(r.c[h]) + s * G::STEP_ROW_BYTES + p * 4 * G::L + j * G::L;
+        v2_load<G::L>(base, b.w[h][p]);
+        b.sb[h][p] = __ldg(r.s[h] + c0 / GS);
+      }
+    }
+  };
+
+  V2Buf<BITS, GS> b0, b1;
+  int64_t u = blockIdx.x, s = sbeg;
+  // v3's ring: this warp's STAGES stages.
+  using R = V2Ring<BITS, GS>;
+  extern __shared__ __align__(16) unsigned char v2_ring[];
+  unsigned char* ring = v2_ring + size_t(warp) * STAGES * R::kBytes;
+  auto issue = [&](int stage, int64_t uu, int64_t ss) {
+    if (uu < units) {
+      const V2Rows r = v2_rows<BITS, GS>(segs, uu * tpu + slot, g, gated, K);
+      const uint32_t base = smem_addr(ring + stage * R::kBytes);
+#pragma unroll
+      for (int p = 0; p < G::NP; ++p) {
+        const int64_t c0 = ss * G::STEP_COLS + p * G::PIECE_COLS;
+        if (c0 >= K) break;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int slotw = (h * G::NP + p) * 32 + lane;
+          cp_async_n<G::L>(base + slotw * G::L,
+                           reinterpret_cast<const uint8_t*>(r.c[h]) + ss * G::STEP_ROW_BYTES + p * 4 * G::L + j * G::L);
+          cp_async_n<4>(base + R::kCodeBytes + slotw * 4, r.s[h] + c0 / GS);
+        }
+      }
+    }
+    cp_async_commit();  // empty groups too: every iteration waits for the same count
+  };
+  auto read = [&](V2Buf<BITS, GS>& b, int stage) {
+    const unsigned char* base = ring + stage * R::kBytes;
+#pragma unroll
+    for (int p = 0; p < G::NP; ++p)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int slotw = (h * G::NP + p) * 32 + lane;
+        if constexpr (G::L == 16) {
+          const uint4 v = *reinterpret_cast<const uint4*>(base + slotw * 16);
+          b.w[h][p][0] = v.x, b.w[h][p][1] = v.y, b.w[h][p][2] = v.z, b.w[h][p][3] = v.w;
+        } else if constexpr (G::L == 8) {
+          const uint2 v = *reinterpret_cast<const uint2*>(base + slotw * 8);
+          b.w[h][p][0] = v.x, b.w[h][p][1] = v.y;
+        } else {
+          b.w[h][p][0] = *reinterpret_cast<const uint32_t*>(base + slotw * 4);
+        }
+        b.sb[h][p] = *reinterpret_cast<const uint32_t*>(base + R::kCodeBytes + slotw * 4);
+      }
+  };
+  int64_t lu = u, ls = s;  // v3: the next step to issue
+  if constexpr (STAGES > 0) {
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) {  // the first weights do not depend on the previous kernel
+      issue(i, lu, ls);
+      if (++ls == send) ls = sbeg, lu += gridDim.x;
+    }
+  } else {
+    load(b0, u, s);  // the first weights do not depend on the previous kernel
+  }
+  pdl_trigger();
+  pdl_wait();
+
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // (M-row g, n 2j), (g, 2j+1), (g+8, 2j), (g+8, 2j+1)
+  const bool x_row = g < T;                  // this lane's B column n = g is a real activation row
+  const uint16_t* xrow = x + int64_t(x_row ? g : 0) * K;
+
+  auto compute = [&](const V2Buf<BITS, GS>& b, int64_t s) {
+#pragma unroll
+    for (int p = 0; p < G::NP; ++p) {
+      const int64_t c0 = s * G::STEP_COLS + p * G::PIECE_COLS;
+      if (c0 >= K) break;
+      // c: Σ x·(M + q) of the piece, C-fragment order; sx: Σx of the piece (an A of ones), columns n = 2j, 2j+1.
+      float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sx[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      constexpr uint32_t kOnes = 0x3f803f80u;
+#pragma unroll
+      for (int wi = 0; wi < G::WPP; ++wi) {
+        const int64_t col = c0 + j * G::LANE_COLS + wi * 4 * G::CPB;  // the word's first column
+        const uint32_t wa = b.w[0][p][wi], wb = b.w[1][p][wi];
+        if constexpr (BITS == 4) {
+          const uint4 xv = x_row ? __ldg(reinterpret_cast<const uint4*>(xrow + col)) : make_uint4(0, 0, 0, 0);
+          const uint32_t x04 = __byte_perm(xv.x, xv.z, 0x5410), x15 = __byte_perm(xv.x, xv.z, 0x7632);
+          const uint32_t x26 = __byte_perm(xv.y, xv.w, 0x5410), x37 = __byte_perm(xv.y, xv.w, 0x7632);
+          constexpr uint32_t kMag = 0x41804180u;
+          mma_bf16(c, nib_pair<-3>(wa, kMag), nib_pair<-3>(wb, kMag), nib_pair<1>(wa, kMag), nib_pair<1>(wb, kMag), x04, x15);
+          mma_bf16(c, nib_pair<5>(wa, kMag), nib_pair<5>(wb, kMag), nib_pair<9>(wa, kMag), nib_pair<9>(wb, kMag), x26, x37);
+          mma_bf16(sx, kOnes, kOnes, kOnes, kOnes, x04, x15);
+          mma_bf16(sx, kOnes, kOnes, kOnes, kOnes, x26, x37);
+        } else {
+          const uint2 xv = x_row ? __ldg(reinterpret_cast<const uint2*>(xrow + col)) : make_uint2(0, 0);
+          const uint32_t x02 = __byte_perm(xv.x, xv.y, 0x5410), x13 = __byte_perm(xv.x, xv.y, 0x7632);
+          constexpr uint32_t kLo = 0x41804180u, kHi = 0x43804380u;
+          mma_bf16(c, nib_pair<-3>(wa, kLo), nib_pair<-3>(wb, kLo), nib_pair<5>(wa, kLo), nib_pair<5>(wb, kLo), x02, x13);
+          mma_bf16(c, nib_pair<1>(wa, kHi), nib_pair<1>(wb, kHi), nib_pair<9>(wa, kHi), nib_pair<9>(wb, kHi), x02, x13);
+          mma_bf16(sx, kOnes, kOnes, kOnes, kOnes, x02, x13);
+        }
+      }
+      const float2 pa = sb_pair(b.sb[0][p], sb_f16), pb = sb_pair(b.sb[1][p], sb_f16);
+      const float oa = pa.y - pa.x * G::kM, ob = pb.y - pb.x * G::kM;
+      acc[0] = fmaf(pa.x, c[0], fmaf(oa, sx[0], acc[0]));
+      acc[1] = fmaf(pa.x, c[1], fmaf(oa, sx[1], acc[1]));
+      acc[2] = fmaf(pb.x, c[2], fmaf(ob, sx[0], acc[2]));
+      acc[3] = fmaf(pb.x, c[3], fmaf(ob, sx[1], acc[3]));
+    }
+  };
+
+  // The unit's end: the wpr warps of each tile add their sums (in part order), the first one stores.
+  int finished = 0;  // units finished: red's buffer by parity (one barrier a unit suffices)
+  auto finish = [&](int64_t uu) {
+    if (wpr > 1) {
+      const int par = finished++ & 1;
+      red[par][warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      __syncthreads();
+      if (part == 0) {
+        float4 t = red[par][warp][lane];
+        for (int q = 1; q < wpr; ++q) {
+          const float4 v = red[par][warp + q][lane];
+          t.x += v.x, t.y += v.y, t.z += v.z, t.w += v.w;
+        }
+        acc[0] = t.x, acc[1] = t.y, acc[2] = t.z, acc[3] = t.w;
+      }
+    }
+    const int64_t tile = uu * tpu + slot;
+    if (part == 0 && tile < segs.tiles) {
+      const V2Rows r = v2_rows<BITS, GS>(segs, tile, g, gated, K);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int n = 2 * j + e;
+        if (n >= T) break;
+        if (gated) {  // y = act(gate) * up, each rounded to bf16 first as the unfused ops store them
+          if (r.row[0] < 0) break;
+          const float b0 = segs.bias[0] ? segs.bias[0][r.row[0]] : 0.0f, b1 = segs.bias[1] ? segs.bias[1][r.row[0]] : 0.0f;
+          const float gv = __bfloat162float(__float2bfloat16(acc[e] + b0)), uv = __bfloat162float(__float2bfloat16(acc[2 + e] + b1));
+          static_cast<__nv_bfloat16*>(segs.y[0])[n * segs.N[0] + r.row[0]] = __float2bfloat16(act_value(gated_act, gv) * uv);
+          continue;
+        }
+        const float* bias = r.si == 0 ? segs.bias[0] : r.si == 1 ? segs.bias[1] : segs.bias[2];
+        void* y = r.si == 0 ? segs.y[0] : r.si == 1 ? segs.y[1] : segs.y[2];
+        const int64_t N = r.si == 0 ? segs.N[0] : r.si == 1 ? segs.N[1] : segs.N[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (r.row[h] < 0) continue;
+          const float v = acc[2 * h + e] + (bias ? bias[r.row[h]] : 0.0f);
+          if (y_f32) static_cast<float*>(y)[n * N + r.row[h]] = v;
+          else static_cast<__nv_bfloat16*>(y)[n * N + r.row[h]] = __float2bfloat16(v);
+        }
+      }
+    }
+    acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+  };
+
+  // Two register buffers: the next step's loads are in flight while this one is computed.
+  auto advance = [&](int64_t& uu, int64_t& ss) {
+    if (++ss == send) ss = sbeg, uu += gridDim.x;
+  };
+  if constexpr (STAGES > 0) {
+    int stage = 0;
+#pragma unroll 1
+    while (u < units) {
+      cp_async_wait<STAGES - 2>();  // this step's group has landed
+      read(b0, stage);
+      issue(stage == 0 ? STAGES - 1 : stage - 1, lu, ls);  // the slot read (and computed) last iteration
+      advance(lu, ls);
+      compute(b0, s);
+      int64_t un = u, sn = s;
+      advance(un, sn);
+      if (sn == sbeg) finish(u);
+      u = un, s = sn;
+      stage = stage + 1 == STAGES ? 0 : stage + 1;
+    }
+    cp_async_wait<0>();
+    return;
+  }
+#pragma unroll 1
+  while (u < units) {
+    int64_t un = u, sn = s;
+    advance(un, sn);
+    load(b1, un, sn);
+    compute(b0, s);
+    if (sn == sbeg) finish(u);
+    u = un, s = sn;
+    if (u >= units) break;
+    advance(un, sn);
+    load(b0, un, sn);
+    compute(b1, s);
+    if (sn == sbeg) finish(u);
+    u = un, s = sn;
+  }
+}
+
+template <int BITS, int GS, int STAGES>
+void launch_v2_s(unsigned grid, cudaStream_t s, const V2Segs& segs, const uint16_t* x, bool y_f32, int T, int64_t K, bool sb_f16, int wpr,
+                 int64_t units, int gated_act) {
+  auto* kernel = affine_gemv_v2_kernel<BITS, GS, STAGES>;
+  const size_t smem = size_t(kV2Warps) * STAGES * V2Ring<BITS, GS>::kBytes;
+  static bool attr = false;
+  if (STAGES > 0 && !attr) {
+    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    attr = true;
+  }
+  pdl_launch(kernel, dim3(grid), dim3(kV2Warps * 32), smem, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
+  ARBOR_LAUNCH_CHECK("affine_gemv_v2_kernel");
+}
+
+template <int BITS, int GS>
+void launch_v2_t(int variant, unsigned grid, cudaStream_t s, const V2Segs& segs, const uint16_t* x, bool y_f32, int T, int64_t K,
+                 bool sb_f16, int wpr, int64_t units, int gated_act) {
+  if (variant == 3)
+    launch_v2_s<BITS, GS, V2Ring<BITS, GS>::kStages>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
+  else
+    launch_v2_s<BITS, GS, 0>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
+}
+
+int v2_variant() {
+  if (g_v2_variant < 0) {
+    const char* e = std::getenv("ARBOR_CUDA_AFFINE_GEMV");
+    const int v = e ? std::atoi(e) : 1;
+    g_v2_variant = v == 2 || v == 3 ? v : 1;
+  }
+  return g_v2_variant;
+}
+
+// The v2 kernel when it is selected and applies (4/8-bit, aligned x and codes); false: the caller runs v1.
+bool try_v2(V2Segs& segs, const AffineWeights& w0, const uint16_t* x, bool y_f32, int64_t T, int n_sms, int gated_act, cudaStream_t s) {
+  const int variant = v2_variant();
+  if (variant < 2 || (w0.bits != 4 && w0.bits != 8) || T < 1 || T > 8 || !aligned16(x)) return false;
+  for (int i = 0; i < segs.n; ++i)
+    if (!aligned16(segs.codes[i])) return false;
+  const int64_t K = w0.cols;
+  const int gs = w0.group_size;
+  if ((gs != 32 && gs != 64 && gs != 128) || K % gs != 0) return false;
+  const int64_t step_cols = w0.bits == 4 ? 256 : 128, steps = (K + step_cols - 1) / step_cols;
+  // K split: until the tiles' warps fill the SMs' slots twice over, keeping two steps a warp.
+  const int64_t warp_slots = int64_t(n_sms) * kV2BlocksPerSm * kV2Warps;
+  // A/B knobs (device runs): ARBOR_CUDA_AFFINE_V2_WPR=1/2/4/8 forces the split (capped at one step a warp),
+  // ARBOR_CUDA_AFFINE_V2_GRID=1 launches min(units, resident blocks) (some blocks one unit more) instead.
+  static const int force_wpr = [] {
+    const char* e = std::getenv("ARBOR_CUDA_AFFINE_V2_WPR");
+    return e ? std::atoi(e) : 0;
+  }();
+  static const bool persistent = [] {
+    const char* e = std::getenv("ARBOR_CUDA_AFFINE_V2_GRID");
+    return e && std::atoi(e) == 1;
+  }();
+  int wpr = 1;
+  if (force_wpr == 1 || force_wpr == 2 || force_wpr == 4 || force_wpr == 8)
+    while (wpr < force_wpr && steps >= 2 * wpr) wpr *= 2;
+  else
+    while (wpr < kV2Warps && segs.tiles * wpr < 2 * warp_slots && steps >= 4 * wpr) wpr *= 2;
+  const int64_t units = (segs.tiles + kV2Warps / wpr - 1) / (kV2Warps / wpr);
+  // Blocks: every block the same number of units (rounds) where the resident blocks cannot take them at once.
+  const int64_t resident = int64_t(n_sms) * kV2BlocksPerSm, rounds = (units + resident - 1) / resident;
+  const unsigned grid = unsigned(persistent ? std::min(units, resident) : (units + rounds - 1) / rounds);
+  const int t = int(T);
+#define ARBOR_V2(B, G) launch_v2_t<B, G>(variant, grid, s, segs, x, y_f32, t, K, w0.sb_f16, wpr, units, gated_act)
+  if (w0.bits == 4) {
+    if (gs == 32) ARBOR_V2(4, 32);
+    else if (gs == 64) ARBOR_V2(4, 64);
+    else ARBOR_V2(4, 128);
+  } else {
+    if (gs == 32) ARBOR_V2(8, 32);
+    else if (gs == 64) ARBOR_V2(8, 64);
+    else ARBOR_V2(8, 128);
+  }
+#undef ARBOR_V2
+  return true;
+}
+
 // ---- embedding gather ---------------------------------------------------------------------------------
 __global__ void affine_embed_kernel(AffineWeights w, const int32_t* tokens, const int32_t* picked, float mul, uint16_t* out) {
   pdl_trigger();
@@ -421,6 +856,14 @@ void launch_affine_gemv_multi(const AffineGemvOut* outs, int n, const uint16_t* 
     segs.N[i] = outs[i].w.rows, segs.pair0[i] = pairs;
     pairs += (outs[i].w.rows + 1) / 2;
   }
+  V2Segs v2{};
+  v2.n = n;
+  for (int i = 0; i < n; ++i) {
+    v2.codes[i] = segs.codes[i], v2.sb[i] = segs.sb[i], v2.bias[i] = segs.bias[i], v2.y[i] = segs.y[i], v2.N[i] = segs.N[i];
+    v2.tile0[i] = v2.tiles;
+    v2.tiles += (segs.N[i] + 15) / 16;
+  }
+  if (try_v2(v2, outs[0].w, x, y_f32, T, n_sms, -1, s)) return;
   launch(segs, pairs, outs[0].w, x, y_f32, T, n_sms, -1, s);
 }
 
@@ -433,8 +876,15 @@ void launch_affine_gemv_gated(const AffineGemvOut& gate, const AffineGemvOut& up
   segs.n = 2;
   segs.codes[0] = gate.w.codes, segs.codes[1] = up.w.codes, segs.sb[0] = gate.w.sb, segs.sb[1] = up.w.sb;
   segs.bias[0] = gate.bias, segs.bias[1] = up.bias, segs.y[0] = y, segs.N[0] = gate.w.rows;
+  V2Segs v2{};
+  v2.n = 2;
+  v2.codes[0] = gate.w.codes, v2.codes[1] = up.w.codes, v2.sb[0] = gate.w.sb, v2.sb[1] = up.w.sb;
+  v2.bias[0] = gate.bias, v2.bias[1] = up.bias, v2.y[0] = y, v2.N[0] = gate.w.rows, v2.tiles = (gate.w.rows + 7) / 8;
+  if (try_v2(v2, gate.w, x, false, T, n_sms, act, s)) return;
   launch(segs, gate.w.rows, gate.w, x, false, T, n_sms, act, s);
 }
+
+void set_affine_gemv_variant(int v) { g_v2_variant = v >= 1 && v <= 3 ? v : -1; }
 
 void launch_affine_embed(const AffineWeights& w, const int32_t* tokens, const int32_t* picked, int64_t T, float mul, uint16_t* out,
                          CUstream_st* s) {
