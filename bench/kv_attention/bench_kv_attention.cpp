@@ -4,6 +4,11 @@
 // Usage: bench_kv_attention [--ctx 4096] [--batch 1] [--heads 32] [--kv-heads 8] [--head-dim 64]
 //                           [--threads 0] [--reps 20] [--codecs bf16,affine8,affine4,k8v4,k8v3]
 // (defaults: one layer of the Llama-3.2-1B shape at context 4096).
+// --device cuda (builds with CUDA): the CUDA backend's decode attention per codec and decode kernel
+// (--kernels v1,v2: the split-K kernels, the tensor-core kernel of ARBOR_CUDA_KV_ATTN=v2; bf16 under
+// v2 is v2all), over --layers copies of the layer (default 8, called in turn, so the KV of a call is not
+// in L2 from the previous one); prints us per layer call (mean of --reps calls, launches queued back to
+// back), the KV bytes a call reads and the rate.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -15,6 +20,10 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#if defined(ARBOR_HAS_CUDA)
+#include "backend/cuda/cuda_backend.h"
+#include "core/dtype.h"
+#endif
 
 using namespace arbor;
 
@@ -36,12 +45,85 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
+#if defined(ARBOR_HAS_CUDA)
+int bench_cuda(int64_t ctx, int64_t batch, int64_t heads, int64_t kv_heads, int64_t hd, int reps, int64_t layers, const std::string& codecs,
+               const std::string& kernels) {
+  const int64_t bs = 16, blocks_per_seq = (ctx + bs - 1) / bs, row = kv_heads * hd, chunk = std::min<int64_t>(ctx, 4096);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> N;
+  auto bf16s = [&](size_t n) {
+    std::vector<uint16_t> h(n);
+    for (auto& x : h) x = f32_to_bf16(N(rng));
+    return h;
+  };
+  const std::vector<uint16_t> k = bf16s(size_t(chunk * row)), v = bf16s(size_t(chunk * row)), q = bf16s(size_t(batch * heads * hd));
+  std::printf("CUDA decode attention, one layer call: batch %lld, context %lld, %lld heads / %lld KV heads, head_dim %lld, %lld layers in turn\n",
+              (long long)batch, (long long)ctx, (long long)heads, (long long)kv_heads, (long long)hd, (long long)layers);
+  std::printf("%-10s %-7s %10s %12s %10s %9s\n", "codec", "kernel", "us/call", "KV MB/call", "GB/s", "vs bf16");
+  double plain_us = 0;
+  for (const std::string& name : split(codecs))
+    for (const std::string& kern : split(kernels)) {
+      const KVCodecPair cp = parse_kv_codec(name);
+      const int mode = kern == "v1" ? 0 : kern == "v2" ? (cp.plain() ? 2 : 1) : -2;
+      if (mode == -2) {
+        std::fprintf(stderr, "bench_kv_attention: --kernels takes v1, v2 (got %s)\n", kern.c_str());
+        return 2;
+      }
+      CudaBackend::set_kv_decode_attention(mode);
+      CudaBackend gpu(0);
+      KVLayout L;
+      L.n_layers = layers, L.block_size = bs, L.n_kv_heads = kv_heads, L.head_dim = hd, L.n_blocks = batch * blocks_per_seq;
+      L.codecs.assign(size_t(layers), cp);
+      gpu.alloc_kv(L);
+      Tensor kt = gpu.alloc(DType::BF16, {chunk, row}), vt = gpu.alloc(DType::BF16, {chunk, row});
+      gpu.upload(k.data(), kt), gpu.upload(v.data(), vt);
+      for (int64_t s = 0; s < batch; ++s)
+        for (int64_t p0 = 0; p0 < ctx; p0 += chunk) {
+          BatchInfo b;
+          b.max_blocks = int32_t(blocks_per_seq);
+          for (int64_t j = 0; j < blocks_per_seq; ++j) b.block_tables.push_back(int32_t(s * blocks_per_seq + j));
+          const int64_t n = std::min<int64_t>(chunk, ctx - p0);
+          for (int64_t p = p0; p < p0 + n; ++p) b.tokens.push_back(0), b.pos.push_back(int32_t(p)), b.seq.push_back(0);
+          b.ctx_len.push_back(int32_t(p0 + n));
+          gpu.begin_batch(b);
+          for (int64_t l = 0; l < layers; ++l) gpu.kv_write(l, kt.row_slice(0, n), vt.row_slice(0, n));
+        }
+      BatchInfo b;
+      b.max_blocks = int32_t(blocks_per_seq);
+      for (int64_t s = 0; s < batch; ++s) {
+        for (int64_t j = 0; j < blocks_per_seq; ++j) b.block_tables.push_back(int32_t(s * blocks_per_seq + j));
+        b.tokens.push_back(0), b.pos.push_back(int32_t(ctx - 1)), b.seq.push_back(int32_t(s)), b.ctx_len.push_back(int32_t(ctx));
+      }
+      gpu.begin_batch(b);
+      AttentionParams ap;
+      ap.n_heads = heads, ap.n_kv_heads = kv_heads, ap.head_dim = hd, ap.scale = 1.0f / std::sqrt(float(hd));
+      Tensor qt = gpu.alloc(DType::BF16, {batch, heads * hd}), ot = gpu.alloc(DType::BF16, {batch, heads * hd});
+      gpu.upload(q.data(), qt);
+      for (int64_t l = 0; l < layers; ++l) gpu.attention(l, qt, ap, ot);  // warm-up
+      gpu.synchronize();
+      auto t0 = std::chrono::steady_clock::now();
+      for (int r = 0; r < reps; ++r) gpu.attention(r % layers, qt, ap, ot);
+      gpu.synchronize();
+      const double us = seconds_since(t0) / reps * 1e6;
+      const double bytes = double(batch * ctx) * double(L.layer_token_bytes(0, DType::BF16));
+      if (cp.plain() && kern == "v1") plain_us = us;
+      std::printf("%-10s %-7s %10.2f %12.2f %10.1f %8.2fx\n", name.c_str(), kern.c_str(), us, bytes * 1e-6, bytes / us * 1e-3,
+                  plain_us > 0 ? plain_us / us : 0.0);
+      std::fflush(stdout);
+    }
+  CudaBackend::set_kv_decode_attention(-1);
+  std::printf("(vs bf16: against the bf16 cache with v1; us/call is the mean of %d calls)\n", reps);
+  return 0;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int64_t ctx = 4096, batch = 1, heads = 32, kv_heads = 8, hd = 64;
   int threads = 0, reps = 20;
-  std::string codecs = "bf16,affine8,affine4,k8v4,k8v3";
+  std::string codecs = "bf16,affine8,affine4,k8v4,k8v3", device = "cpu", kernels = "v1,v2";
+  int64_t layers = 8;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const char* v = argv[i + 1];
@@ -53,10 +135,25 @@ int main(int argc, char** argv) {
     else if (k == "--threads") threads = std::atoi(v);
     else if (k == "--reps") reps = std::atoi(v);
     else if (k == "--codecs") codecs = v;
+    else if (k == "--device") device = v;
+    else if (k == "--kernels") kernels = v;
+    else if (k == "--layers") layers = std::atoll(v);
     else {
       std::fprintf(stderr, "bench_kv_attention: unknown flag %s\n", k.c_str());
       return 2;
     }
+  }
+  if (device == "cuda") {
+#if defined(ARBOR_HAS_CUDA)
+    return bench_cuda(ctx, batch, heads, kv_heads, hd, reps, layers, codecs, kernels);
+#else
+    std::fprintf(stderr, "bench_kv_attention: --device cuda needs a build with CUDA\n");
+    return 2;
+#endif
+  }
+  if (device != "cpu") {
+    std::fprintf(stderr, "bench_kv_attention: --device %s (cpu or cuda)\n", device.c_str());
+    return 2;
   }
   const int64_t bs = 16, blocks_per_seq = (ctx + bs - 1) / bs, row = kv_heads * hd;
   std::mt19937 rng(1);

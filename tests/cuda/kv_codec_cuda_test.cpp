@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
 #include <filesystem>
 
 #include "core/error.h"
@@ -17,6 +18,7 @@
 #include "engine/generate.h"
 #include "model/synth.h"
 #include "quant/kv_codec.h"
+#include "backend/cuda/kv_mma_layout.h"
 
 using namespace arbor;
 using namespace arbor::cuda_test;
@@ -180,6 +182,14 @@ void run_attention(const char* codec, const Case& c, CudaBackend::AttentionPath 
   auto row_of = [&](int32_t seq, int32_t pos, int64_t h) {
     return (int64_t(fill.block_tables[size_t(seq * fill.max_blocks + pos / bs)]) * bs + pos % bs) * H + h;
   };
+  auto decode_row = [&](const KVCodec& c, const uint8_t* row, float* out) {
+    if (!c.plain()) return kv_decode_row(c, row, hd, out);
+    for (int64_t i = 0; i < hd; ++i) {
+      uint16_t b;
+      std::memcpy(&b, row + 2 * i, 2);
+      out[i] = bf16_to_f32(b);
+    }
+  };
   AttentionParams p;
   p.n_heads = c.n_heads, p.n_kv_heads = H, p.head_dim = hd, p.scale = 2.0f / std::sqrt(float(hd)), p.softcap = c.softcap, p.window = c.window;
   const int64_t TQ = query.n_tokens(), G = c.n_heads / H;
@@ -194,7 +204,7 @@ void run_attention(const char* codec, const Case& c, CudaBackend::AttentionPath 
       std::vector<double> sc, o(size_t(hd), 0.0);
       double mx = -1e300;
       for (int32_t j = lo; j <= pos; ++j) {
-        kv_decode_row(cp.k, kp.data() + row_of(s, j, h) * kb, hd, kr.data());
+        decode_row(cp.k, kp.data() + row_of(s, j, h) * kb, kr.data());
         double d = 0;
         for (int64_t i = 0; i < hd; ++i) d += double(qv[i]) * kr[size_t(i)];
         d *= p.scale;
@@ -205,7 +215,7 @@ void run_attention(const char* codec, const Case& c, CudaBackend::AttentionPath 
       for (int32_t j = lo; j <= pos; ++j) {
         const double w = std::exp(sc[size_t(j - lo)] - mx);
         sum += w;
-        kv_decode_row(cp.v, vp.data() + row_of(s, j, h) * vb, hd, vr.data());
+        decode_row(cp.v, vp.data() + row_of(s, j, h) * vb, vr.data());
         for (int64_t i = 0; i < hd; ++i) o[size_t(i)] += w * vr[size_t(i)];
       }
       for (int64_t i = 0; i < hd; ++i) ref[size_t(t * q_row + hq * hd + i)] = float(o[size_t(i)] / sum);
@@ -305,6 +315,175 @@ TEST(CudaKVCodec, DecodeWithThePrepInsideMatchesPrepThenAttention) {
         EXPECT_TRUE(kpools[0] == kpools[1]) << "K pools differ";
         EXPECT_TRUE(vpools[0] == vpools[1]) << "V pools differ";
         EXPECT_LE(max_diff(outs[0], outs[1]), 8e-3f) << "max|out| " << max_abs(outs[1]);
+      }
+}
+
+// ---- the tensor-core decode kernel (ARBOR_CUDA_KV_ATTN=v2, attention_kv.cu's attn_decode_mma_kernel) --
+
+// Sets the decode kernel choice for a scope, then hands it back to the environment.
+struct KvAttnMode {
+  explicit KvAttnMode(int mode) { CudaBackend::set_kv_decode_attention(mode); }
+  ~KvAttnMode() { CudaBackend::set_kv_decode_attention(-1); }
+};
+
+// The fragment layout of kv_mma_layout.h on the CPU (no GPU needed): the logical-to-physical dim maps
+// are permutations of a row, and the unpack functions put each code where the map says, against a
+// plain model of the mma.sync m16n8k16 operand layout (PTX ISA: B element kk of a lane with q = lane % 4
+// is logical k row 2q + (kk & 1) + 8 (kk >> 1)).
+template <int KB, int D>
+void check_k_dim_permutation() {
+  std::vector<int> seen(D, 0);
+  for (int q = 0; q < 4; ++q)
+    for (int c = 0; c < D / 16; ++c)
+      for (int kk = 0; kk < 4; ++kk) {
+        const int d = arbor::cuda::kvmma::k_dim<KB, D>(q, c, kk);
+        ASSERT_TRUE(d >= q * D / 4 && d < (q + 1) * D / 4) << "KB " << KB << " D " << D << " q " << q << " chunk " << c << " kk " << kk;
+        ++seen[size_t(d)];
+      }
+  for (int d = 0; d < D; ++d) EXPECT_EQ(seen[size_t(d)], 1) << "KB " << KB << " D " << D << " dim " << d;
+}
+
+float f16_bits_to_float(uint32_t h) {
+  const uint32_t sign = (h >> 15) & 1, e = (h >> 10) & 31, m = h & 1023;
+  float v = e == 0 ? std::ldexp(float(m), -24) : std::ldexp(float(m | 1024), int(e) - 25);
+  return sign ? -v : v;
+}
+
+TEST(CudaKVCodec, MmaFragmentLayoutOnTheCpu) {
+  check_k_dim_permutation<4, 64>(), check_k_dim_permutation<4, 128>();
+  check_k_dim_permutation<8, 64>(), check_k_dim_permutation<8, 128>();
+  check_k_dim_permutation<16, 64>(), check_k_dim_permutation<16, 128>();
+  for (int D : {64, 128}) {
+    std::vector<int> seen(size_t(D), 0);
+    for (int g = 0; g < 8; ++g)
+      for (int j = 0; j < D / 8; ++j) ++seen[size_t(D == 64 ? arbor::cuda::kvmma::v_dim<64>(g, j) : arbor::cuda::kvmma::v_dim<128>(g, j))];
+    for (int d = 0; d < D; ++d) EXPECT_EQ(seen[size_t(d)], 1) << "v_dim D " << D << " dim " << d;
+  }
+  std::mt19937 rng(29);
+  std::uniform_int_distribution<uint32_t> word;
+  for (int it = 0; it < 200; ++it) {
+    const uint32_t w = word(rng), w2 = word(rng);
+    // 4-bit keys: r[i] halves decode (lo: 1024 + c, hi: 1024 + 16 c) to the nibbles k_dim names, within
+    // the word (dims 8u .. 8u + 7 of the lane's run; chunk 2u: b0 = r[0], b1 = r[1]; 2u + 1: r[2], r[3]).
+    uint32_t r[8];
+    arbor::cuda::kvmma::k_unpack4(w, r);
+    for (int ch = 0; ch < 2; ++ch)
+      for (int kk = 0; kk < 4; ++kk) {
+        const uint32_t reg = r[2 * ch + (kk >> 1)], half = (kk & 1) ? reg >> 16 : reg & 0xffff;
+        const bool hi = (kk >> 1) == 1;
+        const float v = f16_bits_to_float(half);
+        const float code = hi ? (v - 1024.0f) / 16.0f : v - 1024.0f;
+        const int d = arbor::cuda::kvmma::k_dim<4, 128>(0, ch, kk);  // q 0, word 0: dims 0..7
+        EXPECT_EQ(code, float((w >> (4 * d)) & 15)) << "k_unpack4 chunk " << ch << " kk " << kk;
+      }
+    // 8-bit keys, unsigned and TurboQuant's signed codes.
+    for (bool sign8 : {false, true}) {
+      arbor::cuda::kvmma::k_unpack8(w, sign8, r);
+      for (int kk = 0; kk < 4; ++kk) {
+        const uint32_t reg = r[kk >> 1], half = (kk & 1) ? reg >> 16 : reg & 0xffff;
+        const int d = arbor::cuda::kvmma::k_dim<8, 128>(0, 0, kk);
+        const uint32_t byte = (w >> (8 * d)) & 255;
+        const float want = sign8 ? float(int8_t(uint8_t(byte))) : float(byte);
+        EXPECT_EQ(f16_bits_to_float(half) - (sign8 ? 1152.0f : 1024.0f), want) << "k_unpack8 sign " << sign8 << " kk " << kk;
+      }
+    }
+    // Values: r[i] = (key a's dim i, key b's dim i).
+    arbor::cuda::kvmma::v_unpack4(w, w2, r);
+    for (int i = 0; i < 8; ++i)
+      for (int h = 0; h < 2; ++h) {
+        const float v = f16_bits_to_float(h ? r[i] >> 16 : r[i] & 0xffff);
+        const float code = i % 2 ? (v - 1024.0f) / 16.0f : v - 1024.0f;
+        EXPECT_EQ(code, float(((h ? w2 : w) >> (4 * i)) & 15)) << "v_unpack4 dim " << i << " key " << h;
+      }
+    arbor::cuda::kvmma::v_unpack8(w, w2, r);
+    for (int i = 0; i < 4; ++i)
+      for (int h = 0; h < 2; ++h)
+        EXPECT_EQ(f16_bits_to_float(h ? r[i] >> 16 : r[i] & 0xffff) - 1024.0f, float(((h ? w2 : w) >> (8 * i)) & 255)) << "v_unpack8 dim " << i;
+    arbor::cuda::kvmma::v_pair16(w, w2, r);
+    EXPECT_EQ(r[0], (w & 0xffffu) | (w2 << 16));
+    EXPECT_EQ(r[1], (w >> 16) | (w2 & 0xffff0000u));
+    const uint64_t span = uint64_t(w) | uint64_t(w2) << 32;
+    for (int e = 0; e < 16; ++e) EXPECT_EQ(arbor::cuda::kvmma::span_code<3>(span, e), uint32_t(span >> (3 * e)) & 7u);
+  }
+}
+
+// The tensor-core kernel against decode-then-attend: its codecs and bf16 at head_dim 64 and 128 (256
+// and the other codecs take the split-K kernels under the switch too), GQA 1 to 16 (8-row and 16-row
+// tiles, partial groups of 3, 5, 12), contexts at the 16-key tile and block boundaries, over many pages,
+// a window, softcap, several tokens of one sequence.
+TEST(CudaKVCodec, DecodeAttentionV2ReadsCodes) {
+  ARBOR_REQUIRE_GPU();
+  KvAttnMode mode(2);
+  std::mt19937 rng(31);
+  using Path = CudaBackend::AttentionPath;
+  for (int64_t hd : {64, 128, 256})
+    for (const char* codec : {"bf16", "affine8", "affine4", "k8v4", "k8v3", "affine3"}) {
+      run_attention(codec, {hd, 4, 4, 0, 0.0f, {1, 15, 16, 17, 33, 64, 65}, {1, 1, 1, 1, 1, 1, 1}}, Path::Decode, rng);
+      run_attention(codec, {hd, 8, 2, 0, 0.0f, {32, 700, 5}, {1, 1, 1}}, Path::Decode, rng);
+      run_attention(codec, {hd, 16, 2, 40, 0.0f, {300, 64}, {1, 1}}, Path::Decode, rng);
+      if (hd == 256) continue;
+      run_attention(codec, {hd, 6, 2, 0, 0.0f, {129, 3}, {1, 1}}, Path::Decode, rng);     // GQA 3
+      run_attention(codec, {hd, 10, 2, 0, 0.0f, {50, 97}, {1, 1}}, Path::Decode, rng);    // GQA 5
+      run_attention(codec, {hd, 24, 2, 0, 0.0f, {211, 16}, {1, 1}}, Path::Decode, rng);   // GQA 12: 16-row tiles
+      run_attention(codec, {hd, 32, 2, 0, 0.0f, {1000}, {1}}, Path::Decode, rng);         // GQA 16
+      run_attention(codec, {hd, 32, 8, 0, 0.0f, {4100}, {1}}, Path::Decode, rng);         // 8B's shape, 257 pages
+      run_attention(codec, {hd, 4, 1, 0, 30.0f, {200, 77}, {3, 2}}, Path::Decode, rng);   // softcap, several tokens a sequence
+      run_attention(codec, {hd, 8, 8, 0, 0.0f, {17, 4096, 2000, 1}, {1, 1, 1, 1}}, Path::Decode, rng);  // a batch of mixed lengths
+    }
+}
+
+// The tensor-core kernel with the q/k prep (prep_attention: the prep kernel, then the attention) against
+// the split-K kernels as qk_prep_kv_write then attention: the pools byte-identical, the outputs within
+// the kernels' rounding difference (f16 keys and values in the new kernel).
+TEST(CudaKVCodec, DecodeV2WithThePrepMatchesTheSplitKKernels) {
+  ARBOR_REQUIRE_GPU();
+  std::mt19937 rng(37);
+  for (int64_t hd : {64, 128})
+    for (const char* name : {"bf16", "affine8", "affine4", "k8v4", "k8v3"})
+      for (int64_t G : {1, 4, 8, 16}) {
+        const std::string what = fmt::format("{} head_dim {} GQA {}", name, hd, G);
+        SCOPED_TRACE(what);
+        const int64_t H = 2, NQ = H * G, bs = 16;
+        const std::vector<int32_t> ctx = {1, 16, 17, 33, 900};
+        int64_t n_blocks = 0;
+        BatchInfo fill = paged_batch(ctx, ctx, bs, rng, &n_blocks);
+        std::mt19937 rng_copy = rng;
+        BatchInfo step = paged_batch(ctx, std::vector<int32_t>(ctx.size(), 1), bs, rng_copy, &n_blocks);
+        step.block_tables = fill.block_tables;
+        KVLayout kv;
+        kv.n_layers = 1, kv.n_blocks = n_blocks, kv.block_size = bs, kv.n_kv_heads = H, kv.head_dim = hd;
+        kv.codecs = {parse_kv_codec(name)};
+        const int64_t TF = fill.n_tokens(), T = step.n_tokens();
+        const std::vector<float> kf = random_bf16(rng, size_t(TF * H * hd)), vf = random_bf16(rng, size_t(TF * H * hd));
+        const std::vector<float> q = random_bf16(rng, size_t(T * NQ * hd), 2.0f), k = random_bf16(rng, size_t(T * H * hd)),
+                                 v = random_bf16(rng, size_t(T * H * hd)), nw = random_bf16(rng, size_t(hd), 0.5f, 1.0f);
+        std::vector<float> cs(size_t(1024 * hd / 2)), sn(cs.size());
+        for (size_t i = 0; i < cs.size(); ++i) cs[i] = std::cos(0.001f * float(i)), sn[i] = std::sin(0.001f * float(i));
+        AttentionParams ap;
+        ap.n_heads = NQ, ap.n_kv_heads = H, ap.head_dim = hd, ap.scale = 2.0f / std::sqrt(float(hd));
+        std::vector<std::vector<float>> outs;
+        std::vector<std::vector<uint8_t>> kpools, vpools;
+        for (int mode : {2, 0}) {
+          KvAttnMode m(mode);
+          CudaBackend gpu(0);
+          gpu.set_fused_prep(mode == 2);
+          gpu.alloc_kv(kv);
+          gpu.begin_batch(fill);
+          gpu.kv_write(0, dev_bf16(gpu, kf, {TF, H * hd}), dev_bf16(gpu, vf, {TF, H * hd}));
+          Tensor cos_t = gpu.upload_table(cs, {1024, hd / 2}), sin_t = gpu.upload_table(sn, {1024, hd / 2});
+          Tensor qn = gpu.upload_table(nw, {hd}), kn = gpu.upload_table(nw, {hd});
+          Backend::QKPrep p;
+          p.norm = NormOp::RMS, p.q_norm = &qn, p.k_norm = &kn, p.eps = 1e-5f, p.n_heads = NQ, p.n_kv_heads = H, p.head_dim = hd,
+          p.rot_dim = hd, p.cos = &cos_t, p.sin = &sin_t;
+          gpu.begin_batch(step);
+          Tensor out = gpu.alloc(DType::BF16, {T, NQ * hd});
+          gpu.prep_attention(0, dev_bf16(gpu, q, {T, NQ * hd}), dev_bf16(gpu, k, {T, H * hd}), dev_bf16(gpu, v, {T, H * hd}), p, ap, out);
+          outs.push_back(host_f32(gpu, out));
+          kpools.push_back(host_bytes(gpu, gpu.k_pool(0))), vpools.push_back(host_bytes(gpu, gpu.v_pool(0)));
+        }
+        EXPECT_TRUE(kpools[0] == kpools[1]) << "K pools differ";
+        EXPECT_TRUE(vpools[0] == vpools[1]) << "V pools differ";
+        EXPECT_LE(max_diff(outs[0], outs[1]), 1e-2f) << "max|out| " << max_abs(outs[1]);
       }
 }
 

@@ -10,6 +10,7 @@
 
 #include <cfloat>
 
+#include "backend/cuda/attention_kv.h"
 #include "backend/cuda/cp_async.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
@@ -394,6 +395,11 @@ void launch_attention_decode(const AttnArgs& a, int64_t T, int n_splits, float* 
                  "cuda: attention decode: T %lld, heads %d/%d, splits %d (1..%d)", (long long)T, a.n_heads, a.n_kv_heads, n_splits, kDecodeMaxSplits);
   ARBOR_CU_CHECK(!cluster || n_splits <= kDecodeMaxCluster, "cuda: attention decode: %d splits in one cluster (at most %d)", n_splits,
                  kDecodeMaxCluster);
+  // The tensor-core kernel when turned on (ARBOR_CUDA_KV_MMA=1; attention_kv.h), except where the
+  // splits merge in a cluster (no scratch).
+  if (!cluster && launch_attention_decode_mma(a, KVCodecDev{0, 0, 0, 2 * a.head_dim}, KVCodecDev{0, 0, 0, 2 * a.head_dim}, T, n_splits, scratch,
+                                              s, prep))
+    return;
   switch (a.head_dim) {
     case 32: launch_d<32>(a, T, n_splits, scratch, counters, prep, cluster, wide, s); break;
     case 64: launch_d<64>(a, T, n_splits, scratch, counters, prep, cluster, wide, s); break;

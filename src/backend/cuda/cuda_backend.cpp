@@ -132,6 +132,7 @@ CudaBackend::LinearKernel CudaBackend::pick_linear(const Linear& l, int64_t rows
 void CudaBackend::set_prefill_kernel(const char* name) { cuda::set_prefill_kernel(cuda::parse_prefill_kernel(name)); }
 bool CudaBackend::prefill_wgmma_supported(int head_dim) { return cuda::prefill_wgmma_supported(head_dim); }
 void CudaBackend::set_sample_cluster(int c) { cuda::set_sample_cluster(c); }
+void CudaBackend::set_kv_decode_attention(int mode) { cuda::set_kv_decode_mma(mode); }
 const char* CudaBackend::prefill_kernel(int head_dim) {
   if (!cuda::attention_tuned_head_dim(head_dim, false)) return "generic";
   return cuda::prefill_kernel_name(cuda::prefill_kernel_for(head_dim));

@@ -137,6 +137,10 @@ class CudaBackend : public Backend {
   // Seeded draws run each row as a thread-block cluster of up to 16 blocks on sm_90 (as many as the
   // rows leave SMs for); tests force at most c blocks per row (0: back to that rule). Process-wide.
   static void set_sample_cluster(int c);
+  // Decode attention over KV rows (attention_kv.h): 0 the split-K kernels, 1 the tensor-core kernel for
+  // coded rows (ARBOR_CUDA_KV_ATTN=v2), 2 for bf16 rows too (v2all), -1 back to the environment.
+  // Process-wide.
+  static void set_kv_decode_attention(int mode);
 
   // Copies for tests and tools (synchronous).
   void upload(const void* host, const Tensor& dev);
