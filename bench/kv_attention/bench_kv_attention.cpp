@@ -147,6 +147,7 @@ int main(int argc, char** argv) {
 #if defined(ARBOR_HAS_CUDA)
     return bench_cuda(ctx, batch, heads, kv_heads, hd, reps, layers, codecs, kernels);
 #else
+    (void)layers;
     std::fprintf(stderr, "bench_kv_attention: --device cuda needs a build with CUDA\n");
     return 2;
 #endif
