@@ -4,6 +4,8 @@
 # to .cudarun/ by bench/cuda/pack.sh (arbor, test_cuda, lib/ with the shared libraries), carried with the call:
 #   run(command="bash bench/cuda/run_device.sh", carry=[".cudarun"])
 # Steps can be chosen: STEPS="tests bench memcheck" (default: all, in that order), plus
+#   optin: the opt-in kernels not yet checked on a GPU (affine GEMV v2/v3, CUDA trellis, tensor-core coded
+#       KV decode): their tests under memcheck and each against today's default on the 8B (~9 min),
 #   quant: MLX affine weights and KV codecs (issues 19 and 21): the 8B at 4-bit, the codec sweep at 4-bit
 #       weights, and docs/quality.md's affine rows on CUDA (~7 min; not run yet: no device in session 14),
 #   ab: 8B batch-1 decode (--decode-only) under each setting of AB (';'-separated environment
@@ -105,6 +107,31 @@ for step in $STEPS; do
           rc=$?
           echo "ab round $round [$setting] rc=$rc $(tail -1 "$OUT/ab.log")"
         done
+      done
+      ;;
+    optin)
+      # The opt-in kernels written without a GPU (sessions 15-16): their tests under memcheck, then each
+      # against the default it would replace, in one process per setting, on the 8B config:
+      # affine GEMV v1/v2/v3 (4-bit g64, b=1 and 8), CUDA trellis k=2/3/4 (b=1, 8), tensor-core coded KV
+      # decode (v1 vs v2, affine8 and k8v3 at 1@8192 and 1@32768). Logs optin_*.log, a summary line each.
+      timeout ${OPTIN_MEMCHECK_LIMIT:-150} compute-sanitizer --tool memcheck --error-exitcode 3 "$D/test_cuda" \
+        --gtest_filter='CudaAffine.GemvV2*:CudaTrellis.GemvMatches*:CudaKVCodec.DecodeAttentionV2*:CudaKVCodec.DecodeV2*' \
+        > "$OUT/optin_memcheck.log" 2>&1
+      summary+=("optin memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/optin_memcheck.log" | tail -1) $(grep -cE '^\[       OK' "$OUT/optin_memcheck.log") ok $(grep -cE '^\[  FAILED' "$OUT/optin_memcheck.log") failed")
+      for v in 1 2 3; do
+        ARBOR_CUDA_AFFINE_GEMV=$v timeout 90 "$D/arbor" bench --device cuda --dummy-weights --bits 4 --group-size 64 \
+          --config bench/configs/llama-3.1-8b.json --decode-only --decode-runs 1@512,8@512 > "$OUT/optin_affine_v$v.log" 2>&1
+        summary+=("optin affine gemv v$v rc=$? $(grep -E 'tok/s' "$OUT/optin_affine_v$v.log" | tr '\n' '|' | head -c 400)")
+      done
+      for k in ${OPTIN_TRELLIS_BITS:-2 3 4}; do
+        ARBOR_CUDA_TRELLIS=1 timeout 90 "$D/arbor" bench --device cuda --dummy-weights --format trellis --bits $k \
+          --config bench/configs/llama-3.1-8b.json --decode-only --decode-runs 1@512,8@512 > "$OUT/optin_trellis_k$k.log" 2>&1
+        summary+=("optin trellis k=$k rc=$? $(grep -E 'tok/s' "$OUT/optin_trellis_k$k.log" | tr '\n' '|' | head -c 400)")
+      done
+      for v in v1 v2; do
+        ARBOR_CUDA_KV_ATTN=$v timeout 120 "$D/arbor" bench --device cuda --dummy-weights --config bench/configs/llama-3.1-8b.json \
+          --decode-only --decode-tokens 32 --decode-runs 1@8192,1@32768 --kv-sweep bf16/affine8/k8v3 > "$OUT/optin_kvattn_$v.log" 2>&1
+        summary+=("optin kv attention $v rc=$? $(grep -E 'tok/s' "$OUT/optin_kvattn_$v.log" | tr '\n' '|' | head -c 600)")
       done
       ;;
     quant)
