@@ -113,25 +113,38 @@ for step in $STEPS; do
       # The opt-in kernels written without a GPU (sessions 15-16): their tests under memcheck, then each
       # against the default it would replace, in one process per setting, on the 8B config:
       # affine GEMV v1/v2/v3 (4-bit g64, b=1 and 8), CUDA trellis k=2/3/4 (b=1, 8), tensor-core coded KV
-      # decode (v1 vs v2, affine8 and k8v3 at 1@8192 and 1@32768). Logs optin_*.log, a summary line each.
-      timeout ${OPTIN_MEMCHECK_LIMIT:-150} compute-sanitizer --tool memcheck --error-exitcode 3 "$D/test_cuda" \
-        --gtest_filter='CudaAffine.GemvV2*:CudaTrellis.GemvMatches*:CudaKVCodec.DecodeAttentionV2*:CudaKVCodec.DecodeV2*' \
-        > "$OUT/optin_memcheck.log" 2>&1
-      summary+=("optin memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/optin_memcheck.log" | tail -1) $(grep -cE '^\[       OK' "$OUT/optin_memcheck.log") ok $(grep -cE '^\[  FAILED' "$OUT/optin_memcheck.log") failed")
-      for v in 1 2 3; do
-        ARBOR_CUDA_AFFINE_GEMV=$v timeout 90 "$D/arbor" bench --device cuda --dummy-weights --bits 4 --group-size 64 \
-          --config bench/configs/llama-3.1-8b.json --decode-only --decode-runs 1@512,8@512 > "$OUT/optin_affine_v$v.log" 2>&1
-        summary+=("optin affine gemv v$v rc=$? $(grep -E 'tok/s' "$OUT/optin_affine_v$v.log" | tr '\n' '|' | head -c 400)")
-      done
-      for k in ${OPTIN_TRELLIS_BITS:-2 3 4}; do
-        ARBOR_CUDA_TRELLIS=1 timeout 90 "$D/arbor" bench --device cuda --dummy-weights --format trellis --bits $k \
-          --config bench/configs/llama-3.1-8b.json --decode-only --decode-runs 1@512,8@512 > "$OUT/optin_trellis_k$k.log" 2>&1
-        summary+=("optin trellis k=$k rc=$? $(grep -E 'tok/s' "$OUT/optin_trellis_k$k.log" | tr '\n' '|' | head -c 400)")
-      done
-      for v in v1 v2; do
-        ARBOR_CUDA_KV_ATTN=$v timeout 120 "$D/arbor" bench --device cuda --dummy-weights --config bench/configs/llama-3.1-8b.json \
-          --decode-only --decode-tokens 32 --decode-runs 1@8192,1@32768 --kv-sweep bf16/affine8/k8v3 > "$OUT/optin_kvattn_$v.log" 2>&1
-        summary+=("optin kv attention $v rc=$? $(grep -E 'tok/s' "$OUT/optin_kvattn_$v.log" | tr '\n' '|' | head -c 600)")
+      # decode (v1 vs v2, affine8 and k8v3 at 1@8192 and 1@32768). OPTIN picks parts (default: all four).
+      # Logs optin_*.log, a summary line each.
+      for part in ${OPTIN:-memcheck affine trellis kvattn}; do
+        case $part in
+          memcheck)
+            timeout ${OPTIN_MEMCHECK_LIMIT:-150} compute-sanitizer --tool memcheck --error-exitcode 3 "$D/test_cuda" \
+              --gtest_filter='CudaAffine.GemvV2*:CudaTrellis.GemvMatches*:CudaKVCodec.DecodeAttentionV2*:CudaKVCodec.DecodeV2*' \
+              > "$OUT/optin_memcheck.log" 2>&1
+            summary+=("optin memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/optin_memcheck.log" | tail -1) $(grep -cE '^\[       OK' "$OUT/optin_memcheck.log") ok $(grep -cE '^\[  FAILED' "$OUT/optin_memcheck.log") failed")
+            ;;
+          affine)
+            for v in 1 2 3; do
+              ARBOR_CUDA_AFFINE_GEMV=$v timeout 90 "$D/arbor" bench --device cuda --dummy-weights --bits 4 --group-size 64 \
+                --config bench/configs/llama-3.1-8b.json --decode-only --decode-runs 1@512,8@512 > "$OUT/optin_affine_v$v.log" 2>&1
+              summary+=("optin affine gemv v$v rc=$? $(grep -E 'tok/s' "$OUT/optin_affine_v$v.log" | tr '\n' '|' | head -c 400)")
+            done
+            ;;
+          trellis)
+            for k in ${OPTIN_TRELLIS_BITS:-2 3 4}; do
+              ARBOR_CUDA_TRELLIS=1 timeout 90 "$D/arbor" bench --device cuda --dummy-weights --format trellis --bits $k \
+                --config bench/configs/llama-3.1-8b.json --decode-only --decode-runs 1@512,8@512 > "$OUT/optin_trellis_k$k.log" 2>&1
+              summary+=("optin trellis k=$k rc=$? $(grep -E 'tok/s' "$OUT/optin_trellis_k$k.log" | tr '\n' '|' | head -c 400)")
+            done
+            ;;
+          kvattn)
+            for v in v1 v2; do
+              ARBOR_CUDA_KV_ATTN=$v timeout 120 "$D/arbor" bench --device cuda --dummy-weights --config bench/configs/llama-3.1-8b.json \
+                --decode-only --decode-tokens 32 --decode-runs 1@8192,1@32768 --kv-sweep bf16/affine8/k8v3 > "$OUT/optin_kvattn_$v.log" 2>&1
+              summary+=("optin kv attention $v rc=$? $(grep -E 'tok/s' "$OUT/optin_kvattn_$v.log" | tr '\n' '|' | head -c 600)")
+            done
+            ;;
+        esac
       done
       ;;
     quant)
