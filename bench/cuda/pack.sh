@@ -3,11 +3,16 @@
 # .cudarun/ with the non-system shared libraries they need (lib/), for the GPU machine:
 #   bash bench/cuda/pack.sh [extra binaries...]; then run(command="bash bench/cuda/run_device.sh", carry=[".cudarun"])
 # The GPU machine has glibc, libstdc++ and CUDA's libraries (/usr/local/cuda/lib64) but not these.
+# The device tool carries at most 64 MiB with the tracked tree (~42 MB), so the binaries travel stripped
+# and xz-compressed (NAME.xz); run_device.sh unpacks them on the GPU machine.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 b=${ARBOR_BUILD_DIR:-build}
 rm -rf .cudarun && mkdir -p .cudarun/lib
-for n in arbor test_cuda "$@"; do cp "$b/$n" .cudarun/; done
+for n in arbor test_cuda "$@"; do
+  strip -o ".cudarun/$n" "$b/$n"
+  xz -T2 -9 ".cudarun/$n"
+done
 for lib in libpcre2-8.so.0 libutf8proc.so.2 libfmt.so.9 libedit.so.2 libtinfo.so.6 libbsd.so.0 libmd.so.0; do
   cp -L "/lib/x86_64-linux-gnu/$lib" .cudarun/lib/
 done

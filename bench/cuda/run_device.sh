@@ -30,6 +30,10 @@ mkdir -p "$OUT"
 export ARBOR_SOURCE_DIR="$PWD"  # the tests' fixtures, in this copy of the tree
 export LD_LIBRARY_PATH="$PWD/$D/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
 STEPS=${STEPS:-"tests bench memcheck"}
+for z in "$D"/*.xz; do  # pack.sh's compressed binaries
+  [ -e "$z" ] || continue
+  xz -dc "$z" > "${z%.xz}" && chmod +x "${z%.xz}" && rm -f "$z"
+done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv 2>&1 | tee "$OUT/gpu.txt"
 git log -1 --format='commit %H' 2>/dev/null | tee -a "$OUT/gpu.txt"
 summary=()
