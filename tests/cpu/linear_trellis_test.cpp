@@ -137,6 +137,7 @@ void check_kernel(cpu::TrellisKernel kernel) {
 
 TEST(LinearTrellis, Avx2MatchesReference) { check_kernel(cpu::TrellisKernel::Avx2); }
 TEST(LinearTrellis, Avx512MatchesReference) { check_kernel(cpu::TrellisKernel::Avx512); }
+TEST(LinearTrellis, Avx512VbmiMatchesReference) { check_kernel(cpu::TrellisKernel::Avx512Vbmi); }
 
 TEST(LinearTrellis, BadShapesFail) {
   ThreadPool pool(1);
