@@ -51,35 +51,37 @@ TT void gemv_axis1(const Args& a, int64_t n0, int64_t n1) {
 }
 
 // ---- GEMV, axis 0: W stored transposed [K, N], coded along N; coded row r (input r) times x[:, r] is
-// added into a block of 256 outputs kept per thread. Coded rows [r0, r1) of output block ob, written to
-// dst[t*N + ob*256 + o] (plus the bias when given).
+// added into the outputs. A work item is a slice of coded rows [r0, r1) times a group of output blocks
+// [b0, b1): each row's blocks of the group are consecutive words, read in order, and the group's outputs
+// (NT x (b1 - b0) x 256 f32, at most 32 KiB) stay in L1 while the rows stream past.
 template <int K, int NT, int C>
-TTI void axis0_chunk(const typename V::template Block<K>& blk, const typename V::F (&c)[NT], float (*acc)[kBlock]) {
+TTI void axis0_chunk(const typename V::template Block<K>& blk, const typename V::F (&c)[NT], float* acc, int64_t ld) {
   const typename V::F w = blk.template decode<C>();
-  for (int t = 0; t < NT; ++t) V::storeu(acc[t] + C * V::W, V::fmadd(c[t], w, V::loadu(acc[t] + C * V::W)));
+  for (int t = 0; t < NT; ++t) V::storeu(acc + t * ld + C * V::W, V::fmadd(c[t], w, V::loadu(acc + t * ld + C * V::W)));
 }
 template <int K, int NT, int... C>
-TTI void axis0_block(const typename V::template Block<K>& blk, const typename V::F (&c)[NT], float (*acc)[kBlock],
+TTI void axis0_block(const typename V::template Block<K>& blk, const typename V::F (&c)[NT], float* acc, int64_t ld,
                      std::integer_sequence<int, C...>) {
-  (axis0_chunk<K, NT, C>(blk, c, acc), ...);
+  (axis0_chunk<K, NT, C>(blk, c, acc, ld), ...);
 }
 
+// dst[t*N + o] for the group's outputs o: set to the bias (or 0), then the rows' products added.
 template <int K, int NT>
-TT void gemv_axis0(const Args& a, int64_t ob, int64_t r0, int64_t r1, float* dst, const float* bias) {
+TT void gemv_axis0(const Args& a, int64_t b0, int64_t b1, int64_t r0, int64_t r1, float* dst, const float* bias) {
   constexpr int wpb = kBlock * K / 32;
   const int64_t Kin = a.w.K, N = a.w.N, wpr = N / kBlock * wpb;
-  alignas(64) float acc[NT][kBlock];
   for (int t = 0; t < NT; ++t)
-    for (int o = 0; o < kBlock; o += V::W) V::storeu(acc[t] + o, V::zero());
+    for (int64_t o = b0 * kBlock; o < b1 * kBlock; ++o) dst[t * N + o] = bias ? bias[o] : 0.0f;
   for (int64_t r = r0; r < r1; ++r) {
-    const typename V::template Block<K> blk(a.w.words + r * wpr + ob * wpb);
     const float s = a.w.scales[r] * kInvStd;
     typename V::F c[NT];
     for (int t = 0; t < NT; ++t) c[t] = V::set1(a.x[t * Kin + r] * s);
-    axis0_block<K, NT>(blk, c, acc, Chunks{});
+    const uint32_t* row = a.w.words + r * wpr;
+    for (int64_t ob = b0; ob < b1; ++ob) {
+      const typename V::template Block<K> blk(row + ob * wpb);
+      axis0_block<K, NT>(blk, c, dst + ob * kBlock, N, Chunks{});
+    }
   }
-  for (int t = 0; t < NT; ++t)
-    for (int o = 0; o < kBlock; ++o) dst[t * N + ob * kBlock + o] = acc[t][o] + (bias ? bias[ob * kBlock + o] : 0.0f);
 }
 
 template <int K, int NT>
@@ -89,30 +91,38 @@ void gemv_t(ThreadPool& pool, const Args& a) {
     pool.parallel_for(a.w.N, grain, [&](int, int64_t n0, int64_t n1) { gemv_axis1<K, NT>(a, n0, n1); });
     return;
   }
-  // Output blocks x slices of the coded rows: with fewer blocks than twice the threads the rows are split
-  // too (slices of at least 128 rows), each slice's partial sums kept apart and added after.
-  const int64_t blocks = a.w.N / kBlock, Kin = a.w.K;
+  // Groups of output blocks x slices of the coded rows: with fewer groups than twice the threads the rows
+  // are split too (slices of at least 128 rows), each slice's partial sums kept apart and added after.
+  const int64_t blocks = a.w.N / kBlock, Kin = a.w.K, N = a.w.N;
+  const int64_t per_group = std::max(1, 32 / NT), groups = (blocks + per_group - 1) / per_group;
   int64_t slices = 1;
-  while (blocks * slices < 2 * pool.size() && Kin / (slices * 2) >= 128) slices *= 2;
+  while (groups * slices < 2 * pool.size() && Kin / (slices * 2) >= 128) slices *= 2;
+  auto group = [&](int64_t g, int64_t& b0, int64_t& b1) { b0 = g * per_group, b1 = std::min(blocks, b0 + per_group); };
   if (slices == 1) {
-    pool.parallel_for(blocks, 1, [&](int, int64_t b0, int64_t b1) {
-      for (int64_t ob = b0; ob < b1; ++ob) gemv_axis0<K, NT>(a, ob, 0, Kin, a.y, a.bias);
+    pool.parallel_for(groups, 1, [&](int, int64_t g0, int64_t g1) {
+      for (int64_t g = g0; g < g1; ++g) {
+        int64_t b0, b1;
+        group(g, b0, b1);
+        gemv_axis0<K, NT>(a, b0, b1, 0, Kin, a.y, a.bias);
+      }
     });
     return;
   }
   thread_local std::vector<float> partial;
-  partial.resize(size_t(slices * NT * a.w.N));
+  partial.resize(size_t(slices * NT * N));
   float* part = partial.data();  // (the workers' own thread_local copies are not this one)
   const int64_t rows_per = (Kin + slices - 1) / slices;
-  pool.parallel_for(blocks * slices, 1, [&](int, int64_t i0, int64_t i1) {
+  pool.parallel_for(groups * slices, 1, [&](int, int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t ob = i % blocks, sl = i / blocks, r0 = sl * rows_per, r1 = std::min(Kin, r0 + rows_per);
-      gemv_axis0<K, NT>(a, ob, r0, r1, part + sl * NT * a.w.N, nullptr);
+      const int64_t sl = i / groups, r0 = sl * rows_per, r1 = std::min(Kin, r0 + rows_per);
+      int64_t b0, b1;
+      group(i % groups, b0, b1);
+      gemv_axis0<K, NT>(a, b0, b1, r0, r1, part + sl * NT * N, sl == 0 ? a.bias : nullptr);
     }
   });
-  for (int64_t j = 0; j < NT * a.w.N; ++j) {
-    float s = a.bias ? a.bias[j % a.w.N] : 0.0f;
-    for (int64_t sl = 0; sl < slices; ++sl) s += part[sl * NT * a.w.N + j];
+  for (int64_t j = 0; j < NT * N; ++j) {
+    float s = part[j];
+    for (int64_t sl = 1; sl < slices; ++sl) s += part[sl * NT * N + j];
     a.y[j] = s;
   }
 }
