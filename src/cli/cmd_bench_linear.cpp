@@ -176,9 +176,9 @@ int bench_trellis(const std::vector<LinearShape>& shapes, int threads, int reps,
   cpu::TrellisKernel kernel = cpu::trellis_best_kernel();
   if (!kernel_name.empty()) {
     bool found = false;
-    for (auto kk : {cpu::TrellisKernel::Reference, cpu::TrellisKernel::Avx2, cpu::TrellisKernel::Avx512})
+    for (auto kk : {cpu::TrellisKernel::Reference, cpu::TrellisKernel::Avx2, cpu::TrellisKernel::Avx512, cpu::TrellisKernel::Avx512Vbmi})
       if (kernel_name == cpu::trellis_kernel_name(kk)) kernel = kk, found = true;
-    ARBOR_CHECK(found && cpu::trellis_kernel_supported(kernel), "bench-linear: --isa '{}': trellis kernels are reference, avx2, avx512 "
+    ARBOR_CHECK(found && cpu::trellis_kernel_supported(kernel), "bench-linear: --isa '{}': trellis kernels are reference, avx2, avx512, avx512vbmi "
                 "(this CPU: {})", kernel_name, cpu::cpu_features().summary());
   }
   ThreadPool pool(threads);

@@ -1,6 +1,6 @@
 // The trellis kernels (cpu/linear_trellis): the reference against the dense product of
 // quant::trellis_decode_linear's weights, and every GEMV and tiled kernel this CPU runs against the
-// reference, at odd shapes (rows/outputs 1, 7, 67; coded length 256, 768), T = 1, 3, 8, 9, 33, k = 2/3/4,
+// reference, at odd shapes (rows/outputs 1, 7, 67, 300; coded length 256, 768, 1280), T = 1, 3, 8, 9, 33, k = 2/3/4,
 // both axes, with a bias. CpuBackend's trellis path (load_linear: f16 scales, the interleaved k = 3
 // axis-0 layout; linear at decode and prefill rows) against a dense layer of the decoded weights.
 #include <gtest/gtest.h>
@@ -80,7 +80,8 @@ struct Shape {
   int64_t rows, coded;  // coded rows (outputs on axis 1, inputs on axis 0) and coded length
 };
 // {300, 256}: on axis 0, 300 coded rows over one output block: the GEMV splits the rows into slices.
-const Shape kShapes[] = {{1, 256}, {7, 768}, {67, 256}, {67, 768}, {300, 256}};
+// {67, 1280}: on axis 0, 5 output blocks: at T = 8 two groups of blocks (4 + 1), each over its own rows.
+const Shape kShapes[] = {{1, 256}, {7, 768}, {67, 256}, {67, 768}, {300, 256}, {67, 1280}};
 const int64_t kTs[] = {1, 3, 8, 9, 33};
 
 TEST(LinearTrellis, ReferenceIsTheDenseProductOfTheDecodedWeights) {
@@ -135,8 +136,45 @@ void check_kernel(cpu::TrellisKernel kernel) {
       }
 }
 
+// Every weight the GEMV decodes is the format's value, bit for bit: with one-hot activation rows (row t has a
+// 1 at input j + t) each output is a single product, which every GEMV computes as float(y)·(scale·(1/147.8))
+// with y = quant::trellis_1mad_y of the weight's state (quant::trellis_state) and no other rounding.
+void check_gemv_decodes_exactly(cpu::TrellisKernel kernel) {
+  if (!cpu::trellis_kernel_supported(kernel)) GTEST_SKIP() << "this CPU cannot run the " << cpu::trellis_kernel_name(kernel) << " kernel";
+  ThreadPool pool(2);
+  const float inv = 1.0f / quant::kTrellis1madStd;
+  uint32_t seed = 900;
+  for (int k : {2, 3, 4})
+    for (int axis : {0, 1}) {
+      const int64_t N = axis == 1 ? 37 : 1280, K = axis == 1 ? 768 : 37;
+      const TrellisCase c = make_case(k, axis, N, K, seed++);
+      const int64_t wpr = c.g.cols / 256 * c.g.params.words_per_block();
+      int bad = 0;
+      for (int64_t T = 1; T <= cpu::kLinearGemvMaxT; ++T)
+        for (int64_t j = 0; j + T <= K; j += T) {
+          std::vector<float> x(size_t(T * K), 0.0f), y(size_t(T * N), NAN);
+          for (int64_t t = 0; t < T; ++t) x[size_t(t * K + j + t)] = 1.0f;
+          cpu::linear_trellis(pool, x.data(), T, weights_of(c), nullptr, y.data(), kernel);
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t n = 0; n < N; ++n) {
+              const int64_t row = axis == 1 ? n : j + t, col = axis == 1 ? j + t : n;
+              const uint32_t* block = c.words.data() + row * wpr + col / 256 * c.g.params.words_per_block();
+              const float want = float(quant::trellis_1mad_y(quant::trellis_state(block, c.g.params, int(col % 256)))) * (c.scales[size_t(row)] * inv);
+              if (y[size_t(t * N + n)] != want && bad++ < 5)
+                ADD_FAILURE() << cpu::trellis_kernel_name(kernel) << " k=" << k << " axis=" << axis << " T=" << T << " weight (" << n << ", "
+                              << j + t << "): got " << y[size_t(t * N + n)] << " want " << want;
+            }
+        }
+    }
+}
+
+TEST(LinearTrellis, Avx2GemvDecodesExactly) { check_gemv_decodes_exactly(cpu::TrellisKernel::Avx2); }
+TEST(LinearTrellis, Avx512GemvDecodesExactly) { check_gemv_decodes_exactly(cpu::TrellisKernel::Avx512); }
+TEST(LinearTrellis, Avx512VbmiGemvDecodesExactly) { check_gemv_decodes_exactly(cpu::TrellisKernel::Avx512Vbmi); }
+
 TEST(LinearTrellis, Avx2MatchesReference) { check_kernel(cpu::TrellisKernel::Avx2); }
 TEST(LinearTrellis, Avx512MatchesReference) { check_kernel(cpu::TrellisKernel::Avx512); }
+TEST(LinearTrellis, Avx512VbmiMatchesReference) { check_kernel(cpu::TrellisKernel::Avx512Vbmi); }
 
 TEST(LinearTrellis, BadShapesFail) {
   ThreadPool pool(1);

@@ -44,6 +44,7 @@ CpuFeatures detect() {
   f.avx512 = f.avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   f.avx512_vnni = f.avx512 && __builtin_cpu_supports("avx512vnni");
+  f.avx512_vbmi = f.avx512 && __builtin_cpu_supports("avx512vbmi");
   // AVX512_BF16 is cpuid.(7,1):eax bit 5; GCC 12's __builtin_cpu_supports knows it as "avx512bf16".
   f.avx512_bf16 = f.avx512 && __builtin_cpu_supports("avx512bf16");
 #endif
@@ -51,11 +52,11 @@ CpuFeatures detect() {
   if (const char* cap = std::getenv("ARBOR_CPU_MAX_ISA")) {
     std::string_view v(cap);
     if (v == "scalar") {
-      f.avx2 = f.avx512 = f.avx512_bf16 = f.avx512_vnni = false;
+      f.avx2 = f.avx512 = f.avx512_bf16 = f.avx512_vnni = f.avx512_vbmi = false;
     } else if (v == "avx2") {
-      f.avx512 = f.avx512_bf16 = f.avx512_vnni = false;
+      f.avx512 = f.avx512_bf16 = f.avx512_vnni = f.avx512_vbmi = false;
     } else if (v == "avx512") {
-      f.avx512_bf16 = f.avx512_vnni = false;
+      f.avx512_bf16 = f.avx512_vnni = f.avx512_vbmi = false;
     } else if (!v.empty() && v != "native") {
       fail("cpu: ARBOR_CPU_MAX_ISA='{}' is not one of scalar, avx2, avx512, native", v);
     }
@@ -76,6 +77,7 @@ std::string CpuFeatures::summary() const {
   add(avx512, "avx512");
   add(avx512_bf16, "avx512_bf16");
   add(avx512_vnni, "avx512_vnni");
+  add(avx512_vbmi, "avx512_vbmi");
   return s.empty() ? "scalar" : s;
 }
 

@@ -10,8 +10,9 @@ struct CpuFeatures {
   bool avx512 = false;      // AVX-512 F + BW + VL + DQ, with the OS saving zmm state
   bool avx512_bf16 = false; // AVX-512 BF16 (vdpbf16ps) on top of avx512
   bool avx512_vnni = false; // AVX-512 VNNI (int8 dot products; for quantized kernels)
+  bool avx512_vbmi = false; // AVX-512 VBMI (vpermb, vpmultishiftqb: byte permutes, unaligned bit fields)
   std::string brand;        // "AMD EPYC 9B45 ...", from cpuid leaves 0x80000002..4
-  std::string summary() const;  // "avx2 avx512 avx512_bf16 avx512_vnni"
+  std::string summary() const;  // "avx2 avx512 avx512_bf16 avx512_vnni avx512_vbmi"
 };
 
 // Detected on first call (thread-safe); the environment variable ARBOR_CPU_MAX_ISA=scalar|avx2|avx512

@@ -18,6 +18,7 @@ const char* trellis_kernel_name(TrellisKernel k) {
     case TrellisKernel::Reference: return "reference";
     case TrellisKernel::Avx2: return "avx2";
     case TrellisKernel::Avx512: return "avx512";
+    case TrellisKernel::Avx512Vbmi: return "avx512vbmi";
   }
   return "?";
 }
@@ -28,12 +29,14 @@ bool trellis_kernel_supported(TrellisKernel k) {
     case TrellisKernel::Reference: return true;
     case TrellisKernel::Avx2: return f.avx2;
     case TrellisKernel::Avx512: return f.avx512;
+    case TrellisKernel::Avx512Vbmi: return f.avx512 && f.avx512_vbmi && f.avx512_vnni;
   }
   return false;
 }
 
 TrellisKernel trellis_best_kernel() {
-  return trellis_kernel_supported(TrellisKernel::Avx512) ? TrellisKernel::Avx512
+  return trellis_kernel_supported(TrellisKernel::Avx512Vbmi) ? TrellisKernel::Avx512Vbmi
+         : trellis_kernel_supported(TrellisKernel::Avx512)   ? TrellisKernel::Avx512
          : trellis_kernel_supported(TrellisKernel::Avx2) ? TrellisKernel::Avx2
                                                           : TrellisKernel::Reference;
 }
@@ -98,6 +101,8 @@ void linear_trellis(ThreadPool& pool, const float* x, int64_t T, const TrellisWe
     case TrellisKernel::Reference: return reference(pool, a);
     case TrellisKernel::Avx2: return gemv ? trellis_detail::avx2::gemv(pool, a) : trellis_detail::avx2::tiled(pool, a);
     case TrellisKernel::Avx512: return gemv ? trellis_detail::avx512::gemv(pool, a) : trellis_detail::avx512::tiled(pool, a);
+    case TrellisKernel::Avx512Vbmi:
+      return gemv ? trellis_detail::avx512vbmi::gemv(pool, a) : trellis_detail::avx512vbmi::tiled(pool, a);
   }
 }
 

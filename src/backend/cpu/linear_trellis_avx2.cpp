@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/linear_trellis.h"
@@ -36,8 +37,25 @@ struct V {
   }
   template <int K>
   TTI static F decode(const uint32_t* ext, int t0);
+  // The block's words followed by its first two again: a window that runs past the block's end wraps to
+  // its start (tail-biting), and the 4-byte reads of decode never leave the buffer.
+  template <int K>
+  struct Block {
+    static constexpr int kWords = 256 * K / 32;
+    alignas(64) uint32_t ext[kWords + 2];
+    TTI explicit Block(const uint32_t* block) {
+      std::memcpy(ext, block, kWords * 4);
+      ext[kWords] = block[0], ext[kWords + 1] = block[1];
+    }
+    template <int C>
+    TTI F decode() const { return V::decode<K>(ext, C * W); }
+  };
 };
 
+// The state of weight t starts at bit (255 - t)*k; decode reads W consecutive weights as W/4 groups
+// of four, group g (weights t0+4g .. t0+4g+3) from the 32-bit word at byte ((252 - t0 - 4g)*k) / 8, lane
+// i of the group shifted right by ((252 - 4g)*k mod 8) + (3 - i)*k (at most 4 + 9 + 12 = 25 bits: the
+// 12-bit window fits). t0 a multiple of 8 keeps those shifts the same for every t0.
 template <int K>
 TTI uint32_t group_word_(const uint32_t* ext, int t0, int g) {
   uint32_t v;

@@ -1,81 +1,87 @@
 // The trellis GEMV and tiled kernels, written once over a vector type. Included inside
 // namespace arbor::cpu::trellis_detail::<isa> by linear_trellis_<isa>.cpp, which first defines
 //   TT, TTI   the function attributes of the ISA (TTI: always inline), and
-//   struct V  W lanes of f32 (F), zero/loadu/storeu/set1/mul/fmadd/hsum, and decode<K>(ext, t0): the
-//             values y = bytesum - 510 (as f32) of weights t0 .. t0+W-1 of one 256-weight block,
-//             t0 a multiple of W; plus the register tiles MR1 x NR1 (axis 1) and MR0 x NV0 (axis 0).
+//   struct V  W lanes of f32 (F), zero/loadu/storeu/set1/mul/fmadd/hsum, the register tiles MR1 x NR1
+//             (axis 1) and MR0 x NV0 (axis 0), and Block<K>: one 256-weight block of a coded row, built
+//             from the block's words (Block<K> b(words)), whose b.template decode<C>() gives the values
+//             y = bytesum - 510 (as f32) of weights C*W .. C*W+W-1 in lane order.
+// Every loop over a block's 256/W chunks is unrolled at compile time (a fold over the chunk index), so
+// each chunk's byte offsets and shifts are constants.
 // No guard: it is meant to be included once per ISA namespace.
 
 constexpr int kBlock = 256;
 constexpr float kInvStd = 1.0f / 147.800537109375f;  // as quant::trellis_1mad_value
-
-// The state of weight t starts at bit (255 - t)*k; V::decode reads W consecutive weights as W/4 groups
-// of four, group g (weights t0+4g .. t0+4g+3) from the 32-bit word at byte ((252 - t0 - 4g)*k) / 8, lane
-// i of the group shifted right by ((252 - 4g)*k mod 8) + (3 - i)*k (at most 4 + 9 + 12 = 25 bits: the
-// 12-bit window fits). t0 a multiple of 8 keeps those shifts the same for every t0.
-
-// The block's words followed by its first two again: a window that runs past the block's end wraps to
-// its start (tail-biting), and the 4-byte reads of decode<K> never leave the buffer.
-template <int K>
-TTI void load_ext(const uint32_t* block, uint32_t* ext) {
-  constexpr int wpb = kBlock * K / 32;
-  std::memcpy(ext, block, wpb * 4);
-  ext[wpb] = block[0], ext[wpb + 1] = block[1];
-}
+constexpr int kChunks = kBlock / V::W;
+using Chunks = std::make_integer_sequence<int, kChunks>;
 
 // ---- GEMV, axis 1: W [N, K] coded along K; each output row reduced over the inputs ------------------
+// Chunk C of a block: its W weights times the W inputs of each activation row, into accumulator C % U.
+template <int K, int NT, int U, int C>
+TTI void axis1_chunk(const typename V::template Block<K>& blk, const float* xb, int64_t Kin, typename V::F (&acc)[NT][U]) {
+  const typename V::F w = blk.template decode<C>();
+  for (int t = 0; t < NT; ++t) acc[t][C % U] = V::fmadd(w, V::loadu(xb + t * Kin + C * V::W), acc[t][C % U]);
+}
+template <int K, int NT, int U, int... C>
+TTI void axis1_block(const typename V::template Block<K>& blk, const float* xb, int64_t Kin, typename V::F (&acc)[NT][U],
+                     std::integer_sequence<int, C...>) {
+  (axis1_chunk<K, NT, U, C>(blk, xb, Kin, acc), ...);
+}
+
 template <int K, int NT>
 TT void gemv_axis1(const Args& a, int64_t n0, int64_t n1) {
   constexpr int wpb = kBlock * K / 32;
-  constexpr int U = NT <= 2 ? 2 : 1;  // independent accumulators per row (FMA latency at small T)
+  constexpr int U = NT == 1 ? 4 : NT <= 3 ? 2 : 1;  // independent accumulators per row (FMA latency at small T)
   const int64_t Kin = a.w.K, blocks = Kin / kBlock, wpr = blocks * wpb;
-  alignas(64) uint32_t ext[wpb + 2];
   for (int64_t n = n0; n < n1; ++n) {
     typename V::F acc[NT][U];
     for (int t = 0; t < NT; ++t)
       for (int u = 0; u < U; ++u) acc[t][u] = V::zero();
     const uint32_t* row = a.w.words + n * wpr;
     for (int64_t b = 0; b < blocks; ++b) {
-      load_ext<K>(row + b * wpb, ext);
-      const float* xb = a.x + b * kBlock;
-      for (int t0 = 0; t0 < kBlock; t0 += V::W * U)
-        for (int u = 0; u < U; ++u) {
-          const typename V::F w = V::template decode<K>(ext, t0 + u * V::W);
-          for (int t = 0; t < NT; ++t) acc[t][u] = V::fmadd(w, V::loadu(xb + t * Kin + t0 + u * V::W), acc[t][u]);
-        }
+      const typename V::template Block<K> blk(row + b * wpb);
+      axis1_block<K, NT, U>(blk, a.x + b * kBlock, Kin, acc, Chunks{});
     }
     const float s = a.w.scales[n] * kInvStd, bn = a.bias ? a.bias[n] : 0.0f;
     for (int t = 0; t < NT; ++t) {
       typename V::F sum = acc[t][0];
-      if constexpr (U == 2) sum = V::add(sum, acc[t][1]);
+      for (int u = 1; u < U; ++u) sum = V::add(sum, acc[t][u]);
       a.y[t * a.w.N + n] = V::hsum(sum) * s + bn;
     }
   }
 }
 
 // ---- GEMV, axis 0: W stored transposed [K, N], coded along N; coded row r (input r) times x[:, r] is
-// added into a block of 256 outputs kept per thread. Coded rows [r0, r1) of output block ob, written to
-// dst[t*N + ob*256 + o] (plus the bias when given).
+// added into the outputs. A work item is a slice of coded rows [r0, r1) times a group of output blocks
+// [b0, b1): each row's blocks of the group are consecutive words, read in order, and the group's outputs
+// (NT x (b1 - b0) x 256 f32, at most 32 KiB) stay in L1 while the rows stream past.
+template <int K, int NT, int C>
+TTI void axis0_chunk(const typename V::template Block<K>& blk, const typename V::F (&c)[NT], float* acc, int64_t ld) {
+  const typename V::F w = blk.template decode<C>();
+  for (int t = 0; t < NT; ++t) V::storeu(acc + t * ld + C * V::W, V::fmadd(c[t], w, V::loadu(acc + t * ld + C * V::W)));
+}
+template <int K, int NT, int... C>
+TTI void axis0_block(const typename V::template Block<K>& blk, const typename V::F (&c)[NT], float* acc, int64_t ld,
+                     std::integer_sequence<int, C...>) {
+  (axis0_chunk<K, NT, C>(blk, c, acc, ld), ...);
+}
+
+// dst[t*N + o] for the group's outputs o: set to the bias (or 0), then the rows' products added.
 template <int K, int NT>
-TT void gemv_axis0(const Args& a, int64_t ob, int64_t r0, int64_t r1, float* dst, const float* bias) {
+TT void gemv_axis0(const Args& a, int64_t b0, int64_t b1, int64_t r0, int64_t r1, float* dst, const float* bias) {
   constexpr int wpb = kBlock * K / 32;
   const int64_t Kin = a.w.K, N = a.w.N, wpr = N / kBlock * wpb;
-  alignas(64) uint32_t ext[wpb + 2];
-  alignas(64) float acc[NT][kBlock];
   for (int t = 0; t < NT; ++t)
-    for (int o = 0; o < kBlock; o += V::W) V::storeu(acc[t] + o, V::zero());
+    for (int64_t o = b0 * kBlock; o < b1 * kBlock; ++o) dst[t * N + o] = bias ? bias[o] : 0.0f;
   for (int64_t r = r0; r < r1; ++r) {
-    load_ext<K>(a.w.words + r * wpr + ob * wpb, ext);
     const float s = a.w.scales[r] * kInvStd;
     typename V::F c[NT];
     for (int t = 0; t < NT; ++t) c[t] = V::set1(a.x[t * Kin + r] * s);
-    for (int t0 = 0; t0 < kBlock; t0 += V::W) {
-      const typename V::F w = V::template decode<K>(ext, t0);
-      for (int t = 0; t < NT; ++t) V::storeu(acc[t] + t0, V::fmadd(c[t], w, V::loadu(acc[t] + t0)));
+    const uint32_t* row = a.w.words + r * wpr;
+    for (int64_t ob = b0; ob < b1; ++ob) {
+      const typename V::template Block<K> blk(row + ob * wpb);
+      axis0_block<K, NT>(blk, c, dst + ob * kBlock, N, Chunks{});
     }
   }
-  for (int t = 0; t < NT; ++t)
-    for (int o = 0; o < kBlock; ++o) dst[t * N + ob * kBlock + o] = acc[t][o] + (bias ? bias[ob * kBlock + o] : 0.0f);
 }
 
 template <int K, int NT>
@@ -85,30 +91,38 @@ void gemv_t(ThreadPool& pool, const Args& a) {
     pool.parallel_for(a.w.N, grain, [&](int, int64_t n0, int64_t n1) { gemv_axis1<K, NT>(a, n0, n1); });
     return;
   }
-  // Output blocks x slices of the coded rows: with fewer blocks than twice the threads the rows are split
-  // too (slices of at least 128 rows), each slice's partial sums kept apart and added after.
-  const int64_t blocks = a.w.N / kBlock, Kin = a.w.K;
+  // Groups of output blocks x slices of the coded rows: with fewer groups than twice the threads the rows
+  // are split too (slices of at least 128 rows), each slice's partial sums kept apart and added after.
+  const int64_t blocks = a.w.N / kBlock, Kin = a.w.K, N = a.w.N;
+  const int64_t per_group = std::max(1, 32 / NT), groups = (blocks + per_group - 1) / per_group;
   int64_t slices = 1;
-  while (blocks * slices < 2 * pool.size() && Kin / (slices * 2) >= 128) slices *= 2;
+  while (groups * slices < 2 * pool.size() && Kin / (slices * 2) >= 128) slices *= 2;
+  auto group = [&](int64_t g, int64_t& b0, int64_t& b1) { b0 = g * per_group, b1 = std::min(blocks, b0 + per_group); };
   if (slices == 1) {
-    pool.parallel_for(blocks, 1, [&](int, int64_t b0, int64_t b1) {
-      for (int64_t ob = b0; ob < b1; ++ob) gemv_axis0<K, NT>(a, ob, 0, Kin, a.y, a.bias);
+    pool.parallel_for(groups, 1, [&](int, int64_t g0, int64_t g1) {
+      for (int64_t g = g0; g < g1; ++g) {
+        int64_t b0, b1;
+        group(g, b0, b1);
+        gemv_axis0<K, NT>(a, b0, b1, 0, Kin, a.y, a.bias);
+      }
     });
     return;
   }
   thread_local std::vector<float> partial;
-  partial.resize(size_t(slices * NT * a.w.N));
+  partial.resize(size_t(slices * NT * N));
   float* part = partial.data();  // (the workers' own thread_local copies are not this one)
   const int64_t rows_per = (Kin + slices - 1) / slices;
-  pool.parallel_for(blocks * slices, 1, [&](int, int64_t i0, int64_t i1) {
+  pool.parallel_for(groups * slices, 1, [&](int, int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t ob = i % blocks, sl = i / blocks, r0 = sl * rows_per, r1 = std::min(Kin, r0 + rows_per);
-      gemv_axis0<K, NT>(a, ob, r0, r1, part + sl * NT * a.w.N, nullptr);
+      const int64_t sl = i / groups, r0 = sl * rows_per, r1 = std::min(Kin, r0 + rows_per);
+      int64_t b0, b1;
+      group(i % groups, b0, b1);
+      gemv_axis0<K, NT>(a, b0, b1, r0, r1, part + sl * NT * N, sl == 0 ? a.bias : nullptr);
     }
   });
-  for (int64_t j = 0; j < NT * a.w.N; ++j) {
-    float s = a.bias ? a.bias[j % a.w.N] : 0.0f;
-    for (int64_t sl = 0; sl < slices; ++sl) s += part[sl * NT * a.w.N + j];
+  for (int64_t j = 0; j < NT * N; ++j) {
+    float s = part[j];
+    for (int64_t sl = 1; sl < slices; ++sl) s += part[sl * NT * N + j];
     a.y[j] = s;
   }
 }
@@ -139,15 +153,22 @@ void gemv_impl(ThreadPool& pool, const Args& a) {
 
 // ---- Tiled: decode once to f32, reuse across the activation rows ----------------------------------------
 // A coded row's weights in f32 exactly as the reference decodes them: (y * 1/147.8) * scale.
+template <int K, int C>
+TTI void decode_chunk(const typename V::template Block<K>& blk, typename V::F inv, typename V::F s, float* out) {
+  V::storeu(out + C * V::W, V::mul(V::mul(blk.template decode<C>(), inv), s));
+}
+template <int K, int... C>
+TTI void decode_block(const typename V::template Block<K>& blk, typename V::F inv, typename V::F s, float* out,
+                      std::integer_sequence<int, C...>) {
+  (decode_chunk<K, C>(blk, inv, s, out), ...);
+}
 template <int K>
 TT void decode_row(const uint32_t* row, int64_t cols, float scale, float* out) {
   constexpr int wpb = kBlock * K / 32;
-  alignas(64) uint32_t ext[wpb + 2];
   const typename V::F inv = V::set1(kInvStd), s = V::set1(scale);
   for (int64_t b = 0; b < cols / kBlock; ++b) {
-    load_ext<K>(row + b * wpb, ext);
-    for (int t0 = 0; t0 < kBlock; t0 += V::W)
-      V::storeu(out + b * kBlock + t0, V::mul(V::mul(V::template decode<K>(ext, t0), inv), s));
+    const typename V::template Block<K> blk(row + b * wpb);
+    decode_block<K>(blk, inv, s, out + b * kBlock, Chunks{});
   }
 }
 
