@@ -1,0 +1,337 @@
+// Blocked attention over a coded KV cache on AVX-512 (attention_coded.h). Per call: rows = nt tokens x G
+// query heads of kv head g. For each block of 16 key positions:
+//   K: 16 codes of each key row at a time unpacked to int32 lanes (8-bit: one widening load; 4-bit: a
+//      byte unpack and per-lane shifts; other widths: two 64-bit words shifted per lane), to float, times
+//      the group's scale plus its bias (affine) or (code + zero) * scale (TurboQuant keys, as the
+//      reference decodes them), then the 16 rows transposed 16x16 into Kt[hd][16];
+//   V: each row's codes to floats the same way (affine) or through the Lloyd-Max centroids
+//      (vpermps on the code, times the group's scale: TurboQuant values, rotated domain) into Vd[16][hd];
+//   scores for every row as hd broadcast-FMAs into one zmm (16 keys at once), scale, softcap (scalar
+//   tanh, rare), the causal/window mask, online softmax (running max M and sum L per row, vector exp),
+//   then O += p · Vd for two rows at a time over 64 dims (8 independent accumulators, each Vd vector
+//   loaded once for both rows).
+// Finally out = O / L, and for TurboQuant values the inverse rotation of each output row.
+// GCC 12's AVX-512 intrinsics trip -Wuninitialized when inlined (GCC bug 105593).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include "backend/cpu/attention_coded.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backend/cpu/avx512_transpose.h"
+#include "backend/cpu/cpu_features.h"
+#include "core/error.h"
+
+#define ARBOR_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+#define ARBOR_AVX512_INLINE ARBOR_AVX512 inline __attribute__((always_inline))
+
+namespace arbor::cpu {
+
+namespace {
+
+constexpr int64_t kMaxHd = 512, kMaxGroup = 8, kRun = 16;
+
+// A masked key's rows point here: all codes 0 and scales 0 decode to 0 (finite, times p = 0). Big enough
+// for the largest row (512 8-bit codes + 16 scales + 16 zeros) and the unpacking's read past the codes.
+alignas(64) const uint8_t kZeroRow[kMaxHd + 4 * (kMaxHd / 32) + 64] = {};
+
+ARBOR_AVX512_INLINE float f16_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// The 16 codes of elements 16*d0 .. 16*d0 + 15 of a row of B-bit codes (a little-endian bit stream; 16
+// codes are 2B whole bytes), as int32 lanes; SIGNED: 8-bit codes are int8 (TurboQuant keys).
+template <int B, bool SIGNED>
+ARBOR_AVX512_INLINE __m512i codes16(const uint8_t* row, int64_t d0) {
+  const uint8_t* p = row + d0 * 2 * B;
+  if constexpr (B == 8) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return SIGNED ? _mm512_cvtepi8_epi32(x) : _mm512_cvtepu8_epi32(x);
+  } else if constexpr (B == 4) {
+    __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    x = _mm_unpacklo_epi8(x, x);  // each byte twice: lane 2i takes the low nibble, 2i+1 the high
+    const __m512i v = _mm512_cvtepu8_epi32(x);
+    const __m512i sh = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+    return _mm512_and_si512(_mm512_srlv_epi32(v, sh), _mm512_set1_epi32(15));
+  } else {
+    // Codes 0..7 in the first B bytes, 8..15 in the next B: each half from one 64-bit word (reads up to
+    // 8 - B bytes past the chunk; the row's scales follow, the pools are padded past the last row).
+    uint64_t w0, w1;
+    std::memcpy(&w0, p, 8);
+    std::memcpy(&w1, p + B, 8);
+    const __m512i sh = _mm512_setr_epi64(0, B, 2 * B, 3 * B, 4 * B, 5 * B, 6 * B, 7 * B);
+    const __m256i lo = _mm512_cvtepi64_epi32(_mm512_srlv_epi64(_mm512_set1_epi64(int64_t(w0)), sh));
+    const __m256i hi = _mm512_cvtepi64_epi32(_mm512_srlv_epi64(_mm512_set1_epi64(int64_t(w1)), sh));
+    return _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), _mm512_set1_epi32((1 << B) - 1));
+  }
+}
+
+// Key tile: the 16 rows kr[] dequantized and transposed, Kt[d][c] = key c, element d.
+template <int B, KVCodecKind KIND>
+ARBOR_AVX512 void key_tile(const uint8_t* const* kr, int64_t hd, int64_t group, float* Kt) {
+  const int64_t G = hd / group, code_bytes = hd * B / 8;
+  for (int64_t d0 = 0; d0 < hd / 16; ++d0) {
+    const int64_t gi = d0 * 16 / group;
+    __m512 r[16];
+#pragma GCC unroll 16
+    for (int c = 0; c < 16; ++c) {
+      const uint8_t* row = kr[c];
+      const __m512 s = _mm512_set1_ps(f16_at(row + code_bytes + 2 * gi));
+      const __m512 z = _mm512_set1_ps(f16_at(row + code_bytes + 2 * G + 2 * gi));
+      const __m512 x = _mm512_cvtepi32_ps(codes16<B, KIND == KVCodecKind::TurboKey && B == 8>(row, d0));
+      r[c] = KIND == KVCodecKind::Affine ? _mm512_fmadd_ps(x, s, z) : _mm512_mul_ps(_mm512_add_ps(x, z), s);
+    }
+    transpose16x16_ps(r);
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) _mm512_store_ps(Kt + (16 * d0 + i) * 16, r[i]);
+  }
+}
+
+// Value tile: Vd[c][d] = value row c, element d (TurboQuant: rotated domain).
+template <int B, KVCodecKind KIND>
+ARBOR_AVX512 void value_tile(const uint8_t* const* vr, int64_t hd, int64_t group, float* Vd) {
+  const int64_t G = hd / group, code_bytes = hd * B / 8;
+  __m512 cent = _mm512_setzero_ps();
+  if constexpr (KIND == KVCodecKind::TurboValue) {
+    alignas(64) float t[16] = {};
+    std::memcpy(t, lloyd_max_centroids(B), sizeof(float) << B);
+    cent = _mm512_load_ps(t);
+  }
+  for (int c = 0; c < 16; ++c) {
+    const uint8_t* row = vr[c];
+    float* dst = Vd + c * hd;
+    for (int64_t d0 = 0; d0 < hd / 16; ++d0) {
+      const int64_t gi = d0 * 16 / group;
+      const __m512 s = _mm512_set1_ps(f16_at(row + code_bytes + 2 * gi));
+      const __m512i q = codes16<B, false>(row, d0);
+      if constexpr (KIND == KVCodecKind::TurboValue) {
+        _mm512_store_ps(dst + 16 * d0, _mm512_mul_ps(_mm512_permutexvar_ps(q, cent), s));
+      } else {
+        const __m512 b = _mm512_set1_ps(f16_at(row + code_bytes + 2 * G + 2 * gi));
+        _mm512_store_ps(dst + 16 * d0, _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), s, b));
+      }
+    }
+  }
+}
+
+using TileFn = void (*)(const uint8_t* const*, int64_t, int64_t, float*);
+
+template <KVCodecKind KIND, bool KEY, int B>
+TileFn tile_at() {
+  if constexpr (KEY) return key_tile<B, KIND>;
+  else if constexpr (KIND == KVCodecKind::TurboValue && B > 4) return nullptr;  // no centroid table
+  else return value_tile<B, KIND>;
+}
+
+template <KVCodecKind KIND, bool KEY>
+TileFn tile_for_bits(int bits) {
+  switch (bits) {
+    case 2: return tile_at<KIND, KEY, 2>();
+    case 3: return tile_at<KIND, KEY, 3>();
+    case 4: return tile_at<KIND, KEY, 4>();
+    case 5: return tile_at<KIND, KEY, 5>();
+    case 6: return tile_at<KIND, KEY, 6>();
+    case 7: return tile_at<KIND, KEY, 7>();
+    case 8: return tile_at<KIND, KEY, 8>();
+    default: return nullptr;
+  }
+}
+
+TileFn key_tile_fn(const KVCodec& c) {
+  if (c.kind == KVCodecKind::Affine) return tile_for_bits<KVCodecKind::Affine, true>(c.bits);
+  if (c.kind == KVCodecKind::TurboKey) return tile_for_bits<KVCodecKind::TurboKey, true>(c.bits);
+  return nullptr;
+}
+TileFn value_tile_fn(const KVCodec& c) {
+  if (c.kind == KVCodecKind::Affine) return tile_for_bits<KVCodecKind::Affine, false>(c.bits);
+  if (c.kind == KVCodecKind::TurboValue) return tile_for_bits<KVCodecKind::TurboValue, false>(c.bits);
+  return nullptr;
+}
+
+// e^x for x <= 0 (a score minus the running max): n = round(x log2 e), r = x - n ln 2 in
+// [-ln2/2, ln2/2], e^r by its degree-7 Taylor polynomial (truncation < 1e-8 relative), times 2^n.
+// The same as attention_blocked.cpp's.
+ARBOR_AVX512_INLINE __m512 exp_nonpos(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// O[row][64 dims at d] = O * corr[row] + Σ_c P[row][c] Vd[c][d..], for ROWS (1 or 2) rows at once.
+template <int ROWS>
+ARBOR_AVX512_INLINE void pv_slab(float* const* orow, const float* const* prow, const float* corr, const float* Vd, int64_t hd,
+                                 int64_t d) {
+  __m512 acc[ROWS][4];
+#pragma GCC unroll 2
+  for (int r = 0; r < ROWS; ++r) {
+    const __m512 vc = _mm512_set1_ps(corr[r]);
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) acc[r][k] = _mm512_mul_ps(_mm512_loadu_ps(orow[r] + d + 16 * k), vc);
+  }
+#pragma GCC unroll 16
+  for (int c = 0; c < 16; ++c) {
+    const float* v = Vd + c * hd + d;
+    const __m512 v0 = _mm512_load_ps(v), v1 = _mm512_load_ps(v + 16), v2 = _mm512_load_ps(v + 32), v3 = _mm512_load_ps(v + 48);
+#pragma GCC unroll 2
+    for (int r = 0; r < ROWS; ++r) {
+      const __m512 pb = _mm512_set1_ps(prow[r][c]);
+      acc[r][0] = _mm512_fmadd_ps(pb, v0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(pb, v1, acc[r][1]);
+      acc[r][2] = _mm512_fmadd_ps(pb, v2, acc[r][2]);
+      acc[r][3] = _mm512_fmadd_ps(pb, v3, acc[r][3]);
+    }
+  }
+#pragma GCC unroll 2
+  for (int r = 0; r < ROWS; ++r)
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) _mm512_storeu_ps(orow[r] + d + 16 * k, acc[r][k]);
+}
+
+struct Scratch {
+  float *O, *M, *L, *P, *C, *Kt, *Vd;
+};
+
+Scratch carve(float* s, int64_t hd) {
+  constexpr int64_t R = kRun * kMaxGroup;
+  Scratch x;
+  x.O = s;              // [R][hd]
+  x.M = x.O + R * hd;   // [R]
+  x.L = x.M + R;        // [R]
+  x.C = x.L + R;        // [R]: this block's correction factor per row
+  x.P = x.C + R;        // [R][16]: this block's probabilities per row
+  x.Kt = x.P + R * 16;  // [hd][16]
+  x.Vd = x.Kt + hd * 16;  // [16][hd]; every offset a multiple of 16 floats
+  return x;
+}
+
+ARBOR_AVX512 void coded_kernel(const AttnCodedArgs& a, TileFn ktile, TileFn vtile, int64_t t0, int64_t nt, int64_t pos0,
+                               const int32_t* table, int64_t g, float* scratch) {
+  const int64_t hd = a.hd, G = a.n_heads / a.n_kv_heads, R = nt * G, qrow = a.n_heads * hd, H = a.n_kv_heads;
+  const Scratch sc = carve(scratch, hd);
+  for (int64_t r = 0; r < R; ++r) {
+    std::fill(sc.O + r * hd, sc.O + (r + 1) * hd, 0.0f);
+    sc.M[r] = -INFINITY, sc.L[r] = 0.0f;
+  }
+  const int64_t last = pos0 + nt - 1;
+  const int64_t lo_all = a.window > 0 ? std::max<int64_t>(0, pos0 - a.window + 1) : 0;
+  const __m512 scale = _mm512_set1_ps(a.scale);
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int64_t j0 = lo_all / 16 * 16; j0 <= last; j0 += 16) {
+    const uint8_t* kr[16];
+    const uint8_t* vr[16];
+    for (int c = 0; c < 16; ++c) {
+      const int64_t kp = j0 + c;
+      if (kp > last || kp < lo_all) {
+        kr[c] = vr[c] = kZeroRow;
+        continue;
+      }
+      const int64_t slot = (int64_t(table[kp / a.bs]) * a.bs + kp % a.bs) * H + g;
+      kr[c] = a.K + slot * a.kb, vr[c] = a.V + slot * a.vb;
+    }
+    ktile(kr, hd, a.kc.group, sc.Kt);
+    vtile(vr, hd, a.vc.group, sc.Vd);
+    for (int64_t row = 0; row < R; ++row) {
+      const int64_t i = row / G, h = g * G + row % G;
+      const int64_t pos = pos0 + i;
+      const int64_t lo = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
+      float* prow = sc.P + row * 16;
+      if (j0 > pos || j0 + 15 < lo) {  // every key of this block is masked for this row: O unchanged
+        _mm512_store_ps(prow, _mm512_setzero_ps());
+        sc.C[row] = 1.0f;
+        continue;
+      }
+      const float* qr = a.q + (t0 + i) * qrow + h * hd;
+      __m512 s4[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+      for (int64_t d = 0; d < hd; d += 4) {
+        s4[0] = _mm512_fmadd_ps(_mm512_set1_ps(qr[d]), _mm512_load_ps(sc.Kt + d * 16), s4[0]);
+        s4[1] = _mm512_fmadd_ps(_mm512_set1_ps(qr[d + 1]), _mm512_load_ps(sc.Kt + (d + 1) * 16), s4[1]);
+        s4[2] = _mm512_fmadd_ps(_mm512_set1_ps(qr[d + 2]), _mm512_load_ps(sc.Kt + (d + 2) * 16), s4[2]);
+        s4[3] = _mm512_fmadd_ps(_mm512_set1_ps(qr[d + 3]), _mm512_load_ps(sc.Kt + (d + 3) * 16), s4[3]);
+      }
+      __m512 s = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(s4[0], s4[1]), _mm512_add_ps(s4[2], s4[3])), scale);
+      if (a.softcap > 0) {
+        alignas(64) float t[16];
+        _mm512_store_ps(t, s);
+        for (float& x : t) x = a.softcap * std::tanh(x / a.softcap);
+        s = _mm512_load_ps(t);
+      }
+      // Key j0 + c is visible iff lo <= j0 + c <= pos.
+      const __m512i kpos = _mm512_add_epi32(lane, _mm512_set1_epi32(int(j0)));
+      const __mmask16 vis = _mm512_cmple_epi32_mask(kpos, _mm512_set1_epi32(int(pos))) &
+                            _mm512_cmpge_epi32_mask(kpos, _mm512_set1_epi32(int(lo)));
+      s = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), vis, s);
+      const float m_new = std::max(sc.M[row], _mm512_reduce_max_ps(s));
+      const __m512 p = _mm512_maskz_mov_ps(vis, exp_nonpos(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
+      const float corr = std::exp(sc.M[row] - m_new);  // 0 on the row's first visible block
+      sc.L[row] = sc.L[row] * corr + _mm512_reduce_add_ps(p);
+      sc.M[row] = m_new;
+      sc.C[row] = corr;
+      _mm512_store_ps(prow, p);
+    }
+    for (int64_t d = 0; d < hd; d += 64) {
+      int64_t row = 0;
+      for (; row + 1 < R; row += 2) {
+        float* const o[2] = {sc.O + row * hd, sc.O + (row + 1) * hd};
+        const float* const pr[2] = {sc.P + row * 16, sc.P + (row + 1) * 16};
+        pv_slab<2>(o, pr, sc.C + row, sc.Vd, hd, d);
+      }
+      if (row < R) {
+        float* const o[1] = {sc.O + row * hd};
+        const float* const pr[1] = {sc.P + row * 16};
+        pv_slab<1>(o, pr, sc.C + row, sc.Vd, hd, d);
+      }
+    }
+  }
+  const bool rotated = a.vc.kind == KVCodecKind::TurboValue;
+  for (int64_t row = 0; row < R; ++row) {
+    const int64_t i = row / G, h = g * G + row % G;
+    float* o = a.out + (t0 + i) * qrow + h * hd;
+    const __m512 inv = _mm512_set1_ps(1.0f / sc.L[row]);
+    for (int64_t d = 0; d < hd; d += 16) _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(sc.O + row * hd + d), inv));
+    if (rotated) turbo_unrotate(o, hd, o);  // Σ p_j R⁻¹y_j = R⁻¹ Σ p_j y_j: once per output row
+  }
+}
+
+}  // namespace
+
+bool attention_coded_applies(const KVCodecPair& c, int64_t hd, int64_t group) {
+  return cpu_features().avx512 && !c.k.plain() && !c.v.plain() && key_tile_fn(c.k) && value_tile_fn(c.v) && hd % 64 == 0 &&
+         hd >= 64 && hd <= kMaxHd && hd % c.k.group == 0 && hd % c.v.group == 0 && c.k.group % 16 == 0 && c.v.group % 16 == 0 &&
+         group >= 1 && group <= kMaxGroup;
+}
+
+int64_t attention_coded_scratch_floats(int64_t hd, int64_t group) {
+  (void)group;
+  const int64_t R = kRun * kMaxGroup;
+  return R * (hd + 3 + 16) + 2 * hd * 16;
+}
+
+void attention_coded(const AttnCodedArgs& a, int64_t t0, int64_t nt, int64_t pos0, const int32_t* table, int64_t g, float* scratch) {
+  const int64_t G = a.n_kv_heads > 0 ? a.n_heads / a.n_kv_heads : 0;
+  ARBOR_CHECK(attention_coded_applies({a.kc, a.vc}, a.hd, G) && a.n_heads == G * a.n_kv_heads && nt >= 1 && nt <= kRun && g >= 0 &&
+                  g < a.n_kv_heads && pos0 >= 0 && a.kb == a.kc.row_bytes(a.hd, 4) && a.vb == a.vc.row_bytes(a.hd, 4),
+              "attention_coded: unsupported call (codec {}, hd {}, heads {}/{}, rows {}, kv head {}, pos {})", KVCodecPair{a.kc, a.vc}.name(),
+              a.hd, a.n_heads, a.n_kv_heads, nt, g, pos0);
+  coded_kernel(a, key_tile_fn(a.kc), value_tile_fn(a.vc), t0, nt, pos0, table, g, scratch);
+}
+
+}  // namespace arbor::cpu
