@@ -1,15 +1,16 @@
 // Blocked attention over a coded KV cache on AVX-512 (attention_coded.h). Per call: rows = nt tokens x G
-// query heads of kv head g. For each block of 16 key positions:
+// query heads of kv head g. For each block of 16 key positions (the next block's rows prefetched):
 //   K: 16 codes of each key row at a time unpacked to int32 lanes (8-bit: one widening load; 4-bit: a
-//      byte unpack and per-lane shifts; other widths: two 64-bit words shifted per lane), to float, times
-//      the group's scale plus its bias (affine) or (code + zero) * scale (TurboQuant keys, as the
-//      reference decodes them), then the 16 rows transposed 16x16 into Kt[hd][16];
-//   V: each row's codes to floats the same way (affine) or through the Lloyd-Max centroids
-//      (vpermps on the code, times the group's scale: TurboQuant values, rotated domain) into Vd[16][hd];
+//      byte unpack and per-lane shifts; other widths: two 64-bit words shifted per lane), the 16 rows
+//      transposed 16x16 as integers, then to float with the group's scales and biases as vectors over
+//      the 16 keys: Kt[hd][16], dequantized once per block for every query row;
+//   V: the codes to floats (affine) or Lloyd-Max centroids (vpermps; TurboQuant, rotated domain) into
+//      Vc[16][hd], undequantized: the scale is folded into the probabilities (p_c * s_c per group) and
+//      the bias into one sum per group (Σ_c p_c b_c);
 //   scores for every row as hd broadcast-FMAs into one zmm (16 keys at once), scale, softcap (scalar
 //   tanh, rare), the causal/window mask, online softmax (running max M and sum L per row, vector exp),
-//   then O += p · Vd for two rows at a time over 64 dims (8 independent accumulators, each Vd vector
-//   loaded once for both rows).
+//   then O = O * corr + bias + Σ_c p'_c Vc[c] for two rows at a time over 64 dims (8 independent
+//   accumulators, each Vc vector loaded once for both rows).
 // Finally out = O / L, and for TurboQuant values the inverse rotation of each output row.
 // GCC 12's AVX-512 intrinsics trip -Wuninitialized when inlined (GCC bug 105593).
 #if defined(__GNUC__) && !defined(__clang__)
@@ -74,30 +75,45 @@ ARBOR_AVX512_INLINE __m512i codes16(const uint8_t* row, int64_t d0) {
   }
 }
 
-// Key tile: the 16 rows kr[] dequantized and transposed, Kt[d][c] = key c, element d.
+// Per-key f16 fields of the 16 rows (at byte offset `off` of each row) as 16 float lanes.
+ARBOR_AVX512_INLINE __m512 gather_f16(const uint8_t* const* rows, int64_t off) {
+  alignas(32) uint16_t h[16];
+#pragma GCC unroll 16
+  for (int c = 0; c < 16; ++c) std::memcpy(&h[c], rows[c] + off, 2);
+  return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(h)));
+}
+
+// Key tile: the 16 rows kr[] dequantized and transposed, Kt[d][c] = key c, element d. The codes are
+// transposed as int32 lanes, then each Kt row is one group's codes of the 16 keys, so the group's scales
+// and biases (zero points) are two vectors over the keys: code * scale + bias (affine), (code + zero) *
+// scale (TurboQuant keys, exactly as the reference decodes them).
 template <int B, KVCodecKind KIND>
-ARBOR_AVX512 void key_tile(const uint8_t* const* kr, int64_t hd, int64_t group, float* Kt) {
+ARBOR_AVX512 void key_tile(const uint8_t* const* kr, int64_t hd, int64_t group, float* Kt, float*, float*) {
   const int64_t G = hd / group, code_bytes = hd * B / 8;
+  __m512 S = _mm512_setzero_ps(), Z = _mm512_setzero_ps();
   for (int64_t d0 = 0; d0 < hd / 16; ++d0) {
-    const int64_t gi = d0 * 16 / group;
-    __m512 r[16];
-#pragma GCC unroll 16
-    for (int c = 0; c < 16; ++c) {
-      const uint8_t* row = kr[c];
-      const __m512 s = _mm512_set1_ps(f16_at(row + code_bytes + 2 * gi));
-      const __m512 z = _mm512_set1_ps(f16_at(row + code_bytes + 2 * G + 2 * gi));
-      const __m512 x = _mm512_cvtepi32_ps(codes16<B, KIND == KVCodecKind::TurboKey && B == 8>(row, d0));
-      r[c] = KIND == KVCodecKind::Affine ? _mm512_fmadd_ps(x, s, z) : _mm512_mul_ps(_mm512_add_ps(x, z), s);
+    if ((d0 * 16) % group == 0) {
+      const int64_t gi = d0 * 16 / group;
+      S = gather_f16(kr, code_bytes + 2 * gi), Z = gather_f16(kr, code_bytes + 2 * G + 2 * gi);
     }
-    transpose16x16_ps(r);
+    __m512i r[16];
 #pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) _mm512_store_ps(Kt + (16 * d0 + i) * 16, r[i]);
+    for (int c = 0; c < 16; ++c) r[c] = codes16<B, KIND == KVCodecKind::TurboKey && B == 8>(kr[c], d0);
+    transpose16x16_epi32(r);
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) {
+      const __m512 x = _mm512_cvtepi32_ps(r[i]);
+      _mm512_store_ps(Kt + (16 * d0 + i) * 16, KIND == KVCodecKind::Affine ? _mm512_fmadd_ps(x, S, Z) : _mm512_mul_ps(_mm512_add_ps(x, Z), S));
+    }
   }
 }
 
-// Value tile: Vd[c][d] = value row c, element d (TurboQuant: rotated domain).
+// Value tile, undequantized: Vc[c][d] = value row c's code d as a float (affine) or its Lloyd-Max
+// centroid (TurboQuant, rotated domain); Sv[g][c] / Bv[g][c] = row c's scale / bias of group g. The
+// kernel folds the scale into the probabilities (p_c * s_cg) and the bias into one sum per group
+// (Σ_c p_c b_cg), so a value element costs one FMA per query row and nothing to dequantize.
 template <int B, KVCodecKind KIND>
-ARBOR_AVX512 void value_tile(const uint8_t* const* vr, int64_t hd, int64_t group, float* Vd) {
+ARBOR_AVX512 void value_tile(const uint8_t* const* vr, int64_t hd, int64_t group, float* Vc, float* Sv, float* Bv) {
   const int64_t G = hd / group, code_bytes = hd * B / 8;
   __m512 cent = _mm512_setzero_ps();
   if constexpr (KIND == KVCodecKind::TurboValue) {
@@ -107,22 +123,19 @@ ARBOR_AVX512 void value_tile(const uint8_t* const* vr, int64_t hd, int64_t group
   }
   for (int c = 0; c < 16; ++c) {
     const uint8_t* row = vr[c];
-    float* dst = Vd + c * hd;
+    float* dst = Vc + c * hd;
     for (int64_t d0 = 0; d0 < hd / 16; ++d0) {
-      const int64_t gi = d0 * 16 / group;
-      const __m512 s = _mm512_set1_ps(f16_at(row + code_bytes + 2 * gi));
       const __m512i q = codes16<B, false>(row, d0);
-      if constexpr (KIND == KVCodecKind::TurboValue) {
-        _mm512_store_ps(dst + 16 * d0, _mm512_mul_ps(_mm512_permutexvar_ps(q, cent), s));
-      } else {
-        const __m512 b = _mm512_set1_ps(f16_at(row + code_bytes + 2 * G + 2 * gi));
-        _mm512_store_ps(dst + 16 * d0, _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), s, b));
-      }
+      _mm512_store_ps(dst + 16 * d0, KIND == KVCodecKind::TurboValue ? _mm512_permutexvar_ps(q, cent) : _mm512_cvtepi32_ps(q));
     }
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    _mm512_store_ps(Sv + 16 * g, gather_f16(vr, code_bytes + 2 * g));
+    if constexpr (KIND == KVCodecKind::Affine) _mm512_store_ps(Bv + 16 * g, gather_f16(vr, code_bytes + 2 * G + 2 * g));
   }
 }
 
-using TileFn = void (*)(const uint8_t* const*, int64_t, int64_t, float*);
+using TileFn = void (*)(const uint8_t* const*, int64_t, int64_t, float*, float*, float*);
 
 template <KVCodecKind KIND, bool KEY, int B>
 TileFn tile_at() {
@@ -176,28 +189,32 @@ ARBOR_AVX512_INLINE __m512 exp_nonpos(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// O[row][64 dims at d] = O * corr[row] + Σ_c P[row][c] Vd[c][d..], for ROWS (1 or 2) rows at once.
+// O[row][64 dims at d] = O * corr[row] + Σ_c P[row][c] Vc[c][d..] + bias, for ROWS (1 or 2) rows at
+// once (8 independent accumulators; each Vc vector loaded once for both rows). pa / pb: the row's
+// scaled probabilities of the groups holding dims d..d+31 and d+32..d+63; ba / bb their bias sums.
 template <int ROWS>
-ARBOR_AVX512_INLINE void pv_slab(float* const* orow, const float* const* prow, const float* corr, const float* Vd, int64_t hd,
-                                 int64_t d) {
+ARBOR_AVX512_INLINE void pv_slab(float* const* orow, const float* const* pa, const float* const* pb, const float* ba, const float* bb,
+                                 const float* corr, const float* Vc, int64_t hd, int64_t d) {
   __m512 acc[ROWS][4];
 #pragma GCC unroll 2
   for (int r = 0; r < ROWS; ++r) {
-    const __m512 vc = _mm512_set1_ps(corr[r]);
-#pragma GCC unroll 4
-    for (int k = 0; k < 4; ++k) acc[r][k] = _mm512_mul_ps(_mm512_loadu_ps(orow[r] + d + 16 * k), vc);
+    const __m512 vc = _mm512_set1_ps(corr[r]), va = _mm512_set1_ps(ba[r]), vb = _mm512_set1_ps(bb[r]);
+    acc[r][0] = _mm512_fmadd_ps(_mm512_loadu_ps(orow[r] + d), vc, va);
+    acc[r][1] = _mm512_fmadd_ps(_mm512_loadu_ps(orow[r] + d + 16), vc, va);
+    acc[r][2] = _mm512_fmadd_ps(_mm512_loadu_ps(orow[r] + d + 32), vc, vb);
+    acc[r][3] = _mm512_fmadd_ps(_mm512_loadu_ps(orow[r] + d + 48), vc, vb);
   }
 #pragma GCC unroll 16
   for (int c = 0; c < 16; ++c) {
-    const float* v = Vd + c * hd + d;
+    const float* v = Vc + c * hd + d;
     const __m512 v0 = _mm512_load_ps(v), v1 = _mm512_load_ps(v + 16), v2 = _mm512_load_ps(v + 32), v3 = _mm512_load_ps(v + 48);
 #pragma GCC unroll 2
     for (int r = 0; r < ROWS; ++r) {
-      const __m512 pb = _mm512_set1_ps(prow[r][c]);
-      acc[r][0] = _mm512_fmadd_ps(pb, v0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(pb, v1, acc[r][1]);
-      acc[r][2] = _mm512_fmadd_ps(pb, v2, acc[r][2]);
-      acc[r][3] = _mm512_fmadd_ps(pb, v3, acc[r][3]);
+      const __m512 a = _mm512_set1_ps(pa[r][c]), b = _mm512_set1_ps(pb[r][c]);
+      acc[r][0] = _mm512_fmadd_ps(a, v0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(a, v1, acc[r][1]);
+      acc[r][2] = _mm512_fmadd_ps(b, v2, acc[r][2]);
+      acc[r][3] = _mm512_fmadd_ps(b, v3, acc[r][3]);
     }
   }
 #pragma GCC unroll 2
@@ -206,38 +223,52 @@ ARBOR_AVX512_INLINE void pv_slab(float* const* orow, const float* const* prow, c
     for (int k = 0; k < 4; ++k) _mm512_storeu_ps(orow[r] + d + 16 * k, acc[r][k]);
 }
 
+// Scratch, in floats (every offset a multiple of 16): O [R][hd], M, L, C [R], P [R][Gv][16] (the
+// block's probabilities times each value group's scales), Bs [R][Gv] (bias sums, padded to 16), Kt
+// [hd][16], Vc [16][hd], Sv and Bv [Gv][16]; R = 16 tokens x 8 heads, Gv up to hd / 16.
 struct Scratch {
-  float *O, *M, *L, *P, *C, *Kt, *Vd;
+  float *O, *M, *L, *C, *P, *Bs, *Kt, *Vc, *Sv, *Bv;
 };
+constexpr int64_t kRows = kRun * kMaxGroup;
+int64_t pad16(int64_t n) { return (n + 15) / 16 * 16; }
 
 Scratch carve(float* s, int64_t hd) {
-  constexpr int64_t R = kRun * kMaxGroup;
+  const int64_t gmax = hd / 16;
   Scratch x;
-  x.O = s;              // [R][hd]
-  x.M = x.O + R * hd;   // [R]
-  x.L = x.M + R;        // [R]
-  x.C = x.L + R;        // [R]: this block's correction factor per row
-  x.P = x.C + R;        // [R][16]: this block's probabilities per row
-  x.Kt = x.P + R * 16;  // [hd][16]
-  x.Vd = x.Kt + hd * 16;  // [16][hd]; every offset a multiple of 16 floats
+  x.O = s;
+  x.M = x.O + kRows * hd;
+  x.L = x.M + kRows;
+  x.C = x.L + kRows;
+  x.P = x.C + kRows;
+  x.Bs = x.P + kRows * gmax * 16;
+  x.Kt = x.Bs + pad16(kRows * gmax);
+  x.Vc = x.Kt + hd * 16;
+  x.Sv = x.Vc + 16 * hd;
+  x.Bv = x.Sv + gmax * 16;
   return x;
+}
+int64_t scratch_floats(int64_t hd) {
+  const int64_t gmax = hd / 16;
+  return kRows * hd + 3 * kRows + kRows * gmax * 16 + pad16(kRows * gmax) + 2 * hd * 16 + 2 * gmax * 16;
 }
 
 ARBOR_AVX512 void coded_kernel(const AttnCodedArgs& a, TileFn ktile, TileFn vtile, int64_t t0, int64_t nt, int64_t pos0,
                                const int32_t* table, int64_t g, float* scratch) {
   const int64_t hd = a.hd, G = a.n_heads / a.n_kv_heads, R = nt * G, qrow = a.n_heads * hd, H = a.n_kv_heads;
+  const int64_t vgroup = a.vc.group, Gv = hd / vgroup;
+  const bool vbias = a.vc.kind == KVCodecKind::Affine;
   const Scratch sc = carve(scratch, hd);
   for (int64_t r = 0; r < R; ++r) {
     std::fill(sc.O + r * hd, sc.O + (r + 1) * hd, 0.0f);
     sc.M[r] = -INFINITY, sc.L[r] = 0.0f;
   }
+  std::fill(sc.Bs, sc.Bs + R * Gv, 0.0f);
   const int64_t last = pos0 + nt - 1;
   const int64_t lo_all = a.window > 0 ? std::max<int64_t>(0, pos0 - a.window + 1) : 0;
   const __m512 scale = _mm512_set1_ps(a.scale);
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  for (int64_t j0 = lo_all / 16 * 16; j0 <= last; j0 += 16) {
-    const uint8_t* kr[16];
-    const uint8_t* vr[16];
+  // Rows of the block at j0; masked positions read the zero row.
+  auto rows_at = [&](int64_t j0, const uint8_t** kr, const uint8_t** vr) {
     for (int c = 0; c < 16; ++c) {
       const int64_t kp = j0 + c;
       if (kp > last || kp < lo_all) {
@@ -247,15 +278,31 @@ ARBOR_AVX512 void coded_kernel(const AttnCodedArgs& a, TileFn ktile, TileFn vtil
       const int64_t slot = (int64_t(table[kp / a.bs]) * a.bs + kp % a.bs) * H + g;
       kr[c] = a.K + slot * a.kb, vr[c] = a.V + slot * a.vb;
     }
-    ktile(kr, hd, a.kc.group, sc.Kt);
-    vtile(vr, hd, a.vc.group, sc.Vd);
+  };
+  const uint8_t *kr[16], *vr[16], *nk[16], *nv[16];
+  int64_t j0 = lo_all / 16 * 16;
+  if (j0 <= last) rows_at(j0, kr, vr);
+  for (; j0 <= last; j0 += 16) {
+    // The next block's rows, prefetched while this one is computed (the rows of one kv head are
+    // n_kv_heads rows apart in the pool: too far apart for the hardware's stream prefetch to follow).
+    if (j0 + 16 <= last) {
+      rows_at(j0 + 16, nk, nv);
+      for (int c = 0; c < 16; ++c) {
+        _mm_prefetch(reinterpret_cast<const char*>(nk[c]), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(nk[c] + a.kb - 1), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(nv[c]), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(nv[c] + a.vb - 1), _MM_HINT_T0);
+      }
+    }
+    ktile(kr, hd, a.kc.group, sc.Kt, nullptr, nullptr);
+    vtile(vr, hd, vgroup, sc.Vc, sc.Sv, sc.Bv);
     for (int64_t row = 0; row < R; ++row) {
       const int64_t i = row / G, h = g * G + row % G;
       const int64_t pos = pos0 + i;
       const int64_t lo = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
-      float* prow = sc.P + row * 16;
+      float* prow = sc.P + row * Gv * 16;
       if (j0 > pos || j0 + 15 < lo) {  // every key of this block is masked for this row: O unchanged
-        _mm512_store_ps(prow, _mm512_setzero_ps());
+        for (int64_t gv = 0; gv < Gv; ++gv) _mm512_store_ps(prow + gv * 16, _mm512_setzero_ps()), sc.Bs[row * Gv + gv] = 0.0f;
         sc.C[row] = 1.0f;
         continue;
       }
@@ -285,21 +332,32 @@ ARBOR_AVX512 void coded_kernel(const AttnCodedArgs& a, TileFn ktile, TileFn vtil
       sc.L[row] = sc.L[row] * corr + _mm512_reduce_add_ps(p);
       sc.M[row] = m_new;
       sc.C[row] = corr;
-      _mm512_store_ps(prow, p);
+      for (int64_t gv = 0; gv < Gv; ++gv) {
+        _mm512_store_ps(prow + gv * 16, _mm512_mul_ps(p, _mm512_load_ps(sc.Sv + gv * 16)));
+        sc.Bs[row * Gv + gv] = vbias ? _mm512_reduce_add_ps(_mm512_mul_ps(p, _mm512_load_ps(sc.Bv + gv * 16))) : 0.0f;
+      }
     }
     for (int64_t d = 0; d < hd; d += 64) {
+      const int64_t ga = d / vgroup, gb = (d + 32) / vgroup;
       int64_t row = 0;
       for (; row + 1 < R; row += 2) {
         float* const o[2] = {sc.O + row * hd, sc.O + (row + 1) * hd};
-        const float* const pr[2] = {sc.P + row * 16, sc.P + (row + 1) * 16};
-        pv_slab<2>(o, pr, sc.C + row, sc.Vd, hd, d);
+        const float* const pa[2] = {sc.P + (row * Gv + ga) * 16, sc.P + ((row + 1) * Gv + ga) * 16};
+        const float* const pb[2] = {sc.P + (row * Gv + gb) * 16, sc.P + ((row + 1) * Gv + gb) * 16};
+        const float ba[2] = {sc.Bs[row * Gv + ga], sc.Bs[(row + 1) * Gv + ga]};
+        const float bb[2] = {sc.Bs[row * Gv + gb], sc.Bs[(row + 1) * Gv + gb]};
+        pv_slab<2>(o, pa, pb, ba, bb, sc.C + row, sc.Vc, hd, d);
       }
       if (row < R) {
         float* const o[1] = {sc.O + row * hd};
-        const float* const pr[1] = {sc.P + row * 16};
-        pv_slab<1>(o, pr, sc.C + row, sc.Vd, hd, d);
+        const float* const pa[1] = {sc.P + (row * Gv + ga) * 16};
+        const float* const pb[1] = {sc.P + (row * Gv + gb) * 16};
+        const float ba[1] = {sc.Bs[row * Gv + ga]}, bb[1] = {sc.Bs[row * Gv + gb]};
+        pv_slab<1>(o, pa, pb, ba, bb, sc.C + row, sc.Vc, hd, d);
       }
     }
+    if (j0 + 16 <= last)
+      for (int c = 0; c < 16; ++c) kr[c] = nk[c], vr[c] = nv[c];
   }
   const bool rotated = a.vc.kind == KVCodecKind::TurboValue;
   for (int64_t row = 0; row < R; ++row) {
@@ -315,14 +373,13 @@ ARBOR_AVX512 void coded_kernel(const AttnCodedArgs& a, TileFn ktile, TileFn vtil
 
 bool attention_coded_applies(const KVCodecPair& c, int64_t hd, int64_t group) {
   return cpu_features().avx512 && !c.k.plain() && !c.v.plain() && key_tile_fn(c.k) && value_tile_fn(c.v) && hd % 64 == 0 &&
-         hd >= 64 && hd <= kMaxHd && hd % c.k.group == 0 && hd % c.v.group == 0 && c.k.group % 16 == 0 && c.v.group % 16 == 0 &&
+         hd >= 64 && hd <= kMaxHd && hd % c.k.group == 0 && hd % c.v.group == 0 && c.k.group % 16 == 0 && c.v.group % 32 == 0 &&
          group >= 1 && group <= kMaxGroup;
 }
 
 int64_t attention_coded_scratch_floats(int64_t hd, int64_t group) {
   (void)group;
-  const int64_t R = kRun * kMaxGroup;
-  return R * (hd + 3 + 16) + 2 * hd * 16;
+  return scratch_floats(hd);
 }
 
 void attention_coded(const AttnCodedArgs& a, int64_t t0, int64_t nt, int64_t pos0, const int32_t* table, int64_t g, float* scratch) {
