@@ -252,119 +252,126 @@ int64_t scratch_floats(int64_t hd) {
   return kRows * hd + 3 * kRows + kRows * gmax * 16 + pad16(kRows * gmax) + 2 * hd * 16 + 2 * gmax * 16;
 }
 
+// kv heads g0 .. g1 - 1 of one run, each block of 16 key positions visited once for all of them: a
+// slot holds the n_kv_heads rows of a position side by side, so the heads of one call read one
+// contiguous span per position (a call per head would read each cache line that two heads' rows share
+// twice, and the spans n_kv_heads rows apart defeat the hardware prefetch).
 ARBOR_AVX512 void coded_kernel(const AttnCodedArgs& a, TileFn ktile, TileFn vtile, int64_t t0, int64_t nt, int64_t pos0,
-                               const int32_t* table, int64_t g, float* scratch) {
-  const int64_t hd = a.hd, G = a.n_heads / a.n_kv_heads, R = nt * G, qrow = a.n_heads * hd, H = a.n_kv_heads;
+                               const int32_t* table, int64_t g0, int64_t g1, float* scratch) {
+  const int64_t hd = a.hd, G = a.n_heads / a.n_kv_heads, R = nt * G, qrow = a.n_heads * hd, H = a.n_kv_heads, NH = g1 - g0;
   const int64_t vgroup = a.vc.group, Gv = hd / vgroup;
   const bool vbias = a.vc.kind == KVCodecKind::Affine;
   const Scratch sc = carve(scratch, hd);
-  for (int64_t r = 0; r < R; ++r) {
-    std::fill(sc.O + r * hd, sc.O + (r + 1) * hd, 0.0f);
-    sc.M[r] = -INFINITY, sc.L[r] = 0.0f;
+  // State row x = head (g - g0) * R + row, row = token i * G + query head of the group.
+  for (int64_t x = 0; x < NH * R; ++x) {
+    std::fill(sc.O + x * hd, sc.O + (x + 1) * hd, 0.0f);
+    sc.M[x] = -INFINITY, sc.L[x] = 0.0f;
   }
-  std::fill(sc.Bs, sc.Bs + R * Gv, 0.0f);
   const int64_t last = pos0 + nt - 1;
   const int64_t lo_all = a.window > 0 ? std::max<int64_t>(0, pos0 - a.window + 1) : 0;
   const __m512 scale = _mm512_set1_ps(a.scale);
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  // Rows of the block at j0; masked positions read the zero row.
-  auto rows_at = [&](int64_t j0, const uint8_t** kr, const uint8_t** vr) {
+  // Slot of each position of the block at j0 (-1: masked for every row, reads the zero row).
+  auto slots_at = [&](int64_t j0, int64_t* slot) {
     for (int c = 0; c < 16; ++c) {
       const int64_t kp = j0 + c;
-      if (kp > last || kp < lo_all) {
-        kr[c] = vr[c] = kZeroRow;
-        continue;
-      }
-      const int64_t slot = (int64_t(table[kp / a.bs]) * a.bs + kp % a.bs) * H + g;
-      kr[c] = a.K + slot * a.kb, vr[c] = a.V + slot * a.vb;
+      slot[c] = kp > last || kp < lo_all ? -1 : int64_t(table[kp / a.bs]) * a.bs + kp % a.bs;
     }
   };
-  const uint8_t *kr[16], *vr[16], *nk[16], *nv[16];
+  int64_t slot[16], next[16];
   int64_t j0 = lo_all / 16 * 16;
-  if (j0 <= last) rows_at(j0, kr, vr);
+  if (j0 <= last) slots_at(j0, slot);
   for (; j0 <= last; j0 += 16) {
-    // The next block's rows, prefetched while this one is computed (the rows of one kv head are
-    // n_kv_heads rows apart in the pool: too far apart for the hardware's stream prefetch to follow).
+    // The next block's spans, prefetched while this one is computed.
     if (j0 + 16 <= last) {
-      rows_at(j0 + 16, nk, nv);
+      slots_at(j0 + 16, next);
       for (int c = 0; c < 16; ++c) {
-        _mm_prefetch(reinterpret_cast<const char*>(nk[c]), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(nk[c] + a.kb - 1), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(nv[c]), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(nv[c] + a.vb - 1), _MM_HINT_T0);
+        if (next[c] < 0) continue;
+        const char* k0 = reinterpret_cast<const char*>(a.K + (next[c] * H + g0) * a.kb);
+        const char* v0 = reinterpret_cast<const char*>(a.V + (next[c] * H + g0) * a.vb);
+        for (int64_t o = 0; o < NH * a.kb + 63; o += 64) _mm_prefetch(k0 + std::min(o, NH * a.kb - 1), _MM_HINT_T0);
+        for (int64_t o = 0; o < NH * a.vb + 63; o += 64) _mm_prefetch(v0 + std::min(o, NH * a.vb - 1), _MM_HINT_T0);
       }
     }
-    ktile(kr, hd, a.kc.group, sc.Kt, nullptr, nullptr);
-    vtile(vr, hd, vgroup, sc.Vc, sc.Sv, sc.Bv);
-    for (int64_t row = 0; row < R; ++row) {
-      const int64_t i = row / G, h = g * G + row % G;
-      const int64_t pos = pos0 + i;
-      const int64_t lo = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
-      float* prow = sc.P + row * Gv * 16;
-      if (j0 > pos || j0 + 15 < lo) {  // every key of this block is masked for this row: O unchanged
-        for (int64_t gv = 0; gv < Gv; ++gv) _mm512_store_ps(prow + gv * 16, _mm512_setzero_ps()), sc.Bs[row * Gv + gv] = 0.0f;
-        sc.C[row] = 1.0f;
-        continue;
+    for (int64_t g = g0; g < g1; ++g) {
+      const uint8_t *kr[16], *vr[16];
+      for (int c = 0; c < 16; ++c) {
+        kr[c] = slot[c] < 0 ? kZeroRow : a.K + (slot[c] * H + g) * a.kb;
+        vr[c] = slot[c] < 0 ? kZeroRow : a.V + (slot[c] * H + g) * a.vb;
       }
-      const float* qr = a.q + (t0 + i) * qrow + h * hd;
-      __m512 s4[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-      for (int64_t d = 0; d < hd; d += 4) {
-        s4[0] = _mm512_fmadd_ps(_mm512_set1_ps(qr[d]), _mm512_load_ps(sc.Kt + d * 16), s4[0]);
-        s4[1] = _mm512_fmadd_ps(_mm512_set1_ps(qr[d + 1]), _mm512_load_ps(sc.Kt + (d + 1) * 16), s4[1]);
-        s4[2] = _mm512_fmadd_ps(_mm512_set1_ps(qr[d + 2]), _mm512_load_ps(sc.Kt + (d + 2) * 16), s4[2]);
-        s4[3] = _mm512_fmadd_ps(_mm512_set1_ps(qr[d + 3]), _mm512_load_ps(sc.Kt + (d + 3) * 16), s4[3]);
+      ktile(kr, hd, a.kc.group, sc.Kt, nullptr, nullptr);
+      vtile(vr, hd, vgroup, sc.Vc, sc.Sv, sc.Bv);
+      const int64_t x0 = (g - g0) * R;  // this head's first state row
+      for (int64_t row = 0; row < R; ++row) {
+        const int64_t x = x0 + row, i = row / G, h = g * G + row % G;
+        const int64_t pos = pos0 + i;
+        const int64_t lo = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
+        float* prow = sc.P + x * Gv * 16;
+        if (j0 > pos || j0 + 15 < lo) {  // every key of this block is masked for this row: O unchanged
+          for (int64_t gv = 0; gv < Gv; ++gv) _mm512_store_ps(prow + gv * 16, _mm512_setzero_ps()), sc.Bs[x * Gv + gv] = 0.0f;
+          sc.C[x] = 1.0f;
+          continue;
+        }
+        const float* qr = a.q + (t0 + i) * qrow + h * hd;
+        __m512 s4[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int64_t d = 0; d < hd; d += 4) {
+          s4[0] = _mm512_fmadd_ps(_mm512_set1_ps(qr[d]), _mm512_load_ps(sc.Kt + d * 16), s4[0]);
+          s4[1] = _mm512_fmadd_ps(_mm512_set1_ps(qr[d + 1]), _mm512_load_ps(sc.Kt + (d + 1) * 16), s4[1]);
+          s4[2] = _mm512_fmadd_ps(_mm512_set1_ps(qr[d + 2]), _mm512_load_ps(sc.Kt + (d + 2) * 16), s4[2]);
+          s4[3] = _mm512_fmadd_ps(_mm512_set1_ps(qr[d + 3]), _mm512_load_ps(sc.Kt + (d + 3) * 16), s4[3]);
+        }
+        __m512 s = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(s4[0], s4[1]), _mm512_add_ps(s4[2], s4[3])), scale);
+        if (a.softcap > 0) {
+          alignas(64) float t[16];
+          _mm512_store_ps(t, s);
+          for (float& v : t) v = a.softcap * std::tanh(v / a.softcap);
+          s = _mm512_load_ps(t);
+        }
+        // Key j0 + c is visible iff lo <= j0 + c <= pos.
+        const __m512i kpos = _mm512_add_epi32(lane, _mm512_set1_epi32(int(j0)));
+        const __mmask16 vis = _mm512_cmple_epi32_mask(kpos, _mm512_set1_epi32(int(pos))) &
+                              _mm512_cmpge_epi32_mask(kpos, _mm512_set1_epi32(int(lo)));
+        s = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), vis, s);
+        const float m_new = std::max(sc.M[x], _mm512_reduce_max_ps(s));
+        const __m512 p = _mm512_maskz_mov_ps(vis, exp_nonpos(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
+        // 0 on the row's first visible block; 1 (no libm call) while the running max holds.
+        const float corr = m_new == sc.M[x] ? 1.0f : std::exp(sc.M[x] - m_new);
+        sc.L[x] = sc.L[x] * corr + _mm512_reduce_add_ps(p);
+        sc.M[x] = m_new;
+        sc.C[x] = corr;
+        for (int64_t gv = 0; gv < Gv; ++gv) {
+          _mm512_store_ps(prow + gv * 16, _mm512_mul_ps(p, _mm512_load_ps(sc.Sv + gv * 16)));
+          sc.Bs[x * Gv + gv] = vbias ? _mm512_reduce_add_ps(_mm512_mul_ps(p, _mm512_load_ps(sc.Bv + gv * 16))) : 0.0f;
+        }
       }
-      __m512 s = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(s4[0], s4[1]), _mm512_add_ps(s4[2], s4[3])), scale);
-      if (a.softcap > 0) {
-        alignas(64) float t[16];
-        _mm512_store_ps(t, s);
-        for (float& x : t) x = a.softcap * std::tanh(x / a.softcap);
-        s = _mm512_load_ps(t);
-      }
-      // Key j0 + c is visible iff lo <= j0 + c <= pos.
-      const __m512i kpos = _mm512_add_epi32(lane, _mm512_set1_epi32(int(j0)));
-      const __mmask16 vis = _mm512_cmple_epi32_mask(kpos, _mm512_set1_epi32(int(pos))) &
-                            _mm512_cmpge_epi32_mask(kpos, _mm512_set1_epi32(int(lo)));
-      s = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), vis, s);
-      const float m_new = std::max(sc.M[row], _mm512_reduce_max_ps(s));
-      const __m512 p = _mm512_maskz_mov_ps(vis, exp_nonpos(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
-      const float corr = std::exp(sc.M[row] - m_new);  // 0 on the row's first visible block
-      sc.L[row] = sc.L[row] * corr + _mm512_reduce_add_ps(p);
-      sc.M[row] = m_new;
-      sc.C[row] = corr;
-      for (int64_t gv = 0; gv < Gv; ++gv) {
-        _mm512_store_ps(prow + gv * 16, _mm512_mul_ps(p, _mm512_load_ps(sc.Sv + gv * 16)));
-        sc.Bs[row * Gv + gv] = vbias ? _mm512_reduce_add_ps(_mm512_mul_ps(p, _mm512_load_ps(sc.Bv + gv * 16))) : 0.0f;
+      for (int64_t d = 0; d < hd; d += 64) {
+        const int64_t ga = d / vgroup, gb = (d + 32) / vgroup;
+        int64_t x = x0;
+        for (; x + 1 < x0 + R; x += 2) {
+          float* const o[2] = {sc.O + x * hd, sc.O + (x + 1) * hd};
+          const float* const pa[2] = {sc.P + (x * Gv + ga) * 16, sc.P + ((x + 1) * Gv + ga) * 16};
+          const float* const pb[2] = {sc.P + (x * Gv + gb) * 16, sc.P + ((x + 1) * Gv + gb) * 16};
+          const float ba[2] = {sc.Bs[x * Gv + ga], sc.Bs[(x + 1) * Gv + ga]};
+          const float bb[2] = {sc.Bs[x * Gv + gb], sc.Bs[(x + 1) * Gv + gb]};
+          pv_slab<2>(o, pa, pb, ba, bb, sc.C + x, sc.Vc, hd, d);
+        }
+        if (x < x0 + R) {
+          float* const o[1] = {sc.O + x * hd};
+          const float* const pa[1] = {sc.P + (x * Gv + ga) * 16};
+          const float* const pb[1] = {sc.P + (x * Gv + gb) * 16};
+          const float ba[1] = {sc.Bs[x * Gv + ga]}, bb[1] = {sc.Bs[x * Gv + gb]};
+          pv_slab<1>(o, pa, pb, ba, bb, sc.C + x, sc.Vc, hd, d);
+        }
       }
     }
-    for (int64_t d = 0; d < hd; d += 64) {
-      const int64_t ga = d / vgroup, gb = (d + 32) / vgroup;
-      int64_t row = 0;
-      for (; row + 1 < R; row += 2) {
-        float* const o[2] = {sc.O + row * hd, sc.O + (row + 1) * hd};
-        const float* const pa[2] = {sc.P + (row * Gv + ga) * 16, sc.P + ((row + 1) * Gv + ga) * 16};
-        const float* const pb[2] = {sc.P + (row * Gv + gb) * 16, sc.P + ((row + 1) * Gv + gb) * 16};
-        const float ba[2] = {sc.Bs[row * Gv + ga], sc.Bs[(row + 1) * Gv + ga]};
-        const float bb[2] = {sc.Bs[row * Gv + gb], sc.Bs[(row + 1) * Gv + gb]};
-        pv_slab<2>(o, pa, pb, ba, bb, sc.C + row, sc.Vc, hd, d);
-      }
-      if (row < R) {
-        float* const o[1] = {sc.O + row * hd};
-        const float* const pa[1] = {sc.P + (row * Gv + ga) * 16};
-        const float* const pb[1] = {sc.P + (row * Gv + gb) * 16};
-        const float ba[1] = {sc.Bs[row * Gv + ga]}, bb[1] = {sc.Bs[row * Gv + gb]};
-        pv_slab<1>(o, pa, pb, ba, bb, sc.C + row, sc.Vc, hd, d);
-      }
-    }
-    if (j0 + 16 <= last)
-      for (int c = 0; c < 16; ++c) kr[c] = nk[c], vr[c] = nv[c];
+    if (j0 + 16 <= last) std::copy(next, next + 16, slot);
   }
   const bool rotated = a.vc.kind == KVCodecKind::TurboValue;
-  for (int64_t row = 0; row < R; ++row) {
-    const int64_t i = row / G, h = g * G + row % G;
+  for (int64_t x = 0; x < NH * R; ++x) {
+    const int64_t g = g0 + x / R, row = x % R, i = row / G, h = g * G + row % G;
     float* o = a.out + (t0 + i) * qrow + h * hd;
-    const __m512 inv = _mm512_set1_ps(1.0f / sc.L[row]);
-    for (int64_t d = 0; d < hd; d += 16) _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(sc.O + row * hd + d), inv));
+    const __m512 inv = _mm512_set1_ps(1.0f / sc.L[x]);
+    for (int64_t d = 0; d < hd; d += 16) _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(sc.O + x * hd + d), inv));
     if (rotated) turbo_unrotate(o, hd, o);  // Σ p_j R⁻¹y_j = R⁻¹ Σ p_j y_j: once per output row
   }
 }
@@ -382,13 +389,17 @@ int64_t attention_coded_scratch_floats(int64_t hd, int64_t group) {
   return scratch_floats(hd);
 }
 
-void attention_coded(const AttnCodedArgs& a, int64_t t0, int64_t nt, int64_t pos0, const int32_t* table, int64_t g, float* scratch) {
+int64_t attention_coded_max_heads(int64_t nt, int64_t group) { return std::max<int64_t>(1, kRows / std::max<int64_t>(1, nt * group)); }
+
+void attention_coded(const AttnCodedArgs& a, int64_t t0, int64_t nt, int64_t pos0, const int32_t* table, int64_t g0, int64_t g1,
+                     float* scratch) {
   const int64_t G = a.n_kv_heads > 0 ? a.n_heads / a.n_kv_heads : 0;
-  ARBOR_CHECK(attention_coded_applies({a.kc, a.vc}, a.hd, G) && a.n_heads == G * a.n_kv_heads && nt >= 1 && nt <= kRun && g >= 0 &&
-                  g < a.n_kv_heads && pos0 >= 0 && a.kb == a.kc.row_bytes(a.hd, 4) && a.vb == a.vc.row_bytes(a.hd, 4),
-              "attention_coded: unsupported call (codec {}, hd {}, heads {}/{}, rows {}, kv head {}, pos {})", KVCodecPair{a.kc, a.vc}.name(),
-              a.hd, a.n_heads, a.n_kv_heads, nt, g, pos0);
-  coded_kernel(a, key_tile_fn(a.kc), value_tile_fn(a.vc), t0, nt, pos0, table, g, scratch);
+  ARBOR_CHECK(attention_coded_applies({a.kc, a.vc}, a.hd, G) && a.n_heads == G * a.n_kv_heads && nt >= 1 && nt <= kRun && g0 >= 0 &&
+                  g0 < g1 && g1 <= a.n_kv_heads && (g1 - g0) * nt * G <= kRows && pos0 >= 0 && a.kb == a.kc.row_bytes(a.hd, 4) &&
+                  a.vb == a.vc.row_bytes(a.hd, 4),
+              "attention_coded: unsupported call (codec {}, hd {}, heads {}/{}, rows {}, kv heads {}..{}, pos {})",
+              KVCodecPair{a.kc, a.vc}.name(), a.hd, a.n_heads, a.n_kv_heads, nt, g0, g1 - 1, pos0);
+  coded_kernel(a, key_tile_fn(a.kc), value_tile_fn(a.vc), t0, nt, pos0, table, g0, g1, scratch);
 }
 
 }  // namespace arbor::cpu

@@ -444,19 +444,29 @@ void CpuBackend::attention(int64_t layer, const Tensor& q, const AttentionParams
     cargs.scale = p.scale, cargs.softcap = p.softcap, cargs.window = p.window;
     const size_t need =
         size_t(blocked ? cpu::attention_block_scratch_floats(hd, group) : cpu::attention_coded_scratch_floats(hd, group)) + 16;
-    pool_.parallel_for(n_runs * p.n_kv_heads, 1, [&](int, int64_t i0, int64_t i1) {
+    // Coded layers: a work item takes a run and a range of kv heads (their rows sit side by side in a
+    // slot, so the range is read as one span per position): as many heads as leave every thread an item.
+    int64_t hc = 1;
+    if (coded) {
+      int64_t max_nt = 1;
+      for (const auto& r : runs) max_nt = std::max(max_nt, r.second);
+      hc = std::min<int64_t>(p.n_kv_heads, cpu::attention_coded_max_heads(max_nt, group));
+      while (hc > 1 && n_runs * ((p.n_kv_heads + hc - 1) / hc) < pool_.size()) hc = (hc + 1) / 2;
+    }
+    const int64_t chunks = (p.n_kv_heads + hc - 1) / hc;
+    pool_.parallel_for(n_runs * chunks, 1, [&](int, int64_t i0, int64_t i1) {
       thread_local std::vector<float> scratch;
       if (scratch.size() < need) scratch.resize(need);
       float* sp = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t(63));
       for (int64_t item = i0; item < i1; ++item) {
-        const int64_t k = item / p.n_kv_heads, g = item % p.n_kv_heads;
+        const int64_t k = item / chunks, g = item % chunks;
         const auto [t0, n] = runs[size_t(k % 2 == 0 ? k / 2 : n_runs - 1 - k / 2)];
         const int32_t s = b.seq[size_t(t0)];
         const int32_t* table = b.block_tables.data() + int64_t(s) * b.max_blocks;
         if (blocked)
           cpu::attention_block(args, t0, n, b.pos[size_t(t0)], table, g, sp);
         else
-          cpu::attention_coded(cargs, t0, n, b.pos[size_t(t0)], table, g, sp);
+          cpu::attention_coded(cargs, t0, n, b.pos[size_t(t0)], table, g * hc, std::min(p.n_kv_heads, (g + 1) * hc), sp);
       }
     });
     return;
