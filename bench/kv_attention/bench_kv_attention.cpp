@@ -2,8 +2,10 @@
 // token each, context C) and the time to write (encode) the rows, for every codec against the plain f32
 // cache. Prints ms per step, the KV bytes the step reads and the read rate, and the speed against plain.
 // Usage: bench_kv_attention [--ctx 4096] [--batch 1] [--heads 32] [--kv-heads 8] [--head-dim 64]
-//                           [--threads 0] [--reps 20] [--codecs bf16,affine8,affine4,k8v4,k8v3]
-// (defaults: one layer of the Llama-3.2-1B shape at context 4096).
+//                           [--threads 0] [--reps 20] [--codecs bf16,affine8,affine4,k8v4,k8v3] [--cold-mb 96]
+// (defaults: one layer of the Llama-3.2-1B shape at context 4096). CPU: copies of the layer are called
+// in turn, enough that their KV totals --cold-mb (default 96, past this machine's 32 MB L3; 0: one layer,
+// its KV hot in cache), as a model's decode step finds it; the read bandwidth is measured in the same run.
 // --device cuda (builds with CUDA): the CUDA backend's decode attention per codec and decode kernel
 // (--kernels v1,v2: the split-K kernels, the tensor-core kernel of ARBOR_CUDA_KV_ATTN=v2; bf16 under
 // v2 is v2all), over --layers copies of the layer (default 8, called in turn, so the KV of a call is not
@@ -17,8 +19,10 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <ctime>
 #include <vector>
 
+#include "backend/cpu/bandwidth.h"
 #include "backend/cpu/cpu_backend.h"
 #if defined(ARBOR_HAS_CUDA)
 #include "backend/cuda/cuda_backend.h"
@@ -31,6 +35,12 @@ namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
 }
 
 std::vector<std::string> split(const std::string& s) {
@@ -124,6 +134,7 @@ int main(int argc, char** argv) {
   int threads = 0, reps = 20;
   std::string codecs = "bf16,affine8,affine4,k8v4,k8v3", device = "cpu", kernels = "v1,v2";
   int64_t layers = 8;
+  double cold_mb = 96;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const char* v = argv[i + 1];
@@ -138,6 +149,7 @@ int main(int argc, char** argv) {
     else if (k == "--device") device = v;
     else if (k == "--kernels") kernels = v;
     else if (k == "--layers") layers = std::atoll(v);
+    else if (k == "--cold-mb") cold_mb = std::atof(v);
     else {
       std::fprintf(stderr, "bench_kv_attention: unknown flag %s\n", k.c_str());
       return 2;
@@ -165,13 +177,25 @@ int main(int argc, char** argv) {
   for (auto& x : q) x = N(rng);
   std::printf("decode attention, one layer: batch %lld, context %lld, %lld heads / %lld KV heads, head_dim %lld\n", (long long)batch,
               (long long)ctx, (long long)heads, (long long)kv_heads, (long long)hd);
-  std::printf("%-10s %10s %12s %10s %9s %14s\n", "codec", "ms/step", "KV MB/step", "GB/s", "vs plain", "encode us/tok");
-  double plain_ms = 0;
+  std::printf("%-10s %10s %10s %12s %10s %8s %9s %8s %14s\n", "codec", "ms/step", "cpu ms", "KV MB/step", "GB/s", "of bw", "vs plain", "layers",
+              "encode us/tok");
+  double plain_ms = 0, bw = 0;
   for (const std::string& name : split(codecs)) {
     CpuBackend be(threads, WeightPlacement::Copy);
+    if (bw == 0) {  // the read bandwidth on the same threads, measured now (best of 3 passes over 1 GiB)
+      cpu::ReadBandwidthProbe probe(be.pool());
+      for (int i = 0; i < 4; ++i) probe.pass();
+      bw = probe.best();
+      std::printf("(read bandwidth %.2f GB/s, %d threads, measured now)\n", bw * 1e-9, be.pool().size());
+    }
+    const KVCodecPair cp = parse_kv_codec(name);
+    // Copies of the layer, called in turn, so that their KV together is at least --cold-mb and a call
+    // does not find its KV in L3 from the previous one (a model's decode step streams every layer's).
+    const double layer_bytes = double(batch * ctx) * double(cp.token_bytes(kv_heads, hd, sizeof(float)));
+    const int64_t n_layers = cold_mb <= 0 ? 1 : std::clamp<int64_t>(int64_t(std::ceil(cold_mb * 1e6 / layer_bytes)), 1, 256);
     KVLayout L;
-    L.n_layers = 1, L.block_size = bs, L.n_kv_heads = kv_heads, L.head_dim = hd, L.n_blocks = batch * blocks_per_seq;
-    L.codecs = {parse_kv_codec(name)};
+    L.n_layers = n_layers, L.block_size = bs, L.n_kv_heads = kv_heads, L.head_dim = hd, L.n_blocks = batch * blocks_per_seq;
+    L.codecs.assign(size_t(n_layers), cp);
     be.alloc_kv(L);
     // Fill every sequence's cache (prefill-style writes, 256 tokens per call), timing the writes.
     double write_s = 0;
@@ -185,9 +209,11 @@ int main(int argc, char** argv) {
         for (int64_t p = p0; p < p0 + n; ++p) b.tokens.push_back(0), b.pos.push_back(int32_t(p)), b.seq.push_back(0);
         b.ctx_len.push_back(int32_t(p0 + n));
         be.begin_batch(b);
-        auto t0 = std::chrono::steady_clock::now();
-        be.kv_write(0, Tensor(k.data() + p0 * row, DType::F32, {n, row}), Tensor(v.data() + p0 * row, DType::F32, {n, row}));
-        write_s += seconds_since(t0);
+        for (int64_t l = 0; l < n_layers; ++l) {
+          auto t0 = std::chrono::steady_clock::now();
+          be.kv_write(l, Tensor(k.data() + p0 * row, DType::F32, {n, row}), Tensor(v.data() + p0 * row, DType::F32, {n, row}));
+          if (l == 0) write_s += seconds_since(t0);
+        }
       }
     // The decode step: token at position ctx - 1 of each sequence.
     BatchInfo b;
@@ -200,18 +226,26 @@ int main(int argc, char** argv) {
     AttentionParams ap;
     ap.n_heads = heads, ap.n_kv_heads = kv_heads, ap.head_dim = hd, ap.scale = 1.0f / std::sqrt(float(hd));
     const Tensor qt(q.data(), DType::F32, {batch, heads * hd}), ot(out.data(), DType::F32, {batch, heads * hd});
-    be.attention(0, qt, ap, ot);  // warm-up
-    double best = 1e30;
+    for (int64_t l = 0; l < n_layers; ++l) be.attention(l, qt, ap, ot);  // warm-up
+    // Each rep calls every layer in turn; the figure is the best rep's mean per call.
+    double best = 1e30, best_cpu = 1e30;
     for (int r = 0; r < reps; ++r) {
       auto t0 = std::chrono::steady_clock::now();
-      be.attention(0, qt, ap, ot);
-      best = std::min(best, seconds_since(t0));
+      const double c0 = process_cpu_seconds();
+      for (int64_t l = 0; l < n_layers; ++l) be.attention(l, qt, ap, ot);
+      best = std::min(best, seconds_since(t0) / double(n_layers));
+      best_cpu = std::min(best_cpu, (process_cpu_seconds() - c0) / double(n_layers));
     }
-    const double bytes = double(batch * ctx) * double(L.layer_token_bytes(0, DType::F32));
+    const double bytes = layer_bytes;
     if (name == "bf16") plain_ms = best * 1e3;
-    std::printf("%-10s %10.3f %12.2f %10.2f %8.2fx %14.2f\n", name.c_str(), best * 1e3, bytes * 1e-6, bytes / best * 1e-9,
-                plain_ms > 0 ? plain_ms / (best * 1e3) : 0.0, write_s / double(batch * ctx) * 1e6);
+    std::printf("%-10s %10.3f %10.3f %12.2f %10.2f %7.1f%% %8.2fx %8lld %14.2f\n", name.c_str(), best * 1e3, best_cpu * 1e3, bytes * 1e-6,
+                bytes / best * 1e-9, 100.0 * bytes / best / bw, plain_ms > 0 ? plain_ms / (best * 1e3) : 0.0, (long long)n_layers,
+                write_s / double(batch * ctx) * 1e6);
+    std::fflush(stdout);
   }
-  std::printf("(bf16 = the CPU's plain cache, f32; ms/step is the best of %d)\n", reps);
+  std::printf("(bf16 = the CPU's plain cache, f32; ms/step: per layer call, the best of %d rounds over the layers; cpu ms: the\n"
+              " process's CPU time per call, all threads, best round (on a shared machine, what the call cost when it ran);\n"
+              " of bw: the KV bytes a call reads per second against the read bandwidth)\n",
+              reps);
   return 0;
 }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <random>
 #include <tuple>
 
 #include "backend/cpu/bandwidth.h"
@@ -40,23 +41,13 @@ double forward_flops(const Model& m, int64_t start, int64_t n, int64_t logit_row
   return 2.0 * body * double(n) + 2.0 * embed * double(logit_rows) + 4.0 * double(c.n_heads * c.head_dim * c.n_layers) * keys;
 }
 
-#ifdef ARBOR_HAS_CUDA
-
-// --device cuda: ceilings first, then prefill (512, 2048, 8192 tokens), batch-1 decode at contexts 512
-// and 8192, and decode at batch 8, 32, 64 (context 512 each). Every figure with its fraction of the
-// roofline: decode against the bytes a step must read at the measured copy bandwidth, prefill against
-// the measured cuBLAS bf16 rate.
-int bench_cuda(const Args& a) {
-  const int64_t steps = a.get_int("decode-tokens", 64);
-  const int reps = int(a.get_int("reps", 3));
-  if (steps < 1 || reps < 1) fail("arguments: --decode-tokens and --reps must be >= 1");
-  // --decode-only: one decode figure (graph replay), batch --decode-batch (1) at context --decode-ctx
-  // (512), e.g. under a profiler or to compare settings.
+// --decode-only's figures: one (--decode-batch B, default 1; --decode-ctx N, default 512), or
+// --decode-runs B@CTX,B@CTX,...
+std::vector<std::pair<int64_t, int64_t>> parse_decode_runs(const Args& a) {
   const bool decode_only = a.has("decode-only");
   const int64_t only_batch = a.get_int("decode-batch", 1), only_ctx = a.get_int("decode-ctx", 512);
   if (only_batch < 1 || only_batch > 64) fail("arguments: --decode-batch must be in 1..64, got {}", only_batch);
   if (only_ctx < 1 || only_ctx > 131072) fail("arguments: --decode-ctx must be in 1..131072, got {}", only_ctx);
-  // --decode-only's figures: one (--decode-batch, --decode-ctx), or --decode-runs B@CTX,B@CTX,...
   std::vector<std::pair<int64_t, int64_t>> only_runs = {{only_batch, only_ctx}};
   if (a.has("decode-runs")) {
     if (!decode_only) fail("arguments: --decode-runs needs --decode-only");
@@ -79,19 +70,47 @@ int bench_cuda(const Args& a) {
       i = j + 1;
     }
   }
-  // --kv-sweep A/B/...: each decode figure once per KV-cache spec, in one process (the weights loaded
-  // once, the KV pools reallocated with each spec's codecs); without it, --kv-cache's one spec.
+  return only_runs;
+}
+
+// --kv-sweep A/B/...: each decode figure once per KV-cache spec, in one process (the weights loaded
+// once, the KV pools reallocated with each spec's codecs); without it, --kv-cache's one spec.
+std::vector<std::string> parse_kv_sweep(const Args& a) {
   std::vector<std::string> kv_specs;
-  {
-    const std::string sweep = a.get_or("kv-sweep", "");
-    for (size_t i = 0; i < sweep.size();) {
-      size_t j = sweep.find('/', i);
-      if (j == std::string::npos) j = sweep.size();
-      if (j > i) kv_specs.push_back(sweep.substr(i, j - i));
-      i = j + 1;
-    }
+  const std::string sweep = a.get_or("kv-sweep", "");
+  for (size_t i = 0; i < sweep.size();) {
+    size_t j = sweep.find('/', i);
+    if (j == std::string::npos) j = sweep.size();
+    if (j > i) kv_specs.push_back(sweep.substr(i, j - i));
+    i = j + 1;
   }
   if (!kv_specs.empty() && a.has("kv-cache")) fail("arguments: --kv-sweep and --kv-cache exclude each other");
+  return kv_specs;
+}
+
+// The KV pools again with `spec`'s codecs (the weights stay; the old pools are freed).
+void realloc_kv(Backend& be, const ModelConfig& c, const std::string& spec) {
+  KVLayout kv = be.kv_layout();
+  kv.codecs.clear();
+  if (spec != "bf16") kv.codecs = resolve_kv_cache_spec(spec, c.n_layers, c.head_dim);
+  be.alloc_kv(kv);
+}
+
+#ifdef ARBOR_HAS_CUDA
+
+// --device cuda: ceilings first, then prefill (512, 2048, 8192 tokens), batch-1 decode at contexts 512
+// and 8192, and decode at batch 8, 32, 64 (context 512 each). Every figure with its fraction of the
+// roofline: decode against the bytes a step must read at the measured copy bandwidth, prefill against
+// the measured cuBLAS bf16 rate.
+int bench_cuda(const Args& a) {
+  const int64_t steps = a.get_int("decode-tokens", 64);
+  const int reps = int(a.get_int("reps", 3));
+  if (steps < 1 || reps < 1) fail("arguments: --decode-tokens and --reps must be >= 1");
+  // --decode-only: one decode figure (graph replay) per --decode-runs entry (or --decode-batch at
+  // --decode-ctx), e.g. under a profiler or to compare settings.
+  const bool decode_only = a.has("decode-only");
+  const std::vector<std::pair<int64_t, int64_t>> only_runs = parse_decode_runs(a);
+  const std::vector<std::string> kv_specs = parse_kv_sweep(a);
   // --decode-only at a context past 8192 (KV-cache codecs at 32k) sizes the model's context and the
   // KV pool for it.
   int64_t max_only_ctx = 0;
@@ -316,10 +335,7 @@ int bench_cuda(const Args& a) {
     if (decode_only) runs = only_runs;
     for (size_t k = 0; k < std::max<size_t>(1, kv_specs.size()); ++k) {
       if (k > 0) {  // the next spec's pools (the weights stay; the old pools are freed)
-        KVLayout kv = backend->kv_layout();
-        kv.codecs.clear();
-        if (kv_specs[k] != "bf16") kv.codecs = resolve_kv_cache_spec(kv_specs[k], c.n_layers, c.head_dim);
-        backend->alloc_kv(kv);
+        realloc_kv(*backend, c, kv_specs[k]);
         kv_token_bytes = double(backend->kv_layout().bytes_per_token(backend->kv_dtype()));
         kv_label = " kv " + kv_specs[k];
       }
@@ -338,6 +354,125 @@ int bench_cuda(const Args& a) {
 #endif
 
 
+// CPU --decode-only: decode steps at long contexts without prefilling them. Each sequence's KV for
+// positions 0 .. ctx-1 is written straight through the backend's kv_write (so coded layers go through
+// the codec's encoder) from deterministic random rows (unit Gaussians, one 256-token chunk of rows
+// reused for every chunk and layer), then --decode-tokens steps of one token per sequence are timed
+// (after 2 warm-up steps; the best of --reps runs, each paired with a read-bandwidth pass just before
+// it). Per figure: tok/s, ms/step, the bytes a step reads (weights + KV of the context) and its
+// fraction of the read bandwidth. --kv-sweep runs every figure per KV-cache spec in one process.
+int bench_cpu_decode_only(const Args& a) {
+  const int64_t steps = a.get_int("decode-tokens", 16);
+  const int reps = int(a.get_int("reps", 3));
+  if (steps < 1 || reps < 1) fail("arguments: --decode-tokens and --reps must be >= 1");
+  const std::vector<std::pair<int64_t, int64_t>> runs = parse_decode_runs(a);
+  std::vector<std::string> kv_specs = parse_kv_sweep(a);
+  LoadOptions opt = load_options_from_args(a);
+  int64_t max_ctx = 0, max_batch = 1, blocks = 8;
+  for (auto [B, ctx] : runs)
+    max_ctx = std::max(max_ctx, ctx), max_batch = std::max(max_batch, B), blocks = std::max(blocks, B * ((ctx + steps + 8 + 15) / 16 + 1) + 8);
+  opt.ctx_size = max_ctx + steps + 16;
+  opt.max_step_tokens = max_batch;
+  opt.block_size = 16;
+  opt.kv_blocks = blocks;
+  if (!kv_specs.empty()) opt.kv_cache = kv_specs[0];
+  auto backend = make_backend_from_args(a);
+  auto* cpu_be = dynamic_cast<CpuBackend*>(backend.get());
+  if (!cpu_be) fail("bench: --decode-only needs the cpu or cuda device");
+  auto t0 = Clock::now();
+  Model m(opt, *backend);
+  const double load_s = seconds_since(t0);
+  const ModelConfig& c = m.config();
+  std::printf("build      arbor %s (%s)\n", build_commit(), build_config());
+  std::printf("model      %s\n", c.summary().c_str());
+  std::printf("backend    %s\n", backend->name().c_str());
+  std::printf("weights    %.3f GB (%s), loaded in %.2f s\n", double(m.weight_bytes()) * 1e-9, m.weight_dtypes().c_str(), load_s);
+  std::printf("decode     --decode-only: KV of the context written through kv_write from random rows (no prefill), %lld steps "
+              "timed, best of %d\n",
+              (long long)steps, reps);
+  cpu::ReadBandwidthProbe probe(cpu_be->pool());
+  probe.pass();  // warm-up (page faults)
+  const uint64_t embed_bytes = m.embed_bytes();
+  const double weight_bytes = double(m.weight_bytes() - (c.tie_word_embeddings ? 0 : embed_bytes));
+  const int64_t H = c.n_kv_heads, hd = c.head_dim, row = H * hd, chunk = 256;
+  std::vector<float> rows_k(size_t(chunk * row)), rows_v(rows_k.size());
+  {
+    std::mt19937 rng(7);
+    std::normal_distribution<float> N;
+    for (auto& x : rows_k) x = N(rng);
+    for (auto& x : rows_v) x = N(rng);
+  }
+  std::vector<float> logits;
+  if (kv_specs.empty()) kv_specs.push_back(opt.kv_cache.empty() ? "bf16" : opt.kv_cache);
+  struct Row {
+    std::string what;
+    double tps, ms, mb, frac, paired;
+  };
+  std::vector<Row> table;
+  for (size_t k = 0; k < kv_specs.size(); ++k) {
+    if (k > 0) realloc_kv(*backend, c, kv_specs[k]);
+    const DType plain = backend->kv_dtype();
+    const double kv_token_bytes = double(backend->kv_layout().bytes_per_token(plain));
+    std::printf("kv cache   %s: %s, %.0f bytes per token\n", kv_specs[k].c_str(), backend->kv_layout().codec_summary(plain).c_str(),
+                kv_token_bytes);
+    for (auto [B, ctx] : runs) {
+      BlockPool pool(backend->kv_layout().n_blocks, backend->kv_layout().block_size);
+      std::vector<SequenceKV> seqs(static_cast<size_t>(B));
+      for (auto& sq : seqs)
+        if (!sq.reserve(pool, ctx + steps + 8)) fail("bench: batch {} at context {} needs more KV blocks than the pool has", B, ctx);
+      // The context's KV, every layer, 256 positions of one sequence per kv_write.
+      auto w0 = Clock::now();
+      for (int64_t s = 0; s < B; ++s)
+        for (int64_t p0 = 0; p0 < ctx; p0 += chunk) {
+          const int64_t n = std::min(chunk, ctx - p0);
+          BatchInfo b = make_batch({std::vector<int32_t>(size_t(n), 0)}, {p0}, {&seqs[size_t(s)]}, false);
+          backend->begin_batch(b);
+          for (int64_t l = 0; l < c.n_layers; ++l)
+            backend->kv_write(l, Tensor(rows_k.data(), DType::F32, {n, row}), Tensor(rows_v.data(), DType::F32, {n, row}));
+        }
+      const double fill_s = seconds_since(w0);
+      auto step_batch = [&](int64_t i) {
+        std::vector<std::vector<int32_t>> toks;
+        std::vector<int64_t> start;
+        std::vector<const SequenceKV*> kv;
+        for (int64_t s = 0; s < B; ++s)
+          toks.push_back({int32_t((s * 7919 + i * 104729 + 13) % c.vocab_size)}), start.push_back(ctx + i), kv.push_back(&seqs[size_t(s)]);
+        return make_batch(toks, start, kv, false);
+      };
+      auto forward = [&](const BatchInfo& b) {
+        logits.resize(b.logit_rows.size() * size_t(c.vocab_size));
+        m.forward(b, logits.data());
+      };
+      for (int64_t i = 0; i < 2; ++i) forward(step_batch(i));  // warm-up
+      double best = 1e30, paired = 0;
+      for (int r = 0; r < reps; ++r) {
+        const double bw_now = probe.pass();
+        auto s0 = Clock::now();
+        for (int64_t i = 0; i < steps; ++i) forward(step_batch(i));
+        const double step = seconds_since(s0) / double(steps);
+        best = std::min(best, step);
+        const double bytes = weight_bytes + double(B) * (double(ctx) + double(steps) / 2) * kv_token_bytes;
+        paired = std::max(paired, bytes / step / bw_now);
+      }
+      for (auto& sq : seqs) sq.release(pool);
+      const double bw = probe.best();
+      const double bytes = weight_bytes + double(B) * (double(ctx) + double(steps) / 2) * kv_token_bytes;
+      Row r{fmt::format("b={} ctx={} kv {}", B, ctx, kv_specs[k]), double(B) / best, best * 1e3, bytes * 1e-6, bytes / best / bw, paired};
+      std::printf("  decode %-26s %8.2f tok/s  %8.2f ms/step  %7.1f MB/step (KV %.1f)  %5.1f%% of best read bw %.1f GB/s, %5.1f%% "
+                  "paired  (fill %.1f s)\n",
+                  r.what.c_str(), r.tps, r.ms, r.mb, double(B) * (double(ctx) + double(steps) / 2) * kv_token_bytes * 1e-6, 100.0 * r.frac,
+                  bw * 1e-9, 100.0 * r.paired, fill_s);
+      std::fflush(stdout);
+      table.push_back(r);
+    }
+  }
+  std::printf("\n%-34s %9s %9s %9s %8s %8s\n", "decode", "tok/s", "ms/step", "MB/step", "bw best", "paired");
+  for (const Row& r : table)
+    std::printf("%-34s %9.2f %9.2f %9.1f %7.1f%% %7.1f%%\n", r.what.c_str(), r.tps, r.ms, r.mb, 100.0 * r.frac, 100.0 * r.paired);
+  std::printf("(bytes: weights %.1f MB + the KV of the context at its mid-run length; the plain CPU cache stores f32)\n", weight_bytes * 1e-6);
+  return 0;
+}
+
 int cmd_bench(const std::vector<std::string>& args) {
   auto vf = model_value_flags();
   vf.insert({"prompt-tokens", "decode-tokens", "chunk", "reps", "decode-batch", "decode-ctx", "decode-runs", "kv-sweep", "prefill-only"});
@@ -352,6 +487,8 @@ int cmd_bench(const std::vector<std::string>& args) {
     fail("arguments: --device cuda: this build has no CUDA backend (configure with nvcc available)");
 #endif
   }
+  if (a.has("decode-only")) return bench_cpu_decode_only(a);
+  if (a.has("kv-sweep") || a.has("decode-runs")) fail("arguments: --kv-sweep and --decode-runs need --decode-only on the CPU");
   const int64_t prompt = a.get_int("prompt-tokens", 128);
   const int64_t decode = a.get_int("decode-tokens", 32);
   const int64_t chunk = a.get_int("chunk", 128);
@@ -467,14 +604,16 @@ ARBOR_VERB("bench", "prefill/decode speed vs the measured hardware limit (--conf
            ARBOR_MODEL_FLAGS_HELP
            "  --prompt-tokens N     CPU: prompt length (default 128)\n"
            "  --chunk N             CPU: prompt tokens per forward step (default 128)\n"
-           "  --decode-tokens N     decode steps timed (default 32 on the CPU, 64 on CUDA)\n"
+           "  --decode-tokens N     decode steps timed (default 32 on the CPU, 16 with --decode-only; 64 on CUDA)\n"
            "  --reps N              runs per figure: the best reported on the CPU, the median of CUDA's\n"
            "                        prefill runs (default 3)\n"
-           "  --decode-only         CUDA: one decode figure only (graph replay), e.g. under a profiler\n"
-           "  --decode-batch B      CUDA, with --decode-only: sequences per step (1..64, default 1)\n"
-           "  --decode-ctx N        CUDA, with --decode-only: context length (1..131072, default 512)\n"
-           "  --decode-runs B@N,... CUDA, with --decode-only: several (batch, context) figures, e.g. 1@8192,32@4096\n"
-           "  --kv-sweep A/B/...    CUDA: every decode figure once per --kv-cache spec (e.g. bf16/affine8/k8v3), one process\n"
+           "  --decode-only         decode figures only (CUDA: graph replay; CPU: the context's KV written from random rows\n"
+           "                        through the codecs' encoders instead of a prefill), e.g. under a profiler\n"
+           "  --decode-batch B      with --decode-only: sequences per step (1..64, default 1)\n"
+           "  --decode-ctx N        with --decode-only: context length (1..131072, default 512)\n"
+           "  --decode-runs B@N,... with --decode-only: several (batch, context) figures, e.g. 1@8192,32@4096\n"
+           "  --kv-sweep A/B/...    every decode figure once per --kv-cache spec (e.g. bf16/affine8/k8v3), one process\n"
+           "                        (CPU: with --decode-only)\n"
            "  --prefill-only P,...  CUDA: prefill figures for these prompt lengths only (1..8192 each)\n"
            "  --gemv-only           CUDA: stop after the ceilings and the GEMV table at the model's shapes\n",
            cmd_bench);

@@ -10,6 +10,7 @@
 #include <new>
 
 #include "backend/cpu/attention_blocked.h"
+#include "backend/cpu/attention_coded.h"
 #include "backend/cpu/bandwidth.h"
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/linear.h"
@@ -36,7 +37,7 @@ std::string CpuBackend::name() const {
   return fmt::format("cpu ({} threads, weights {})", pool_.size(), placement_ == WeightPlacement::Copy ? "copied" : "mapped");
 }
 
-void* CpuBackend::own(size_t bytes, bool huge) {
+void* CpuBackend::own(size_t bytes, bool huge, bool kv) {
   auto b = std::make_unique<Block>();
   bytes = std::max<size_t>(bytes, 64);
   if (huge && bytes >= (size_t(2) << 20)) {
@@ -48,7 +49,7 @@ void* CpuBackend::own(size_t bytes, bool huge) {
     if (!b->p) throw std::bad_alloc();
   }
   void* p = b->p;
-  owned_.push_back(std::move(b));
+  (kv ? kv_owned_ : owned_).push_back(std::move(b));
   return p;
 }
 
@@ -235,11 +236,14 @@ void CpuBackend::alloc_kv(const KVLayout& layout) {
   for (int64_t l = 0; l < layout.n_layers; ++l) check_kv_codec(layout.codec(l), layout.head_dim);
   kv_ = layout;
   const size_t rows = size_t(layout.n_blocks * layout.block_size * layout.n_kv_heads);
+  // attention_coded unpacks codes with 8- and 16-byte loads that may reach a few bytes past a row.
+  constexpr size_t kPoolPad = 64;
   k_pools_.clear(), v_pools_.clear();
+  kv_owned_.clear();  // the previous layout's pools (bench --kv-sweep reallocates)
   for (int64_t l = 0; l < layout.n_layers; ++l) {
     const KVCodecPair& c = layout.codec(l);
-    k_pools_.push_back(static_cast<uint8_t*>(own(rows * size_t(c.k.row_bytes(layout.head_dim, sizeof(float))), true)));
-    v_pools_.push_back(static_cast<uint8_t*>(own(rows * size_t(c.v.row_bytes(layout.head_dim, sizeof(float))), true)));
+    k_pools_.push_back(static_cast<uint8_t*>(own(rows * size_t(c.k.row_bytes(layout.head_dim, sizeof(float))) + kPoolPad, true, true)));
+    v_pools_.push_back(static_cast<uint8_t*>(own(rows * size_t(c.v.row_bytes(layout.head_dim, sizeof(float))) + kPoolPad, true, true)));
   }
 }
 
@@ -404,9 +408,10 @@ void CpuBackend::attention(int64_t layer, const Tensor& q, const AttentionParams
   PhaseTimer timer{phase_timing_ ? &phases_.attention_s : nullptr};
   const auto& b = *batch_;
   const int64_t hd = p.head_dim, group = p.n_heads / p.n_kv_heads, bs = kv_.block_size;
-  if (kv_.codec(layer).plain() && cpu::attention_block_applies(hd, group, p.softcap)) {
-    const float* K = reinterpret_cast<const float*>(k_pools_[size_t(layer)]);
-    const float* V = reinterpret_cast<const float*>(v_pools_[size_t(layer)]);
+  const KVCodecPair& codec = kv_.codec(layer);
+  const bool blocked = codec.plain() && cpu::attention_block_applies(hd, group, p.softcap);
+  const bool coded = !codec.plain() && cpu::attention_coded_applies(codec, hd, group);
+  if (blocked || coded) {
     // Runs of up to 16 consecutive tokens of one sequence at consecutive positions (a prefill chunk
     // gives full runs, a decode step runs of one), each with one kv head per work item. Items are
     // dealt from both ends of the run list so a causal prefill's cheap early runs and costly late
@@ -423,23 +428,51 @@ void CpuBackend::attention(int64_t layer, const Tensor& q, const AttentionParams
       runs.push_back({t, 1});
     }
     const int64_t n_runs = int64_t(runs.size());
-    const cpu::AttnBlockArgs args{q.as<float>(), out.as<float>(), K, V, p.n_heads, p.n_kv_heads, hd, bs, p.scale, p.window};
-    pool_.parallel_for(n_runs * p.n_kv_heads, 1, [&](int, int64_t i0, int64_t i1) {
+    const cpu::AttnBlockArgs args{q.as<float>(),
+                                  out.as<float>(),
+                                  reinterpret_cast<const float*>(k_pools_[size_t(layer)]),
+                                  reinterpret_cast<const float*>(v_pools_[size_t(layer)]),
+                                  p.n_heads,
+                                  p.n_kv_heads,
+                                  hd,
+                                  bs,
+                                  p.scale,
+                                  p.window};
+    cpu::AttnCodedArgs cargs{q.as<float>(), out.as<float>(), k_pools_[size_t(layer)], v_pools_[size_t(layer)], codec.k, codec.v};
+    cargs.kb = codec.k.row_bytes(hd, sizeof(float)), cargs.vb = codec.v.row_bytes(hd, sizeof(float));
+    cargs.n_heads = p.n_heads, cargs.n_kv_heads = p.n_kv_heads, cargs.hd = hd, cargs.bs = bs;
+    cargs.scale = p.scale, cargs.softcap = p.softcap, cargs.window = p.window;
+    const size_t need =
+        size_t(blocked ? cpu::attention_block_scratch_floats(hd, group) : cpu::attention_coded_scratch_floats(hd, group)) + 16;
+    // Coded layers: a work item takes a run and a range of kv heads (their rows sit side by side in a
+    // slot, so the range is read as one span per position): as many heads as leave every thread an item.
+    int64_t hc = 1;
+    if (coded) {
+      int64_t max_nt = 1;
+      for (const auto& r : runs) max_nt = std::max(max_nt, r.second);
+      hc = std::min<int64_t>(p.n_kv_heads, cpu::attention_coded_max_heads(max_nt, group));
+      while (hc > 1 && n_runs * ((p.n_kv_heads + hc - 1) / hc) < pool_.size()) hc = (hc + 1) / 2;
+    }
+    const int64_t chunks = (p.n_kv_heads + hc - 1) / hc;
+    pool_.parallel_for(n_runs * chunks, 1, [&](int, int64_t i0, int64_t i1) {
       thread_local std::vector<float> scratch;
-      const size_t need = size_t(cpu::attention_block_scratch_floats(hd, group)) + 16;
       if (scratch.size() < need) scratch.resize(need);
       float* sp = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t(63));
       for (int64_t item = i0; item < i1; ++item) {
-        const int64_t k = item / p.n_kv_heads, g = item % p.n_kv_heads;
+        const int64_t k = item / chunks, g = item % chunks;
         const auto [t0, n] = runs[size_t(k % 2 == 0 ? k / 2 : n_runs - 1 - k / 2)];
         const int32_t s = b.seq[size_t(t0)];
-        cpu::attention_block(args, t0, n, b.pos[size_t(t0)], b.block_tables.data() + int64_t(s) * b.max_blocks, g, sp);
+        const int32_t* table = b.block_tables.data() + int64_t(s) * b.max_blocks;
+        if (blocked)
+          cpu::attention_block(args, t0, n, b.pos[size_t(t0)], table, g, sp);
+        else
+          cpu::attention_coded(cargs, t0, n, b.pos[size_t(t0)], table, g * hc, std::min(p.n_kv_heads, (g + 1) * hc), sp);
       }
     });
     return;
   }
-  // Coded layers, and plain ones the blocked kernel does not take: attention_kv.cpp, one work item per
-  // (token, KV head).
+  // Layers neither blocked kernel takes (no AVX-512, softcap on a plain layer, more than 8 query heads
+  // per kv head): attention_kv.cpp, one work item per (token, KV head).
   attention_kv(layer, q, p, out);
 }
 

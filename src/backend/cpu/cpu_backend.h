@@ -80,12 +80,12 @@ class CpuBackend : public Backend {
 
  private:
   struct Block;  // one owned allocation
-  void* own(size_t bytes, bool huge);
+  void* own(size_t bytes, bool huge, bool kv = false);  // kv: a KV pool, freed by the next alloc_kv
   [[noreturn]] static float fail_value(const Tensor& t);
 
   ThreadPool pool_;
   WeightPlacement placement_;
-  std::vector<std::unique_ptr<Block>> owned_;
+  std::vector<std::unique_ptr<Block>> owned_, kv_owned_;
   KVLayout kv_;
   std::vector<uint8_t*> k_pools_, v_pools_;
   std::vector<int64_t> kv_slots_;  // kv_write's slot per token
