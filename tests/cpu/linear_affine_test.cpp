@@ -478,6 +478,75 @@ TEST(CpuLinearAffine, FastModeDecodeDispatch) {
     }
 }
 
+// linear_affine_multi (q/k/v, gate/up in one pass): where it fuses (the q8 GEMV, one K, bits and group) the
+// same bits as one linear_affine per matrix (the same prepared x and kernel, rows only regrouped over the
+// pool); where it does not (mixed bits, exact mode, T > 8) one call each. Also through CpuBackend::linear_multi.
+TEST(CpuLinearAffine, MultiMatchesOneCallEach) {
+  ThreadPool p1(1), p3(3);
+  const int64_t K = 320;
+  for (int bits : {2, 4, 8})
+    for (int G : {32, 64})
+      for (int64_t T : {1, 2, 5, 8, 9})
+        for (cpu::GemmMode mode : {cpu::GemmMode::Bf16, cpu::GemmMode::Exact})
+          for (bool mixed : {false, true}) {
+            SCOPED_TRACE(::testing::Message() << bits << "-bit g" << G << " T " << T << " bf16 mode " << (mode == cpu::GemmMode::Bf16)
+                                              << " mixed " << mixed);
+            const int64_t Ns[3] = {67, 13, 13};
+            std::vector<AffineCase> cs;
+            for (int i = 0; i < 3; ++i) cs.push_back(make_case(Ns[i], K, mixed && i == 2 ? 6 : bits, G, uint32_t(900 + 10 * bits + i)));
+            const std::vector<float> x = activations(T, K, uint32_t(T)), bias = random_floats(size_t(Ns[0]), 3);
+            std::vector<std::vector<float>> y(3), ref(3);
+            cpu::AffineOut outs[3];
+            cpu::AffineMatrix ws[3];
+            for (int i = 0; i < 3; ++i) {
+              y[size_t(i)].assign(size_t(T * Ns[i]), NAN), ref[size_t(i)].assign(size_t(T * Ns[i]), NAN);
+              ws[i] = matrix_16(cs[size_t(i)]);
+              outs[i] = {ws[i], i == 0 ? bias.data() : nullptr, y[size_t(i)].data()};
+            }
+            const bool fuses = mode == cpu::GemmMode::Bf16 && T <= cpu::kLinearGemvMaxT && !mixed && cpu::linear_affine_q8_applies(bits);
+            EXPECT_EQ(cpu::linear_affine_multi_fuses(ws, 3, T, mode), fuses);
+            for (ThreadPool* pool : {&p1, &p3}) {
+              cpu::linear_affine_multi(*pool, x.data(), T, outs, 3, mode);
+              for (int i = 0; i < 3; ++i) {
+                cpu::linear_affine(*pool, x.data(), T, ws[i], outs[i].bias, ref[size_t(i)].data(), mode);
+                for (size_t j = 0; j < ref[size_t(i)].size(); ++j)
+                  ASSERT_EQ(y[size_t(i)][j], ref[size_t(i)][j]) << "matrix " << i << " output " << j << " threads " << pool->size();
+              }
+            }
+          }
+
+  // The backend: q/k/v-shaped affine linears through linear_multi in bf16 mode, against linear() each.
+  CpuBackend be(2, WeightPlacement::Copy);
+  be.set_gemm_mode(cpu::GemmMode::Bf16);
+  const int64_t Ns[3] = {96, 32, 32};
+  std::vector<AffineCase> cs;
+  std::vector<Linear> ls;
+  for (int i = 0; i < 3; ++i) {
+    cs.push_back(make_case(Ns[i], K, 4, 64, uint32_t(70 + i)));
+    Linear h;
+    h.format = WeightFormat::Affine, h.n_rows = Ns[i], h.n_cols = K, h.bits = 4, h.group_size = 64;
+    h.data = Tensor(const_cast<uint32_t*>(cs.back().packed.data()), DType::U32, {Ns[i], K / 8});
+    h.scales = Tensor(const_cast<uint16_t*>(cs.back().scales16.data()), DType::BF16, {Ns[i], K / 64});
+    h.biases = Tensor(const_cast<uint16_t*>(cs.back().biases16.data()), DType::BF16, {Ns[i], K / 64});
+    ls.push_back(be.load_linear(h));
+  }
+  for (int64_t T : {1, 8}) {
+    const std::vector<float> x = activations(T, K, 12);
+    const Tensor xt(const_cast<float*>(x.data()), DType::F32, {T, K});
+    std::vector<std::vector<float>> y(3), ref(3);
+    Backend::LinearOut outs[3];
+    for (int i = 0; i < 3; ++i) {
+      y[size_t(i)].assign(size_t(T * Ns[i]), NAN), ref[size_t(i)].assign(size_t(T * Ns[i]), NAN);
+      outs[i] = {&ls[size_t(i)], Tensor(y[size_t(i)].data(), DType::F32, {T, Ns[i]})};
+    }
+    be.linear_multi(xt, outs, 3);
+    for (int i = 0; i < 3; ++i) {
+      be.linear(xt, ls[size_t(i)], Tensor(ref[size_t(i)].data(), DType::F32, {T, Ns[i]}));
+      for (size_t j = 0; j < ref[size_t(i)].size(); ++j) ASSERT_EQ(y[size_t(i)][j], ref[size_t(i)][j]) << "backend, T " << T << " matrix " << i;
+    }
+  }
+}
+
 TEST(CpuLinearAffine, KernelsRejectBadArguments) {
   ThreadPool pool(1);
   const AffineCase c = make_case(4, 64, 4, 32, 1);

@@ -14,8 +14,8 @@
 // |code·q| ≤ 255·127, far inside s32.
 // The last span of a row that its codes do not fill is read with a masked load (nothing past the row is
 // touched); x is zero-padded there and its d is 0.
-// GCC 12's AVX-512 intrinsics pass _mm512_undefined_*() as the merge source of unmasked forms, which it then
-// reports as used uninitialized at -O3 (a false positive).
+// GCC 12's AVX-512 intrinsics trip -Wuninitialized when inlined (GCC bug 105593); the pragmas must precede
+// the header, where the warning is located.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
@@ -41,12 +41,6 @@ constexpr int64_t kPrefetchBytes = 4096;
 
 template <int B>
 constexpr int64_t span_codes() { return 512 / B; }
-
-ARBOR_VNNI_INLINE float scale_at(const void* p, DType t, int64_t i) {
-  if (t == DType::BF16) return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-  if (t == DType::F16) return _cvtsh_ss(static_cast<const uint16_t*>(p)[i]);
-  return static_cast<const float*>(p)[i];
-}
 
 // ---- x: quantization ---------------------------------------------------------------------------------
 // One 32-column block: d = max|x| / 127 and q = round-to-nearest-even(x · (127 / max|x|)) (0 and d = 0 for an
@@ -95,26 +89,24 @@ ARBOR_VNNI void prepare_bits(const float* xr, int64_t K, int64_t G, int64_t c0, 
 }
 
 // ---- GEMV --------------------------------------------------------------------------------------------
-// n scales or biases from `t` to f32 (16 at a time, then one by one).
+// n scales from `t` to f32: 16 at a time, the rest under a mask.
 ARBOR_VNNI_INLINE void to_f32(const void* p, DType t, int64_t n, float* out) {
-  int64_t i = 0;
-  if (t == DType::BF16) {
-    const auto* h = static_cast<const uint16_t*>(p);
-    for (; i + 16 <= n; i += 16)
-      _mm512_storeu_ps(out + i, _mm512_castsi512_ps(_mm512_slli_epi32(
-                                    _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i))), 16)));
-  } else if (t == DType::F16) {
-    const auto* h = static_cast<const uint16_t*>(p);
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i))));
-  } else {
-    std::memcpy(out, p, size_t(n) * sizeof(float));
-    return;
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
+    __m512 v;
+    if (t == DType::BF16)
+      v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i)), 16));
+    else if (t == DType::F16)
+      v = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i));
+    else
+      v = _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i);
+    _mm512_mask_storeu_ps(out + i, m, v);
   }
-  for (; i < n; ++i) out[i] = scale_at(p, t, i);
 }
 
-// Σ_g b_g·sx_g over n groups, b in `t`: 16 at a time, the rest under a mask.
-ARBOR_VNNI_INLINE float bias_dot(const void* p, DType t, const float* sx, int64_t n) {
+// Σ_g b_g·sx_g over n groups, b in `t`: 16 at a time, the rest under a mask; left in 16 lanes (added to the
+// row's total before its one horizontal sum).
+ARBOR_VNNI_INLINE __m512 bias_dot(const void* p, DType t, const float* sx, int64_t n) {
   __m512 acc = _mm512_setzero_ps();
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
@@ -127,7 +119,7 @@ ARBOR_VNNI_INLINE float bias_dot(const void* p, DType t, const float* sx, int64_
       b = _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i);
     acc = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(m, sx + i), acc);
   }
-  return _mm512_reduce_add_ps(acc);
+  return acc;
 }
 
 // The s32 lane sums of one decoded span (codes as loaded, raw) against x registers xr.
@@ -189,10 +181,9 @@ ARBOR_VNNI_INLINE void span_step(const SpanCtx& x, int64_t sp, const __m512i (&v
 // independent accumulators per row and token row when TT is small (the FMA's latency would otherwise bound
 // one span); y = Σ total + Σ_g b_g·Σx_g (+ bias).
 template <int B, int TT, int R, bool WIDE>
-ARBOR_VNNI void row_block(const Q8Args& a, int64_t n, float* const (&sb)[R]) {
-  constexpr int64_t S = span_codes<B>();
+ARBOR_VNNI void row_block(const Q8Args& a, const SpanCtx& ctx, int64_t n, float* const (&sb)[R]) {
   constexpr int AC = TT == 1 ? 2 : 1;
-  const int64_t K = a.K, G = a.G, groups = K / G, row_bytes = K * B / 8, spans = (K + S - 1) / S;
+  const int64_t K = a.K, G = a.G, groups = K / G, row_bytes = K * B / 8;
   const int64_t full = row_bytes / kSpanBytes, rem = row_bytes % kSpanBytes;
   const size_t ssize = dtype_size(a.sdtype);
   const uint8_t* row[R];
@@ -210,12 +201,6 @@ ARBOR_VNNI void row_block(const Q8Args& a, int64_t n, float* const (&sb)[R]) {
     for (int t = 0; t < TT; ++t)
 #pragma GCC unroll 2
       for (int c = 0; c < AC; ++c) total[r][t][c] = _mm512_setzero_ps();
-  int lane_group[16];
-  if constexpr (!WIDE)
-    for (int l = 0; l < 16; ++l) lane_group[l] = int(l * S / 16 / G);
-  const SpanCtx ctx{static_cast<const int8_t*>(a.xq), a.xd,
-                    WIDE ? __builtin_ctzll(uint64_t(G / S)) : __builtin_ctzll(uint64_t(S / G)), spans * S, spans,
-                    WIDE ? _mm512_setzero_si512() : _mm512_loadu_si512(lane_group)};
   int64_t sp = 0;
   for (; sp + AC <= full; sp += AC) {
 #pragma GCC unroll 2
@@ -248,10 +233,10 @@ ARBOR_VNNI void row_block(const Q8Args& a, int64_t n, float* const (&sb)[R]) {
     const void* biases = static_cast<const uint8_t*>(a.biases) + (n + r) * groups * ssize;
 #pragma GCC unroll 8
     for (int t = 0; t < TT; ++t) {
-      __m512 sum = total[r][t][0];
+      __m512 sum = bias_dot(biases, a.sdtype, a.sx + t * groups, groups);
 #pragma GCC unroll 2
-      for (int c = 1; c < AC; ++c) sum = _mm512_add_ps(sum, total[r][t][c]);
-      const float v = _mm512_reduce_add_ps(sum) + bias_dot(biases, a.sdtype, a.sx + t * groups, groups);
+      for (int c = 0; c < AC; ++c) sum = _mm512_add_ps(sum, total[r][t][c]);
+      const float v = _mm512_reduce_add_ps(sum);
       a.y[t * a.N + n + r] = a.bias ? v + a.bias[n + r] : v;
     }
   }
@@ -272,12 +257,20 @@ ARBOR_VNNI void rows(const Q8Args& a, int64_t n0, int64_t n1) {
   }
   std::memset(sb[0] + groups, 0, 8 * sizeof(float));
   std::memset(sb[1] + groups, 0, 8 * sizeof(float));
+  constexpr int64_t S = span_codes<B>();
+  const int64_t spans = (a.K + S - 1) / S;
+  alignas(64) int lane_group[16] = {};
+  if constexpr (!WIDE)
+    for (int l = 0; l < 16; ++l) lane_group[l] = int(l * S / 16 / a.G);
+  const SpanCtx ctx{static_cast<const int8_t*>(a.xq), a.xd,
+                    WIDE ? __builtin_ctzll(uint64_t(a.G / S)) : __builtin_ctzll(uint64_t(S / a.G)), spans * S, spans,
+                    _mm512_load_si512(lane_group)};
   constexpr bool kPairs = TT <= (B == 2 ? 4 : 6);
   int64_t n = n0;
   if constexpr (kPairs) {
-    for (; n + 2 <= n1; n += 2) row_block<B, TT, 2, WIDE>(a, n, {sb[0], sb[1]});
+    for (; n + 2 <= n1; n += 2) row_block<B, TT, 2, WIDE>(a, ctx, n, {sb[0], sb[1]});
   }
-  for (; n < n1; ++n) row_block<B, TT, 1, WIDE>(a, n, {sb[0]});
+  for (; n < n1; ++n) row_block<B, TT, 1, WIDE>(a, ctx, n, {sb[0]});
 }
 
 template <int B, bool WIDE>
