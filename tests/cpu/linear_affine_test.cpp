@@ -370,8 +370,8 @@ Q8Bounds q8_bounds(const AffineCase& c, const std::vector<float>& x, int64_t T, 
 // (dequantize-then-matmul in double): within x's int8 rounding bound, plus kAffineTol of the magnitude.
 // Every bits × group × scale dtype the kernel takes, odd N, K of 1, 3 and 5 groups, a long K and one of 1025
 // groups (the kernel's per-row scale buffer then leaves the stack), T 1..8 (1, 3, 8 for the long rows; rows in
-// pairs up to T 4 (AVX2) or 4/6 (VNNI 2 bits/4 and 8 bits), one at a time above; the last span of a row short
-// of the kernel's span: K of 1, 3, 5 groups), with and without bias, one pool thread and three; every ISA
+// pairs up to T 4 (AVX2; VNNI: one row at a time), one at a time above; the last span of a row short of
+// the kernel's span: K of 1, 3, 5 groups), with and without bias, one pool thread and three; every ISA
 // level (on an AVX512_VNNI CPU the AVX-512 levels run the VNNI kernel, AVX2 the AVX2 one).
 TEST(CpuLinearAffine, Q8GemvMatchesItsReferenceAndTheExactProductWithinInt8Rounding) {
   std::vector<cpu::LinearIsa> isas;
