@@ -318,7 +318,8 @@ TEST(CpuLinearAffine, Bf16GemmMatchesRoundedReference) {
   EXPECT_EQ(cpu::linear_affine_kernel_name(cpu::LinearIsa::Avx512Bf16, 9, cpu::GemmMode::Bf16), "avx512bf16-affine-gemm-bf16");
   EXPECT_EQ(cpu::linear_affine_kernel_name(cpu::LinearIsa::Avx512Bf16, 9, cpu::GemmMode::Exact), "avx512-affine-gemm");
   EXPECT_EQ(cpu::linear_affine_kernel_name(cpu::LinearIsa::Avx512Bf16, 8, cpu::GemmMode::Bf16), "avx512-affine-gemv");
-  EXPECT_EQ(cpu::linear_affine_kernel_name(cpu::LinearIsa::Avx512Bf16, 8, cpu::GemmMode::Bf16, 4), "avx2-affine-gemv-q8");
+  EXPECT_EQ(cpu::linear_affine_kernel_name(cpu::LinearIsa::Avx512Bf16, 8, cpu::GemmMode::Bf16, 4),
+            cpu::cpu_features().avx512_vnni ? "avx512vnni-affine-gemv-q8" : "avx2-affine-gemv-q8");
 }
 
 // ---- The int8-activation GEMV of the fast mode (GemmMode::Bf16, T <= 8, 2/4/8 bits) -------------------
@@ -368,8 +369,10 @@ Q8Bounds q8_bounds(const AffineCase& c, const std::vector<float>& x, int64_t T, 
 // f32 rounding and summation order differ, within kAffineTol of the magnitude. Both against the exact product
 // (dequantize-then-matmul in double): within x's int8 rounding bound, plus kAffineTol of the magnitude.
 // Every bits × group × scale dtype the kernel takes, odd N, K of 1, 3 and 5 groups, a long K and one of 1025
-// groups (the kernel's per-row scale buffer then leaves the stack), T 1, 2, 3, 8 (rows in pairs up to T 4, one
-// at a time above, the matrix's last row alone), with and without bias, one pool thread and three.
+// groups (the kernel's per-row scale buffer then leaves the stack), T 1..8 (1, 3, 8 for the long rows; rows in
+// pairs up to T 4 (AVX2; VNNI: one row at a time), one at a time above; the last span of a row short of
+// the kernel's span: K of 1, 3, 5 groups), with and without bias, one pool thread and three; every ISA
+// level (on an AVX512_VNNI CPU the AVX-512 levels run the VNNI kernel, AVX2 the AVX2 one).
 TEST(CpuLinearAffine, Q8GemvMatchesItsReferenceAndTheExactProductWithinInt8Rounding) {
   std::vector<cpu::LinearIsa> isas;
   for (cpu::LinearIsa isa : cpu::linear_isas_supported())
@@ -388,7 +391,8 @@ TEST(CpuLinearAffine, Q8GemvMatchesItsReferenceAndTheExactProductWithinInt8Round
             if ((groups < 0 && N > 67) || (groups > 5 && N != 7)) continue;
             const AffineCase c = make_case(N, K, bits, G, seed++, dt == DType::F16 ? DType::F16 : DType::BF16);
             const cpu::AffineMatrix w = dt == DType::F32 ? matrix_f32(c) : matrix_16(c);
-            for (int64_t T : {1, 2, 3, 8}) {
+            for (int64_t T = 1; T <= 8; ++T) {
+              if ((groups < 0 || groups > 5) && T != 1 && T != 3 && T != 8) continue;  // long rows: fewer T
               const bool with_bias = (cases++ % 2) == 0;
               const std::vector<float> x = activations(T, K, seed++), bias = random_floats(size_t(N), seed++);
               const float* b = with_bias ? bias.data() : nullptr;
@@ -403,7 +407,9 @@ TEST(CpuLinearAffine, Q8GemvMatchesItsReferenceAndTheExactProductWithinInt8Round
                   SCOPED_TRACE(::testing::Message() << cpu::linear_affine_kernel_name(isa, T, cpu::GemmMode::Bf16, bits) << " " << bits
                                                     << "-bit g" << G << " " << dtype_name(dt) << " T " << T << " N " << N << " K " << K
                                                     << " bias " << with_bias << " threads " << pool->size());
-                  ASSERT_EQ(cpu::linear_affine_kernel_name(isa, T, cpu::GemmMode::Bf16, bits), "avx2-affine-gemv-q8");
+                  const bool vnni = isa != cpu::LinearIsa::Avx2 && cpu::cpu_features().avx512_vnni;
+                  ASSERT_EQ(cpu::linear_affine_kernel_name(isa, T, cpu::GemmMode::Bf16, bits),
+                            vnni ? "avx512vnni-affine-gemv-q8" : "avx2-affine-gemv-q8");
                   std::vector<float> y(size_t(T * N), NAN);
                   cpu::linear_affine_with_isa(isa, *pool, x.data(), T, w, b, y.data(), cpu::GemmMode::Bf16);
                   for (size_t i = 0; i < y.size(); ++i) {
@@ -439,9 +445,10 @@ TEST(CpuLinearAffine, FastModeDecodeDispatch) {
   }
   if (!cpu::cpu_features().avx2) GTEST_SKIP() << "no AVX2: the fast mode runs the exact kernels";
   for (int bits : {2, 4, 8}) EXPECT_TRUE(cpu::linear_affine_q8_applies(bits));
-  EXPECT_EQ(cpu::linear_affine_kernel_name(8, cpu::GemmMode::Bf16, 4), "avx2-affine-gemv-q8");
-  EXPECT_NE(cpu::linear_affine_kernel_name(9, cpu::GemmMode::Bf16, 4), "avx2-affine-gemv-q8");
-  EXPECT_NE(cpu::linear_affine_kernel_name(1, cpu::GemmMode::Exact, 4), "avx2-affine-gemv-q8");
+  const std::string q8 = cpu::cpu_features().avx512_vnni ? "avx512vnni-affine-gemv-q8" : "avx2-affine-gemv-q8";
+  EXPECT_EQ(cpu::linear_affine_kernel_name(8, cpu::GemmMode::Bf16, 4), q8);
+  EXPECT_NE(cpu::linear_affine_kernel_name(9, cpu::GemmMode::Bf16, 4), q8);
+  EXPECT_NE(cpu::linear_affine_kernel_name(1, cpu::GemmMode::Exact, 4), q8);
 
   CpuBackend be(2, WeightPlacement::Copy);
   be.set_gemm_mode(cpu::GemmMode::Bf16);
@@ -469,6 +476,75 @@ TEST(CpuLinearAffine, FastModeDecodeDispatch) {
       const Q8Bounds e = q8_bounds(c, x, T, nullptr);
       for (size_t i = 0; i < y.size(); ++i) ASSERT_LE(std::fabs(double(y[i]) - ref[i]), kAffineTol * e.mag[i]) << "q8 " << q8 << " output " << i;
     }
+}
+
+// linear_affine_multi (q/k/v, gate/up in one pass): where it fuses (the q8 GEMV, one K, bits and group) the
+// same bits as one linear_affine per matrix (the same prepared x and kernel, rows only regrouped over the
+// pool); where it does not (mixed bits, exact mode, T > 8) one call each. Also through CpuBackend::linear_multi.
+TEST(CpuLinearAffine, MultiMatchesOneCallEach) {
+  ThreadPool p1(1), p3(3);
+  const int64_t K = 320;
+  for (int bits : {2, 4, 8})
+    for (int G : {32, 64})
+      for (int64_t T : {1, 2, 5, 8, 9})
+        for (cpu::GemmMode mode : {cpu::GemmMode::Bf16, cpu::GemmMode::Exact})
+          for (bool mixed : {false, true}) {
+            SCOPED_TRACE(::testing::Message() << bits << "-bit g" << G << " T " << T << " bf16 mode " << (mode == cpu::GemmMode::Bf16)
+                                              << " mixed " << mixed);
+            const int64_t Ns[3] = {67, 13, 13};
+            std::vector<AffineCase> cs;
+            for (int i = 0; i < 3; ++i) cs.push_back(make_case(Ns[i], K, mixed && i == 2 ? 6 : bits, G, uint32_t(900 + 10 * bits + i)));
+            const std::vector<float> x = activations(T, K, uint32_t(T)), bias = random_floats(size_t(Ns[0]), 3);
+            std::vector<std::vector<float>> y(3), ref(3);
+            cpu::AffineOut outs[3];
+            cpu::AffineMatrix ws[3];
+            for (int i = 0; i < 3; ++i) {
+              y[size_t(i)].assign(size_t(T * Ns[i]), NAN), ref[size_t(i)].assign(size_t(T * Ns[i]), NAN);
+              ws[i] = matrix_16(cs[size_t(i)]);
+              outs[i] = {ws[i], i == 0 ? bias.data() : nullptr, y[size_t(i)].data()};
+            }
+            const bool fuses = mode == cpu::GemmMode::Bf16 && T <= cpu::kLinearGemvMaxT && !mixed && cpu::linear_affine_q8_applies(bits);
+            EXPECT_EQ(cpu::linear_affine_multi_fuses(ws, 3, T, mode), fuses);
+            for (ThreadPool* pool : {&p1, &p3}) {
+              cpu::linear_affine_multi(*pool, x.data(), T, outs, 3, mode);
+              for (int i = 0; i < 3; ++i) {
+                cpu::linear_affine(*pool, x.data(), T, ws[i], outs[i].bias, ref[size_t(i)].data(), mode);
+                for (size_t j = 0; j < ref[size_t(i)].size(); ++j)
+                  ASSERT_EQ(y[size_t(i)][j], ref[size_t(i)][j]) << "matrix " << i << " output " << j << " threads " << pool->size();
+              }
+            }
+          }
+
+  // The backend: q/k/v-shaped affine linears through linear_multi in bf16 mode, against linear() each.
+  CpuBackend be(2, WeightPlacement::Copy);
+  be.set_gemm_mode(cpu::GemmMode::Bf16);
+  const int64_t Ns[3] = {96, 32, 32};
+  std::vector<AffineCase> cs;
+  std::vector<Linear> ls;
+  for (int i = 0; i < 3; ++i) {
+    cs.push_back(make_case(Ns[i], K, 4, 64, uint32_t(70 + i)));
+    Linear h;
+    h.format = WeightFormat::Affine, h.n_rows = Ns[i], h.n_cols = K, h.bits = 4, h.group_size = 64;
+    h.data = Tensor(const_cast<uint32_t*>(cs.back().packed.data()), DType::U32, {Ns[i], K / 8});
+    h.scales = Tensor(const_cast<uint16_t*>(cs.back().scales16.data()), DType::BF16, {Ns[i], K / 64});
+    h.biases = Tensor(const_cast<uint16_t*>(cs.back().biases16.data()), DType::BF16, {Ns[i], K / 64});
+    ls.push_back(be.load_linear(h));
+  }
+  for (int64_t T : {1, 8}) {
+    const std::vector<float> x = activations(T, K, 12);
+    const Tensor xt(const_cast<float*>(x.data()), DType::F32, {T, K});
+    std::vector<std::vector<float>> y(3), ref(3);
+    Backend::LinearOut outs[3];
+    for (int i = 0; i < 3; ++i) {
+      y[size_t(i)].assign(size_t(T * Ns[i]), NAN), ref[size_t(i)].assign(size_t(T * Ns[i]), NAN);
+      outs[i] = {&ls[size_t(i)], Tensor(y[size_t(i)].data(), DType::F32, {T, Ns[i]})};
+    }
+    be.linear_multi(xt, outs, 3);
+    for (int i = 0; i < 3; ++i) {
+      be.linear(xt, ls[size_t(i)], Tensor(ref[size_t(i)].data(), DType::F32, {T, Ns[i]}));
+      for (size_t j = 0; j < ref[size_t(i)].size(); ++j) ASSERT_EQ(y[size_t(i)][j], ref[size_t(i)][j]) << "backend, T " << T << " matrix " << i;
+    }
+  }
 }
 
 TEST(CpuLinearAffine, KernelsRejectBadArguments) {

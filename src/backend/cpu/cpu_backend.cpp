@@ -344,6 +344,27 @@ void CpuBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
   pick_linear(l, x.rows(), gemm_mode_)(pool_, x, l, y);
 }
 
+void CpuBackend::linear_multi(const Tensor& x, const LinearOut* outs, int n) {
+  // Affine decode rows in the fast mode (q/k/v, gate/up of one K, bits and group): x quantized once and one
+  // pass over the rows of all the matrices (cpu::linear_affine_multi); anything else one linear() each.
+  bool fuse = n >= 2 && n <= 8 && gemm_mode_ == cpu::GemmMode::Bf16;
+  cpu::AffineOut ao[8];
+  cpu::AffineMatrix ws[8];
+  for (int i = 0; fuse && i < n; ++i) {
+    const Linear& l = *outs[i].l;
+    fuse = l.format == WeightFormat::Affine && variant_supported(l) && x.cols() == l.cols();
+    if (fuse) {
+      ws[i] = affine_matrix(l);
+      ao[i] = {ws[i], l.bias.empty() ? nullptr : l.bias.as<float>(), outs[i].y.as<float>()};
+    }
+  }
+  if (!fuse || !cpu::linear_affine_multi_fuses(ws, n, x.rows(), gemm_mode_)) return Backend::linear_multi(x, outs, n);
+  PhaseTimer timer{phase_timing_ ? &phases_.linear_s : nullptr};
+  for (int i = 0; i < n; ++i)
+    if (phase_timing_) phases_.linear_flops += 2.0 * double(x.rows()) * double(ws[i].K) * double(ws[i].N);
+  cpu::linear_affine_multi(pool_, x.as<float>(), x.rows(), ao, n, gemm_mode_);
+}
+
 void CpuBackend::rope(Tensor x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const Tensor& cos, const Tensor& sin) {
   const int64_t half = rot_dim / 2, n_pos = cos.shape[0];
   const auto& pos = batch_->rope_rows.empty() ? batch_->pos : batch_->rope_rows;

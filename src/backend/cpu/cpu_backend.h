@@ -48,6 +48,8 @@ class CpuBackend : public Backend {
   void norm(NormOp op, const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor out) override;
   void head_norm(NormOp op, Tensor x, int64_t head_dim, const Tensor& w, float eps) override;
   void linear(const Tensor& x, const Linear& l, Tensor y) override;
+  // Affine q/k/v or gate/up decode rows in --cpu-gemm bf16 mode: one pass (cpu::linear_affine_multi).
+  void linear_multi(const Tensor& x, const LinearOut* outs, int n) override;
   void rope(Tensor x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const Tensor& cos, const Tensor& sin) override;
   void kv_write(int64_t layer, const Tensor& k, const Tensor& v) override;
   void attention(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out) override;

@@ -165,6 +165,11 @@ bool bf16_gemm(LinearIsa isa, int64_t T, GemmMode mode) {
 bool q8_gemv(LinearIsa isa, int64_t T, GemmMode mode, int bits) {
   return mode == GemmMode::Bf16 && T <= kLinearGemvMaxT && linear_affine_q8_applies(isa, bits);
 }
+// The q8 GEMV's VNNI form: on the AVX-512 levels of a CPU with AVX512_VNNI (cpu_features honours
+// ARBOR_CPU_MAX_ISA, so avx512 or below turns it off); the AVX2 form otherwise.
+bool q8_vnni(LinearIsa isa) {
+  return (isa == LinearIsa::Avx512 || isa == LinearIsa::Avx512Bf16) && cpu_features().avx512_vnni;
+}
 }  // namespace
 
 bool linear_affine_q8_applies(LinearIsa isa, int bits) {
@@ -176,13 +181,78 @@ bool linear_affine_q8_applies(int bits) { return linear_affine_q8_applies(linear
 std::string linear_affine_kernel_name(LinearIsa isa, int64_t T, GemmMode mode, int bits) {
   if (isa == LinearIsa::Scalar) return "scalar-affine-reference";
   if (bf16_gemm(isa, T, mode)) return "avx512bf16-affine-gemm-bf16";
-  if (q8_gemv(isa, T, mode, bits)) return "avx2-affine-gemv-q8";  // the AVX2 code on every level above too
+  if (q8_gemv(isa, T, mode, bits)) return q8_vnni(isa) ? "avx512vnni-affine-gemv-q8" : "avx2-affine-gemv-q8";
   if (isa == LinearIsa::Avx512Bf16) isa = LinearIsa::Avx512;  // the exact paths use no bf16 instructions
   return fmt::format("{}-affine-{}", linear_isa_name(isa), T <= kLinearGemvMaxT ? "gemv" : "gemm");
 }
 
 std::string linear_affine_kernel_name(int64_t T, GemmMode mode, int bits) {
   return linear_affine_kernel_name(linear_isas_supported().back(), T, mode, bits);
+}
+
+namespace {
+// The q8 GEMV over n matrices of one K, bits and group size, all reading x: x quantized per 32 columns into
+// the decode order, per span the lanes' d, Σx per group, once on the caller's scratch in chunks of kPrepCols
+// columns of one token row; then the rows of all the matrices, end to end, over the pool in one pass.
+void q8_run(LinearIsa isa, ThreadPool& pool, const float* x, int64_t T, const AffineOut* outs, int n) {
+  const AffineMatrix& w = outs[0].w;
+  const bool vnni = q8_vnni(isa);
+  const int64_t K = w.K, G = w.group_size, groups = K / G;
+  const int64_t S = vnni ? affine_detail::q8_span_codes_avx512(w.bits) : affine_detail::q8_span_codes(w.bits);
+  const int64_t lanes = vnni ? 16 : 8, spans = (K + S - 1) / S, Kp = spans * S, xb = !vnni && w.bits == 8 ? 2 : 1;
+  auto* xq = reinterpret_cast<uint8_t*>(thread_scratch<3>(size_t((T * Kp * xb + 3) / 4)));
+  float* xd = thread_scratch<4>(size_t(T * spans * lanes));
+  float* sx = thread_scratch<1>(size_t(T * groups));
+  auto prep = vnni ? affine_detail::q8_prepare_avx512 : affine_detail::q8_prepare_avx2;
+  const int64_t chunks = (K + kPrepCols - 1) / kPrepCols;
+  pool.parallel_for(T * chunks, 1, [&](int, int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = i / chunks, c0 = (i % chunks) * kPrepCols, c1 = std::min(K, c0 + kPrepCols);
+      prep(x + t * K, K, G, w.bits, c0, c1, xq + t * Kp * xb, xd + t * spans * lanes, sx + t * groups);
+    }
+  });
+  constexpr int kMaxOuts = 8;
+  ARBOR_CHECK(n >= 1 && n <= kMaxOuts, "linear_affine_multi: {} matrices (1..{})", n, kMaxOuts);
+  affine_detail::Q8Args a[kMaxOuts];
+  int64_t first[kMaxOuts + 1] = {0};  // matrix i's rows are [first[i], first[i+1]) of the pass
+  for (int i = 0; i < n; ++i) {
+    const AffineMatrix& m = outs[i].w;
+    a[i] = affine_detail::Q8Args{xq, xd, sx, T, K, m.N, reinterpret_cast<const uint8_t*>(m.packed), m.scales, m.biases, m.sdtype,
+                                 m.bits, int(G), outs[i].bias, outs[i].y};
+    first[i + 1] = first[i] + m.N;
+  }
+  auto gemv = vnni ? affine_detail::q8_gemv_avx512vnni : affine_detail::q8_gemv_avx2;
+  pool.parallel_for(first[n], kGemvGrain, [&](int, int64_t r0, int64_t r1) {
+    for (int i = 0; i < n; ++i) {
+      const int64_t lo = std::max(r0, first[i]), hi = std::min(r1, first[i + 1]);
+      if (lo < hi) gemv(a[i], lo - first[i], hi - first[i]);
+    }
+  });
+}
+}  // namespace
+
+bool linear_affine_multi_fuses(const AffineMatrix* ws, int n, int64_t T, GemmMode mode) {
+  static const LinearIsa best = linear_isas_supported().back();
+  if (n < 1 || n > 8 || !q8_gemv(best, T, mode, ws[0].bits)) return false;
+  for (int i = 1; i < n; ++i)
+    if (ws[i].K != ws[0].K || ws[i].bits != ws[0].bits || ws[i].group_size != ws[0].group_size) return false;
+  return true;
+}
+
+void linear_affine_multi(ThreadPool& pool, const float* x, int64_t T, const AffineOut* outs, int n, GemmMode mode) {
+  static const LinearIsa best = linear_isas_supported().back();
+  ARBOR_CHECK(n >= 1 && n <= 8, "linear_affine_multi: {} matrices (1..8)", n);
+  AffineMatrix ws[8];
+  for (int i = 0; i < n; ++i) {
+    check_args("linear_affine_multi", x, T, outs[i].w, outs[i].y);
+    ws[i] = outs[i].w;
+  }
+  if (T == 0) return;
+  if (!linear_affine_multi_fuses(ws, n, T, mode)) {
+    for (int i = 0; i < n; ++i) linear_affine_with_isa(best, pool, x, T, outs[i].w, outs[i].bias, outs[i].y, mode);
+    return;
+  }
+  q8_run(best, pool, x, T, outs, n);
 }
 
 void linear_affine_with_isa(LinearIsa isa, ThreadPool& pool, const float* x, int64_t T, const AffineMatrix& w, const float* bias,
@@ -199,24 +269,8 @@ void linear_affine_with_isa(LinearIsa isa, ThreadPool& pool, const float* x, int
     return gemm_bf16_panels(pool, x, T, w.K, w.N, bias, y, affine_detail::pack_panel_bf16_avx512bf16, &a);
   }
   if (q8_gemv(isa, T, mode, w.bits)) {
-    // x quantized per 32 columns into the decode order, per span the lanes' d, Σx per group: once per call on
-    // the caller's scratch, in chunks of kPrepCols columns of one token row; then rows of W over the pool.
-    const int64_t K = w.K, G = w.group_size, groups = K / G, S = affine_detail::q8_span_codes(w.bits);
-    const int64_t spans = (K + S - 1) / S, Kp = spans * S, xb = w.bits == 8 ? 2 : 1;
-    auto* xq = reinterpret_cast<uint8_t*>(thread_scratch<3>(size_t((T * Kp * xb + 3) / 4)));
-    float* xd = thread_scratch<4>(size_t(T * spans * 8));
-    float* sx = thread_scratch<1>(size_t(T * groups));
-    const int64_t chunks = (K + kPrepCols - 1) / kPrepCols;
-    pool.parallel_for(T * chunks, 1, [&](int, int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) {
-        const int64_t t = i / chunks, c0 = (i % chunks) * kPrepCols, c1 = std::min(K, c0 + kPrepCols);
-        affine_detail::q8_prepare_avx2(x + t * K, K, G, w.bits, c0, c1, xq + t * Kp * xb, xd + t * spans * 8, sx + t * groups);
-      }
-    });
-    const affine_detail::Q8Args a{xq, xd, sx, T, K, w.N, reinterpret_cast<const uint8_t*>(w.packed), w.scales, w.biases, w.sdtype,
-                                  w.bits, int(G), bias, y};
-    pool.parallel_for(w.N, kGemvGrain, [&](int, int64_t n0, int64_t n1) { affine_detail::q8_gemv_avx2(a, n0, n1); });
-    return;
+    const AffineOut out{w, bias, y};
+    return q8_run(isa, pool, x, T, &out, 1);
   }
   const bool avx2 = isa == LinearIsa::Avx2;
   const int64_t K = w.K, G = w.group_size, groups = K / G;

@@ -7,12 +7,14 @@
 //     dequantized once (w = s·q + b in f32) and reused across every token row of the chunk; in GemmMode::Bf16
 //     on an AVX-512 BF16 CPU, gemm_bf16's kernel with panels dequantized and rounded to bf16 (x rounded to
 //     bf16 once per call, as for dense bf16 weights in that mode).
-//   T <= kLinearGemvMaxT in GemmMode::Bf16 (the fast mode), 2, 4 or 8 bits, AVX2 (AVX-512 CPUs too): the
-//     int8-activation GEMV (linear_affine_q8_avx2.cpp): x quantized once per call per 32 columns to int8
-//     with d = max|x|/127 (round to nearest even), codes times int8 x summed exactly in integers
-//     (vpmaddubsw; 8 bits: vpmaddwd on s16), then per 32 columns f32 d·s_group, plus Σ_g b_g·Σx_g with the
-//     exact f32 Σx. Its error against the exact product is at most Σ_j |s_g·q_j|·d_j/2 (x's rounding);
-//     3, 5 and 6 bits still run the exact GEMV in that mode.
+//   T <= kLinearGemvMaxT in GemmMode::Bf16 (the fast mode), 2, 4 or 8 bits: the int8-activation GEMV:
+//     x quantized once per call per 32 columns to int8 with d = max|x|/127 (round to nearest even), codes
+//     times int8 x summed exactly in integers, then per 32 columns f32 d·s_group, plus Σ_g b_g·Σx_g with the
+//     exact f32 Σx. Its error against the exact product is at most Σ_j |s_g·q_j|·d_j/2 (x's rounding).
+//     On AVX-512 levels of a CPU with AVX512_VNNI: vpdpbusd on 64-byte spans (linear_affine_q8_avx512.cpp);
+//     else on AVX2 (and AVX-512 without VNNI): vpmaddubsw on 32-byte spans (8 bits: vpmaddwd on s16;
+//     linear_affine_q8_avx2.cpp). Both compute the same product (linear_affine_q8_reference) up to f32
+//     summation order. 3, 5 and 6 bits still run the exact GEMV in that mode.
 //   Scalar CPUs: the reference kernel.
 // Both fast paths read x with each 32-column unit permuted into the order the codes are decoded in (a copy
 // of x made once per call), so no code is ever shuffled back into column order.
@@ -51,11 +53,23 @@ void linear_affine(ThreadPool& pool, const float* x, int64_t T, const AffineMatr
 // The same forced onto one ISA level (tests, bench-linear); throws if this CPU cannot run it.
 void linear_affine_with_isa(LinearIsa isa, ThreadPool& pool, const float* x, int64_t T, const AffineMatrix& w,
                             const float* bias, float* y, GemmMode mode = GemmMode::Exact);
+// Several matrices over the same x (q/k/v, gate/up): y_i = x · W_iᵀ (+ bias_i). Where the q8 GEMV runs for
+// all of them at one K, bits and group size (linear_affine_multi_fuses: GemmMode::Bf16, T <= kLinearGemvMaxT,
+// 2/4/8 bits, at most 8 matrices), x is quantized once and the rows of all the matrices are split over the
+// pool in one pass (the same numbers as one call each); otherwise one linear_affine each.
+struct AffineOut {
+  AffineMatrix w;
+  const float* bias = nullptr;  // [w.N] or null
+  float* y = nullptr;           // [T, w.N]
+};
+bool linear_affine_multi_fuses(const AffineMatrix* ws, int n, int64_t T, GemmMode mode);
+void linear_affine_multi(ThreadPool& pool, const float* x, int64_t T, const AffineOut* outs, int n, GemmMode mode);
 // Whether GemmMode::Bf16 decode rows (T <= kLinearGemvMaxT) of `bits`-bit weights run the int8-activation
 // GEMV at this ISA level (any level from AVX2 up, bits 2, 4, 8); the second form at the best level here.
 bool linear_affine_q8_applies(LinearIsa isa, int bits);
 bool linear_affine_q8_applies(int bits);
-// "avx2-affine-gemv", "avx2-affine-gemv-q8", "avx512-affine-gemm", "avx512bf16-affine-gemm-bf16",
+// "avx2-affine-gemv", "avx2-affine-gemv-q8", "avx512vnni-affine-gemv-q8", "avx512-affine-gemm",
+// "avx512bf16-affine-gemm-bf16",
 // "scalar-affine-reference", ...
 // `bits` only matters in GemmMode::Bf16 at T <= kLinearGemvMaxT (0: a width the q8 GEMV does not take).
 std::string linear_affine_kernel_name(LinearIsa isa, int64_t T, GemmMode mode = GemmMode::Exact, int bits = 0);
@@ -99,12 +113,15 @@ void pack_panel_avx512(const void* ctx, int64_t nb, int64_t nw, int64_t kb, int6
 // Bf16PanelPacker for gemm_bf16_panels (ctx: const Args*; x in natural order, xp not read).
 void pack_panel_bf16_avx512bf16(const void* ctx, int64_t nb, int64_t nw, int64_t pb, int64_t kcp, uint32_t* P);
 
-// The int8-activation GEMV (linear_affine_q8_avx2.cpp), 2, 4 and 8 bits. A span is 32 bytes of a row's
-// codes, S = q8_span_codes(bits) codes (128, 64, 32); x rows are padded to Kp = K rounded up to S.
+// The int8-activation GEMV, 2, 4 and 8 bits. AVX2 (linear_affine_q8_avx2.cpp): a span is 32 bytes of a row's
+// codes, S = q8_span_codes(bits) codes (128, 64, 32), 8 s32 lanes. AVX-512 VNNI (linear_affine_q8_avx512.cpp):
+// 64 bytes, S = q8_span_codes_avx512(bits) (256, 128, 64), 16 lanes. x rows are padded to Kp = K rounded up to S.
 int64_t q8_span_codes(int bits);
+int64_t q8_span_codes_avx512(int bits);
 struct Q8Args {
-  const void* xq;   // [T, Kp] quantized x in decode order: int8 (2, 4 bits) or int16 (8 bits), 32-byte aligned
-  const float* xd;  // [T, Kp/S, 8] per span, each s32 lane's d (its 32-column block's scale)
+  const void* xq;   // [T, Kp] quantized x in decode order: int8 (AVX2 at 2, 4 bits; VNNI at all) or int16
+                    // (AVX2 at 8 bits); 32-byte aligned (AVX2), 64 (VNNI)
+  const float* xd;  // [T, Kp/S, lanes] per span, each s32 lane's d (its 32-column block's scale)
   const float* sx;  // [T, K/G] exact Σx per group
   int64_t T, K, N;
   const uint8_t* codes;
@@ -118,6 +135,9 @@ struct Q8Args {
 // Columns [c0, c1) of one row xr of x (c0 a multiple of 1024, c1 = min(K, c0 + 1024)) into the row's xq, xd and sx.
 void q8_prepare_avx2(const float* xr, int64_t K, int64_t G, int bits, int64_t c0, int64_t c1, void* xq, float* xd, float* sx);
 void q8_gemv_avx2(const Q8Args& a, int64_t n0, int64_t n1);
+// The same for the VNNI kernel (xq int8 in its decode order, xd 16 lanes per span).
+void q8_prepare_avx512(const float* xr, int64_t K, int64_t G, int bits, int64_t c0, int64_t c1, void* xq, float* xd, float* sx);
+void q8_gemv_avx512vnni(const Q8Args& a, int64_t n0, int64_t n1);
 
 }  // namespace affine_detail
 }  // namespace arbor::cpu

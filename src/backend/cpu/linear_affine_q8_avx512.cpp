@@ -1,0 +1,318 @@
+// The fast-mode (GemmMode::Bf16) decode GEMV for MLX affine weights of 2, 4 and 8 bits on int8 activations,
+// AVX-512 VNNI form (linear_affine.h): the same product as linear_affine_q8_avx2.cpp (x quantized per 32
+// columns to int8 with d = max|x|/127, integer dots, one f32 scale per 32 columns of x and per group of W,
+// the bias term on the exact Σx), with vpdpbusd (u8 codes × s8 x, four products summed into an s32 lane,
+// never saturating) on 512-bit registers. AVX-512 F/BW/VL/DQ + VNNI.
+//
+// A span is 64 bytes of one weight row's codes (one cache line of an aligned row): S = 256 codes at 2 bits,
+// 128 at 4, 64 at 8. 2 and 4 bits are decoded by mask and shift into c = 8/B registers of 64 unsigned bytes
+// (register k, byte p holds code c·p + k); 8-bit codes are already the u8 operand. x is quantized and permuted
+// into the same order (q8_prepare_avx512), so vpdpbusd of register k against x register k, summed over k,
+// leaves in s32 lane l the partial dot of span columns [l·S/16, (l+1)·S/16) — S/16 ≤ 16 columns, all in one
+// 32-column block of x and one group of W. Per lane then f32: total += float(isum)·(d_x·s_w), the lane's d_x
+// precomputed per span (xd, 16 lanes) and s_w its group's scale. Overflow: a lane sums at most 16 products of
+// |code·q| ≤ 255·127, far inside s32.
+// The last span of a row that its codes do not fill is read with a masked load (nothing past the row is
+// touched); x is zero-padded there and its d is 0.
+// GCC 12's AVX-512 intrinsics trip -Wuninitialized when inlined (GCC bug 105593); the pragmas must precede
+// the header, where the warning is located.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/linear_affine.h"
+#include "core/error.h"
+
+#define ARBOR_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+#define ARBOR_VNNI_INLINE ARBOR_VNNI inline __attribute__((always_inline))
+
+namespace arbor::cpu::affine_detail {
+
+namespace {
+
+constexpr int64_t kSpanBytes = 64;
+constexpr int64_t kPrefetchBytes = 4096;
+
+template <int B>
+constexpr int64_t span_codes() { return 512 / B; }
+
+// ---- x: quantization ---------------------------------------------------------------------------------
+// One 32-column block: d = max|x| / 127 and q = round-to-nearest-even(x · (127 / max|x|)) (0 and d = 0 for an
+// all-zero block), the same f32 operations as linear_affine_q8_reference.
+ARBOR_VNNI_INLINE float quantize_block(const float* x, int8_t* q) {
+  const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+  const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, inv))));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, inv))));
+  return amax / 127.0f;
+}
+
+// Columns [c0, c1) of one row of x (c0 a multiple of kPrepCols, a multiple of every S; c1 = min(K, c0 +
+// kPrepCols)): xq (int8 in the decode order above; the last span zero-padded past K), xd (per span, the 16
+// lanes' d), and Σx per group (8 partial f32 sums, as the exact path).
+template <int B>
+ARBOR_VNNI void prepare_bits(const float* xr, int64_t K, int64_t G, int64_t c0, int64_t c1, int8_t* xq, float* xd, float* sx) {
+  constexpr int64_t S = span_codes<B>(), c = 8 / B, L = S / 16;  // L: columns per s32 lane
+  if (c1 == K && K % S != 0) {
+    const int64_t s = K / S;
+    std::memset(xq + s * S, 0, S);
+    std::memset(xd + s * 16, 0, 16 * sizeof(float));
+  }
+  alignas(16) int8_t q[32];
+  for (int64_t b0 = c0; b0 < c1; b0 += 32) {
+    const float d = quantize_block(xr + b0, q);
+    const int64_t s = b0 / S, r0 = b0 % S;  // span, first column within it
+    for (int64_t l = r0 / L; l < (r0 + 32) / L && l < 16; ++l) xd[s * 16 + l] = d;
+    int8_t* o = xq + s * S;
+    if constexpr (B == 8) {
+      std::memcpy(o + r0, q, 32);
+    } else {
+      for (int j = 0; j < 32; ++j) {
+        const int64_t r = r0 + j;
+        o[64 * (r % c) + r / c] = q[j];
+      }
+    }
+  }
+  for (int64_t g0 = c0; g0 < c1; g0 += G) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t j = g0; j < g0 + G; j += 8)
+      for (int l = 0; l < 8; ++l) acc[l] += xr[j + l];
+    sx[g0 / G] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  }
+}
+
+// ---- GEMV --------------------------------------------------------------------------------------------
+// n scales from `t` to f32: 16 at a time, the rest under a mask.
+ARBOR_VNNI_INLINE void to_f32(const void* p, DType t, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
+    __m512 v;
+    if (t == DType::BF16)
+      v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i)), 16));
+    else if (t == DType::F16)
+      v = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i));
+    else
+      v = _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i);
+    _mm512_mask_storeu_ps(out + i, m, v);
+  }
+}
+
+// Σ_g b_g·sx_g over n groups, b in `t`: 16 at a time, the rest under a mask; left in 16 lanes (added to the
+// row's total before its one horizontal sum).
+ARBOR_VNNI_INLINE __m512 bias_dot(const void* p, DType t, const float* sx, int64_t n) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
+    __m512 b;
+    if (t == DType::BF16)
+      b = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i)), 16));
+    else if (t == DType::F16)
+      b = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i));
+    else
+      b = _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i);
+    acc = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(m, sx + i), acc);
+  }
+  return acc;
+}
+
+// The s32 lane sums of one decoded span (codes as loaded, raw) against x registers xr.
+template <int B>
+ARBOR_VNNI_INLINE __m512i span_dot(__m512i raw, const __m512i* xr) {
+  if constexpr (B == 8) {
+    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), raw, xr[0]);
+  } else {
+    const __m512i mask = _mm512_set1_epi8(char((1 << B) - 1));
+    __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(raw, mask), xr[0]);
+    // srli_epi16 shifts the next byte's low bits into each byte's top: every field is masked.
+#pragma GCC unroll 4
+    for (int k = 1; k < 8 / B; ++k) acc = _mm512_dpbusd_epi32(acc, _mm512_and_si512(_mm512_srli_epi16(raw, k * B), mask), xr[k]);
+    return acc;
+  }
+}
+
+// What span_step reads besides the codes.
+struct SpanCtx {
+  const int8_t* xq;  // Q8Args::xq
+  const float* xd;   // [T, spans, 16]
+  int gshift;        // WIDE: log2(G/S), the span's group is sp >> gshift; else log2(S/G) groups per span
+  int64_t Kp, spans;
+  __m512i lane_group;  // !WIDE: lane l's group within its span
+};
+
+// One span (index sp, raw codes v[r]) of R weight rows (f32 scales sb[r]) against every token row:
+// total[r][t][c] += float(isum)·(s·d). x's registers and d are loaded once for the R rows.
+template <int B, int TT, int R, int AC, bool WIDE>
+ARBOR_VNNI_INLINE void span_step(const SpanCtx& x, int64_t sp, const __m512i (&v)[R], const float* const (&sb)[R],
+                                 __m512 (&total)[R][TT][AC], int c) {
+  constexpr int64_t S = span_codes<B>();
+  constexpr int NX = B == 8 ? 1 : 8 / B;  // x registers per span
+  __m512 s[R];
+#pragma GCC unroll 2
+  for (int r = 0; r < R; ++r) {
+    if constexpr (WIDE)
+      s[r] = _mm512_set1_ps(sb[r][sp >> x.gshift]);
+    else
+      s[r] = _mm512_permutexvar_ps(x.lane_group, _mm512_castps256_ps512(_mm256_loadu_ps(sb[r] + (sp << x.gshift))));
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < TT; ++t) {
+    const auto* xv = reinterpret_cast<const __m512i*>(x.xq + t * x.Kp + sp * S);
+    __m512i xr[NX];
+#pragma GCC unroll 4
+    for (int k = 0; k < NX; ++k) xr[k] = _mm512_load_si512(xv + k);
+    const __m512 d = _mm512_load_ps(x.xd + (t * x.spans + sp) * 16);
+#pragma GCC unroll 2
+    for (int r = 0; r < R; ++r) {
+      const __m512 isum = _mm512_cvtepi32_ps(span_dot<B>(v[r], xr));
+      total[r][t][c] = _mm512_fmadd_ps(isum, _mm512_mul_ps(s[r], d), total[r][t][c]);
+    }
+  }
+}
+
+// R weight rows at a time (R sequential streams per thread), all TT token rows per decoded span. Each row's
+// scales are first converted to f32 (sb); per span and token row, total += float(isum)·(s_lane·d_lane), in AC
+// independent accumulators per row and token row when TT is small (the FMA's latency would otherwise bound
+// one span); y = Σ total + Σ_g b_g·Σx_g (+ bias).
+template <int B, int TT, int R, bool WIDE>
+ARBOR_VNNI void row_block(const Q8Args& a, const SpanCtx& ctx, int64_t n, float* const (&sb)[R]) {
+  constexpr int AC = TT == 1 ? 2 : 1;
+  const int64_t K = a.K, G = a.G, groups = K / G, row_bytes = K * B / 8;
+  const int64_t full = row_bytes / kSpanBytes, rem = row_bytes % kSpanBytes;
+  const size_t ssize = dtype_size(a.sdtype);
+  const uint8_t* row[R];
+  const float* sbc[R];
+#pragma GCC unroll 2
+  for (int r = 0; r < R; ++r) {
+    row[r] = a.codes + (n + r) * row_bytes;
+    to_f32(static_cast<const uint8_t*>(a.scales) + (n + r) * groups * ssize, a.sdtype, groups, sb[r]);
+    sbc[r] = sb[r];
+  }
+  __m512 total[R][TT][AC];
+#pragma GCC unroll 2
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; ++t)
+#pragma GCC unroll 2
+      for (int c = 0; c < AC; ++c) total[r][t][c] = _mm512_setzero_ps();
+  int64_t sp = 0;
+  for (; sp + AC <= full; sp += AC) {
+#pragma GCC unroll 2
+    for (int c = 0; c < AC; ++c) {
+      __m512i v[R];
+#pragma GCC unroll 2
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* p = row[r] + (sp + c) * kSpanBytes;
+        _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes, _MM_HINT_T0);
+        v[r] = _mm512_loadu_si512(p);
+      }
+      span_step<B, TT, R, AC, WIDE>(ctx, sp + c, v, sbc, total, c);
+    }
+  }
+  for (; sp < full; ++sp) {
+    __m512i v[R];
+#pragma GCC unroll 2
+    for (int r = 0; r < R; ++r) v[r] = _mm512_loadu_si512(row[r] + sp * kSpanBytes);
+    span_step<B, TT, R, AC, WIDE>(ctx, sp, v, sbc, total, 0);
+  }
+  if (rem) {
+    const __mmask64 m = (uint64_t(1) << rem) - 1;
+    __m512i v[R];
+#pragma GCC unroll 2
+    for (int r = 0; r < R; ++r) v[r] = _mm512_maskz_loadu_epi8(m, row[r] + full * kSpanBytes);
+    span_step<B, TT, R, AC, WIDE>(ctx, full, v, sbc, total, 0);
+  }
+#pragma GCC unroll 2
+  for (int r = 0; r < R; ++r) {
+    const void* biases = static_cast<const uint8_t*>(a.biases) + (n + r) * groups * ssize;
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; ++t) {
+      __m512 sum = bias_dot(biases, a.sdtype, a.sx + t * groups, groups);
+#pragma GCC unroll 2
+      for (int c = 0; c < AC; ++c) sum = _mm512_add_ps(sum, total[r][t][c]);
+      const float v = _mm512_reduce_add_ps(sum);
+      a.y[t * a.N + n + r] = a.bias ? v + a.bias[n + r] : v;
+    }
+  }
+}
+
+// Rows [n0, n1), one at a time (row_block takes R rows; R = 1 is what runs, see below).
+template <int B, int TT, bool WIDE>
+ARBOR_VNNI void rows(const Q8Args& a, int64_t n0, int64_t n1) {
+  const int64_t groups = a.K / a.G;
+  // Scales of a row in f32, plus 8 zeros read by the last span's lane vector (a span past the row's last group).
+  constexpr int64_t kMaxGroupsOnStack = 1024;
+  alignas(64) float sb_stack[kMaxGroupsOnStack + 16];
+  std::vector<float> sb_heap;
+  float* sb[1] = {sb_stack};
+  if (groups > kMaxGroupsOnStack) {
+    sb_heap.resize(size_t(groups + 16));
+    sb[0] = sb_heap.data();
+  }
+  std::memset(sb[0] + groups, 0, 8 * sizeof(float));
+  constexpr int64_t S = span_codes<B>();
+  const int64_t spans = (a.K + S - 1) / S;
+  alignas(64) int lane_group[16] = {};
+  if constexpr (!WIDE)
+    for (int l = 0; l < 16; ++l) lane_group[l] = int(l * S / 16 / a.G);
+  const SpanCtx ctx{static_cast<const int8_t*>(a.xq), a.xd,
+                    WIDE ? __builtin_ctzll(uint64_t(a.G / S)) : __builtin_ctzll(uint64_t(S / a.G)), spans * S, spans,
+                    _mm512_load_si512(lane_group)};
+  // One row at a time (one sequential stream per thread): row pairs (R = 2, x's registers shared by two rows)
+  // measured slower here when streaming from memory (2048 x 8192, T=1, 2 threads: 26-28 GB/s against 35-40
+  // for single rows; the two streams a row apart put one row's prefetch on the other row's lines).
+  for (int64_t n = n0; n < n1; ++n) row_block<B, TT, 1, WIDE>(a, ctx, n, {sb[0]});
+}
+
+template <int B, bool WIDE>
+ARBOR_VNNI void bits_groups(const Q8Args& a, int64_t n0, int64_t n1) {
+  switch (a.T) {
+    case 1: return rows<B, 1, WIDE>(a, n0, n1);
+    case 2: return rows<B, 2, WIDE>(a, n0, n1);
+    case 3: return rows<B, 3, WIDE>(a, n0, n1);
+    case 4: return rows<B, 4, WIDE>(a, n0, n1);
+    case 5: return rows<B, 5, WIDE>(a, n0, n1);
+    case 6: return rows<B, 6, WIDE>(a, n0, n1);
+    case 7: return rows<B, 7, WIDE>(a, n0, n1);
+    case 8: return rows<B, 8, WIDE>(a, n0, n1);
+  }
+}
+
+// WIDE: a group covers whole spans (G >= S), one scale per span; else a span holds S/G groups.
+template <int B>
+ARBOR_VNNI void bits(const Q8Args& a, int64_t n0, int64_t n1) {
+  if (a.G >= span_codes<B>()) return bits_groups<B, true>(a, n0, n1);
+  return bits_groups<B, false>(a, n0, n1);
+}
+
+}  // namespace
+
+int64_t q8_span_codes_avx512(int bits) { return 512 / bits; }
+
+ARBOR_VNNI void q8_prepare_avx512(const float* xr, int64_t K, int64_t G, int bits, int64_t c0, int64_t c1, void* xq, float* xd, float* sx) {
+  auto* q = static_cast<int8_t*>(xq);
+  switch (bits) {
+    case 2: return prepare_bits<2>(xr, K, G, c0, c1, q, xd, sx);
+    case 4: return prepare_bits<4>(xr, K, G, c0, c1, q, xd, sx);
+    case 8: return prepare_bits<8>(xr, K, G, c0, c1, q, xd, sx);
+    default: fail("linear_affine: q8 gemv (avx512 vnni): {} bits not supported (2, 4, 8)", bits);
+  }
+}
+
+ARBOR_VNNI void q8_gemv_avx512vnni(const Q8Args& a, int64_t n0, int64_t n1) {
+  ARBOR_CHECK(a.T >= 1 && a.T <= kLinearGemvMaxT, "linear_affine: q8 gemv called with T={} (1..{})", a.T, kLinearGemvMaxT);
+  switch (a.bits) {
+    case 2: return bits<2>(a, n0, n1);
+    case 4: return bits<4>(a, n0, n1);
+    case 8: return bits<8>(a, n0, n1);
+    default: fail("linear_affine: q8 gemv (avx512 vnni): {} bits not supported (2, 4, 8)", a.bits);
+  }
+}
+
+}  // namespace arbor::cpu::affine_detail
