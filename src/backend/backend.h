@@ -101,6 +101,12 @@ struct BatchInfo {
   // the backends read.
   std::vector<uint8_t> long_rope;     // [S] or empty
   std::vector<int32_t> rope_rows;     // [T] or empty
+  // decode_rows[t] = 1 where token t is a generated id fed back (a decode step), 0 a prompt token; empty:
+  // not said. A backend whose arithmetic depends on the kind of row (the CPU's --cpu-gemm bf16: prompt
+  // rows through the bf16-activation GEMM, decode rows through the exact GEMV) chooses by it, so that a
+  // token's logits do not depend on what else shares the step or on how much of its prompt was cached.
+  std::vector<uint8_t> decode_rows;   // [T] or empty
+  void set_row_kind(bool decode) { decode_rows.assign(tokens.size(), decode ? 1 : 0); }
   int64_t n_tokens() const { return int64_t(tokens.size()); }
   int64_t n_seqs() const { return int64_t(ctx_len.size()); }
 };

@@ -275,7 +275,9 @@ int bench_cuda(const Args& a) {
       for (int64_t s = 0; s < B; ++s)
         toks.push_back({picked ? token_from_last_pick(s) : next[size_t(s)]}), start.push_back(seqs[size_t(s)].length + ahead),
             kv.push_back(&seqs[size_t(s)]);
-      return make_batch(toks, start, kv, false);
+      BatchInfo b = make_batch(toks, start, kv, false);
+      b.set_row_kind(true);
+      return b;
     };
     // The steps as the server runs them: greedy ids picked on the GPU (the logits stay there), and the
     // next step queued, its tokens those ids, before the host waits for this step's ids.
@@ -437,7 +439,9 @@ int bench_cpu_decode_only(const Args& a) {
         std::vector<const SequenceKV*> kv;
         for (int64_t s = 0; s < B; ++s)
           toks.push_back({int32_t((s * 7919 + i * 104729 + 13) % c.vocab_size)}), start.push_back(ctx + i), kv.push_back(&seqs[size_t(s)]);
-        return make_batch(toks, start, kv, false);
+        BatchInfo b = make_batch(toks, start, kv, false);
+        b.set_row_kind(true);
+        return b;
       };
       auto forward = [&](const BatchInfo& b) {
         logits.resize(b.logit_rows.size() * size_t(c.vocab_size));

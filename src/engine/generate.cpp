@@ -63,6 +63,7 @@ GenerateResult generate(Model& model, BlockPool& pool, const GenerateRequest& re
     int64_t n = std::min<int64_t>(model.max_step_tokens(), int64_t(req.prompt.size()) - p0);
     std::vector<int32_t> chunk(req.prompt.begin() + p0, req.prompt.begin() + p0 + n);
     BatchInfo b = make_batch({chunk}, {p0}, {&seq}, req.keep_logits);
+    b.set_row_kind(false);
     logits.resize(b.logit_rows.size() * size_t(V));
     model.forward(b, logits.data());
     if (req.keep_logits) res.logits.insert(res.logits.end(), logits.begin(), logits.end());
@@ -81,6 +82,7 @@ GenerateResult generate(Model& model, BlockPool& pool, const GenerateRequest& re
   // id follows `next`. A draw is a function of (seed, the drawn token's position).
   auto queue_step = [&](int32_t token, int64_t pos) {  // the forward of `token` at pos, then its pick
     BatchInfo b = make_batch({{token}}, {pos}, {&seq}, false);
+    b.set_row_kind(true);
     model.forward(b, nullptr);
     if (!(req.sampling.temperature > 0.0f)) return be.argmax_rows_start(model.device_logits(1));
     return be.sample_rows_start(model.device_logits(1), {RowSampling{req.sampling, uint64_t(pos + 1)}});
@@ -119,6 +121,7 @@ GenerateResult generate(Model& model, BlockPool& pool, const GenerateRequest& re
     }
     if (!device_pick) {
       BatchInfo b = make_batch({{next}}, {seq.length}, {&seq}, false);
+      b.set_row_kind(true);
       logits.resize(size_t(V));
       model.forward(b, logits.data());
     }

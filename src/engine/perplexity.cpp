@@ -397,6 +397,7 @@ PerplexityResult run_perplexity(Model& model, BlockPool& pool, std::span<const i
       budget -= m;
     }
     BatchInfo b = make_batch(chunks, starts, kvs, true);
+    b.set_row_kind(false);
     const int64_t T = b.n_tokens();
     logits.resize(size_t(T * V));
     model.forward(b, logits.data());

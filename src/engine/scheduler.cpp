@@ -245,6 +245,7 @@ Scheduler::Launched Scheduler::launch(std::vector<Part> parts, bool from_last_pi
       b.tokens.push_back(from_last_pick ? token_from_last_pick(int64_t(s)) : p.decode ? p.a->next : p.a->req->prompt[size_t(pos)]);
       b.pos.push_back(int32_t(pos));
       b.seq.push_back(int32_t(s));
+      b.decode_rows.push_back(p.decode ? 1 : 0);
     }
     b.ctx_len.push_back(int32_t(p.start + p.n));
   }

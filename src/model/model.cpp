@@ -372,6 +372,8 @@ void Model::forward(const BatchInfo& batch, float* logits_out) {
                 batch.pos[size_t(i)], ctx_size_);
   const BatchInfo& b = with_rope_rows(batch);
   for (auto r : b.logit_rows) ARBOR_CHECK(r >= 0 && r < T, "model: logit row {} outside the batch ({})", r, T);
+  ARBOR_CHECK(b.decode_rows.empty() || int64_t(b.decode_rows.size()) == T, "model: {} decode-row flags for {} tokens",
+              b.decode_rows.size(), T);
   ARBOR_CHECK(logits_out || R <= logit_cap_, "model: {} logit rows left on the device, the buffer holds {}", R, logit_cap_);
   Backend& be = backend_;
   if (make_graph_batch(b)) {
@@ -402,6 +404,7 @@ void Model::forward(const BatchInfo& batch, float* logits_out) {
     const int64_t n = std::min(logit_cap_, R - r0);
     if (r0 > 0 || n < R) {
       chunk_batch.logit_rows.assign(b.logit_rows.begin() + r0, b.logit_rows.begin() + r0 + n);
+      chunk_batch.decode_rows = b.decode_rows;  // by token: the kind of each logit row
       be.begin_batch(chunk_batch);
     }
     run_logits(n);

@@ -85,9 +85,7 @@ test('echo + logprobs with n > 1 scores the prompt once for every choice; stream
 });
 
 test('several prompts in one request: choices prompt-major, each as its own request answers', async () => {
-  // Exact GEMMs: under --cpu-gemm bf16 (the default) a prompt of 8 rows or fewer runs the exact GEMV
-  // and a batch of prompts the bf16-activation GEMM, which differ by bf16 rounding, not by scheduling.
-  const s = await startServer(['--cpu-gemm', 'exact']);
+  const s = await startServer();
   try {
     const prompts = ['The state of the union is', ids.slice(0, 9), [5, 6, 7]];
     const single = [];

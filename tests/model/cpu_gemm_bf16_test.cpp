@@ -111,4 +111,55 @@ TEST(CpuGemmBf16Model, FixturesMatchTransformersWithinBf16Tolerance) {
   }
 }
 
+// In bf16 mode a prompt row runs the bf16 GEMM and a decode row the exact GEMV whatever else shares the
+// step (BatchInfo::decode_rows), so a token's logits are the same alone and beside others: here a decode
+// row of one sequence beside an 8-token prompt of another (9 rows: by row count alone, both would have
+// taken the GEMM), against each run on its own. Bitwise: the kernels' per-row arithmetic does not
+// depend on how many rows they are given.
+TEST(CpuGemmBf16Model, ATokensLogitsDoNotDependOnWhatSharesItsStep) {
+  const auto dirs = fixture_dirs();
+  ASSERT_FALSE(dirs.empty());
+  CpuBackend be(2, WeightPlacement::Mapped);
+  be.set_gemm_mode(cpu::GemmMode::Bf16);
+  LoadOptions opt;
+  opt.model_dir = dirs.front();
+  opt.ctx_size = 128, opt.max_step_tokens = 64, opt.show_progress = false;
+  Model m(opt, be);
+  const int64_t V = m.config().vocab_size;
+  std::vector<int32_t> a(20), bp(size_t(cpu::kLinearGemvMaxT));
+  for (size_t i = 0; i < a.size(); ++i) a[i] = int32_t((i * 37 + 5) % size_t(V));
+  for (size_t i = 0; i < bp.size(); ++i) bp[i] = int32_t((i * 53 + 11) % size_t(V));
+  const int32_t next = 7;
+  auto forward = [&](BatchInfo b, std::vector<uint8_t> kinds) {
+    b.decode_rows = std::move(kinds);
+    std::vector<float> l(b.logit_rows.size() * size_t(V));
+    m.forward(b, l.data());
+    return l;
+  };
+  BlockPool pool(be.kv_layout().n_blocks, be.kv_layout().block_size);
+  // Alone: A's prompt, then A's decode step; B's prompt on its own.
+  std::vector<float> a_decode, b_last;
+  {
+    SequenceKV sa, sb;
+    ASSERT_TRUE(sa.reserve(pool, 32) && sb.reserve(pool, 32));
+    forward(make_batch({a}, {0}, {&sa}, false), std::vector<uint8_t>(a.size(), 0));
+    sa.length = int64_t(a.size());
+    a_decode = forward(make_batch({{next}}, {sa.length}, {&sa}, false), {1});
+    b_last = forward(make_batch({bp}, {0}, {&sb}, false), std::vector<uint8_t>(bp.size(), 0));
+    sa.release(pool), sb.release(pool);
+  }
+  // Together: A's decode step and B's whole prompt in one step.
+  SequenceKV sa, sb;
+  ASSERT_TRUE(sa.reserve(pool, 32) && sb.reserve(pool, 32));
+  forward(make_batch({a}, {0}, {&sa}, false), std::vector<uint8_t>(a.size(), 0));
+  sa.length = int64_t(a.size());
+  std::vector<uint8_t> kinds(1 + bp.size(), 0);
+  kinds[0] = 1;
+  const std::vector<float> both = forward(make_batch({{next}, bp}, {sa.length, 0}, {&sa, &sb}, false), kinds);
+  ASSERT_EQ(both.size(), size_t(2 * V));
+  EXPECT_TRUE(std::equal(a_decode.begin(), a_decode.end(), both.begin())) << "the decode row's logits changed beside a prompt";
+  EXPECT_TRUE(std::equal(b_last.begin(), b_last.end(), both.begin() + V)) << "the prompt's logits changed beside a decode row";
+  sa.release(pool), sb.release(pool);
+}
+
 }  // namespace

@@ -119,6 +119,11 @@ void affine_bf16_linear(ThreadPool& pool, const Tensor& x, const Linear& l, Tens
   cpu::linear_affine(pool, x.as<float>(), x.rows(), affine_matrix(l), l.bias.empty() ? nullptr : l.bias.as<float>(), y.as<float>(),
                      cpu::GemmMode::Bf16);
 }
+// Prompt rows in bf16 mode, however few: the bf16 GEMM over dequantized panels (never the q8 GEMV).
+void affine_prompt_linear(ThreadPool& pool, const Tensor& x, const Linear& l, Tensor y) {
+  cpu::linear_affine(pool, x.as<float>(), x.rows(), affine_matrix(l), l.bias.empty() ? nullptr : l.bias.as<float>(), y.as<float>(),
+                     cpu::GemmMode::Bf16Prompt);
+}
 
 // Trellis weights at any row count: cpu/linear_trellis (GEMV up to kLinearGemvMaxT rows, then the tiled
 // path; AVX-512 or AVX2, else the reference). load_linear made the words plain and the scales f32.
@@ -166,7 +171,11 @@ bool format_supported(const Linear& l) {
 
 CpuBackend::LinearKernel CpuBackend::pick_linear(const Linear& l, int64_t rows, cpu::GemmMode mode) {
   // Prompt chunks in bf16 mode: activations rounded to bf16 once (cpu/gemm_bf16); dense decode rows stay exact,
-  // affine 2/4/8-bit decode rows take the int8-activation GEMV (cpu/linear_affine.h).
+  // affine 2/4/8-bit decode rows take the int8-activation GEMV (cpu/linear_affine.h). Bf16Prompt: rows known
+  // to be prompt tokens, the bf16 GEMM at any count.
+  if (mode == cpu::GemmMode::Bf16Prompt && l.format == WeightFormat::Dense && cpu::gemm_bf16_applies(l.data.dtype)) return bf16_gemm_linear;
+  if (mode == cpu::GemmMode::Bf16Prompt && l.format == WeightFormat::Affine && cpu::cpu_features().avx512_bf16 && variant_supported(l))
+    return affine_prompt_linear;
   if (mode == cpu::GemmMode::Bf16 && l.format == WeightFormat::Dense && rows > cpu::kLinearGemvMaxT && cpu::gemm_bf16_applies(l.data.dtype))
     return bf16_gemm_linear;
   if (mode == cpu::GemmMode::Bf16 && l.format == WeightFormat::Affine && rows > cpu::kLinearGemvMaxT && cpu::cpu_features().avx512_bf16 &&
@@ -341,13 +350,63 @@ void CpuBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
   ARBOR_CHECK(x.cols() == l.cols(), "linear: input has {} columns, weight {} expects {}", x.cols(), l.describe(), l.cols());
   PhaseTimer timer{phase_timing_ ? &phases_.linear_s : nullptr};
   if (phase_timing_) phases_.linear_flops += 2.0 * double(x.rows()) * double(l.cols()) * double(l.rows());
+  if (gemm_mode_ == cpu::GemmMode::Bf16)
+    if (const uint8_t* kinds = row_kinds(x.rows())) return linear_by_kind(x, l, y, kinds);
   pick_linear(l, x.rows(), gemm_mode_)(pool_, x, l, y);
+}
+
+const uint8_t* CpuBackend::row_kinds(int64_t rows) {
+  // A batch of only logit rows (Model::forward's LM-head chunks) keeps its parent's decode_rows, by token.
+  if (!batch_ || batch_->decode_rows.empty() || rows <= 0) return nullptr;
+  const auto& d = batch_->decode_rows;
+  if (!batch_->tokens.empty() && d.size() != batch_->tokens.size()) return nullptr;
+  if (!batch_->tokens.empty() && rows == int64_t(d.size())) return d.data();
+  const auto& lr = batch_->logit_rows;  // the LM head runs on the rows whose logits are wanted
+  if (rows != int64_t(lr.size())) return nullptr;
+  kinds_.resize(lr.size());
+  for (size_t i = 0; i < lr.size(); ++i) {
+    if (lr[i] < 0 || size_t(lr[i]) >= d.size()) return nullptr;
+    kinds_[i] = d[size_t(lr[i])];
+  }
+  return kinds_.data();
+}
+
+// Bf16 mode with the rows' kinds known: decode rows through the decode kernels (the exact dense GEMV, the
+// affine q8 GEMV) in groups of at most kLinearGemvMaxT, prompt rows through the bf16 GEMM at any count;
+// a step that mixes the two gathers each kind's rows, runs it, and scatters the results. Each row's
+// arithmetic then depends on its kind only, not on what else the step holds.
+void CpuBackend::linear_by_kind(const Tensor& x, const Linear& l, Tensor y, const uint8_t* kinds) {
+  const int64_t T = x.rows(), K = x.cols(), N = y.cols();
+  int64_t nd = 0;
+  for (int64_t t = 0; t < T; ++t) nd += kinds[t] ? 1 : 0;
+  auto run = [&](const Tensor& xs, Tensor ys, bool decode) {
+    const int64_t n = xs.rows();
+    if (!decode) return pick_linear(l, n, cpu::GemmMode::Bf16Prompt)(pool_, xs, l, ys);
+    for (int64_t r0 = 0; r0 < n; r0 += cpu::kLinearGemvMaxT) {
+      const int64_t m = std::min<int64_t>(cpu::kLinearGemvMaxT, n - r0);
+      pick_linear(l, m, cpu::GemmMode::Bf16)(pool_, xs.row_slice(r0, m), l, ys.row_slice(r0, m));
+    }
+  };
+  if (nd == 0 || nd == T) return run(x, y, nd == T);
+  for (int decode = 0; decode < 2; ++decode) {
+    const int64_t n = decode ? nd : T - nd;
+    kind_x_.resize(size_t(n * K)), kind_y_.resize(size_t(n * N));
+    int64_t i = 0;
+    for (int64_t t = 0; t < T; ++t)
+      if ((kinds[t] != 0) == bool(decode)) std::copy_n(x.as<float>() + t * K, K, kind_x_.data() + (i++) * K);
+    run(Tensor(kind_x_.data(), DType::F32, {n, K}), Tensor(kind_y_.data(), DType::F32, {n, N}), decode);
+    i = 0;
+    for (int64_t t = 0; t < T; ++t)
+      if ((kinds[t] != 0) == bool(decode)) std::copy_n(kind_y_.data() + (i++) * N, N, y.as<float>() + t * N);
+  }
 }
 
 void CpuBackend::linear_multi(const Tensor& x, const LinearOut* outs, int n) {
   // Affine decode rows in the fast mode (q/k/v, gate/up of one K, bits and group): x quantized once and one
   // pass over the rows of all the matrices (cpu::linear_affine_multi); anything else one linear() each.
   bool fuse = n >= 2 && n <= 8 && gemm_mode_ == cpu::GemmMode::Bf16;
+  if (const uint8_t* kinds = fuse ? row_kinds(x.rows()) : nullptr)  // only a step of decode rows alone
+    fuse = std::all_of(kinds, kinds + x.rows(), [](uint8_t k) { return k != 0; });
   cpu::AffineOut ao[8];
   cpu::AffineMatrix ws[8];
   for (int i = 0; fuse && i < n; ++i) {

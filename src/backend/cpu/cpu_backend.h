@@ -93,6 +93,12 @@ class CpuBackend : public Backend {
   std::vector<int64_t> kv_slots_;  // kv_write's slot per token
   void attention_kv(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out);
   const BatchInfo* batch_ = nullptr;
+  // Bf16 mode: the kind of each of `rows` activation rows (1 decode, 0 prompt) when the batch says and
+  // the rows are its tokens or its logit rows; nullptr otherwise (then the row count picks the kernel).
+  const uint8_t* row_kinds(int64_t rows);
+  void linear_by_kind(const Tensor& x, const Linear& l, Tensor y, const uint8_t* kinds);
+  std::vector<uint8_t> kinds_;
+  std::vector<float> kind_x_, kind_y_;  // linear_by_kind's gathered rows
   cpu::GemmMode gemm_mode_ = cpu::GemmMode::Exact;
   bool phase_timing_ = false;
   PhaseTimes phases_;

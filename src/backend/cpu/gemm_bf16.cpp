@@ -210,7 +210,9 @@ __attribute__((target("avx2,fma"))) float peak_loop_fma256(int64_t iters, float 
 
 }  // namespace
 
-std::string_view gemm_mode_name(GemmMode m) { return m == GemmMode::Exact ? "exact" : "bf16"; }
+std::string_view gemm_mode_name(GemmMode m) {
+  return m == GemmMode::Exact ? "exact" : m == GemmMode::Bf16 ? "bf16" : "bf16-prompt";
+}
 
 GemmMode parse_gemm_mode(std::string_view s, const char* what) {
   if (s == "exact") return GemmMode::Exact;

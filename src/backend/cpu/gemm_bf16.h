@@ -18,8 +18,11 @@ namespace arbor::cpu {
 //   Bf16:  gemm_bf16() where it applies (gemm_bf16_applies), else linear(), which is then already the
 //          fastest path there: f16/f32 weights and CPUs without AVX-512 BF16 convert the weights to f32
 //          once per packed panel and use f32 FMA, which a bf16 x would not speed up.
-enum class GemmMode : uint8_t { Exact, Bf16 };
-std::string_view gemm_mode_name(GemmMode m);  // "exact", "bf16"
+// Bf16Prompt is not a user's choice but how the CPU backend runs the prompt rows of a step in Bf16 mode
+// when it knows the kind of each row (BatchInfo::decode_rows): the bf16 GEMM at any row count, so that a
+// prompt token's result does not depend on how many prompt rows share its step.
+enum class GemmMode : uint8_t { Exact, Bf16, Bf16Prompt };
+std::string_view gemm_mode_name(GemmMode m);  // "exact", "bf16", "bf16-prompt"
 // "exact" | "bf16"; throws arbor::Error naming `what` (e.g. "--cpu-gemm") otherwise.
 GemmMode parse_gemm_mode(std::string_view s, const char* what);
 

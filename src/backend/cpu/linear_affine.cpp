@@ -160,7 +160,7 @@ void linear_affine_q8_reference(ThreadPool& pool, const float* x, int64_t T, con
 
 namespace {
 bool bf16_gemm(LinearIsa isa, int64_t T, GemmMode mode) {
-  return isa == LinearIsa::Avx512Bf16 && T > kLinearGemvMaxT && mode == GemmMode::Bf16;
+  return isa == LinearIsa::Avx512Bf16 && ((T > kLinearGemvMaxT && mode == GemmMode::Bf16) || mode == GemmMode::Bf16Prompt);
 }
 bool q8_gemv(LinearIsa isa, int64_t T, GemmMode mode, int bits) {
   return mode == GemmMode::Bf16 && T <= kLinearGemvMaxT && linear_affine_q8_applies(isa, bits);
