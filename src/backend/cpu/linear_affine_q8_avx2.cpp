@@ -232,9 +232,9 @@ ARBOR_AVX2 void q8_row_block(const Q8Args& a, int64_t n, float* const (&sb)[R]) 
   const int64_t K = a.K, G = a.G, groups = K / G, row_bytes = K * B / 8, spans = (K + S - 1) / S;
   const int64_t Kp = spans * S;  // xq row stride (elements)
   const __m256i lane_group = G * 4 == S ? _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3) : _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-  // The last span of the matrix is read from a padded copy where the row's codes do not fill it (the caller
-  // gives the last row a block of its own).
-  const bool tail_short = R == 1 && row_bytes % kSpanBytes != 0 && n + 1 == a.N;
+  // The last span of each row is read from a padded copy where the row's codes do not fill it: read in place
+  // it would run into the next row, and past the matrix for the last rows (K of a few groups).
+  const bool tail_short = row_bytes % kSpanBytes != 0;
   const int64_t full = tail_short ? spans - 1 : spans;  // spans read in place
   const size_t ssize = dtype_size(a.sdtype);
   const uint8_t* row[R];
@@ -273,13 +273,15 @@ ARBOR_AVX2 void q8_row_block(const Q8Args& a, int64_t n, float* const (&sb)[R]) 
     for (int r = 0; r < R; ++r) p[r] = row[r] + sp * kSpanBytes;
     span_step<B, TT, R, AC, WIDE>(ctx, sp, p, sbc, total, 0);
   }
-  if constexpr (R == 1) {
-    if (full < spans) {
-      alignas(32) uint8_t pad[kSpanBytes] = {};
-      std::memcpy(pad, row[0] + full * kSpanBytes, size_t(row_bytes - full * kSpanBytes));
-      const uint8_t* p[1] = {pad};
-      span_step<B, TT, R, AC, WIDE>(ctx, full, p, sbc, total, 0);
+  if (full < spans) {
+    alignas(32) uint8_t pad[R][kSpanBytes] = {};
+    const uint8_t* p[R];
+#pragma GCC unroll 2
+    for (int r = 0; r < R; ++r) {
+      std::memcpy(pad[r], row[r] + full * kSpanBytes, size_t(row_bytes - full * kSpanBytes));
+      p[r] = pad[r];
     }
+    span_step<B, TT, R, AC, WIDE>(ctx, full, p, sbc, total, 0);
   }
 #pragma GCC unroll 2
   for (int r = 0; r < R; ++r) {
@@ -295,7 +297,7 @@ ARBOR_AVX2 void q8_row_block(const Q8Args& a, int64_t n, float* const (&sb)[R]) 
   }
 }
 
-// Rows [n0, n1): pairs of rows, the last row of the matrix (its padded tail) and an odd row one at a time.
+// Rows [n0, n1): pairs of rows, then an odd row one at a time.
 template <int B, int TT, bool WIDE>
 ARBOR_AVX2 void q8_rows(const Q8Args& a, int64_t n0, int64_t n1) {
   const int64_t groups = a.K / a.G;
@@ -314,7 +316,7 @@ ARBOR_AVX2 void q8_rows(const Q8Args& a, int64_t n0, int64_t n1) {
   constexpr bool kPairs = TT <= 4;  // register pressure: 2·TT accumulators and 2 decoded spans
   int64_t n = n0;
   if constexpr (kPairs) {
-    for (; n + 2 <= n1 && n + 2 < a.N; n += 2) q8_row_block<B, TT, 2, WIDE>(a, n, {sb[0], sb[1]});
+    for (; n + 2 <= n1; n += 2) q8_row_block<B, TT, 2, WIDE>(a, n, {sb[0], sb[1]});
   }
   for (; n < n1; ++n) q8_row_block<B, TT, 1, WIDE>(a, n, {sb[0]});
 }
