@@ -136,7 +136,7 @@ for step in $STEPS; do
             ;;
           trellis)
             for k in ${OPTIN_TRELLIS_BITS:-2 3 4}; do
-              ARBOR_CUDA_TRELLIS=1 timeout 90 "$D/arbor" bench --device cuda --dummy-weights --format trellis --bits $k \
+              timeout 90 "$D/arbor" bench --device cuda --dummy-weights --format trellis --bits $k \
                 --config bench/configs/llama-3.1-8b.json --decode-only --decode-runs 1@512,8@512 > "$OUT/optin_trellis_k$k.log" 2>&1
               summary+=("optin trellis k=$k rc=$? $(grep -E 'tok/s' "$OUT/optin_trellis_k$k.log" | tr '\n' '|' | head -c 400)")
             done

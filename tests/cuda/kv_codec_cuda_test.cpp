@@ -232,8 +232,17 @@ void run_attention(const char* codec, const Case& c, CudaBackend::AttentionPath 
   EXPECT_LE(max_diff(got, ref), tol) << "max|ref| " << max_abs(ref);
 }
 
+// Sets the decode kernel choice for a scope, then hands it back to the environment.
+struct KvAttnMode {
+  explicit KvAttnMode(int mode) { CudaBackend::set_kv_decode_attention(mode); }
+  ~KvAttnMode() { CudaBackend::set_kv_decode_attention(-1); }
+};
+
+// The split-K kernels (ARBOR_CUDA_KV_ATTN=v1; the tensor-core kernel, the default for coded rows at head_dim
+// 64/128, has its own tests below).
 TEST(CudaKVCodec, DecodeAttentionReadsCodes) {
   ARBOR_REQUIRE_GPU();
+  KvAttnMode v1(0);
   std::mt19937 rng(11);
   using Path = CudaBackend::AttentionPath;
   for (int64_t hd : {64, 128, 256})
@@ -269,6 +278,7 @@ TEST(CudaKVCodec, PrefillOverACodedPrefix) {
 // GQA 4 and 8, contexts at block boundaries and over many pages.
 TEST(CudaKVCodec, DecodeWithThePrepInsideMatchesPrepThenAttention) {
   ARBOR_REQUIRE_GPU();
+  KvAttnMode v1(0);  // the split-K kernels' fused prep (DecodeV2WithThePrep... covers the tensor-core one)
   std::mt19937 rng(17);
   for (int64_t hd : {64, 128, 256})
     for (const char* name : {"affine8", "affine4", "k8v4", "k8v3"})
@@ -318,13 +328,8 @@ TEST(CudaKVCodec, DecodeWithThePrepInsideMatchesPrepThenAttention) {
       }
 }
 
-// ---- the tensor-core decode kernel (ARBOR_CUDA_KV_ATTN=v2, attention_kv.cu's attn_decode_mma_kernel) --
+// ---- the tensor-core decode kernel (the default for coded rows, attention_kv.cu's attn_decode_mma_kernel) --
 
-// Sets the decode kernel choice for a scope, then hands it back to the environment.
-struct KvAttnMode {
-  explicit KvAttnMode(int mode) { CudaBackend::set_kv_decode_attention(mode); }
-  ~KvAttnMode() { CudaBackend::set_kv_decode_attention(-1); }
-};
 
 // The fragment layout of kv_mma_layout.h on the CPU (no GPU needed): the logical-to-physical dim maps
 // are permutations of a row, and the unpack functions put each code where the map says, against a

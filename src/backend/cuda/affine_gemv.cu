@@ -388,9 +388,11 @@ void check_same(const AffineWeights& a, const AffineWeights& b, const char* what
                  a.group_size, a.sb_f16 ? "f16" : "bf16", (long long)b.cols, b.bits, b.group_size, b.sb_f16 ? "f16" : "bf16");
 }
 
-// ---- v2: the tensor-core decode GEMV (4- and 8-bit; ARBOR_CUDA_AFFINE_GEMV=2, off by default) ---------
-// Unchecked on a GPU as written (session 14 had no device): the old kernel above stays the default until a
-// device run has passed tests/cuda/affine_gemv_test.cpp's V2 cases and measured it.
+// ---- v2: the tensor-core decode GEMV (4- and 8-bit; the default for 2..8 activation rows) ---------------
+// Checked on an H100 (session 18: tests/cuda/affine_gemv_test.cpp's V2 cases, memcheck clean) and measured
+// on the 8B at 4-bit g64: batch 8 1334 tok/s against v1's 381 (v1 reads the weights once per row there),
+// batch 1 238 tok/s against v1's 307. So by default v2 runs 2..8 rows and v1 one row; ARBOR_CUDA_AFFINE_GEMV
+// = 1/2/3 forces one kernel for every row count.
 //
 // Mapping. A warp owns a tile of 16 weight rows (the MMA's M; gated: 8 gate rows then the same 8 up rows)
 // for all T <= 8 activation rows at once (the MMA's N: x rows past T are zeros), so the dequantization and
@@ -423,7 +425,7 @@ constexpr int kV2Warps = 8;
 constexpr int kV2BlocksPerSm = 2;
 constexpr int kV2LaneRowBytes = 32;  // code bytes per lane per weight row per step
 
-int g_v2_variant = -1;  // set_affine_gemv_variant; -1: from ARBOR_CUDA_AFFINE_GEMV (default 1)
+int g_v2_variant = -1;  // set_affine_gemv_variant; -1: from ARBOR_CUDA_AFFINE_GEMV (unset: 0, by rows)
 
 struct V2Segs {
   const uint32_t* codes[kAffineGemvMaxSegments];
@@ -769,15 +771,15 @@ void launch_v2_t(int variant, unsigned grid, cudaStream_t s, const V2Segs& segs,
 int v2_variant() {
   if (g_v2_variant < 0) {
     const char* e = std::getenv("ARBOR_CUDA_AFFINE_GEMV");
-    const int v = e ? std::atoi(e) : 1;
-    g_v2_variant = v == 2 || v == 3 ? v : 1;
+    const int v = e ? std::atoi(e) : 0;
+    g_v2_variant = v >= 1 && v <= 3 ? v : 0;
   }
   return g_v2_variant;
 }
 
-// The v2 kernel when it is selected and applies (4/8-bit, aligned x and codes); false: the caller runs v1.
+// The v2 kernel when it is chosen (forced, or by default for T >= 2) and applies (4/8-bit, aligned x and codes); false: the caller runs v1.
 bool try_v2(V2Segs& segs, const AffineWeights& w0, const uint16_t* x, bool y_f32, int64_t T, int n_sms, int gated_act, cudaStream_t s) {
-  const int variant = v2_variant();
+  const int chosen = v2_variant(), variant = chosen == 0 ? (T >= 2 ? 2 : 1) : chosen;
   if (variant < 2 || (w0.bits != 4 && w0.bits != 8) || T < 1 || T > 8 || !aligned16(x)) return false;
   for (int i = 0; i < segs.n; ++i)
     if (!aligned16(segs.codes[i])) return false;

@@ -384,10 +384,6 @@ void CudaBackend::load_affine(const Linear& host, Linear& l) {
 // trellis.h's layout: the words in the plain layout (the k = 3 axis-0 interleaved file layout de-interleaved
 // here), the f16 row scales as f32.
 void CudaBackend::load_trellis(const Linear& host, Linear& l) {
-  const char* on = std::getenv("ARBOR_CUDA_TRELLIS");
-  ARBOR_CHECK(on && std::strcmp(on, "1") == 0,
-              "cuda: {}: the CUDA trellis GEMV has not been checked on a GPU yet; set ARBOR_CUDA_TRELLIS=1 to run it anyway",
-              host.describe());
   quant::TrellisConfig tc;
   tc.bits = host.bits, tc.group_size = host.group_size, tc.axis = host.axis;
   ARBOR_CHECK((tc.bits == 2 || tc.bits == 3 || tc.bits == 4) && tc.group_size == 256 && (tc.axis == 0 || tc.axis == 1),

@@ -137,8 +137,8 @@ class CudaBackend : public Backend {
   // Seeded draws run each row as a thread-block cluster of up to 16 blocks on sm_90 (as many as the
   // rows leave SMs for); tests force at most c blocks per row (0: back to that rule). Process-wide.
   static void set_sample_cluster(int c);
-  // Decode attention over KV rows (attention_kv.h): 0 the split-K kernels, 1 the tensor-core kernel for
-  // coded rows (ARBOR_CUDA_KV_ATTN=v2), 2 for bf16 rows too (v2all), -1 back to the environment.
+  // Decode attention over KV rows (attention_kv.h): 0 the split-K kernels (ARBOR_CUDA_KV_ATTN=v1), 1 the
+  // tensor-core kernel for coded rows (v2, the default), 2 for bf16 rows too (v2all), -1 back to the environment.
   // Process-wide.
   static void set_kv_decode_attention(int mode);
 
@@ -160,8 +160,7 @@ class CudaBackend : public Backend {
   void ensure(void*& buf, size_t& cap, size_t bytes);  // grows a scratch buffer (synchronises when it does)
   void stage_copy(void* dst, const void* src, size_t bytes, bool f32_to_bf16);
   void load_affine(const Linear& host, Linear& l);  // load_linear's affine part (affine.h's layout)
-  // load_linear's trellis part (trellis.h's layout). The trellis GEMV has not run on a GPU yet (session 14):
-  // it loads only with ARBOR_CUDA_TRELLIS=1 in the environment, else fails saying so.
+  // load_linear's trellis part (trellis.h's layout).
   void load_trellis(const Linear& host, Linear& l);
   void upload_meta(const std::vector<int32_t>& host, void*& dev, size_t& cap);
   const BatchInfo& batch() const;
