@@ -290,6 +290,74 @@ TEST(CudaAffine, GemvV2MatchesTheReference) {
   }
 }
 
+// The v4 streaming GEMV (ARBOR_CUDA_AFFINE_GEMV=4: one activation row of 4-bit codes, K a multiple of 1024)
+// against the same reference: every group size, bf16/f16 pairs, one row, odd row counts, rows past the
+// warps (a warp's ring crossing rows), the largest K it takes, f32 and bf16 outputs; fused q/k/v and
+// gate/up; and shapes it does not take (K not a multiple of 1024, 3 rows, 8-bit) falling back to another kernel.
+TEST(CudaAffine, GemvStreamMatchesTheReference) {
+  ARBOR_REQUIRE_GPU();
+  CudaBackend gpu(0);
+  GemvVariant chosen(4);
+  std::mt19937 rng(21);
+  struct Shape {
+    int64_t R, C;
+  };
+  int case_no = 0;
+  for (int gs : {32, 64, 128})
+    for (const Shape& sh : {Shape{1, 1024}, Shape{37, 3072}, Shape{2000, 4096}, Shape{70001, 1024}, Shape{131, 16384}, Shape{33, 1024 + gs}}) {
+      const DType dt = (case_no % 3) == 1 ? DType::F16 : DType::BF16;
+      const bool with_bias = (case_no++ % 2) == 0;
+      HostAffine a(rng, sh.R, sh.C, 4, gs, dt, with_bias);
+      const Linear l = upload(gpu, a);
+      for (int64_t T : {1, 3}) {
+        if (T == 3 && sh.R > 2000) continue;
+        const bool f32 = (case_no + T) % 2 == 0;
+        std::vector<float> x = random_bf16(rng, size_t(T * sh.C));
+        Tensor xd = dev_bf16(gpu, x, {T, sh.C});
+        Tensor yd = gpu.alloc(f32 ? DType::F32 : DType::BF16, {T, sh.R});
+        gpu.linear(xd, l, yd);
+        std::vector<float> ref, mag;
+        reference(a, x, T, ref, mag);
+        expect_close(host_f32(gpu, yd), ref, mag, !f32, fmt::format("v4 {} T={} {}", a.name(), T, f32 ? "f32" : "bf16"));
+      }
+    }
+  for (int bits : {4, 8})
+    for (int gs : {32, 64, 128}) {
+      const int64_t C = 2048, T = 1;
+      const DType dt = gs == 64 ? DType::F16 : DType::BF16;
+      HostAffine q(rng, 75, C, bits, gs, dt, true), k(rng, 33, C, bits, gs, dt, false), v(rng, 17, C, bits, gs, dt, true);
+      const Linear lq = upload(gpu, q), lk = upload(gpu, k), lv = upload(gpu, v);
+      std::vector<float> x = random_bf16(rng, size_t(T * C));
+      Tensor xd = dev_bf16(gpu, x, {T, C});
+      Tensor yq = gpu.alloc(DType::BF16, {T, 75}), yk = gpu.alloc(DType::F32, {T, 33}), yv = gpu.alloc(DType::BF16, {T, 17});
+      const Backend::LinearOut outs[3] = {{&lq, yq}, {&lk, yk}, {&lv, yv}};
+      gpu.linear_multi(xd, outs, 3);
+      for (auto [a, y] : {std::pair{&q, yq}, std::pair{&k, yk}, std::pair{&v, yv}}) {
+        std::vector<float> ref, mag;
+        reference(*a, x, T, ref, mag);
+        expect_close(host_f32(gpu, y), ref, mag, y.dtype == DType::BF16, fmt::format("v4 multi {} T={}", a->name(), T));
+      }
+      HostAffine g(rng, 91, C, bits, gs, dt, gs == 32), u(rng, 91, C, bits, gs, dt, gs == 128);
+      const Linear lg = upload(gpu, g), lu = upload(gpu, u);
+      Tensor gate = gpu.alloc(DType::BF16, {T, 91}), up = gpu.alloc(DType::BF16, {T, 91}), out = gpu.alloc(DType::BF16, {T, 91});
+      gpu.gated_up(xd, lg, lu, ActOp::GeLUTanh, gate, up, out);
+      std::vector<float> rg, mg, ru, mu;
+      reference(g, x, T, rg, mg), reference(u, x, T, ru, mu);
+      const std::vector<float> got = host_f32(gpu, out);
+      int bad = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const double gv = rg[i], uv = ru[i];
+        const double act = 0.5 * gv * (1.0 + std::tanh(0.7978845608028654 * (gv + 0.044715 * gv * gv * gv)));
+        const float ref = float(act * uv);
+        // Each input within its tolerance and the two bf16 roundings; gelu's slope is at most about 1.13.
+        const float dg = 2e-5f * mg[i] + std::ldexp(std::fabs(float(gv)), -8), du = 2e-5f * mu[i] + std::ldexp(std::fabs(float(uv)), -8);
+        const float tol = (std::fabs(float(uv)) * 1.2f * dg + (std::fabs(float(gv)) + dg) * du) + std::ldexp(std::fabs(ref), -7) + 1e-30f;
+        if (!(std::fabs(got[i] - ref) <= tol) && bad++ < 5)
+          ADD_FAILURE() << "v4 gated " << g.name() << " output " << i << ": " << got[i] << " vs " << ref << " (tolerance " << tol << ")";
+      }
+    }
+}
+
 BatchInfo token_batch(std::vector<int32_t> tokens) {
   BatchInfo b;
   b.tokens = std::move(tokens);

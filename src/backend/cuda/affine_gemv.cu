@@ -772,14 +772,14 @@ int v2_variant() {
   if (g_v2_variant < 0) {
     const char* e = std::getenv("ARBOR_CUDA_AFFINE_GEMV");
     const int v = e ? std::atoi(e) : 0;
-    g_v2_variant = v >= 1 && v <= 3 ? v : 0;
+    g_v2_variant = v >= 1 && v <= 4 ? v : 0;
   }
   return g_v2_variant;
 }
 
 // The v2 kernel when it is chosen (forced, or by default for T >= 2) and applies (4/8-bit, aligned x and codes); false: the caller runs v1.
 bool try_v2(V2Segs& segs, const AffineWeights& w0, const uint16_t* x, bool y_f32, int64_t T, int n_sms, int gated_act, cudaStream_t s) {
-  const int chosen = v2_variant(), variant = chosen == 0 ? (T >= 2 ? 2 : 1) : chosen;
+  const int chosen = v2_variant(), variant = chosen == 0 || chosen == 4 ? (T >= 2 ? 2 : 1) : chosen;
   if (variant < 2 || (w0.bits != 4 && w0.bits != 8) || T < 1 || T > 8 || !aligned16(x)) return false;
   for (int i = 0; i < segs.n; ++i)
     if (!aligned16(segs.codes[i])) return false;
@@ -820,6 +820,220 @@ bool try_v2(V2Segs& segs, const AffineWeights& w0, const uint16_t* x, bool y_f32
     else ARBOR_V2(8, 128);
   }
 #undef ARBOR_V2
+  return true;
+}
+
+// ---- v4: the streaming GEMV for one activation row of 4-bit codes (ARBOR_CUDA_AFFINE_GEMV=4) ----------
+// gemv.cu's streaming kernel with codes in place of bf16 weights: two persistent blocks of 16 warps per
+// SM, each warp owning a contiguous run of units (output rows, numbered consecutively over the launch's
+// matrices; gated: gate/up row pairs) and pulling them through a private cp.async ring, kStrStages stages
+// of 512 code bytes (1024 codes) per row deep, issued before griddepcontrol.wait. A lane's 16 bytes of a
+// stage are 32 consecutive codes of one group, so its (scale, bias) word rides in the same ring (4-byte
+// copies). x is staged once per block after the wait, bf16 in the lanes' order (conflict-free 16-byte
+// reads) with Σx per lane's 32 columns, so a code costs one PRMT (nib_f: 128 + code) and one FMA, and a
+// 32-code piece adds scale·S + (bias − 128·scale)·Σx. Takes T = 1, K a multiple of 1024, 16-byte aligned
+// codes and x, and x small enough for two blocks an SM (K <= 16384); otherwise v1 runs.
+constexpr int kStrWarps = 16;
+constexpr int kStrStages = 4;
+constexpr int kStrBlocksPerSm = 2;
+constexpr int64_t kStrMaxK = 16384;
+
+struct StrSegs {
+  const uint32_t* codes[kAffineGemvMaxSegments];
+  const uint32_t* sb[kAffineGemvMaxSegments];
+  const float* bias[kAffineGemvMaxSegments];
+  void* y[kAffineGemvMaxSegments];
+  int64_t N[kAffineGemvMaxSegments];
+  int64_t row0[kAffineGemvMaxSegments];  // the launch's unit of matrix i's first row (gated: 0)
+  int n;
+};
+
+template <int RPU>
+__device__ __forceinline__ int str_seg(const StrSegs& s, int64_t u) {
+  return RPU == 2 ? 0 : s.n > 2 && u >= s.row0[2] ? 2 : s.n > 1 && u >= s.row0[1] ? 1 : 0;
+}
+// segs' arrays by selects, not a runtime index (which would copy the struct to local memory).
+template <typename V>
+__device__ __forceinline__ V str_pick(const V (&a)[kAffineGemvMaxSegments], int i) {
+  return i == 0 ? a[0] : i == 1 ? a[1] : a[2];
+}
+
+// Shared memory: codes ring [stages][RPU][threads] uint4, (scale, bias) ring [stages][RPU][threads] u32,
+// x [K/32 pieces][4] uint4 (lane order: piece (c, lane)'s j-th 8 values at (c*4 + j)*32 + lane), Σx [K/32].
+template <int RPU>
+size_t str_smem_bytes(int64_t K) {
+  return size_t(kStrStages) * RPU * kStrWarps * 32 * (16 + 4) + size_t(K) * 2 + size_t(K / 32) * 4;
+}
+
+template <int RPU>
+__global__ void __launch_bounds__(kStrWarps * 32, kStrBlocksPerSm) affine_stream_kernel(StrSegs segs, const uint16_t* __restrict__ x, bool y_f32,
+                                                                                     int64_t K, int gshift, bool sb_f16, int64_t units,
+                                                                                     int gated_act) {
+  extern __shared__ __align__(16) uint4 str_smem[];
+  constexpr int kThreads = kStrWarps * 32;
+  constexpr uint32_t kSlot = kThreads * 16, kStage = kSlot * RPU, kSbSlot = kThreads * 4, kSbStage = kSbSlot * RPU;
+  const int tid = threadIdx.x, lane = tid % 32;
+  const int64_t warps = int64_t(gridDim.x) * kStrWarps, gw = int64_t(blockIdx.x) * kStrWarps + tid / 32;
+  const int64_t u_beg = units * gw / warps, u_end = units * (gw + 1) / warps;
+  const int chunks = int(K / 1024);
+  const int64_t words = K / 8, groups = K >> gshift;
+  const uint32_t base = smem_addr(str_smem);
+  const uint32_t ring0 = base + uint32_t(tid) * 16u, sbring0 = base + kStrStages * kStage + uint32_t(tid) * 4u;
+  const int64_t lane_group = (int64_t(lane) * 32) >> gshift, stage_groups = int64_t(1024) >> gshift;
+
+  // Issue side: the next stage to fetch is chunk ic of unit iu, into ring slot islot.
+  int64_t iu = u_beg;
+  int ic = 0, islot = 0;
+  const uint32_t* pc[RPU];
+  const uint32_t* ps[RPU];
+  auto point = [&] {
+    if (RPU == 2) {
+#pragma unroll
+      for (int q = 0; q < RPU; ++q) pc[q] = segs.codes[q] + iu * words + lane * 4, ps[q] = segs.sb[q] + iu * groups + lane_group;
+    } else {
+      const int si = str_seg<RPU>(segs, iu);
+      const int64_t r = iu - str_pick(segs.row0, si);
+      pc[0] = str_pick(segs.codes, si) + r * words + lane * 4, ps[0] = str_pick(segs.sb, si) + r * groups + lane_group;
+    }
+  };
+  if (iu < u_end) point();
+  auto issue = [&] {
+    if (iu < u_end) {
+#pragma unroll
+      for (int q = 0; q < RPU; ++q) {
+        cp_async16(ring0 + uint32_t(islot) * kStage + q * kSlot, pc[q] + ic * 128);
+        cp_async4(sbring0 + uint32_t(islot) * kSbStage + q * kSbSlot, ps[q] + ic * stage_groups);
+      }
+      if (++ic == chunks) {
+        ic = 0;
+        if (++iu < u_end) point();
+      }
+    }
+    cp_async_commit();  // empty groups keep the count uniform
+    if (++islot == kStrStages) islot = 0;
+  };
+#pragma unroll 1
+  for (int j = 0; j < kStrStages; ++j) issue();
+  pdl_trigger();
+  pdl_wait();
+
+  // x in the lanes' order, and Σx per 32-column piece.
+  uint4* xs = reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(str_smem) + size_t(kStrStages) * (kStage + kSbStage));
+  float* xsum = reinterpret_cast<float*>(xs + K / 8);
+  for (int64_t i = tid; i < K / 32; i += kThreads) {
+    const int64_t c = i / 32, l = i % 32;
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + i * 32) + j);
+      float f[8];
+      bf16x8(v, f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sum += f[e];
+      xs[(c * 4 + j) * 32 + l] = v;
+    }
+    xsum[i] = sum;
+  }
+  __syncthreads();
+
+  const uint4* ring = str_smem;
+  const uint32_t* sbring = reinterpret_cast<const uint32_t*>(reinterpret_cast<const uint8_t*>(str_smem) + kStrStages * kStage);
+  float acc[RPU];
+#pragma unroll
+  for (int q = 0; q < RPU; ++q) acc[q] = 0.0f;
+  int cslot = 0;
+#pragma unroll 1
+  for (int64_t u = u_beg; u < u_end; ++u) {
+#pragma unroll 1
+    for (int c = 0; c < chunks; ++c) {
+      cp_async_wait<kStrStages - 1>();  // this stage has landed
+      uint4 wq[RPU];
+      uint32_t sbw[RPU];
+#pragma unroll
+      for (int q = 0; q < RPU; ++q) wq[q] = ring[(cslot * RPU + q) * kThreads + tid], sbw[q] = sbring[(cslot * RPU + q) * kThreads + tid];
+      if (++cslot == kStrStages) cslot = 0;
+      issue();  // the slot is free once read into registers
+      const float sx = xsum[c * 32 + lane];
+      float S[RPU];
+#pragma unroll
+      for (int q = 0; q < RPU; ++q) S[q] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float xf[8];
+        bf16x8(xs[(c * 4 + j) * 32 + lane], xf);
+#pragma unroll
+        for (int q = 0; q < RPU; ++q) {
+          const uint32_t w = j == 0 ? wq[q].x : j == 1 ? wq[q].y : j == 2 ? wq[q].z : wq[q].w;
+          const uint32_t lo = w & 0x0f0f0f0fu, hi = (w >> 4) & 0x0f0f0f0fu;  // codes 0,2,4,6 and 1,3,5,7 of the word
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            S[q] = fmaf(nib_f(lo, k), xf[2 * k], S[q]);
+            S[q] = fmaf(nib_f(hi, k), xf[2 * k + 1], S[q]);
+          }
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < RPU; ++q) {
+        const float2 p = sb_pair(sbw[q], sb_f16);
+        acc[q] = fmaf(p.x, S[q], fmaf(p.y - p.x * 128.0f, sx, acc[q]));
+      }
+    }
+    // The unit's last chunk: reduce over the warp, lane 0 writes, start the next unit.
+#pragma unroll
+    for (int q = 0; q < RPU; ++q)
+      for (int o = 16; o > 0; o >>= 1) acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], o);
+    if (lane == 0) {
+      const int si = str_seg<RPU>(segs, u);
+      const int64_t n = RPU == 2 ? u : u - str_pick(segs.row0, si);
+      const float* bias = str_pick(segs.bias, si);
+      void* y = str_pick(segs.y, si);
+      const float b0 = bias ? bias[n] : 0.0f;
+      if (RPU == 2) {  // act(gate) * up, each rounded to bf16 first as the unfused ops store them
+        const float b1 = segs.bias[1] ? segs.bias[1][n] : 0.0f;
+        const float g = __bfloat162float(__float2bfloat16(acc[0] + b0)), up = __bfloat162float(__float2bfloat16(acc[RPU - 1] + b1));
+        static_cast<__nv_bfloat16*>(y)[n] = __float2bfloat16(act_value(gated_act, g) * up);
+      } else if (y_f32) {
+        static_cast<float*>(y)[n] = acc[0] + b0;
+      } else {
+        static_cast<__nv_bfloat16*>(y)[n] = __float2bfloat16(acc[0] + b0);
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < RPU; ++q) acc[q] = 0.0f;
+  }
+  cp_async_wait<0>();  // nothing may be in flight into shared memory when the block exits
+}
+
+// The streaming kernel when it is chosen and applies; false: the caller runs another.
+bool try_stream(const StrSegs& segs, int64_t units, const AffineWeights& w0, const uint16_t* x, bool y_f32, int64_t T, int n_sms, int gated_act,
+                cudaStream_t s) {
+  const int64_t K = w0.cols;
+  if (T != 1 || w0.bits != 4 || K % 1024 != 0 || K > kStrMaxK || !aligned16(x) || units < 1) return false;
+  if (w0.group_size != 32 && w0.group_size != 64 && w0.group_size != 128) return false;
+  for (int i = 0; i < segs.n; ++i)
+    if (!aligned16(segs.codes[i])) return false;
+  const int gshift = w0.group_size == 32 ? 5 : w0.group_size == 64 ? 6 : 7;
+  // Every warp at least one unit: fewer blocks than the SMs' slots for small matrices.
+  const int64_t blocks = std::min<int64_t>(int64_t(n_sms) * kStrBlocksPerSm, (units + kStrWarps - 1) / kStrWarps);
+  const dim3 grid(unsigned(std::max<int64_t>(blocks, 1)));
+  if (gated_act >= 0) {
+    static bool attr = false;
+    if (!attr) {
+      ARBOR_CUDA_CHECK(cudaFuncSetAttribute(affine_stream_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(str_smem_bytes<2>(kStrMaxK))));
+      attr = true;
+    }
+    pdl_launch(affine_stream_kernel<2>, grid, dim3(kStrWarps * 32), str_smem_bytes<2>(K), s, segs, x, false, K, gshift, w0.sb_f16, units,
+               gated_act);
+  } else {
+    static bool attr = false;
+    if (!attr) {
+      ARBOR_CUDA_CHECK(cudaFuncSetAttribute(affine_stream_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(str_smem_bytes<1>(kStrMaxK))));
+      attr = true;
+    }
+    pdl_launch(affine_stream_kernel<1>, grid, dim3(kStrWarps * 32), str_smem_bytes<1>(K), s, segs, x, y_f32, K, gshift, w0.sb_f16, units,
+               gated_act);
+  }
+  ARBOR_LAUNCH_CHECK("affine_stream_kernel");
   return true;
 }
 
@@ -865,6 +1079,17 @@ void launch_affine_gemv_multi(const AffineGemvOut* outs, int n, const uint16_t* 
     v2.tile0[i] = v2.tiles;
     v2.tiles += (segs.N[i] + 15) / 16;
   }
+  if (v2_variant() == 4) {
+    StrSegs st{};
+    st.n = n;
+    int64_t rows = 0;
+    for (int i = 0; i < n; ++i) {
+      st.codes[i] = segs.codes[i], st.sb[i] = segs.sb[i], st.bias[i] = segs.bias[i], st.y[i] = segs.y[i], st.N[i] = segs.N[i];
+      st.row0[i] = rows;
+      rows += segs.N[i];
+    }
+    if (try_stream(st, rows, outs[0].w, x, y_f32, T, n_sms, -1, s)) return;
+  }
   if (try_v2(v2, outs[0].w, x, y_f32, T, n_sms, -1, s)) return;
   launch(segs, pairs, outs[0].w, x, y_f32, T, n_sms, -1, s);
 }
@@ -882,11 +1107,18 @@ void launch_affine_gemv_gated(const AffineGemvOut& gate, const AffineGemvOut& up
   v2.n = 2;
   v2.codes[0] = gate.w.codes, v2.codes[1] = up.w.codes, v2.sb[0] = gate.w.sb, v2.sb[1] = up.w.sb;
   v2.bias[0] = gate.bias, v2.bias[1] = up.bias, v2.y[0] = y, v2.N[0] = gate.w.rows, v2.tiles = (gate.w.rows + 7) / 8;
+  if (v2_variant() == 4) {
+    StrSegs st{};
+    st.n = 2;
+    st.codes[0] = gate.w.codes, st.codes[1] = up.w.codes, st.sb[0] = gate.w.sb, st.sb[1] = up.w.sb;
+    st.bias[0] = gate.bias, st.bias[1] = up.bias, st.y[0] = y, st.N[0] = gate.w.rows;
+    if (try_stream(st, gate.w.rows, gate.w, x, false, T, n_sms, act, s)) return;
+  }
   if (try_v2(v2, gate.w, x, false, T, n_sms, act, s)) return;
   launch(segs, gate.w.rows, gate.w, x, false, T, n_sms, act, s);
 }
 
-void set_affine_gemv_variant(int v) { g_v2_variant = v >= 1 && v <= 3 ? v : -1; }
+void set_affine_gemv_variant(int v) { g_v2_variant = v >= 1 && v <= 4 ? v : -1; }
 
 void launch_affine_embed(const AffineWeights& w, const int32_t* tokens, const int32_t* picked, int64_t T, float mul, uint16_t* out,
                          CUstream_st* s) {

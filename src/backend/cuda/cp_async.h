@@ -17,6 +17,10 @@ __device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, 
   const int n = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
 }
+// 4 bytes (cp.async takes 4 and 8 only through L1, .ca).
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+}
 // Closes the group of copies issued since the last commit.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most N committed groups are still in flight (this thread's copies).
