@@ -329,7 +329,7 @@ TEST(CudaAffine, GemvStreamMatchesTheReference) {
       const Linear lq = upload(gpu, q), lk = upload(gpu, k), lv = upload(gpu, v);
       std::vector<float> x = random_bf16(rng, size_t(T * C));
       Tensor xd = dev_bf16(gpu, x, {T, C});
-      Tensor yq = gpu.alloc(DType::BF16, {T, 75}), yk = gpu.alloc(DType::F32, {T, 33}), yv = gpu.alloc(DType::BF16, {T, 17});
+      Tensor yq = gpu.alloc(DType::BF16, {T, 75}), yk = gpu.alloc(DType::BF16, {T, 33}), yv = gpu.alloc(DType::BF16, {T, 17});  // one dtype: one fused launch
       const Backend::LinearOut outs[3] = {{&lq, yq}, {&lk, yk}, {&lv, yv}};
       gpu.linear_multi(xd, outs, 3);
       for (auto [a, y] : {std::pair{&q, yq}, std::pair{&k, yk}, std::pair{&v, yv}}) {
