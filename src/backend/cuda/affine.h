@@ -52,9 +52,9 @@ void launch_affine_gemv_gated(const AffineGemvOut& gate, const AffineGemvOut& up
                               int n_sms, CUstream_st* s);
 // Which GEMV kernel the two launchers above run: 1 the register kernel, 2 the tensor-core kernel for 4-
 // and 8-bit codes (others still run 1), 3 the same with a cp.async ring of steps in shared memory; 0 back
-// to the environment (ARBOR_CUDA_AFFINE_GEMV=1/2/3 forces one; unset, the default: 1 for one activation
-// row, 2 for 2..8, as measured on an H100); 4 the streaming kernel for one row of 4-bit codes with K a
-// multiple of 1024 (the default elsewhere). Not thread-safe: set it
+// to the environment (ARBOR_CUDA_AFFINE_GEMV=1/2/3 forces one; unset or 4, the default as measured on an
+// H100: for one activation row the streaming kernel (4-bit codes, K a multiple of 1024 up to 16384) or
+// else 1, for 2..8 rows 2). Not thread-safe: set it
 // before launching (tests, benchmarks).
 void set_affine_gemv_variant(int v);
 // Embedding gather from an affine table: out [T, cols] bf16 = (scale·code + bias) · mul for row tokens[t]

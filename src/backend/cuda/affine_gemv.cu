@@ -391,8 +391,8 @@ void check_same(const AffineWeights& a, const AffineWeights& b, const char* what
 // ---- v2: the tensor-core decode GEMV (4- and 8-bit; the default for 2..8 activation rows) ---------------
 // Checked on an H100 (session 18: tests/cuda/affine_gemv_test.cpp's V2 cases, memcheck clean) and measured
 // on the 8B at 4-bit g64: batch 8 1334 tok/s against v1's 381 (v1 reads the weights once per row there),
-// batch 1 238 tok/s against v1's 307. So by default v2 runs 2..8 rows and v1 one row; ARBOR_CUDA_AFFINE_GEMV
-// = 1/2/3 forces one kernel for every row count.
+// batch 1 238 tok/s against v1's 307. So by default v2 runs 2..8 rows, and one row runs v4 (below) where it
+// applies, else v1; ARBOR_CUDA_AFFINE_GEMV = 1/2/3 forces one kernel for every row count.
 //
 // Mapping. A warp owns a tile of 16 weight rows (the MMA's M; gated: 8 gate rows then the same 8 up rows)
 // for all T <= 8 activation rows at once (the MMA's N: x rows past T are zeros), so the dequantization and
@@ -823,7 +823,10 @@ bool try_v2(V2Segs& segs, const AffineWeights& w0, const uint16_t* x, bool y_f32
   return true;
 }
 
-// ---- v4: the streaming GEMV for one activation row of 4-bit codes (ARBOR_CUDA_AFFINE_GEMV=4) ----------
+// ---- v4: the streaming GEMV for one activation row of 4-bit codes (the default where it applies) -------
+// Measured on an H100 (session 18, against v1 in the same process): 8B at 4-bit g64, b=1 ctx 512 433 tok/s
+// (61 % of roofline) against 306; per matrix gate/up 65 % of copy (v1 46 %), down 67 % (45 %), lm_head 79 %
+// (58 %), q/o 43 % (40 %).
 // gemv.cu's streaming kernel with codes in place of bf16 weights: two persistent blocks of 16 warps per
 // SM, each warp owning a contiguous run of units (output rows, numbered consecutively over the launch's
 // matrices; gated: gate/up row pairs) and pulling them through a private cp.async ring, kStrStages stages
@@ -1079,7 +1082,7 @@ void launch_affine_gemv_multi(const AffineGemvOut* outs, int n, const uint16_t* 
     v2.tile0[i] = v2.tiles;
     v2.tiles += (segs.N[i] + 15) / 16;
   }
-  if (v2_variant() == 4) {
+  if (v2_variant() == 0 || v2_variant() == 4) {  // the default for one row where it applies
     StrSegs st{};
     st.n = n;
     int64_t rows = 0;
@@ -1107,7 +1110,7 @@ void launch_affine_gemv_gated(const AffineGemvOut& gate, const AffineGemvOut& up
   v2.n = 2;
   v2.codes[0] = gate.w.codes, v2.codes[1] = up.w.codes, v2.sb[0] = gate.w.sb, v2.sb[1] = up.w.sb;
   v2.bias[0] = gate.bias, v2.bias[1] = up.bias, v2.y[0] = y, v2.N[0] = gate.w.rows, v2.tiles = (gate.w.rows + 7) / 8;
-  if (v2_variant() == 4) {
+  if (v2_variant() == 0 || v2_variant() == 4) {  // the default for one row where it applies
     StrSegs st{};
     st.n = 2;
     st.codes[0] = gate.w.codes, st.codes[1] = up.w.codes, st.sb[0] = gate.w.sb, st.sb[1] = up.w.sb;
