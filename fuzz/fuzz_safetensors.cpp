@@ -46,7 +46,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string bytes;
   try {
     bytes = arbor::serialize_safetensors(w, meta);
-  } catch (const arbor::Error&) {
+  } catch (const arbor::Error& e) {
+    fprintf(stderr, "fuzz_safetensors: serialize: %s\n", e.what());
     broken("a parsed file does not serialize");
   }
   arbor::json meta2;

@@ -121,6 +121,8 @@ const json& field(const json& entry, const char* key, const std::string& file, c
 TensorInfo parse_entry(const std::string& name, const json& e, const uint8_t* data_section, uint64_t data_size,
                        const std::string& file) {
   const std::string shown = brief(name);
+  // No checkpoint names a tensor "", and nothing could look it up or write it back (the writer refuses it).
+  if (name.empty()) fail("safetensors: {}: a tensor has an empty name", file);
   if (!e.is_object()) fail("safetensors: {}: tensor '{}': entry is a JSON {}, not an object", file, shown, e.type_name());
   TensorInfo t;
   t.name = name;

@@ -74,6 +74,8 @@ TEST(SafetensorsMalformed, HeaderNotJsonOrNotObject) {
 }
 
 TEST(SafetensorsMalformed, MissingOrWrongTypedFields) {
+  // The fuzzer's find: an empty name parsed, then the writer refused it.
+  expect_rejected(R"({"": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", 4, {"a tensor has an empty name"});
   expect_rejected(R"({"w": 3})", 0, {"tensor 'w': entry is a JSON number, not an object"});
   expect_rejected(R"({"w": {"shape": [1], "data_offsets": [0, 4]}})", 4, {"tensor 'w': missing 'dtype'"});
   expect_rejected(R"({"w": {"dtype": 5, "shape": [1], "data_offsets": [0, 4]}})", 4,
