@@ -163,7 +163,10 @@ ARBOR_BF16 void round_rows(const float* x, int64_t K, int64_t Kh, int64_t t0, in
 
 // ---- Peak microbenchmark ----------------------------------------------------------------------------
 // 24 independent accumulator chains (enough to cover 2 ports x latency <= 12 on any core), `iters`
-// rounds each; the result is summed so the compiler keeps the work. Returns FLOP per round.
+// rounds each; the result is summed so the compiler keeps the work. Returns FLOP per round. No asm
+// barrier on the accumulators: one (session 18 removed it) made GCC keep the array in memory and store
+// all 24 registers every round, which held Zen 5 to a third of its vdpbf16ps rate (137 of ~410 GFLOP/s a
+// thread) — below what the GEMM itself reached, so prefill read as 155 % of "peak".
 ARBOR_BF16 float peak_loop_bf16(int64_t iters, float seed) {
   __m512 acc[24];
   for (int i = 0; i < 24; ++i) acc[i] = _mm512_set1_ps(seed * float(i));
@@ -171,7 +174,6 @@ ARBOR_BF16 float peak_loop_bf16(int64_t iters, float seed) {
   for (int64_t it = 0; it < iters; ++it) {
 #pragma GCC unroll 24
     for (int i = 0; i < 24; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
-    __asm__ volatile("" : "+v"(acc[0]), "+v"(acc[1]), "+v"(acc[2]), "+v"(acc[3]), "+v"(acc[4]), "+v"(acc[5]));
   }
   __m512 s = acc[0];
   for (int i = 1; i < 24; ++i) s = _mm512_add_ps(s, acc[i]);
@@ -185,7 +187,6 @@ __attribute__((target("avx512f"))) float peak_loop_fma512(int64_t iters, float s
   for (int64_t it = 0; it < iters; ++it) {
 #pragma GCC unroll 24
     for (int i = 0; i < 24; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
-    __asm__ volatile("" : "+v"(acc[0]), "+v"(acc[1]), "+v"(acc[2]), "+v"(acc[3]), "+v"(acc[4]), "+v"(acc[5]));
   }
   __m512 s = acc[0];
   for (int i = 1; i < 24; ++i) s = _mm512_add_ps(s, acc[i]);
@@ -199,7 +200,6 @@ __attribute__((target("avx2,fma"))) float peak_loop_fma256(int64_t iters, float 
   for (int64_t it = 0; it < iters; ++it) {
 #pragma GCC unroll 12
     for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
-    __asm__ volatile("" : "+x"(acc[0]), "+x"(acc[1]), "+x"(acc[2]), "+x"(acc[3]));
   }
   __m256 s = acc[0];
   for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, acc[i]);
