@@ -180,7 +180,9 @@ ARBOR_BF16 void bf16_kernel(const AttnBlockArgs& a, int64_t t0, int64_t nt, int6
           const __m512 mv = _mm512_set1_ps(m_new);
           const __m512 p0 = _mm512_maskz_mov_ps(vis0, exp_nonpos(_mm512_sub_ps(x0, mv)));
           const __m512 p1 = _mm512_maskz_mov_ps(vis1, exp_nonpos(_mm512_sub_ps(x1, mv)));
-          corr[rr] = std::exp(M[row] - m_new);  // 0 on the row's first visible block
+          // In vector form (a call to expf would spill the score tile); e^-87 rather than 0 on the row's
+          // first visible block, where O and Lv are still 0.
+          corr[rr] = _mm512_cvtss_f32(exp_nonpos(_mm512_set1_ps(M[row] - m_new)));
           M[row] = m_new;
           _mm512_store_ps(Lv + row * 16, _mm512_add_ps(_mm512_fmadd_ps(_mm512_load_ps(Lv + row * 16), _mm512_set1_ps(corr[rr]), p0), p1));
           pw = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);  // keys 0..15 in the low half: word i = keys 2i, 2i + 1
