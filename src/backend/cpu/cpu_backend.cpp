@@ -9,6 +9,7 @@
 #include <cstring>
 #include <new>
 
+#include "backend/cpu/attention_bf16.h"
 #include "backend/cpu/attention_blocked.h"
 #include "backend/cpu/attention_coded.h"
 #include "backend/cpu/bandwidth.h"
@@ -498,16 +499,26 @@ void CpuBackend::attention(int64_t layer, const Tensor& q, const AttentionParams
   const KVCodecPair& codec = kv_.codec(layer);
   const bool blocked = codec.plain() && cpu::attention_block_applies(hd, group, p.softcap);
   const bool coded = !codec.plain() && cpu::attention_coded_applies(codec, hd, group);
+  // Bf16 mode: prompt rows of plain layers through the bf16 kernel (attention_bf16.h), by the rows' kinds
+  // where the batch says (as linear_by_kind), else by count as pick_linear (a step of more than
+  // kLinearGemvMaxT rows is a prompt chunk). Decode rows, and every row in exact mode, keep
+  // attention_blocked.
+  const bool bf16 = blocked && gemm_mode_ == cpu::GemmMode::Bf16 && cpu::attention_bf16_applies(hd, group, p.softcap);
+  const uint8_t* kinds = bf16 ? row_kinds(b.n_tokens()) : nullptr;
+  auto bf16_row = [&](int64_t t) { return bf16 && (kinds ? kinds[t] == 0 : b.n_tokens() > cpu::kLinearGemvMaxT); };
   if (blocked || coded) {
-    // Runs of up to 16 consecutive tokens of one sequence at consecutive positions (a prefill chunk
-    // gives full runs, a decode step runs of one), each with one kv head per work item. Items are
-    // dealt from both ends of the run list so a causal prefill's cheap early runs and costly late
-    // ones are spread evenly over the threads' contiguous shares.
+    // Runs of consecutive tokens of one sequence at consecutive positions and of one kernel, up to 16
+    // (kAttnBf16MaxRun for the bf16 kernel; a prefill chunk gives full runs, a decode step runs of one),
+    // each with one kv head per work item. Items are dealt from both ends of the run list so a causal
+    // prefill's cheap early runs and costly late ones are spread evenly over the threads' contiguous
+    // shares.
     std::vector<std::pair<int64_t, int64_t>> runs;  // (first token, tokens)
     for (int64_t t = 0; t < b.n_tokens(); ++t) {
       if (!runs.empty()) {
         auto& [t0, n] = runs.back();
-        if (n < 16 && b.seq[size_t(t)] == b.seq[size_t(t0)] && b.pos[size_t(t)] == b.pos[size_t(t0)] + n) {
+        const bool run_bf16 = bf16_row(t0);
+        if (n < (run_bf16 ? cpu::kAttnBf16MaxRun : 16) && bf16_row(t) == run_bf16 && b.seq[size_t(t)] == b.seq[size_t(t0)] &&
+            b.pos[size_t(t)] == b.pos[size_t(t0)] + n) {
           ++n;
           continue;
         }
@@ -530,7 +541,9 @@ void CpuBackend::attention(int64_t layer, const Tensor& q, const AttentionParams
     cargs.n_heads = p.n_heads, cargs.n_kv_heads = p.n_kv_heads, cargs.hd = hd, cargs.bs = bs;
     cargs.scale = p.scale, cargs.softcap = p.softcap, cargs.window = p.window;
     const size_t need =
-        size_t(blocked ? cpu::attention_block_scratch_floats(hd, group) : cpu::attention_coded_scratch_floats(hd, group)) + 16;
+        size_t(blocked ? std::max(cpu::attention_block_scratch_floats(hd, group), bf16 ? cpu::attention_bf16_scratch_floats(hd, group) : 0)
+                       : cpu::attention_coded_scratch_floats(hd, group)) +
+        16;
     // Coded layers: a work item takes a run and a range of kv heads (their rows sit side by side in a
     // slot, so the range is read as one span per position): as many heads as leave every thread an item.
     int64_t hc = 1;
@@ -550,7 +563,9 @@ void CpuBackend::attention(int64_t layer, const Tensor& q, const AttentionParams
         const auto [t0, n] = runs[size_t(k % 2 == 0 ? k / 2 : n_runs - 1 - k / 2)];
         const int32_t s = b.seq[size_t(t0)];
         const int32_t* table = b.block_tables.data() + int64_t(s) * b.max_blocks;
-        if (blocked)
+        if (blocked && bf16_row(t0))
+          cpu::attention_bf16(args, t0, n, b.pos[size_t(t0)], table, g, sp);
+        else if (blocked)
           cpu::attention_block(args, t0, n, b.pos[size_t(t0)], table, g, sp);
         else
           cpu::attention_coded(cargs, t0, n, b.pos[size_t(t0)], table, g * hc, std::min(p.n_kv_heads, (g + 1) * hc), sp);
