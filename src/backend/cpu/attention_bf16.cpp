@@ -7,24 +7,15 @@
 // online softmax in f32 (running max M, per-lane sum Lv, exp in vector form), p rounded to bf16 pairs,
 // and O_row = O_row * corr + p · V_block as one vdpbf16ps per (row, 16 dims, key pair). Finally out =
 // O / sum(Lv).
-// GCC 12's AVX-512 intrinsics trip -Wuninitialized when inlined (GCC bug 105593).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include "backend/cpu/attention_bf16.h"
+#include "backend/cpu/avx512_common.h"  // first: it must precede <immintrin.h>
 
-#include <immintrin.h>
-#include "backend/cpu/avx512_transpose.h"
+#include "backend/cpu/attention_bf16.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "backend/cpu/cpu_features.h"
 #include "core/error.h"
-
-#define ARBOR_BF16 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
-#define ARBOR_BF16_INLINE ARBOR_BF16 inline __attribute__((always_inline))
 
 namespace arbor::cpu {
 
@@ -34,24 +25,6 @@ constexpr int64_t kMaxHd = 256, kMaxGroup = 8, kKeys = 32;
 constexpr int kRT = 8;  // rows per score tile: 2 x 8 independent vdpbf16ps chains
 
 alignas(64) const float kZeroRow[kMaxHd] = {};
-
-// The same as attention_blocked.cpp's.
-ARBOR_BF16_INLINE __m512 exp_nonpos(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 5040);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
 
 // 32 dims from x (fewer where `left` < 32, zero past it) as 16 bf16 pairs in order.
 ARBOR_BF16_INLINE __m512i round_pairs(const float* x, int64_t left) {

@@ -3,24 +3,15 @@
 // transpose per 16 dims), scores for every row as hd broadcast-FMAs into one zmm (16 keys at once),
 // online softmax (running max M and sum L per row, exp in vector form), and O_row += p · V_block with
 // the row's hd/16 accumulators in registers. Finally out = O / L.
-// GCC 12's AVX-512 intrinsics trip -Wuninitialized when inlined (GCC bug 105593).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include "backend/cpu/attention_blocked.h"
+#include "backend/cpu/avx512_common.h"  // first: it must precede <immintrin.h>
 
-#include <immintrin.h>
-#include "backend/cpu/avx512_transpose.h"
+#include "backend/cpu/attention_blocked.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "backend/cpu/cpu_features.h"
 #include "core/error.h"
-
-#define ARBOR_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
-#define ARBOR_AVX512_INLINE ARBOR_AVX512 inline __attribute__((always_inline))
 
 namespace arbor::cpu {
 
@@ -29,25 +20,6 @@ namespace {
 constexpr int64_t kMaxHd = 256, kMaxGroup = 8, kRun = 16;
 
 alignas(64) const float kZeroRow[kMaxHd] = {};
-
-// e^x for x <= 0 (a score minus the running max): n = round(x log2 e), r = x - n ln 2 in
-// [-ln2/2, ln2/2], e^r by its degree-7 Taylor polynomial (truncation < 1e-8 relative), times 2^n.
-ARBOR_AVX512_INLINE __m512 exp_nonpos(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 5040);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
 
 // NC = hd / 16 vectors per row.
 template <int NC>

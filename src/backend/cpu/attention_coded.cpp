@@ -12,25 +12,16 @@
 //   then O = O * corr + bias + Σ_c p'_c Vc[c] for two rows at a time over 64 dims (8 independent
 //   accumulators, each Vc vector loaded once for both rows).
 // Finally out = O / L, and for TurboQuant values the inverse rotation of each output row.
-// GCC 12's AVX-512 intrinsics trip -Wuninitialized when inlined (GCC bug 105593).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include "backend/cpu/attention_coded.h"
+#include "backend/cpu/avx512_common.h"  // first: it must precede <immintrin.h>
 
-#include <immintrin.h>
+#include "backend/cpu/attention_coded.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "backend/cpu/avx512_transpose.h"
 #include "backend/cpu/cpu_features.h"
 #include "core/error.h"
-
-#define ARBOR_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
-#define ARBOR_AVX512_INLINE ARBOR_AVX512 inline __attribute__((always_inline))
 
 namespace arbor::cpu {
 
@@ -167,26 +158,6 @@ TileFn value_tile_fn(const KVCodec& c) {
   if (c.kind == KVCodecKind::Affine) return tile_for_bits<KVCodecKind::Affine, false>(c.bits);
   if (c.kind == KVCodecKind::TurboValue) return tile_for_bits<KVCodecKind::TurboValue, false>(c.bits);
   return nullptr;
-}
-
-// e^x for x <= 0 (a score minus the running max): n = round(x log2 e), r = x - n ln 2 in
-// [-ln2/2, ln2/2], e^r by its degree-7 Taylor polynomial (truncation < 1e-8 relative), times 2^n.
-// The same as attention_blocked.cpp's.
-ARBOR_AVX512_INLINE __m512 exp_nonpos(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 5040);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
 }
 
 // O[row][64 dims at d] = O * corr[row] + Σ_c P[row][c] Vc[c][d..] + bias, for ROWS (1 or 2) rows at

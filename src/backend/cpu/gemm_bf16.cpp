@@ -5,16 +5,9 @@
 // 256 tokens x 256 columns, finished one k block (kKCP pairs) at a time, so that block's x slice
 // (256 x kKCP x 4 B) and y block (256 KiB) stay in L2 while each packed panel (32 x kKCP x 4 B) sits in
 // L1 for all 256 tokens. Also the dot-product peak microbenchmark bench measures prefill against.
-// GCC 12's AVX-512 intrinsics trip -Wuninitialized when inlined (GCC bug 105593); the pragmas must
-// precede the header, where the warning is located.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include "backend/cpu/gemm_bf16.h"
+#include "backend/cpu/avx512_common.h"  // first: it must precede <immintrin.h>
 
-#include <immintrin.h>
-#include "backend/cpu/avx512_transpose.h"
+#include "backend/cpu/gemm_bf16.h"
 
 #include <algorithm>
 #include <atomic>
@@ -23,9 +16,6 @@
 
 #include "backend/cpu/cpu_features.h"
 #include "core/error.h"
-
-#define ARBOR_BF16 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
-#define ARBOR_BF16_INLINE ARBOR_BF16 inline __attribute__((always_inline))
 
 namespace arbor::cpu {
 

@@ -6,14 +6,7 @@
 // one widening load for 4 and 8 bits; for 2, 3, 5 and 6 bits a byte shuffle into 16-bit windows (widened to
 // 32 bits) and a per-lane shift. Code k of every lane is (lane >> k·bits) & mask: vector k holds codes
 // 2i + k, and x was permuted to match (linear_affine.cpp), so nothing is shuffled back.
-// GCC 12's AVX-512 intrinsics trip -Wuninitialized when inlined (GCC bug 105593); the pragmas must precede
-// the header, where the warning is located.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#include "backend/cpu/avx512_transpose.h"
+#include "backend/cpu/avx512_common.h"  // first: it must precede <immintrin.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -21,10 +14,6 @@
 
 #include "backend/cpu/linear_affine.h"
 #include "core/error.h"
-
-#define ARBOR_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
-#define ARBOR_AVX512_INLINE ARBOR_AVX512 inline __attribute__((always_inline))
-#define ARBOR_BF16 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
 namespace arbor::cpu::affine_detail {
 

@@ -14,11 +14,7 @@
 // |code·q| ≤ 255·127, far inside s32.
 // The last span of a row that its codes do not fill is read with a masked load (nothing past the row is
 // touched); x is zero-padded there and its d is 0.
-// GCC 12's AVX-512 intrinsics trip -Wuninitialized when inlined (GCC bug 105593); the pragmas must precede
-// the header, where the warning is located.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
+#include "backend/cpu/avx512_common.h"  // first: it must precede <immintrin.h>
 
 #include <algorithm>
 #include <cmath>

@@ -1,23 +1,13 @@
 // AVX-512 (F/BW/VL/DQ) linear kernels: the decode GEMV (weights streamed once, all T <= 8 token rows
 // per weight load) and the prefill GEMM (packed 32-column weight panels, 12x32 register tile) for f32,
 // f16 and bf16 weights, f32 math. Compiled with per-function target attributes, chosen at run time.
-// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*() and trip -Wuninitialized when inlined
-// (GCC bug 105593); the pragma must precede the header, where the warning is located.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#include "backend/cpu/avx512_transpose.h"
+#include "backend/cpu/avx512_common.h"  // first: it must precede <immintrin.h>
 
 #include <algorithm>
 #include <cstdint>
 
 #include "backend/cpu/linear.h"
 #include "core/error.h"
-
-#define ARBOR_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
-#define ARBOR_AVX512_INLINE ARBOR_AVX512 inline __attribute__((always_inline))
 
 namespace arbor::cpu::linear_detail {
 

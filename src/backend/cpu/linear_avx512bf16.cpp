@@ -1,23 +1,13 @@
 // AVX-512 BF16 prefill GEMM for bf16 weights: vdpbf16ps on packed 32-column weight panels (pairs of k)
 // against x split into two bf16 halves (x ≈ x_hi + x_lo, ~16 mantissa bits), f32 accumulation. The
 // weights are exact; x keeps enough precision to match an f32 reference to ~1e-5 relative.
-// GCC 12's AVX-512 intrinsics trip -Wuninitialized when inlined (GCC bug 105593); the pragmas must
-// precede the header, where the warning is located.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#include "backend/cpu/avx512_transpose.h"
+#include "backend/cpu/avx512_common.h"  // first: it must precede <immintrin.h>
 
 #include <algorithm>
 #include <cstdint>
 
 #include "backend/cpu/linear.h"
 #include "core/error.h"
-
-#define ARBOR_AVX512BF16 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
-#define ARBOR_AVX512BF16_INLINE ARBOR_AVX512BF16 inline __attribute__((always_inline))
 
 namespace arbor::cpu::linear_detail {
 
@@ -28,7 +18,7 @@ constexpr int kKCP = 128;  // k pairs per packed panel: 128 x 32 x 4 B = 16 KiB,
 
 // P[p][j] (p < kcp rounded up to 16, j < 32) = the bf16 pair W[nb+j][kb+2p], W[nb+j][kb+2p+1] as one
 // 32-bit word; zero past row nb+nw or past K (so an odd K gets a zero partner).
-ARBOR_AVX512BF16 void pack_panel(const Args& a, int64_t nb, int64_t nw, int64_t kb, int64_t kcp, uint32_t* P) {
+ARBOR_BF16 void pack_panel(const Args& a, int64_t nb, int64_t nw, int64_t kb, int64_t kcp, uint32_t* P) {
   const uint16_t* W = static_cast<const uint16_t*>(a.W);
   for (int h = 0; h < 2; ++h) {
     for (int64_t g = 0; g < kcp; g += 16) {
@@ -50,7 +40,7 @@ ARBOR_AVX512BF16 void pack_panel(const Args& a, int64_t nb, int64_t nw, int64_t 
 // y[0..MR, 0..32 masked] (+)= x[0..MR, pairs 0..kcp] · P; on the first k block y is overwritten (+ bias).
 // xs rows hold (hi pair, lo pair) words; both halves accumulate into the same f32 sums.
 template <int MR>
-ARBOR_AVX512BF16 void gemm_tile(const uint32_t* xs, int64_t ldx, const uint32_t* P, int64_t kcp, float* y,
+ARBOR_BF16 void gemm_tile(const uint32_t* xs, int64_t ldx, const uint32_t* P, int64_t kcp, float* y,
                                 int64_t ldy, __mmask16 m0, __mmask16 m1, const float* bias, bool first) {
   __m512 acc[MR][2];
 #pragma GCC unroll 16
@@ -81,7 +71,7 @@ ARBOR_AVX512BF16 void gemm_tile(const uint32_t* xs, int64_t ldx, const uint32_t*
 }
 
 template <int MR>
-ARBOR_AVX512BF16 void gemm_tile_any(int mr, const uint32_t* xs, int64_t ldx, const uint32_t* P, int64_t kcp,
+ARBOR_BF16 void gemm_tile_any(int mr, const uint32_t* xs, int64_t ldx, const uint32_t* P, int64_t kcp,
                                     float* y, int64_t ldy, __mmask16 m0, __mmask16 m1, const float* bias,
                                     bool first) {
   if constexpr (MR > 1) {
@@ -92,7 +82,7 @@ ARBOR_AVX512BF16 void gemm_tile_any(int mr, const uint32_t* xs, int64_t ldx, con
 
 }  // namespace
 
-ARBOR_AVX512BF16 void split_bf16_avx512bf16(const float* x, int64_t K, int64_t Kp, int64_t t0, int64_t t1,
+ARBOR_BF16 void split_bf16_avx512bf16(const float* x, int64_t K, int64_t Kp, int64_t t0, int64_t t1,
                                             uint32_t* x_split) {
   // Word order within 16 outputs: hi pair 0, lo pair 0, hi pair 1, ... (hi words 0..7, lo words 8..15).
   const __m512i interleave = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
@@ -114,7 +104,7 @@ ARBOR_AVX512BF16 void split_bf16_avx512bf16(const float* x, int64_t K, int64_t K
   }
 }
 
-ARBOR_AVX512BF16 void gemm_avx512bf16(const Args& a, int64_t n0, int64_t n1, float* scratch) {
+ARBOR_BF16 void gemm_avx512bf16(const Args& a, int64_t n0, int64_t n1, float* scratch) {
   ARBOR_CHECK(a.wtype == DType::BF16 && a.x_split && a.Kp == (a.K + 1) / 2 * 2,
               "linear: avx512bf16 gemm needs bf16 weights and split x (got {}, Kp={} for K={})",
               dtype_name(a.wtype), a.Kp, a.K);
