@@ -187,28 +187,15 @@ ARBOR_BF16 void bf16_kernel(const AttnBlockArgs& a, int64_t t0, int64_t nt, int6
       }
     }
   }
-  for (int64_t r = 0; r < R; ++r) {
-    const int64_t i = r / G, h = g * G + r % G;
-    float* o = a.out + (t0 + i) * qrow + h * hd;
-    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(_mm512_load_ps(Lv + r * 16)));
-    for (int k = 0; k < NC; ++k) _mm512_storeu_ps(o + 16 * k, _mm512_mul_ps(_mm512_load_ps(O + r * hd + 16 * k), inv));
-  }
-}
-
-template <int NC>
-void dispatch(int nc, const AttnBlockArgs& a, int64_t t0, int64_t nt, int64_t pos0, const int32_t* table, int64_t g,
-              float* scratch) {
-  if constexpr (NC > 1) {
-    if (nc < NC) return dispatch<NC - 1>(nc, a, t0, nt, pos0, table, g, scratch);
-  }
-  bf16_kernel<NC>(a, t0, nt, pos0, table, g, scratch);
+  for (int64_t r = 0; r < R; ++r) M[r] = _mm512_reduce_add_ps(_mm512_load_ps(Lv + r * 16));  // M: the row sums now
+  attention_block_store(a, t0, R, g, O, M);
 }
 
 }  // namespace
 
 bool attention_bf16_applies(int64_t hd, int64_t group, float softcap) {
-  return cpu_features().avx512_bf16 && softcap == 0.0f && hd % 16 == 0 && hd >= 16 && hd <= kMaxHd && group >= 1 &&
-         group <= kMaxGroup;
+  static_assert(kMaxHd == 256 && kMaxGroup == 8, "the shapes attention_block_shape_ok admits");
+  return cpu_features().avx512_bf16 && attention_block_shape_ok(hd, group, softcap);
 }
 
 int64_t attention_bf16_scratch_floats(int64_t hd, int64_t group) {
@@ -220,11 +207,8 @@ int64_t attention_bf16_scratch_floats(int64_t hd, int64_t group) {
 void attention_bf16(const AttnBlockArgs& a, int64_t t0, int64_t nt, int64_t pos0, const int32_t* table, int64_t g,
                     float* scratch) {
   const int64_t G = a.n_kv_heads > 0 ? a.n_heads / a.n_kv_heads : 0;
-  ARBOR_CHECK(attention_bf16_applies(a.hd, G, 0.0f) && a.n_heads == G * a.n_kv_heads && nt >= 1 && nt <= kAttnBf16MaxRun &&
-                  g >= 0 && g < a.n_kv_heads && pos0 >= 0,
-              "attention_bf16: unsupported call (hd {}, heads {}/{}, rows {}, kv head {}, pos {})", a.hd, a.n_heads,
-              a.n_kv_heads, nt, g, pos0);
-  dispatch<kMaxHd / 16>(int(a.hd / 16), a, t0, nt, pos0, table, g, scratch);
+  check_attention_block_call("attention_bf16", attention_bf16_applies(a.hd, G, 0.0f), a, nt, kAttnBf16MaxRun, g, pos0);
+  attention_block_by_width(a.hd, [&]<int NC>() { bf16_kernel<NC>(a, t0, nt, pos0, table, g, scratch); });
 }
 
 }  // namespace arbor::cpu

@@ -97,28 +97,34 @@ ARBOR_AVX512 void block_kernel(const AttnBlockArgs& a, int64_t t0, int64_t nt, i
       for (int k = 0; k < NC; ++k) _mm512_storeu_ps(orow + 16 * k, acc[k]);
     }
   }
-  for (int64_t row = 0; row < R; ++row) {
-    const int64_t i = row / G, h = g * G + row % G;
-    float* o = a.out + (t0 + i) * qrow + h * hd;
-    const __m512 inv = _mm512_set1_ps(1.0f / L[row]);
-    for (int k = 0; k < NC; ++k) _mm512_storeu_ps(o + 16 * k, _mm512_mul_ps(_mm512_loadu_ps(O + row * hd + 16 * k), inv));
-  }
-}
-
-template <int NC>
-void dispatch(int nc, const AttnBlockArgs& a, int64_t t0, int64_t nt, int64_t pos0, const int32_t* table, int64_t g,
-              float* scratch) {
-  if constexpr (NC > 1) {
-    if (nc < NC) return dispatch<NC - 1>(nc, a, t0, nt, pos0, table, g, scratch);
-  }
-  block_kernel<NC>(a, t0, nt, pos0, table, g, scratch);
+  attention_block_store(a, t0, R, g, O, L);
 }
 
 }  // namespace
 
+bool attention_block_shape_ok(int64_t hd, int64_t group, float softcap) {
+  return softcap == 0.0f && hd % 16 == 0 && hd >= 16 && hd <= kMaxHd && group >= 1 && group <= kMaxGroup;
+}
+
 bool attention_block_applies(int64_t hd, int64_t group, float softcap) {
-  return cpu_features().avx512 && softcap == 0.0f && hd % 16 == 0 && hd >= 16 && hd <= kMaxHd && group >= 1 &&
-         group <= kMaxGroup;
+  return cpu_features().avx512 && attention_block_shape_ok(hd, group, softcap);
+}
+
+void check_attention_block_call(const char* who, bool applies, const AttnBlockArgs& a, int64_t nt, int64_t max_run, int64_t g,
+                                int64_t pos0) {
+  const int64_t G = a.n_kv_heads > 0 ? a.n_heads / a.n_kv_heads : 0;
+  ARBOR_CHECK(applies && a.n_heads == G * a.n_kv_heads && nt >= 1 && nt <= max_run && g >= 0 && g < a.n_kv_heads && pos0 >= 0,
+              "{}: unsupported call (hd {}, heads {}/{}, rows {}, kv head {}, pos {})", who, a.hd, a.n_heads, a.n_kv_heads, nt, g,
+              pos0);
+}
+
+ARBOR_AVX512 void attention_block_store(const AttnBlockArgs& a, int64_t t0, int64_t R, int64_t g, const float* O, const float* L) {
+  const int64_t hd = a.hd, G = a.n_heads / a.n_kv_heads, qrow = a.n_heads * hd;
+  for (int64_t r = 0; r < R; ++r) {
+    float* o = a.out + (t0 + r / G) * qrow + (g * G + r % G) * hd;
+    const __m512 inv = _mm512_set1_ps(1.0f / L[r]);
+    for (int64_t d = 0; d < hd; d += 16) _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(O + r * hd + d), inv));
+  }
 }
 
 int64_t attention_block_scratch_floats(int64_t hd, int64_t group) {
@@ -129,11 +135,8 @@ int64_t attention_block_scratch_floats(int64_t hd, int64_t group) {
 void attention_block(const AttnBlockArgs& a, int64_t t0, int64_t nt, int64_t pos0, const int32_t* table, int64_t g,
                      float* scratch) {
   const int64_t G = a.n_kv_heads > 0 ? a.n_heads / a.n_kv_heads : 0;
-  ARBOR_CHECK(attention_block_applies(a.hd, G, 0.0f) && a.n_heads == G * a.n_kv_heads && nt >= 1 && nt <= kRun &&
-                  g >= 0 && g < a.n_kv_heads && pos0 >= 0,
-              "attention_block: unsupported call (hd {}, heads {}/{}, rows {}, kv head {}, pos {})", a.hd, a.n_heads,
-              a.n_kv_heads, nt, g, pos0);
-  dispatch<kMaxHd / 16>(int(a.hd / 16), a, t0, nt, pos0, table, g, scratch);
+  check_attention_block_call("attention_block", attention_block_applies(a.hd, G, 0.0f), a, nt, kRun, g, pos0);
+  attention_block_by_width(a.hd, [&]<int NC>() { block_kernel<NC>(a, t0, nt, pos0, table, g, scratch); });
 }
 
 }  // namespace arbor::cpu
