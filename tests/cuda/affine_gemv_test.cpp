@@ -67,30 +67,8 @@ struct HostAffine {
   }
 };
 
-// y [T, R] = x · wᵀ (+ bias) in double, and Σ|x·w| per output (the scale of its rounding error).
 void reference(const HostAffine& a, const std::vector<float>& x, int64_t T, std::vector<float>& y, std::vector<float>& mag) {
-  y.assign(size_t(T * a.R), 0.0f), mag.assign(y.size(), 0.0f);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t n = 0; n < a.R; ++n) {
-      double s = a.bias.empty() ? 0.0 : a.bias[size_t(n)], m = std::fabs(s);
-      for (int64_t k = 0; k < a.C; ++k) {
-        const double p = double(x[size_t(t * a.C + k)]) * a.w[size_t(n * a.C + k)];
-        s += p, m += std::fabs(p);
-      }
-      y[size_t(t * a.R + n)] = float(s), mag[size_t(t * a.R + n)] = float(m);
-    }
-}
-
-// Every output within 2e-5·Σ|x·w| of the reference, plus the bf16 rounding of a bf16 output.
-void expect_close(const std::vector<float>& got, const std::vector<float>& ref, const std::vector<float>& mag, bool bf16_out,
-                  const std::string& what) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
-  int bad = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const float tol = 2e-5f * mag[i] + (bf16_out ? std::ldexp(std::fabs(ref[i]), -8) : 0.0f) + 1e-30f;
-    if (!(std::fabs(got[i] - ref[i]) <= tol) && bad++ < 5)
-      ADD_FAILURE() << what << ": output " << i << " is " << got[i] << ", reference " << ref[i] << " (tolerance " << tol << ")";
-  }
+  reference_linear(a.w, a.bias, a.R, a.C, x, T, y, mag);
 }
 
 Linear upload(CudaBackend& gpu, HostAffine& a) {
@@ -151,13 +129,7 @@ TEST(CudaAffine, GemvMatchesTheReferenceEveryBitsAndGroup) {
           const Linear l = upload(gpu, a);
           for (int64_t T : {1, 3, 8}) {  // 9+ rows: affine_linear_test.cpp
             const bool f32 = (T + bits) % 2 == 0;
-            std::vector<float> x = random_bf16(rng, size_t(T * C));
-            Tensor xd = dev_bf16(gpu, x, {T, C});
-            Tensor yd = gpu.alloc(f32 ? DType::F32 : DType::BF16, {T, R});
-            gpu.linear(xd, l, yd);
-            std::vector<float> ref, mag;
-            reference(a, x, T, ref, mag);
-            expect_close(host_f32(gpu, yd), ref, mag, !f32, fmt::format("{} T={} {}", a.name(), T, f32 ? "f32" : "bf16"));
+            check_linear(gpu, l, a.w, a.bias, R, C, T, f32, rng, fmt::format("{} T={} {}", a.name(), T, f32 ? "f32" : "bf16"));
           }
         }
 }
@@ -214,7 +186,7 @@ TEST(CudaAffine, FusedMultiAndGatedMatchTheReference) {
       for (auto [a, y] : {std::pair{&q, yq}, std::pair{&k, yk}, std::pair{&v, yv}}) {
         std::vector<float> ref, mag;
         reference(*a, x, T, ref, mag);
-        expect_close(host_f32(gpu, y), ref, mag, true, fmt::format("v{} multi {} T={}", variant, a->name(), T));
+        expect_linear_close(host_f32(gpu, y), ref, mag, true, fmt::format("v{} multi {} T={}", variant, a->name(), T));
       }
 
       // Gated: out = silu(bf16(x·gᵀ + b)) * bf16(x·uᵀ + b), rounded to bf16.
@@ -224,18 +196,7 @@ TEST(CudaAffine, FusedMultiAndGatedMatchTheReference) {
       gpu.gated_up(xd, lg, lu, ActOp::SiLU, gate, up, out);
       std::vector<float> rg, mg, ru, mu;
       reference(g, x, T, rg, mg), reference(u, x, T, ru, mu);
-      const std::vector<float> got = host_f32(gpu, out);
-      int bad = 0;
-      for (size_t i = 0; i < got.size(); ++i) {
-        const float gv = rg[i], uv = ru[i];
-        const float ref = gv / (1.0f + std::exp(-gv)) * uv;
-        // Each input within its tolerance and the two bf16 roundings of the fused kernel.
-        const float dg = 2e-5f * mg[i] + std::ldexp(std::fabs(gv), -8), du = 2e-5f * mu[i] + std::ldexp(std::fabs(uv), -8);
-        const float tol = (std::fabs(uv) * 1.1f * dg + (std::fabs(gv) + dg) * du) + std::ldexp(std::fabs(ref), -7) + 1e-30f;
-        if (!(std::fabs(got[i] - ref) <= tol) && bad++ < 5)
-          ADD_FAILURE() << "v" << variant << " gated " << g.name() << " T=" << T << " output " << i << ": " << got[i] << " vs " << ref << " (tolerance " << tol
-                        << ")";
-      }
+      expect_gated_close(host_f32(gpu, out), rg, mg, ru, mu, ActOp::SiLU, fmt::format("v{} gated {} T={}", variant, g.name(), T));
     }
 }
 
@@ -265,13 +226,7 @@ TEST(CudaAffine, GemvV2MatchesTheReference) {
         for (int64_t T : {1, 2, 3, 5, 8}) {
           if (sh.R == 2000 && T != 1 && T != 8) continue;
           const bool f32 = (T + bits + gs / 32) % 2 == 0;
-          std::vector<float> x = random_bf16(rng, size_t(T * sh.C));
-          Tensor xd = dev_bf16(gpu, x, {T, sh.C});
-          Tensor yd = gpu.alloc(f32 ? DType::F32 : DType::BF16, {T, sh.R});
-          gpu.linear(xd, l, yd);
-          std::vector<float> ref, mag;
-          reference(a, x, T, ref, mag);
-          expect_close(host_f32(gpu, yd), ref, mag, !f32, fmt::format("v2 {} T={} {}", a.name(), T, f32 ? "f32" : "bf16"));
+          check_linear(gpu, l, a.w, a.bias, sh.R, sh.C, T, f32, rng, fmt::format("v2 {} T={} {}", a.name(), T, f32 ? "f32" : "bf16"));
         }
       }
   // More tiles than resident blocks: 4-bit g64, 70001 rows x 256 columns (one step a row, no K split).
@@ -279,13 +234,7 @@ TEST(CudaAffine, GemvV2MatchesTheReference) {
     HostAffine a(rng, 70001, 256, bits, 64, DType::BF16, true);
     const Linear l = upload(gpu, a);
     const int64_t T = 3;
-    std::vector<float> x = random_bf16(rng, size_t(T * 256));
-    Tensor xd = dev_bf16(gpu, x, {T, 256});
-    Tensor yd = gpu.alloc(DType::F32, {T, 70001});
-    gpu.linear(xd, l, yd);
-    std::vector<float> ref, mag;
-    reference(a, x, T, ref, mag);
-    expect_close(host_f32(gpu, yd), ref, mag, false, fmt::format("v2 {} T={}", a.name(), T));
+    check_linear(gpu, l, a.w, a.bias, 70001, 256, T, true, rng, fmt::format("v2 {} T={}", a.name(), T));
   }
   }
 }
@@ -312,13 +261,7 @@ TEST(CudaAffine, GemvStreamMatchesTheReference) {
       for (int64_t T : {1, 3}) {
         if (T == 3 && sh.R > 2000) continue;
         const bool f32 = (case_no + T) % 2 == 0;
-        std::vector<float> x = random_bf16(rng, size_t(T * sh.C));
-        Tensor xd = dev_bf16(gpu, x, {T, sh.C});
-        Tensor yd = gpu.alloc(f32 ? DType::F32 : DType::BF16, {T, sh.R});
-        gpu.linear(xd, l, yd);
-        std::vector<float> ref, mag;
-        reference(a, x, T, ref, mag);
-        expect_close(host_f32(gpu, yd), ref, mag, !f32, fmt::format("v4 {} T={} {}", a.name(), T, f32 ? "f32" : "bf16"));
+        check_linear(gpu, l, a.w, a.bias, sh.R, sh.C, T, f32, rng, fmt::format("v4 {} T={} {}", a.name(), T, f32 ? "f32" : "bf16"));
       }
     }
   for (int bits : {4, 8})
@@ -335,7 +278,7 @@ TEST(CudaAffine, GemvStreamMatchesTheReference) {
       for (auto [a, y] : {std::pair{&q, yq}, std::pair{&k, yk}, std::pair{&v, yv}}) {
         std::vector<float> ref, mag;
         reference(*a, x, T, ref, mag);
-        expect_close(host_f32(gpu, y), ref, mag, y.dtype == DType::BF16, fmt::format("v4 multi {} T={}", a->name(), T));
+        expect_linear_close(host_f32(gpu, y), ref, mag, y.dtype == DType::BF16, fmt::format("v4 multi {} T={}", a->name(), T));
       }
       HostAffine g(rng, 91, C, bits, gs, dt, gs == 32), u(rng, 91, C, bits, gs, dt, gs == 128);
       const Linear lg = upload(gpu, g), lu = upload(gpu, u);
@@ -343,18 +286,7 @@ TEST(CudaAffine, GemvStreamMatchesTheReference) {
       gpu.gated_up(xd, lg, lu, ActOp::GeLUTanh, gate, up, out);
       std::vector<float> rg, mg, ru, mu;
       reference(g, x, T, rg, mg), reference(u, x, T, ru, mu);
-      const std::vector<float> got = host_f32(gpu, out);
-      int bad = 0;
-      for (size_t i = 0; i < got.size(); ++i) {
-        const double gv = rg[i], uv = ru[i];
-        const double act = 0.5 * gv * (1.0 + std::tanh(0.7978845608028654 * (gv + 0.044715 * gv * gv * gv)));
-        const float ref = float(act * uv);
-        // Each input within its tolerance and the two bf16 roundings; gelu's slope is at most about 1.13.
-        const float dg = 2e-5f * mg[i] + std::ldexp(std::fabs(float(gv)), -8), du = 2e-5f * mu[i] + std::ldexp(std::fabs(float(uv)), -8);
-        const float tol = (std::fabs(float(uv)) * 1.2f * dg + (std::fabs(float(gv)) + dg) * du) + std::ldexp(std::fabs(ref), -7) + 1e-30f;
-        if (!(std::fabs(got[i] - ref) <= tol) && bad++ < 5)
-          ADD_FAILURE() << "v4 gated " << g.name() << " output " << i << ": " << got[i] << " vs " << ref << " (tolerance " << tol << ")";
-      }
+      expect_gated_close(host_f32(gpu, out), rg, mg, ru, mu, ActOp::GeLUTanh, fmt::format("v4 gated {}", g.name()));
     }
 }
 

@@ -116,4 +116,70 @@ inline BatchInfo paged_batch(const std::vector<int32_t>& ctx, const std::vector<
   return b;
 }
 
+// ---- the quantized GEMV tests' reference (affine_gemv_test, trellis_gemv_test) ----------------------------
+
+// y [T, R] = x · wᵀ (+ bias) in double for a decoded weight w [R, C] (bias [R] or empty), and Σ|x·w| per
+// output (the scale of its rounding error).
+inline void reference_linear(const std::vector<float>& w, const std::vector<float>& bias, int64_t R, int64_t C, const std::vector<float>& x,
+                             int64_t T, std::vector<float>& y, std::vector<float>& mag) {
+  y.assign(size_t(T * R), 0.0f), mag.assign(y.size(), 0.0f);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = 0; n < R; ++n) {
+      double s = bias.empty() ? 0.0 : bias[size_t(n)], m = std::fabs(s);
+      for (int64_t k = 0; k < C; ++k) {
+        const double p = double(x[size_t(t * C + k)]) * w[size_t(n * C + k)];
+        s += p, m += std::fabs(p);
+      }
+      y[size_t(t * R + n)] = float(s), mag[size_t(t * R + n)] = float(m);
+    }
+}
+
+// Every output within 2e-5·Σ|x·w| of the reference, plus the bf16 rounding of a bf16 output.
+inline void expect_linear_close(const std::vector<float>& got, const std::vector<float>& ref, const std::vector<float>& mag, bool bf16_out,
+                                const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const float tol = 2e-5f * mag[i] + (bf16_out ? std::ldexp(std::fabs(ref[i]), -8) : 0.0f) + 1e-30f;
+    if (!(std::fabs(got[i] - ref[i]) <= tol) && bad++ < 5)
+      ADD_FAILURE() << what << ": output " << i << " is " << got[i] << ", reference " << ref[i] << " (tolerance " << tol << ")";
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+// One GEMV case: x random bf16 [T, C], y = x · wᵀ (+ bias) through `l` on the GPU into an f32 or bf16
+// output, against reference_linear.
+inline void check_linear(CudaBackend& gpu, const Linear& l, const std::vector<float>& w, const std::vector<float>& bias, int64_t R, int64_t C,
+                         int64_t T, bool f32_out, std::mt19937& rng, const std::string& what) {
+  std::vector<float> x = random_bf16(rng, size_t(T * C));
+  Tensor xd = dev_bf16(gpu, x, {T, C});
+  Tensor yd = gpu.alloc(f32_out ? DType::F32 : DType::BF16, {T, R});
+  gpu.linear(xd, l, yd);
+  std::vector<float> ref, mag;
+  reference_linear(w, bias, R, C, x, T, ref, mag);
+  expect_linear_close(host_f32(gpu, yd), ref, mag, !f32_out, what);
+}
+
+// The fused gate/up's output act(g) · u (SiLU or tanh GeLU), given the reference gate and up outputs (rg,
+// ru) and their magnitudes (mg, mu): each input within expect_linear_close's tolerance and the two bf16
+// roundings of the fused kernel; the activations' slopes are at most 1.1 (SiLU) and about 1.13 (GeLU).
+inline void expect_gated_close(const std::vector<float>& got, const std::vector<float>& rg, const std::vector<float>& mg,
+                               const std::vector<float>& ru, const std::vector<float>& mu, ActOp act, const std::string& what) {
+  ASSERT_TRUE(act == ActOp::SiLU || act == ActOp::GeLUTanh) << what;
+  ASSERT_EQ(got.size(), rg.size()) << what;
+  const float slope = act == ActOp::SiLU ? 1.1f : 1.2f;
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double gv = rg[i], uv = ru[i];
+    const double a = act == ActOp::SiLU ? gv / (1.0 + std::exp(-gv))
+                                        : 0.5 * gv * (1.0 + std::tanh(0.7978845608028654 * (gv + 0.044715 * gv * gv * gv)));
+    const float ref = float(a * uv);
+    const float dg = 2e-5f * mg[i] + std::ldexp(std::fabs(float(gv)), -8), du = 2e-5f * mu[i] + std::ldexp(std::fabs(float(uv)), -8);
+    const float tol = (std::fabs(float(uv)) * slope * dg + (std::fabs(float(gv)) + dg) * du) + std::ldexp(std::fabs(ref), -7) + 1e-30f;
+    if (!(std::fabs(got[i] - ref) <= tol) && bad++ < 5)
+      ADD_FAILURE() << what << ": output " << i << " is " << got[i] << ", reference " << ref << " (tolerance " << tol << ")";
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
 }  // namespace arbor::cuda_test

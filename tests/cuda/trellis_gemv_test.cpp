@@ -62,33 +62,6 @@ struct HostTrellis {
   std::string name() const { return fmt::format("k={} axis {} [{}, {}]{}", k, axis, out, in, bias.empty() ? "" : " + bias"); }
 };
 
-// y [T, out] = x · wᵀ (+ bias) in double, and Σ|x·w| per output (the scale of its rounding error).
-void reference(const HostTrellis& a, const std::vector<float>& x, int64_t T, std::vector<float>& y, std::vector<float>& mag) {
-  y.assign(size_t(T * a.out), 0.0f), mag.assign(y.size(), 0.0f);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t n = 0; n < a.out; ++n) {
-      double s = a.bias.empty() ? 0.0 : a.bias[size_t(n)], m = std::fabs(s);
-      for (int64_t c = 0; c < a.in; ++c) {
-        const double p = double(x[size_t(t * a.in + c)]) * a.w[size_t(n * a.in + c)];
-        s += p, m += std::fabs(p);
-      }
-      y[size_t(t * a.out + n)] = float(s), mag[size_t(t * a.out + n)] = float(m);
-    }
-}
-
-// Every output within 2e-5·Σ|x·w| of the reference, plus the bf16 rounding of a bf16 output.
-void expect_close(const std::vector<float>& got, const std::vector<float>& ref, const std::vector<float>& mag, bool bf16_out,
-                  const std::string& what) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
-  int bad = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const float tol = 2e-5f * mag[i] + (bf16_out ? std::ldexp(std::fabs(ref[i]), -8) : 0.0f) + 1e-30f;
-    if (!(std::fabs(got[i] - ref[i]) <= tol) && bad++ < 5)
-      ADD_FAILURE() << what << ": output " << i << " is " << got[i] << ", reference " << ref[i] << " (tolerance " << tol << ")";
-  }
-  EXPECT_EQ(bad, 0) << what;
-}
-
 TEST(CudaTrellis, DeviceLayoutIsThePlainWordsAndF32Scales) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
@@ -141,13 +114,7 @@ TEST(CudaTrellis, GemvMatchesTheReference) {
       const Linear l = gpu.load_linear(a.host_linear());
       for (int64_t T : {1, 3, 8, 11}) {
         const bool f32 = (T + k) % 2 == 0;
-        std::vector<float> x = random_bf16(rng, size_t(T * s.in));
-        Tensor xd = dev_bf16(gpu, x, {T, s.in});
-        Tensor yd = gpu.alloc(f32 ? DType::F32 : DType::BF16, {T, s.out});
-        gpu.linear(xd, l, yd);
-        std::vector<float> ref, mag;
-        reference(a, x, T, ref, mag);
-        expect_close(host_f32(gpu, yd), ref, mag, !f32, fmt::format("{} T={} {}", a.name(), T, f32 ? "f32" : "bf16"));
+        check_linear(gpu, l, a.w, a.bias, s.out, s.in, T, f32, rng, fmt::format("{} T={} {}", a.name(), T, f32 ? "f32" : "bf16"));
       }
     }
 }
