@@ -24,6 +24,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mma_sync.h"
 #include "backend/cuda/pdl.h"
+#include "backend/cuda/segments.h"
 
 namespace arbor::cuda {
 
@@ -32,15 +33,41 @@ namespace {
 constexpr int kAffWarps = 8;                  // per block
 constexpr int64_t kAffMaxXsBytes = 80 * 1024;  // x staged (bf16, in the lanes' order) in shared memory up to this
 
+// One launch's matrices (up to three over the same x; gated: gate and up, y and N from the gate) and
+// its units, each kernel's own: v1 row pairs (gated: one gate/up row pair), v2 tiles of 16 rows (gated:
+// 8 row pairs), v4 rows (gated: row pairs). Matrix i owns units [first[i], first[i + 1]); gated: all.
 struct AffSegs {
   const uint32_t* codes[kAffineGemvMaxSegments];
   const uint32_t* sb[kAffineGemvMaxSegments];
   const float* bias[kAffineGemvMaxSegments];
   void* y[kAffineGemvMaxSegments];
   int64_t N[kAffineGemvMaxSegments];
-  int64_t pair0[kAffineGemvMaxSegments];  // matrix i owns row pairs [pair0[i], pair0[i + 1])
+  int64_t first[kAffineGemvMaxSegments];
   int n;
+  int64_t units;
 };
+
+// outs[0..n) in units of rows_per_unit output rows, numbered consecutively over the matrices.
+AffSegs plain_segments(const AffineGemvOut* outs, int n, int64_t rows_per_unit) {
+  AffSegs segs{};
+  segs.n = n;
+  for (int i = 0; i < n; ++i) {
+    segs.codes[i] = outs[i].w.codes, segs.sb[i] = outs[i].w.sb, segs.bias[i] = outs[i].bias, segs.y[i] = outs[i].y;
+    segs.N[i] = outs[i].w.rows, segs.first[i] = segs.units;
+    segs.units += (outs[i].w.rows + rows_per_unit - 1) / rows_per_unit;
+  }
+  return segs;
+}
+
+// gate and up into y in units of rows_per_unit row pairs.
+AffSegs gated_segments(const AffineGemvOut& gate, const AffineGemvOut& up, uint16_t* y, int64_t rows_per_unit) {
+  AffSegs segs{};
+  segs.n = 2;
+  segs.codes[0] = gate.w.codes, segs.codes[1] = up.w.codes, segs.sb[0] = gate.w.sb, segs.sb[1] = up.w.sb;
+  segs.bias[0] = gate.bias, segs.bias[1] = up.bias, segs.y[0] = y, segs.N[0] = gate.w.rows;
+  segs.units = (gate.w.rows + rows_per_unit - 1) / rows_per_unit;
+  return segs;
+}
 
 __device__ __forceinline__ uint4 ld_stream(const void* p) {
   uint4 v;
@@ -109,13 +136,13 @@ __global__ void __launch_bounds__(kAffWarps * 32) affine_gemv_kernel(AffSegs seg
     N = segs.N[0], row0 = gp;
     has0 = has1 = gp < N;
   } else {
-    const int si = segs.n > 2 && gp >= segs.pair0[2] ? 2 : segs.n > 1 && gp >= segs.pair0[1] ? 1 : 0;
-    ca = cb = si == 0 ? segs.codes[0] : si == 1 ? segs.codes[1] : segs.codes[2];
-    sa = sbb = si == 0 ? segs.sb[0] : si == 1 ? segs.sb[1] : segs.sb[2];
-    ba = bb = si == 0 ? segs.bias[0] : si == 1 ? segs.bias[1] : segs.bias[2];
-    y = si == 0 ? segs.y[0] : si == 1 ? segs.y[1] : segs.y[2];
-    N = si == 0 ? segs.N[0] : si == 1 ? segs.N[1] : segs.N[2];
-    row0 = (gp - (si == 0 ? 0 : si == 1 ? segs.pair0[1] : segs.pair0[2])) * 2;
+    const int si = unit_segment(segs.n, segs.first, gp);
+    ca = cb = seg_pick(segs.codes, si);
+    sa = sbb = seg_pick(segs.sb, si);
+    ba = bb = seg_pick(segs.bias, si);
+    y = seg_pick(segs.y, si);
+    N = seg_pick(segs.N, si);
+    row0 = (gp - seg_pick(segs.first, si)) * 2;
     has0 = row0 < N, has1 = row0 + 1 < N;
   }
   // Rows past the matrix read row 0 (valid memory) and are not stored.
@@ -339,7 +366,7 @@ void launch_bits(int nr, bool xs, unsigned grid, size_t smem, cudaStream_t s, co
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-void launch(const AffSegs& segs, int64_t pairs, const AffineWeights& w0, const uint16_t* x, bool y_f32, int64_t T, int n_sms, int gated_act,
+void launch(const AffSegs& segs, const AffineWeights& w0, const uint16_t* x, bool y_f32, int64_t T, int n_sms, int gated_act,
             cudaStream_t s) {
   const int64_t K = w0.cols;
   const int bits = w0.bits;
@@ -367,6 +394,7 @@ void launch(const AffSegs& segs, int64_t pairs, const AffineWeights& w0, const u
   // K split: as the dense GEMV (about half the SMs' warp slots busy), but never below 32 chunks a warp:
   // a chunk is one lane's step.
   int wpr = 1;
+  const int64_t pairs = segs.units;
   while (wpr < kAffWarps && pairs * wpr < int64_t(n_sms) * 32 && chunks / (wpr * 2) >= 32) wpr *= 2;
   const int64_t pairs_per_block = kAffWarps / wpr;
   const unsigned grid = unsigned((pairs + pairs_per_block - 1) / pairs_per_block);
@@ -427,17 +455,6 @@ constexpr int kV2LaneRowBytes = 32;  // code bytes per lane per weight row per s
 
 int g_v2_variant = -1;  // set_affine_gemv_variant; -1: from ARBOR_CUDA_AFFINE_GEMV (unset: 0, by rows)
 
-struct V2Segs {
-  const uint32_t* codes[kAffineGemvMaxSegments];
-  const uint32_t* sb[kAffineGemvMaxSegments];
-  const float* bias[kAffineGemvMaxSegments];
-  void* y[kAffineGemvMaxSegments];
-  int64_t N[kAffineGemvMaxSegments];
-  int64_t tile0[kAffineGemvMaxSegments];  // matrix i owns tiles [tile0[i], tile0[i + 1]); gated: one matrix pair
-  int n;
-  int64_t tiles;
-};
-
 template <int BITS, int GS>
 struct V2Geo {
   static constexpr int L = GS * BITS / 32 < 16 ? GS * BITS / 32 : 16;  // bytes per lane per piece
@@ -483,10 +500,10 @@ struct V2Rows {
 };
 
 template <int BITS, int GS>
-__device__ __forceinline__ V2Rows v2_rows(const V2Segs& segs, int64_t tile, int g, bool gated, int64_t K) {
+__device__ __forceinline__ V2Rows v2_rows(const AffSegs& segs, int64_t tile, int g, bool gated, int64_t K) {
   const int64_t words = K * BITS / 32, groups = K / GS;
   V2Rows r;
-  if (tile >= segs.tiles) tile = 0;  // a block's last unit past the end: computes tile 0, stores nothing
+  if (tile >= segs.units) tile = 0;  // a block's last unit past the end: computes tile 0, stores nothing
   if (gated) {
     const int64_t row = tile * 8 + g;
     const bool in = row < segs.N[0];
@@ -496,11 +513,11 @@ __device__ __forceinline__ V2Rows v2_rows(const V2Segs& segs, int64_t tile, int 
     r.c[1] = segs.codes[1] + rr * words, r.s[1] = segs.sb[1] + rr * groups;
     r.row[0] = r.row[1] = in ? row : -1;
   } else {
-    const int si = segs.n > 2 && tile >= segs.tile0[2] ? 2 : segs.n > 1 && tile >= segs.tile0[1] ? 1 : 0;
-    const uint32_t* codes = si == 0 ? segs.codes[0] : si == 1 ? segs.codes[1] : segs.codes[2];
-    const uint32_t* sb = si == 0 ? segs.sb[0] : si == 1 ? segs.sb[1] : segs.sb[2];
-    const int64_t N = si == 0 ? segs.N[0] : si == 1 ? segs.N[1] : segs.N[2];
-    const int64_t row0 = (tile - (si == 0 ? 0 : si == 1 ? segs.tile0[1] : segs.tile0[2])) * 16 + g;
+    const int si = unit_segment(segs.n, segs.first, tile);
+    const uint32_t* codes = seg_pick(segs.codes, si);
+    const uint32_t* sb = seg_pick(segs.sb, si);
+    const int64_t N = seg_pick(segs.N, si);
+    const int64_t row0 = (tile - seg_pick(segs.first, si)) * 16 + g;
     r.si = si;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -535,7 +552,7 @@ __device__ __forceinline__ void cp_async_n(uint32_t dst, const void* src) {
 
 template <int BITS, int GS, int STAGES>
 __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
-    affine_gemv_v2_kernel(V2Segs segs, const uint16_t* __restrict__ x, bool y_f32, int T, int64_t K, bool sb_f16, int wpr, int64_t units,
+    affine_gemv_v2_kernel(AffSegs segs, const uint16_t* __restrict__ x, bool y_f32, int T, int64_t K, bool sb_f16, int wpr, int64_t units,
                           int gated_act) {
   using G = V2Geo<BITS, GS>;
   __shared__ float4 red[2][kV2Warps][32];           // partial sums of the wpr warps of a tile, by unit parity
@@ -678,7 +695,7 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
       }
     }
     const int64_t tile = uu * tpu + slot;
-    if (part == 0 && tile < segs.tiles) {
+    if (part == 0 && tile < segs.units) {
       const V2Rows r = v2_rows<BITS, GS>(segs, tile, g, gated, K);
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
@@ -691,9 +708,9 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
           static_cast<__nv_bfloat16*>(segs.y[0])[n * segs.N[0] + r.row[0]] = __float2bfloat16(act_value(gated_act, gv) * uv);
           continue;
         }
-        const float* bias = r.si == 0 ? segs.bias[0] : r.si == 1 ? segs.bias[1] : segs.bias[2];
-        void* y = r.si == 0 ? segs.y[0] : r.si == 1 ? segs.y[1] : segs.y[2];
-        const int64_t N = r.si == 0 ? segs.N[0] : r.si == 1 ? segs.N[1] : segs.N[2];
+        const float* bias = seg_pick(segs.bias, r.si);
+        void* y = seg_pick(segs.y, r.si);
+        const int64_t N = seg_pick(segs.N, r.si);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           if (r.row[h] < 0) continue;
@@ -746,7 +763,7 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
 }
 
 template <int BITS, int GS, int STAGES>
-void launch_v2_s(unsigned grid, cudaStream_t s, const V2Segs& segs, const uint16_t* x, bool y_f32, int T, int64_t K, bool sb_f16, int wpr,
+void launch_v2_s(unsigned grid, cudaStream_t s, const AffSegs& segs, const uint16_t* x, bool y_f32, int T, int64_t K, bool sb_f16, int wpr,
                  int64_t units, int gated_act) {
   auto* kernel = affine_gemv_v2_kernel<BITS, GS, STAGES>;
   const size_t smem = size_t(kV2Warps) * STAGES * V2Ring<BITS, GS>::kBytes;
@@ -760,7 +777,7 @@ void launch_v2_s(unsigned grid, cudaStream_t s, const V2Segs& segs, const uint16
 }
 
 template <int BITS, int GS>
-void launch_v2_t(int variant, unsigned grid, cudaStream_t s, const V2Segs& segs, const uint16_t* x, bool y_f32, int T, int64_t K,
+void launch_v2_t(int variant, unsigned grid, cudaStream_t s, const AffSegs& segs, const uint16_t* x, bool y_f32, int T, int64_t K,
                  bool sb_f16, int wpr, int64_t units, int gated_act) {
   if (variant == 3)
     launch_v2_s<BITS, GS, V2Ring<BITS, GS>::kStages>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
@@ -778,7 +795,7 @@ int v2_variant() {
 }
 
 // The v2 kernel when it is chosen (forced, or by default for T >= 2) and applies (4/8-bit, aligned x and codes); false: the caller runs v1.
-bool try_v2(V2Segs& segs, const AffineWeights& w0, const uint16_t* x, bool y_f32, int64_t T, int n_sms, int gated_act, cudaStream_t s) {
+bool try_v2(const AffSegs& segs, const AffineWeights& w0, const uint16_t* x, bool y_f32, int64_t T, int n_sms, int gated_act, cudaStream_t s) {
   const int chosen = v2_variant(), variant = chosen == 0 || chosen == 4 ? (T >= 2 ? 2 : 1) : chosen;
   if (variant < 2 || (w0.bits != 4 && w0.bits != 8) || T < 1 || T > 8 || !aligned16(x)) return false;
   for (int i = 0; i < segs.n; ++i)
@@ -803,8 +820,8 @@ bool try_v2(V2Segs& segs, const AffineWeights& w0, const uint16_t* x, bool y_f32
   if (force_wpr == 1 || force_wpr == 2 || force_wpr == 4 || force_wpr == 8)
     while (wpr < force_wpr && steps >= 2 * wpr) wpr *= 2;
   else
-    while (wpr < kV2Warps && segs.tiles * wpr < 2 * warp_slots && steps >= 4 * wpr) wpr *= 2;
-  const int64_t units = (segs.tiles + kV2Warps / wpr - 1) / (kV2Warps / wpr);
+    while (wpr < kV2Warps && segs.units * wpr < 2 * warp_slots && steps >= 4 * wpr) wpr *= 2;
+  const int64_t units = (segs.units + kV2Warps / wpr - 1) / (kV2Warps / wpr);
   // Blocks: every block the same number of units (rounds) where the resident blocks cannot take them at once.
   const int64_t resident = int64_t(n_sms) * kV2BlocksPerSm, rounds = (units + resident - 1) / resident;
   const unsigned grid = unsigned(persistent ? std::min(units, resident) : (units + rounds - 1) / rounds);
@@ -841,26 +858,6 @@ constexpr int kStrStages = 4;
 constexpr int kStrBlocksPerSm = 2;
 constexpr int64_t kStrMaxK = 16384;
 
-struct StrSegs {
-  const uint32_t* codes[kAffineGemvMaxSegments];
-  const uint32_t* sb[kAffineGemvMaxSegments];
-  const float* bias[kAffineGemvMaxSegments];
-  void* y[kAffineGemvMaxSegments];
-  int64_t N[kAffineGemvMaxSegments];
-  int64_t row0[kAffineGemvMaxSegments];  // the launch's unit of matrix i's first row (gated: 0)
-  int n;
-};
-
-template <int RPU>
-__device__ __forceinline__ int str_seg(const StrSegs& s, int64_t u) {
-  return RPU == 2 ? 0 : s.n > 2 && u >= s.row0[2] ? 2 : s.n > 1 && u >= s.row0[1] ? 1 : 0;
-}
-// segs' arrays by selects, not a runtime index (which would copy the struct to local memory).
-template <typename V>
-__device__ __forceinline__ V str_pick(const V (&a)[kAffineGemvMaxSegments], int i) {
-  return i == 0 ? a[0] : i == 1 ? a[1] : a[2];
-}
-
 // Shared memory: codes ring [stages][RPU][threads] uint4, (scale, bias) ring [stages][RPU][threads] u32,
 // x [K/32 pieces][4] uint4 (lane order: piece (c, lane)'s j-th 8 values at (c*4 + j)*32 + lane), Σx [K/32].
 template <int RPU>
@@ -869,7 +866,7 @@ size_t str_smem_bytes(int64_t K) {
 }
 
 template <int RPU>
-__global__ void __launch_bounds__(kStrWarps * 32, kStrBlocksPerSm) affine_stream_kernel(StrSegs segs, const uint16_t* __restrict__ x, bool y_f32,
+__global__ void __launch_bounds__(kStrWarps * 32, kStrBlocksPerSm) affine_stream_kernel(AffSegs segs, const uint16_t* __restrict__ x, bool y_f32,
                                                                                      int64_t K, int gshift, bool sb_f16, int64_t units,
                                                                                      int gated_act) {
   extern __shared__ __align__(16) uint4 str_smem[];
@@ -894,9 +891,9 @@ __global__ void __launch_bounds__(kStrWarps * 32, kStrBlocksPerSm) affine_stream
 #pragma unroll
       for (int q = 0; q < RPU; ++q) pc[q] = segs.codes[q] + iu * words + lane * 4, ps[q] = segs.sb[q] + iu * groups + lane_group;
     } else {
-      const int si = str_seg<RPU>(segs, iu);
-      const int64_t r = iu - str_pick(segs.row0, si);
-      pc[0] = str_pick(segs.codes, si) + r * words + lane * 4, ps[0] = str_pick(segs.sb, si) + r * groups + lane_group;
+      const int si = unit_segment(segs.n, segs.first, iu);
+      const int64_t r = iu - seg_pick(segs.first, si);
+      pc[0] = seg_pick(segs.codes, si) + r * words + lane * 4, ps[0] = seg_pick(segs.sb, si) + r * groups + lane_group;
     }
   };
   if (iu < u_end) point();
@@ -986,10 +983,10 @@ __global__ void __launch_bounds__(kStrWarps * 32, kStrBlocksPerSm) affine_stream
     for (int q = 0; q < RPU; ++q)
       for (int o = 16; o > 0; o >>= 1) acc[q] += __shfl_xor_sync(0xffffffffu, acc[q], o);
     if (lane == 0) {
-      const int si = str_seg<RPU>(segs, u);
-      const int64_t n = RPU == 2 ? u : u - str_pick(segs.row0, si);
-      const float* bias = str_pick(segs.bias, si);
-      void* y = str_pick(segs.y, si);
+      const int si = RPU == 2 ? 0 : unit_segment(segs.n, segs.first, u);
+      const int64_t n = RPU == 2 ? u : u - seg_pick(segs.first, si);
+      const float* bias = seg_pick(segs.bias, si);
+      void* y = seg_pick(segs.y, si);
       const float b0 = bias ? bias[n] : 0.0f;
       if (RPU == 2) {  // act(gate) * up, each rounded to bf16 first as the unfused ops store them
         const float b1 = segs.bias[1] ? segs.bias[1][n] : 0.0f;
@@ -1007,10 +1004,24 @@ __global__ void __launch_bounds__(kStrWarps * 32, kStrBlocksPerSm) affine_stream
   cp_async_wait<0>();  // nothing may be in flight into shared memory when the block exits
 }
 
-// The streaming kernel when it is chosen and applies; false: the caller runs another.
-bool try_stream(const StrSegs& segs, int64_t units, const AffineWeights& w0, const uint16_t* x, bool y_f32, int64_t T, int n_sms, int gated_act,
+template <int RPU>
+void launch_stream(dim3 grid, cudaStream_t s, const AffSegs& segs, const uint16_t* x, bool y_f32, int64_t K, int gshift, bool sb_f16,
+                   int gated_act) {
+  static bool attr = false;
+  if (!attr) {
+    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(affine_stream_kernel<RPU>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(str_smem_bytes<RPU>(kStrMaxK))));
+    attr = true;
+  }
+  pdl_launch(affine_stream_kernel<RPU>, grid, dim3(kStrWarps * 32), str_smem_bytes<RPU>(K), s, segs, x, y_f32, K, gshift, sb_f16, segs.units,
+             gated_act);
+  ARBOR_LAUNCH_CHECK("affine_stream_kernel");
+}
+
+// The streaming kernel (segs in units of one row; gated: one row pair) where it applies; false: the caller
+// runs another.
+bool try_stream(const AffSegs& segs, const AffineWeights& w0, const uint16_t* x, bool y_f32, int64_t T, int n_sms, int gated_act,
                 cudaStream_t s) {
-  const int64_t K = w0.cols;
+  const int64_t K = w0.cols, units = segs.units;
   if (T != 1 || w0.bits != 4 || K % 1024 != 0 || K > kStrMaxK || !aligned16(x) || units < 1) return false;
   if (w0.group_size != 32 && w0.group_size != 64 && w0.group_size != 128) return false;
   for (int i = 0; i < segs.n; ++i)
@@ -1019,24 +1030,8 @@ bool try_stream(const StrSegs& segs, int64_t units, const AffineWeights& w0, con
   // Every warp at least one unit: fewer blocks than the SMs' slots for small matrices.
   const int64_t blocks = std::min<int64_t>(int64_t(n_sms) * kStrBlocksPerSm, (units + kStrWarps - 1) / kStrWarps);
   const dim3 grid(unsigned(std::max<int64_t>(blocks, 1)));
-  if (gated_act >= 0) {
-    static bool attr = false;
-    if (!attr) {
-      ARBOR_CUDA_CHECK(cudaFuncSetAttribute(affine_stream_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(str_smem_bytes<2>(kStrMaxK))));
-      attr = true;
-    }
-    pdl_launch(affine_stream_kernel<2>, grid, dim3(kStrWarps * 32), str_smem_bytes<2>(K), s, segs, x, false, K, gshift, w0.sb_f16, units,
-               gated_act);
-  } else {
-    static bool attr = false;
-    if (!attr) {
-      ARBOR_CUDA_CHECK(cudaFuncSetAttribute(affine_stream_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(str_smem_bytes<1>(kStrMaxK))));
-      attr = true;
-    }
-    pdl_launch(affine_stream_kernel<1>, grid, dim3(kStrWarps * 32), str_smem_bytes<1>(K), s, segs, x, y_f32, K, gshift, w0.sb_f16, units,
-               gated_act);
-  }
-  ARBOR_LAUNCH_CHECK("affine_stream_kernel");
+  if (gated_act >= 0) launch_stream<2>(grid, s, segs, x, false, K, gshift, w0.sb_f16, gated_act);
+  else launch_stream<1>(grid, s, segs, x, y_f32, K, gshift, w0.sb_f16, gated_act);
   return true;
 }
 
@@ -1064,37 +1059,15 @@ __global__ void affine_embed_kernel(AffineWeights w, const int32_t* tokens, cons
 
 }  // namespace
 
+// Each launch's kernel: v4 for one row where it applies (by default, or forced with 4), else v2 where it
+// applies (by default for 2..8 rows, or forced with 2/3), else v1.
 void launch_affine_gemv_multi(const AffineGemvOut* outs, int n, const uint16_t* x, bool y_f32, int64_t T, int n_sms, CUstream_st* s) {
   ARBOR_CU_CHECK(n >= 1 && n <= kAffineGemvMaxSegments, "cuda: affine gemv: %d matrices in one launch (1..%d)", n, kAffineGemvMaxSegments);
-  AffSegs segs{};
-  segs.n = n;
-  int64_t pairs = 0;
-  for (int i = 0; i < n; ++i) {
-    check_same(outs[0].w, outs[i].w, "gemv");
-    segs.codes[i] = outs[i].w.codes, segs.sb[i] = outs[i].w.sb, segs.bias[i] = outs[i].bias, segs.y[i] = outs[i].y;
-    segs.N[i] = outs[i].w.rows, segs.pair0[i] = pairs;
-    pairs += (outs[i].w.rows + 1) / 2;
-  }
-  V2Segs v2{};
-  v2.n = n;
-  for (int i = 0; i < n; ++i) {
-    v2.codes[i] = segs.codes[i], v2.sb[i] = segs.sb[i], v2.bias[i] = segs.bias[i], v2.y[i] = segs.y[i], v2.N[i] = segs.N[i];
-    v2.tile0[i] = v2.tiles;
-    v2.tiles += (segs.N[i] + 15) / 16;
-  }
-  if (v2_variant() == 0 || v2_variant() == 4) {  // the default for one row where it applies
-    StrSegs st{};
-    st.n = n;
-    int64_t rows = 0;
-    for (int i = 0; i < n; ++i) {
-      st.codes[i] = segs.codes[i], st.sb[i] = segs.sb[i], st.bias[i] = segs.bias[i], st.y[i] = segs.y[i], st.N[i] = segs.N[i];
-      st.row0[i] = rows;
-      rows += segs.N[i];
-    }
-    if (try_stream(st, rows, outs[0].w, x, y_f32, T, n_sms, -1, s)) return;
-  }
-  if (try_v2(v2, outs[0].w, x, y_f32, T, n_sms, -1, s)) return;
-  launch(segs, pairs, outs[0].w, x, y_f32, T, n_sms, -1, s);
+  for (int i = 1; i < n; ++i) check_same(outs[0].w, outs[i].w, "gemv");
+  const int chosen = v2_variant();
+  if ((chosen == 0 || chosen == 4) && try_stream(plain_segments(outs, n, 1), outs[0].w, x, y_f32, T, n_sms, -1, s)) return;
+  if (try_v2(plain_segments(outs, n, 16), outs[0].w, x, y_f32, T, n_sms, -1, s)) return;
+  launch(plain_segments(outs, n, 2), outs[0].w, x, y_f32, T, n_sms, -1, s);
 }
 
 void launch_affine_gemv_gated(const AffineGemvOut& gate, const AffineGemvOut& up, int act, const uint16_t* x, uint16_t* y, int64_t T,
@@ -1102,23 +1075,10 @@ void launch_affine_gemv_gated(const AffineGemvOut& gate, const AffineGemvOut& up
   check_same(gate.w, up.w, "gated gemv");
   ARBOR_CU_CHECK(gate.w.rows == up.w.rows, "cuda: affine gated gemv: gate has %lld rows, up %lld", (long long)gate.w.rows,
                  (long long)up.w.rows);
-  AffSegs segs{};
-  segs.n = 2;
-  segs.codes[0] = gate.w.codes, segs.codes[1] = up.w.codes, segs.sb[0] = gate.w.sb, segs.sb[1] = up.w.sb;
-  segs.bias[0] = gate.bias, segs.bias[1] = up.bias, segs.y[0] = y, segs.N[0] = gate.w.rows;
-  V2Segs v2{};
-  v2.n = 2;
-  v2.codes[0] = gate.w.codes, v2.codes[1] = up.w.codes, v2.sb[0] = gate.w.sb, v2.sb[1] = up.w.sb;
-  v2.bias[0] = gate.bias, v2.bias[1] = up.bias, v2.y[0] = y, v2.N[0] = gate.w.rows, v2.tiles = (gate.w.rows + 7) / 8;
-  if (v2_variant() == 0 || v2_variant() == 4) {  // the default for one row where it applies
-    StrSegs st{};
-    st.n = 2;
-    st.codes[0] = gate.w.codes, st.codes[1] = up.w.codes, st.sb[0] = gate.w.sb, st.sb[1] = up.w.sb;
-    st.bias[0] = gate.bias, st.bias[1] = up.bias, st.y[0] = y, st.N[0] = gate.w.rows;
-    if (try_stream(st, gate.w.rows, gate.w, x, false, T, n_sms, act, s)) return;
-  }
-  if (try_v2(v2, gate.w, x, false, T, n_sms, act, s)) return;
-  launch(segs, gate.w.rows, gate.w, x, false, T, n_sms, act, s);
+  const int chosen = v2_variant();
+  if ((chosen == 0 || chosen == 4) && try_stream(gated_segments(gate, up, y, 1), gate.w, x, false, T, n_sms, act, s)) return;
+  if (try_v2(gated_segments(gate, up, y, 8), gate.w, x, false, T, n_sms, act, s)) return;
+  launch(gated_segments(gate, up, y, 1), gate.w, x, false, T, n_sms, act, s);
 }
 
 void set_affine_gemv_variant(int v) { g_v2_variant = v >= 1 && v <= 4 ? v : -1; }

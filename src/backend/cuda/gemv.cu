@@ -25,6 +25,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mma_sync.h"
 #include "backend/cuda/pdl.h"
+#include "backend/cuda/segments.h"
 
 namespace arbor::cuda {
 
@@ -240,18 +241,13 @@ __device__ __forceinline__ void prime_ring(Issue& issue) {
 // first of matrix i) or one gate/up row pair (gated). q picks the gate (0) or up (1) row.
 template <int RPU>
 __device__ __forceinline__ int stream_seg(const GemvSegments& segs, int64_t u) {
-  return RPU == 2 ? 0 : segs.n > 2 && u >= segs.pair0[2] ? 2 : segs.n > 1 && u >= segs.pair0[1] ? 1 : 0;
-}
-// segs' arrays indexed by selects, not by a runtime index (which would copy the struct to the stack).
-template <typename V>
-__device__ __forceinline__ V pick(const V (&a)[kGemvMaxSegments], int i) {
-  return i == 0 ? a[0] : i == 1 ? a[1] : a[2];
+  return RPU == 2 ? 0 : unit_segment(segs.n, segs.pair0, u);
 }
 template <int RPU>
 __device__ __forceinline__ const uint16_t* stream_row(const GemvSegments& segs, int64_t u, int64_t K, int q) {
   if (RPU == 2) return (q == 0 ? segs.w[0] : segs.w[1]) + u * K;
   const int si = stream_seg<RPU>(segs, u);
-  return pick(segs.w, si) + (u - pick(segs.pair0, si)) * K;
+  return seg_pick(segs.w, si) + (u - seg_pick(segs.pair0, si)) * K;
 }
 
 // Unit u's outputs (the launch's row numbering: the matrices' rows numbered consecutively, or gate/up
@@ -262,9 +258,9 @@ template <int RPU, int NR>
 __device__ __forceinline__ void store_unit(const GemvSegments& segs, int64_t u, int r0, const float (&sum0)[NR], const float (&sum1)[NR],
                                            bool y_f32, int gated_act) {
   const int si = stream_seg<RPU>(segs, u);
-  const int64_t N = pick(segs.N, si), n = RPU == 2 ? u : u - pick(segs.pair0, si);
-  const float* bias = pick(segs.bias, si);
-  void* y = pick(segs.y, si);
+  const int64_t N = seg_pick(segs.N, si), n = RPU == 2 ? u : u - seg_pick(segs.pair0, si);
+  const float* bias = seg_pick(segs.bias, si);
+  void* y = seg_pick(segs.y, si);
   const float b0 = bias ? bias[n] : 0.0f;
 #pragma unroll
   for (int i = 0; i < NR; ++i) {
