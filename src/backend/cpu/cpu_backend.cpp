@@ -335,7 +335,7 @@ void CpuBackend::head_norm(NormOp op, Tensor x, int64_t head_dim, const Tensor& 
   float* p = x.as<float>();
   elementwise(R, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) norm_row(op, p + r * head_dim, w.as<float>(), nullptr, eps, head_dim, p + r * head_dim);
-  });
+  }, head_dim);
 }
 
 namespace {
@@ -433,23 +433,21 @@ void CpuBackend::rope(Tensor x, int64_t n_heads, int64_t head_dim, int64_t rot_d
   ARBOR_CHECK(pos.size() == batch_->pos.size(), "rope: {} table rows for {} tokens", pos.size(), batch_->pos.size());
   for (size_t t = 0; t < pos.size(); ++t)
     ARBOR_CHECK(pos[t] >= 0 && pos[t] < n_pos, "rope: table row {} outside the table ({} rows)", pos[t], n_pos);
-  // By tokens: elementwise() counts values, so a token is n_heads * head_dim of them.
-  const int64_t per_token = n_heads * head_dim;
-  elementwise(int64_t(pos.size()) * per_token, [&](int64_t i0, int64_t i1) {
-  for (size_t t = size_t((i0 + per_token - 1) / per_token); t < pos.size() && int64_t(t) * per_token < i1; ++t) {
-    const float* c = cos.as<float>() + int64_t(pos[t]) * half;
-    const float* s = sin.as<float>() + int64_t(pos[t]) * half;
-    float* row = x.as<float>() + int64_t(t) * n_heads * head_dim;
-    for (int64_t h = 0; h < n_heads; ++h) {
-      float* v = row + h * head_dim;
-      for (int64_t i = 0; i < half; ++i) {
-        float a = v[i], b = v[i + half];
-        v[i] = a * c[i] - b * s[i];
-        v[i + half] = b * c[i] + a * s[i];
+  elementwise(int64_t(pos.size()), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* c = cos.as<float>() + int64_t(pos[size_t(t)]) * half;
+      const float* s = sin.as<float>() + int64_t(pos[size_t(t)]) * half;
+      float* row = x.as<float>() + t * n_heads * head_dim;
+      for (int64_t h = 0; h < n_heads; ++h) {
+        float* v = row + h * head_dim;
+        for (int64_t i = 0; i < half; ++i) {
+          float a = v[i], b = v[i + half];
+          v[i] = a * c[i] - b * s[i];
+          v[i + half] = b * c[i] + a * s[i];
+        }
       }
     }
-  }
-  });
+  }, n_heads * head_dim);
 }
 
 void CpuBackend::kv_write(int64_t layer, const Tensor& k, const Tensor& v) {
@@ -595,13 +593,13 @@ inline float act_fn(ActOp op, float x) {
 // Elementwise ops over n values: on the pool's threads when there are enough of them (a prompt chunk; the
 // 8192-wide SiLU-mul of 512 tokens took ~0.2 s a prompt on one thread), else inline (a decode step, where a
 // hand-off would cost more than the work). Each element's arithmetic is the same either way.
-void CpuBackend::elementwise(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
-  constexpr int64_t kParallelMin = 1 << 15, kGrain = 1024;
-  if (n < kParallelMin || pool_.size() == 1) {
+void CpuBackend::elementwise(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t unit) {
+  constexpr int64_t kParallelMin = 1 << 15, kGrain = 1024;  // in values
+  if (n * unit < kParallelMin || pool_.size() == 1) {
     fn(0, n);
     return;
   }
-  pool_.parallel_for(n, kGrain, [&](int, int64_t i0, int64_t i1) { fn(i0, i1); });
+  pool_.parallel_for(n, std::max<int64_t>(1, kGrain / unit), [&](int, int64_t i0, int64_t i1) { fn(i0, i1); });
 }
 
 void CpuBackend::activation(ActOp op, const Tensor& gate, const Tensor& up, Tensor out) {

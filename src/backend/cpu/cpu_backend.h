@@ -84,8 +84,9 @@ class CpuBackend : public Backend {
   struct Block;  // one owned allocation
   void* own(size_t bytes, bool huge, bool kv = false);  // kv: a KV pool, freed by the next alloc_kv
   [[noreturn]] static float fail_value(const Tensor& t);
-  // fn(i0, i1) over [0, n): split over the pool for large n (prompt chunks), inline for small (decode).
-  void elementwise(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
+  // fn(i0, i1) over [0, n) items of `unit` values each: split over the pool when there are many values
+  // (prompt chunks), inline for few (decode).
+  void elementwise(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t unit = 1);
 
   ThreadPool pool_;
   WeightPlacement placement_;
