@@ -1,11 +1,11 @@
 // Trellis weights on CUDA (trellis.h, trellis_gemv.cu) against the host reference (quant::trellis_decode_linear,
 // then a double matmul): the GEMV on random code words (every bit stream is a valid code) for k 2/3/4, both
 // axes, odd shapes (rows and, on axis 0, inputs not a multiple of anything; K split over warps; axis 0 split
-// over blocks), T 1/3/8/11 (11: slices of 8), bias, f32 and bf16 outputs; the device layout (incl. the k = 3
-// axis-0 interleaved file layout); the load gate; and whole synth trellis checkpoints, CUDA against the CPU.
-// The bandwidth test at Llama-3.1-8B's shapes is disabled (run it by name). Skipped without a GPU.
-//
-// Written in session 14 without a GPU: none of these has run yet.
+// over blocks), T 1/3/5/8, bias, f32 and bf16 outputs; the decode to bf16 (launch_trellis_decode) bit for bit
+// and the prefill path past 8 rows (decoded slices + cuBLASLt); the device layout (incl. the k = 3 axis-0
+// interleaved file layout); the load gate; and whole synth trellis checkpoints, CUDA against the CPU. The
+// bandwidth test at Llama-3.1-8B's shapes is disabled (run it by name). Skipped without a GPU.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -96,7 +96,7 @@ TEST(CudaTrellis, DeviceLayoutIsThePlainWordsAndF32Scales) {
 }
 
 // k 2/3/4 x both axes x shapes: axis 1 [odd out, 256 | 768 | 4352 in] (4352: 17 blocks, K split over warps at
-// few rows); axis 0 [256 | 768 out, odd in] (1601 inputs: split over blocks, the partials reduced). T 1/3/8/11.
+// few rows); axis 0 [256 | 768 out, odd in] (1601 inputs: split over blocks, the partials reduced). T 1/3/5/8 (the GEMV's rows).
 TEST(CudaTrellis, GemvMatchesTheReference) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
@@ -112,11 +112,91 @@ TEST(CudaTrellis, GemvMatchesTheReference) {
       const bool with_bias = (case_no++ % 2) == 0;
       HostTrellis a(rng, s.out, s.in, k, s.axis, with_bias);
       const Linear l = gpu.load_linear(a.host_linear());
-      for (int64_t T : {1, 3, 8, 11}) {
+      for (int64_t T : {1, 3, 5, 8}) {  // 9+ rows: PrefillMatchesTheReference
         const bool f32 = (T + k) % 2 == 0;
         check_linear(gpu, l, a.w, a.bias, s.out, s.in, T, f32, rng, fmt::format("{} T={} {}", a.name(), T, f32 ? "f32" : "bf16"));
       }
     }
+}
+
+// launch_trellis_decode: rows of W as bf16, bit for bit the host decode rounded to bf16 (the same f32
+// arithmetic), for k 2/3/4, both axes, a slice from the middle, odd input counts on axis 0.
+TEST(CudaTrellis, DecodeIsTheReferenceRoundedToBf16) {
+  ARBOR_REQUIRE_GPU();
+  CudaBackend gpu(0);
+  std::mt19937 rng(8);
+  struct Shape {
+    int axis;
+    int64_t out, in, row0, n;
+  };
+  for (int k : {2, 3, 4})
+    for (const Shape& s : {Shape{1, 300, 512, 0, 300}, Shape{1, 37, 768, 5, 29}, Shape{0, 768, 77, 256, 512}, Shape{0, 256, 1601, 0, 256}}) {
+      HostTrellis a(rng, s.out, s.in, k, s.axis, false);
+      const Linear l = gpu.load_linear(a.host_linear());
+      Tensor out = gpu.alloc(DType::BF16, {s.n, s.in});
+      gpu.synchronize();
+      cuda::launch_trellis_decode(cuda::trellis_weights(l), s.row0, s.n, out.as<uint16_t>(), gpu.sm_count(), nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<float> got = host_f32(gpu, out);
+      int bad = 0;
+      for (int64_t r = 0; r < s.n; ++r)
+        for (int64_t c = 0; c < s.in; ++c) {
+          const float want = bf16_to_f32(f32_to_bf16(a.w[size_t((s.row0 + r) * s.in + c)]));
+          if (got[size_t(r * s.in + c)] != want && bad++ < 5)
+            ADD_FAILURE() << a.name() << ": row " << s.row0 + r << " col " << c << " is " << got[size_t(r * s.in + c)] << ", want " << want;
+        }
+      EXPECT_EQ(bad, 0) << a.name();
+    }
+  // Slices the layout cannot take fail naming them: axis 0 not on a 256-output boundary.
+  HostTrellis a(rng, 512, 64, 2, 0, false);
+  const Linear l = gpu.load_linear(a.host_linear());
+  Tensor out = gpu.alloc(DType::BF16, {256, 64});
+  EXPECT_THROW(cuda::launch_trellis_decode(cuda::trellis_weights(l), 128, 256, out.as<uint16_t>(), gpu.sm_count(), nullptr), Error);
+}
+
+// CudaBackend::linear past the GEMV's rows: W decoded slice by slice (forced small: several slices and a
+// partial last one on axis 1) and cuBLASLt, against the host decode rounded to bf16 and a float64 matmul;
+// both axes, bias and none, bf16 and f32 outputs.
+TEST(CudaTrellis, PrefillMatchesTheReference) {
+  ARBOR_REQUIRE_GPU();
+  CudaBackend gpu(0);
+  std::mt19937 rng(9);
+  int case_no = 0;
+  struct Shape {
+    int axis;
+    int64_t out, in;
+  };
+  for (int k : {2, 3, 4})
+    for (const Shape& s : {Shape{1, 600, 512}, Shape{0, 768, 77}, Shape{0, 512, 1601}})
+      for (int64_t T : {9, 40, 130}) {
+        const bool with_bias = case_no % 2 == 0, f32 = case_no % 3 == 0;
+        ++case_no;
+        gpu.set_affine_dequant(65, size_t(256) * 2 * size_t(s.in));  // slices of 256 rows
+        HostTrellis a(rng, s.out, s.in, k, s.axis, with_bias);
+        const Linear l = gpu.load_linear(a.host_linear());
+        ASSERT_EQ(gpu.pick_linear(l, T), CudaBackend::LinearKernel::DequantTrellisLt);
+        std::vector<float> x = random_bf16(rng, size_t(T * s.in));
+        Tensor xd = dev_bf16(gpu, x, {T, s.in});
+        Tensor yd = gpu.alloc(f32 ? DType::F32 : DType::BF16, {T, s.out});
+        gpu.linear(xd, l, yd);
+        const std::vector<float> y = host_f32(gpu, yd);
+        int bad = 0;
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t r = 0; r < s.out; ++r) {
+            double p = 0.0, mag = 0.0;
+            for (int64_t c = 0; c < s.in; ++c) {
+              const double v = double(x[size_t(t * s.in + c)]) * bf16_to_f32(f32_to_bf16(a.w[size_t(r * s.in + c)]));
+              p += v, mag += std::fabs(v);
+            }
+            // bf16 output: cuBLASLt rounds the product, then the bias is added and rounded again.
+            const double b = with_bias ? a.bias[size_t(r)] : 0.0, sum = p + b;
+            const double tol = 1e-5 * mag + (f32 ? 0.0 : std::ldexp(std::fabs(p) + std::fabs(sum), -8)) + 1e-6;
+            const float got = y[size_t(t * s.out + r)];
+            if (!(std::fabs(got - sum) <= tol) && ++bad <= 5)
+              ADD_FAILURE() << a.name() << " T=" << T << ": y[" << t << "][" << r << "] = " << got << ", reference " << sum;
+          }
+        EXPECT_EQ(bad, 0) << a.name() << " T=" << T;
+      }
 }
 
 TEST(CudaTrellis, PickLinearTakesEveryRowCount) {
@@ -125,7 +205,8 @@ TEST(CudaTrellis, PickLinearTakesEveryRowCount) {
   std::mt19937 rng(6);
   HostTrellis a(rng, 8, 256, 2, 1, false);
   const Linear l = gpu.load_linear(a.host_linear());
-  for (int64_t rows : {1, 8, 9, 2048}) EXPECT_EQ(gpu.pick_linear(l, rows), CudaBackend::LinearKernel::GemvTrellis);
+  for (int64_t rows : {1, 8}) EXPECT_EQ(gpu.pick_linear(l, rows), CudaBackend::LinearKernel::GemvTrellis);
+  for (int64_t rows : {9, 2048}) EXPECT_EQ(gpu.pick_linear(l, rows), CudaBackend::LinearKernel::DequantTrellisLt);
   // The host format is checked at load: words of the wrong width, k 5.
   Linear h = a.host_linear();
   h.data.shape[1] = 15;

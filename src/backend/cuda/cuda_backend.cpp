@@ -118,7 +118,8 @@ CudaBackend::LinearKernel CudaBackend::pick_linear(const Linear& l, int64_t rows
                                                            l.bits == 8) && (l.group_size == 32 || l.group_size == 64 || l.group_size == 128);
   // (the device layout, affine.h: scale/bias pairs [rows, groups, 2]; host tensors have no kernel)
   const bool loaded = l.scales.ndim == 3 && (l.scales.dtype == DType::BF16 || l.scales.dtype == DType::F16);
-  if (l.format == WeightFormat::Trellis && l.scales.dtype == DType::F32 && l.scales.device == Device::CUDA) return LinearKernel::GemvTrellis;
+  if (l.format == WeightFormat::Trellis && l.scales.dtype == DType::F32 && l.scales.device == Device::CUDA)
+    return rows <= cuda::kTrellisGemvMaxRows ? LinearKernel::GemvTrellis : LinearKernel::DequantTrellisLt;
   if (affine && loaded)
     return rows <= cuda::kAffineGemvMaxRows    ? LinearKernel::GemvAffine
            : rows < affine_dequant_min_rows_ ? LinearKernel::GemmAffine
@@ -126,8 +127,8 @@ CudaBackend::LinearKernel CudaBackend::pick_linear(const Linear& l, int64_t rows
   fail("cuda: no linear kernel for {} weights at {} rows; supported: dense BF16 or F16 (on the device) at any rows: GEMV up to {} "
        "rows (and where the tensor-core GEMV takes the shape), cuBLASLt beyond; affine 2/3/4/5/6/8-bit g32/64/128 (loaded by "
        "load_linear): GEMV up to {} rows, a tensor-core GEMM to {}, dequantization + cuBLASLt beyond; trellis k 2/3/4 (loaded by "
-       "load_linear): GEMV (over slices of 8 rows past 8)",
-       l.describe(), rows, gemv_max_rows_, cuda::kAffineGemvMaxRows, affine_dequant_min_rows_ - 1);
+       "load_linear): GEMV up to {} rows, decode + cuBLASLt beyond",
+       l.describe(), rows, gemv_max_rows_, cuda::kAffineGemvMaxRows, affine_dequant_min_rows_ - 1, cuda::kTrellisGemvMaxRows);
 }
 void CudaBackend::set_prefill_kernel(const char* name) { cuda::set_prefill_kernel(cuda::parse_prefill_kernel(name)); }
 bool CudaBackend::prefill_wgmma_supported(int head_dim) { return cuda::prefill_wgmma_supported(head_dim); }
@@ -598,6 +599,25 @@ void CudaBackend::head_norm(NormOp op, Tensor x, int64_t head_dim, const Tensor&
   launch_norm(op, x.as<uint16_t>(), w.as<float>(), nullptr, eps, x.numel() / head_dim, head_dim, x.as<uint16_t>(), st(stream_));
 }
 
+// Many activation rows: W decoded to bf16 a slice of whole 256-row tiles at a time (at most
+// affine_dequant_bytes_; trellis axis 0 decodes 256 outputs per block), each slice's columns of y from
+// cuBLASLt; then the bias.
+void CudaBackend::decoded_lt(const Tensor& x, const Linear& l, Tensor y, const float* bias, LinearKernel kernel) {
+  const int64_t T = x.rows(), K = l.cols(), N = l.rows();
+  const int64_t slice = std::min<int64_t>(N, std::max<int64_t>(256, int64_t(affine_dequant_bytes_ / size_t(K * 2)) / 256 * 256));
+  ensure(dq_slice_, dq_slice_cap_, size_t(slice * K) * 2);
+  const size_t ysize = dtype_size(y.dtype);
+  uint16_t* dq = static_cast<uint16_t*>(dq_slice_);
+  for (int64_t n0 = 0; n0 < N; n0 += slice) {
+    const int64_t n = std::min(slice, N - n0);
+    if (kernel == LinearKernel::DequantTrellisLt) launch_trellis_decode(trellis_weights(l), n0, n, dq, n_sms_, stream_);
+    else launch_affine_dequant(affine_weights(l), n0, n, dq, n_sms_, st(stream_));
+    lt_gemm(lt_, dq, x.data, DType::BF16, static_cast<char*>(y.data) + size_t(n0) * ysize, y.dtype, T, n, K, workspace_, workspace_bytes_,
+            st(stream_), N);
+  }
+  if (bias) launch_add_bias(y.data, y.dtype, bias, T, N, st(stream_));
+}
+
 void CudaBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
   const int64_t T = x.rows(), K = l.cols(), N = l.rows();
   ARBOR_CHECK(x.cols() == K, "linear: input has {} columns, weight {} expects {}", x.cols(), l.describe(), K);
@@ -621,32 +641,14 @@ void CudaBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
                          st(stream_));
       return;
     }
-    case LinearKernel::DequantAffineLt: {
-      // Many activation rows: W dequantized to bf16 once, slice by slice of rows (whole 128-row tiles of
-      // at most affine_dequant_bytes_), each slice's columns of y from cuBLASLt; then the bias.
-      const AffineWeights w = affine_weights(l);
-      const int64_t slice = std::min<int64_t>(N, std::max<int64_t>(128, int64_t(affine_dequant_bytes_ / size_t(K * 2)) / 128 * 128));
-      ensure(affine_dq_, affine_dq_cap_, size_t(slice * K) * 2);
-      const size_t ysize = dtype_size(y.dtype);
-      for (int64_t n0 = 0; n0 < N; n0 += slice) {
-        const int64_t n = std::min(slice, N - n0);
-        launch_affine_dequant(w, n0, n, static_cast<uint16_t*>(affine_dq_), n_sms_, st(stream_));
-        lt_gemm(lt_, affine_dq_, x.data, DType::BF16, static_cast<char*>(y.data) + size_t(n0) * ysize, y.dtype, T, n, K, workspace_,
-                workspace_bytes_, st(stream_), N);
-      }
-      if (bias) launch_add_bias(y.data, y.dtype, bias, T, N, st(stream_));
-      return;
-    }
+    case LinearKernel::DequantAffineLt:
+    case LinearKernel::DequantTrellisLt: decoded_lt(x, l, y, bias, kernel); return;
     case LinearKernel::GemvTrellis: {
-      // Past kTrellisGemvMaxRows rows: the GEMV over slices of that many rows (a stopgap for prefill).
       const TrellisWeights w = trellis_weights(l);
-      const int64_t partials = trellis_gemv_scratch_floats(w, std::min(T, kTrellisGemvMaxRows), n_sms_);
+      const int64_t partials = trellis_gemv_scratch_floats(w, T, n_sms_);
       if (partials > 0) ensure(scratch_, scratch_cap_, size_t(partials) * 4);
-      const size_t ysize = dtype_size(y.dtype);
-      for (int64_t r0 = 0; r0 < T; r0 += kTrellisGemvMaxRows)
-        launch_trellis_gemv(w, x.as<uint16_t>() + r0 * K, bias, static_cast<char*>(y.data) + size_t(r0 * N) * ysize, y.dtype == DType::F32,
-                            std::min(kTrellisGemvMaxRows, T - r0), partials > 0 ? static_cast<float*>(scratch_) : nullptr, n_sms_,
-                            stream_);
+      launch_trellis_gemv(w, x.as<uint16_t>(), bias, y.data, y.dtype == DType::F32, T, partials > 0 ? static_cast<float*>(scratch_) : nullptr,
+                          n_sms_, stream_);
       return;
     }
     case LinearKernel::GemvBf16:

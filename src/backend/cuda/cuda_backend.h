@@ -56,10 +56,10 @@ class CudaBackend : public Backend {
   // past gemv_max_rows) or cuBLASLt, for dense BF16 or F16 weights; affine (affine.h) up to 8 rows the
   // affine GEMV (affine_gemv.cu), 9 to affine_dequant_min_rows_ - 1 the tensor-core GEMM that dequantizes
   // tiles in its main loop (affine_gemm.cu), from there on W dequantized to bf16 once (in slices of at most
-  // affine_dequant_bytes_) and cuBLASLt; trellis (trellis.h) the trellis GEMV (trellis_gemv.cu) at any rows,
-  // over slices of 8 rows past 8 (a stopgap for prefill); anything else throws, naming the layer's format and
-  // the supported pairs.
-  enum class LinearKernel : uint8_t { GemvBf16, GemvF16, LtBf16, LtF16, GemvAffine, GemmAffine, DequantAffineLt, GemvTrellis };
+  // affine_dequant_bytes_) and cuBLASLt; trellis (trellis.h) up to 8 rows the trellis GEMV (trellis_gemv.cu),
+  // beyond it W decoded to bf16 slice by slice (launch_trellis_decode) and cuBLASLt; anything else throws,
+  // naming the layer's format and the supported pairs.
+  enum class LinearKernel : uint8_t { GemvBf16, GemvF16, LtBf16, LtF16, GemvAffine, GemmAffine, DequantAffineLt, GemvTrellis, DequantTrellisLt };
   LinearKernel pick_linear(const Linear& l, int64_t rows) const;
   void rope(Tensor x, int64_t n_heads, int64_t head_dim, int64_t rot_dim, const Tensor& cos, const Tensor& sin) override;
   void kv_write(int64_t layer, const Tensor& k, const Tensor& v) override;
@@ -217,12 +217,15 @@ class CudaBackend : public Backend {
   int64_t tiles_group_ = 0, n_tiles_ = 0;
   void* scratch_ = nullptr;                        // split-K partials, f16-GEMM operands
   size_t scratch_cap_ = 0;
-  // Affine prefill: a slice of W dequantized to bf16 (DequantAffineLt), at most affine_dequant_bytes_: 16 MiB
-  // (2048 rows of a 4096-column matrix) stays in the 50 MB L2 between the dequant kernel writing it and
-  // cuBLASLt reading it, so there is never a full-size bf16 copy of a weight, in memory or in traffic.
+  // Quantized prefill (DequantAffineLt, DequantTrellisLt): a slice of W decoded to bf16, at most
+  // affine_dequant_bytes_: 16 MiB (2048 rows of a 4096-column matrix) stays in the 50 MB L2 between the
+  // decode kernel writing it and cuBLASLt reading it, so there is never a full-size bf16 copy of a weight,
+  // in memory or in traffic.
   size_t affine_dequant_bytes_ = size_t(16) << 20;
-  void* affine_dq_ = nullptr;
-  size_t affine_dq_cap_ = 0;
+  void* dq_slice_ = nullptr;
+  size_t dq_slice_cap_ = 0;
+  // y = x · Wᵀ (+ bias) for a quantized W through dq_slice_ and cuBLASLt (the Dequant*Lt kernels).
+  void decoded_lt(const Tensor& x, const Linear& l, Tensor y, const float* bias, LinearKernel kernel);
   int64_t affine_dequant_min_rows_ = 65;           // ARBOR_CUDA_AFFINE_DEQUANT_ROWS overrides (A/B runs)
   bool cluster_merge_ok_ = false;  // the device launches thread-block clusters (sm_90)
   int attn_min_waves_ = 2;         // decode attention's split blocks: this many waves over the SMs at least (ARBOR_CUDA_ATTN_WAVES)

@@ -108,6 +108,12 @@ int64_t trellis_gemv_scratch_floats(const TrellisWeights& w, int64_t T, int n_sm
 void launch_trellis_gemv(const TrellisWeights& w, const uint16_t* x, const float* bias, void* y, bool y_f32, int64_t T, float* scratch,
                          int n_sms, CUstream_st* s);
 
+// Rows [row0, row0 + n) of W ([rows, cols] = [out, in]) decoded to bf16 [n, cols] at out (16-byte aligned):
+// bf16((y · (1/147.800537109375)) · scale), quant::trellis_decode_linear's f32 weights rounded to bf16. For
+// many activation rows CudaBackend decodes W a slice at a time and runs cuBLASLt on it. Axis 0: row0 and n
+// whole blocks of 256 (its blocks run along the outputs).
+void launch_trellis_decode(const TrellisWeights& w, int64_t row0, int64_t n, uint16_t* out, int n_sms, CUstream_st* s);
+
 // Seconds per trellis GEMV y[T, N] = x[T, K]·Wᵀ (random words, unit scales, bf16 out) on `axis`, median of
 // reps, rotating over enough weight copies (> 256 MiB) that L2 holds none (arbor bench-linear --device cuda
 // --format trellis; the bandwidth test).

@@ -17,8 +17,7 @@
 // shared memory; each warp takes 8 rows per step. Ranges split over blocks write f32 partials that
 // trellis_reduce_kernel sums in split order (deterministic), adding the bias.
 //
-// UNCHECKED ON A GPU at the time of writing (session 14 had no device): tests/cuda/trellis_gemv_test.cpp is
-// the check to run.
+// For prefill (past kTrellisGemvMaxRows rows), launch_trellis_decode writes rows of W as bf16 for cuBLASLt.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -313,6 +312,85 @@ void launch_kn(const TrellisWeights& w, const uint16_t* x, const float* bias, vo
   }
 }
 
+// ---- decode to bf16 (prefill: cuBLASLt runs on the decoded rows) ----------------------------------------
+// Weight = bf16((y · (1/147.800537109375)) · scale): quant::trellis_decode_linear's f32 weight, rounded.
+__device__ __forceinline__ uint16_t trellis_weight_bf16(float yv, float scale) {
+  return __bfloat16_as_ushort(__float2bfloat16(__fmul_rn(__fmul_rn(yv, kTrInvStd), scale)));
+}
+
+// Axis 1: a warp per (row, block) of the slice; lane l decodes weights 8l..8l+7 and stores them as 16 bytes.
+template <int K>
+__global__ void trellis_decode_axis1_kernel(const uint32_t* __restrict__ words, const float* __restrict__ scales, int64_t row0, int64_t n,
+                                            int64_t Kin, uint16_t* __restrict__ out) {
+  constexpr int WPB = 8 * K;
+  pdl_trigger();
+  pdl_wait();  // out may still be read by the previous slice's GEMM
+  const int lane = threadIdx.x % 32;
+  const int ia = trellis_lane_word<K>(lane), ib = trellis_lane_word2<K>(lane), off = trellis_lane_off<K>(lane);
+  const int64_t nb = Kin / 256, units = n * nb, warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  for (int64_t u = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; u < units; u += warps) {
+    const int64_t r = u / nb, b = u % nb;
+    const uint32_t* wb = words + (row0 + r) * nb * WPB + b * WPB;
+    uint32_t lo, hi;
+    trellis_lane_align(__ldg(wb + ia), __ldg(wb + ib), off, lo, hi);
+    const float sc = scales[row0 + r];
+    uint32_t packed[4];
+#pragma unroll
+    for (int j = 0; j < 8; j += 2)
+      packed[j / 2] = uint32_t(trellis_weight_bf16(trellis_lane_y<K>(lo, hi, j), sc)) |
+                      uint32_t(trellis_weight_bf16(trellis_lane_y<K>(lo, hi, j + 1), sc)) << 16;
+    *reinterpret_cast<uint4*>(out + r * Kin + b * 256 + 8 * lane) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  }
+}
+
+// Axis 0 (stored [in, out]): a block per (256 outputs, 64 inputs): each warp decodes 8 input rows' block of
+// those outputs (lane l: outputs 8l..8l+7) into a shared tile [256][64], then writes it out transposed, a
+// warp per output row at a time (64 inputs: two coalesced 2-byte stores a lane).
+constexpr int kTrDecIn = 64;
+template <int K>
+__global__ void __launch_bounds__(256) trellis_decode_axis0_kernel(const uint32_t* __restrict__ words, const float* __restrict__ scales,
+                                                                   int64_t o0, int64_t R, int64_t N, uint16_t* __restrict__ out) {
+  constexpr int WPB = 8 * K, kPad = kTrDecIn + 2;
+  __shared__ uint16_t tile[256 * kPad];
+  pdl_trigger();
+  pdl_wait();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int ia = trellis_lane_word<K>(lane), ib = trellis_lane_word2<K>(lane), off = trellis_lane_off<K>(lane);
+  const int64_t ob = blockIdx.x, i0 = int64_t(blockIdx.y) * kTrDecIn, row_words = N / 256 * WPB;
+  const uint32_t* base = words + (o0 / 256 + ob) * WPB;
+#pragma unroll 1
+  for (int q = warp; q < kTrDecIn; q += 8) {
+    const int64_t i = i0 + q;
+    if (i >= R) break;
+    uint32_t lo, hi;
+    trellis_lane_align(__ldg(base + i * row_words + ia), __ldg(base + i * row_words + ib), off, lo, hi);
+    const float sc = scales[i];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) tile[(8 * lane + j) * kPad + q] = trellis_weight_bf16(trellis_lane_y<K>(lo, hi, j), sc);
+  }
+  __syncthreads();
+  const int64_t cols = std::min<int64_t>(kTrDecIn, R - i0);
+  for (int o = warp; o < 256; o += 8) {
+    uint16_t* dst = out + (ob * 256 + o) * R + i0;
+    if (lane < cols) dst[lane] = tile[o * kPad + lane];
+    if (lane + 32 < cols) dst[lane + 32] = tile[o * kPad + lane + 32];
+  }
+}
+
+template <int K>
+void launch_decode_k(const TrellisWeights& w, int64_t row0, int64_t n, uint16_t* out, int n_sms, cudaStream_t s) {
+  if (w.axis == 1) {
+    const int64_t units = n * (w.cols / 256);
+    const unsigned grid = unsigned(std::min<int64_t>((units + 7) / 8, int64_t(n_sms) * 8));
+    pdl_launch(trellis_decode_axis1_kernel<K>, dim3(grid), dim3(256), 0, s, w.words, w.scales, row0, n, w.cols, out);
+    ARBOR_LAUNCH_CHECK("trellis_decode_axis1_kernel");
+    return;
+  }
+  const dim3 grid(unsigned(n / 256), unsigned((w.cols + kTrDecIn - 1) / kTrDecIn));
+  pdl_launch(trellis_decode_axis0_kernel<K>, grid, dim3(256), 0, s, w.words, w.scales, row0, w.cols, w.rows, out);
+  ARBOR_LAUNCH_CHECK("trellis_decode_axis0_kernel");
+}
+
 template <int K>
 void launch_k(int nr, const TrellisWeights& w, const uint16_t* x, const float* bias, void* y, bool y_f32, int T, float* scratch, int n_sms,
               cudaStream_t s) {
@@ -343,6 +421,20 @@ void launch_trellis_gemv(const TrellisWeights& w, const uint16_t* x, const float
     case 2: launch_k<2>(nr, w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
     case 3: launch_k<3>(nr, w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
     default: launch_k<4>(nr, w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
+  }
+}
+
+void launch_trellis_decode(const TrellisWeights& w, int64_t row0, int64_t n, uint16_t* out, int n_sms, CUstream_st* s) {
+  ARBOR_CU_CHECK(w.bits == 2 || w.bits == 3 || w.bits == 4, "cuda: trellis decode: k = %d (2, 3, 4)", w.bits);
+  ARBOR_CU_CHECK(w.axis == 0 || w.axis == 1, "cuda: trellis decode: axis %d (0, 1)", w.axis);
+  ARBOR_CU_CHECK(w.coded_cols() % 256 == 0 && row0 >= 0 && n >= 1 && row0 + n <= w.rows && (w.axis == 1 || (row0 % 256 == 0 && n % 256 == 0)) &&
+                     reinterpret_cast<uintptr_t>(out) % 16 == 0,
+                 "cuda: trellis decode: rows [%lld, %lld) of [%lld, %lld] axis %d (axis 0: whole blocks of 256 outputs; out 16-byte aligned)",
+                 (long long)row0, (long long)(row0 + n), (long long)w.rows, (long long)w.cols, w.axis);
+  switch (w.bits) {
+    case 2: launch_decode_k<2>(w, row0, n, out, n_sms, s); break;
+    case 3: launch_decode_k<3>(w, row0, n, out, n_sms, s); break;
+    default: launch_decode_k<4>(w, row0, n, out, n_sms, s); break;
   }
 }
 
