@@ -608,7 +608,10 @@ void CpuBackend::activation(ActOp op, const Tensor& gate, const Tensor& up, Tens
   const float* u = up.as<float>();
   const float* g = gate.empty() ? nullptr : gate.as<float>();
   elementwise(n, [&](int64_t i0, int64_t i1) {
-    if (!g) {
+    if (op == ActOp::SiLU) {  // the vector form (scalar expf was ~half of a 512-token prefill's elementwise time)
+      if (g) cpu::vec_ops().silu_mul(g + i0, u + i0, o + i0, i1 - i0);
+      else cpu::vec_ops().silu_mul(u + i0, nullptr, o + i0, i1 - i0);
+    } else if (!g) {
       for (int64_t i = i0; i < i1; ++i) o[i] = act_fn(op, u[i]);
     } else {
       for (int64_t i = i0; i < i1; ++i) o[i] = act_fn(op, g[i]) * u[i];
