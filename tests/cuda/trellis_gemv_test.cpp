@@ -119,6 +119,39 @@ TEST(CudaTrellis, GemvMatchesTheReference) {
     }
 }
 
+// q/k/v in one launch (linear_multi) and gate/up with the activation (gated_up) on axis-1 matrices, against the
+// reference; and a set that does not fuse (an axis-0 matrix among them), which runs one GEMV each.
+TEST(CudaTrellis, FusedMultiAndGatedMatchTheReference) {
+  ARBOR_REQUIRE_GPU();
+  CudaBackend gpu(0);
+  std::mt19937 rng(7);
+  for (int k : {2, 3, 4})
+    for (int64_t T : {1, 3, 8}) {
+      const int64_t C = T == 3 ? 4352 : 768;
+      HostTrellis q(rng, 75, C, k, 1, true), kk(rng, 33, C, k, 1, false), v(rng, 33, C, k, T == 8 ? 0 : 1, true);
+      const Linear lq = gpu.load_linear(q.host_linear()), lk = gpu.load_linear(kk.host_linear()), lv = gpu.load_linear(v.host_linear());
+      std::vector<float> x = random_bf16(rng, size_t(T * C));
+      Tensor xd = dev_bf16(gpu, x, {T, C});
+      Tensor yq = gpu.alloc(DType::BF16, {T, 75}), yk = gpu.alloc(DType::BF16, {T, 33}), yv = gpu.alloc(DType::BF16, {T, 33});
+      const Backend::LinearOut outs[3] = {{&lq, yq}, {&lk, yk}, {&lv, yv}};
+      gpu.linear_multi(xd, outs, 3);
+      for (auto [a, y] : {std::pair{&q, yq}, std::pair{&kk, yk}, std::pair{&v, yv}}) {
+        std::vector<float> ref, mag;
+        reference_linear(a->w, a->bias, a->out, a->in, x, T, ref, mag);
+        expect_linear_close(host_f32(gpu, y), ref, mag, true, fmt::format("multi {} T={}", a->name(), T));
+      }
+      for (ActOp act : {ActOp::SiLU, ActOp::GeLUTanh}) {
+        HostTrellis g(rng, 91, C, k, 1, act == ActOp::SiLU), u(rng, 91, C, k, 1, false);
+        const Linear lg = gpu.load_linear(g.host_linear()), lu = gpu.load_linear(u.host_linear());
+        Tensor gate = gpu.alloc(DType::BF16, {T, 91}), up = gpu.alloc(DType::BF16, {T, 91}), out = gpu.alloc(DType::BF16, {T, 91});
+        gpu.gated_up(xd, lg, lu, act, gate, up, out);
+        std::vector<float> rg, mg, ru, mu;
+        reference_linear(g.w, g.bias, g.out, g.in, x, T, rg, mg), reference_linear(u.w, u.bias, u.out, u.in, x, T, ru, mu);
+        expect_gated_close(host_f32(gpu, out), rg, mg, ru, mu, act, fmt::format("gated {} T={}", g.name(), T));
+      }
+    }
+}
+
 // launch_trellis_decode: rows of W as bf16, bit for bit the host decode rounded to bf16 (the same f32
 // arithmetic), for k 2/3/4, both axes, a slice from the middle, odd input counts on axis 0.
 TEST(CudaTrellis, DecodeIsTheReferenceRoundedToBf16) {

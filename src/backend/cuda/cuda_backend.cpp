@@ -676,8 +676,15 @@ void CudaBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
 
 namespace {
 bool is_gemv(CudaBackend::LinearKernel k) {
-  return k == CudaBackend::LinearKernel::GemvBf16 || k == CudaBackend::LinearKernel::GemvF16 || k == CudaBackend::LinearKernel::GemvAffine;
+  return k == CudaBackend::LinearKernel::GemvBf16 || k == CudaBackend::LinearKernel::GemvF16 || k == CudaBackend::LinearKernel::GemvAffine ||
+         k == CudaBackend::LinearKernel::GemvTrellis;
 }
+// Trellis matrices one GEMV launch can take together: axis 1, the same k and columns.
+bool trellis_fusable(const Linear& a, const Linear& b) {
+  return a.format == WeightFormat::Trellis && b.format == WeightFormat::Trellis && a.axis == 1 && b.axis == 1 && a.bits == b.bits &&
+         a.cols() == b.cols();
+}
+TrellisGemvOut trellis_out(const Linear& l, void* y) { return {trellis_weights(l), l.bias.empty() ? nullptr : l.bias.as<float>(), y}; }
 // Affine matrices one GEMV launch can take together: the same columns, bits, group size and scale dtype.
 bool affine_fusable(const Linear& a, const Linear& b) {
   return a.format == WeightFormat::Affine && b.format == WeightFormat::Affine && a.cols() == b.cols() && a.bits == b.bits &&
@@ -706,7 +713,16 @@ void CudaBackend::linear_multi(const Tensor& x, const LinearOut* outs, int n) {
       return;
     }
   }
-  if (!one) {
+  if (one && k0 == LinearKernel::GemvTrellis) {
+    for (int i = 0; one && i < n; ++i) one = trellis_fusable(*outs[0].l, *outs[i].l);
+    if (one) {
+      TrellisGemvOut t[kTrellisGemvMaxSegments];
+      for (int i = 0; i < n; ++i) t[i] = trellis_out(*outs[i].l, outs[i].y.data);
+      launch_trellis_gemv_multi(t, n, x.as<uint16_t>(), outs[0].y.dtype == DType::F32, x.rows(), n_sms_, stream_);
+      return;
+    }
+  }
+  if (!one || k0 == LinearKernel::GemvAffine || k0 == LinearKernel::GemvTrellis) {
     Backend::linear_multi(x, outs, n);
     return;
   }
@@ -837,6 +853,11 @@ void CudaBackend::gated_up(const Tensor& x, const Linear& wg, const Linear& wu, 
   if (one && pick_linear(wg, x.rows()) == LinearKernel::GemvAffine && affine_fusable(wg, wu)) {
     launch_affine_gemv_gated(affine_out(wg, nullptr), affine_out(wu, nullptr), int(op), x.as<uint16_t>(), out.as<uint16_t>(), x.rows(),
                              n_sms_, stream_);
+    return;
+  }
+  if (one && pick_linear(wg, x.rows()) == LinearKernel::GemvTrellis && trellis_fusable(wg, wu)) {
+    launch_trellis_gemv_gated(trellis_out(wg, nullptr), trellis_out(wu, nullptr), int(op), x.as<uint16_t>(), out.as<uint16_t>(), x.rows(),
+                              n_sms_, stream_);
     return;
   }
   if (!one || wg.format != WeightFormat::Dense) {

@@ -103,6 +103,18 @@ ARBOR_TRELLIS_HD float trellis_lane_y(uint32_t lo, uint32_t hi, int j) {
 // lane l accumulates outputs 8l..8l+7 over its warp's rows; ranges split over blocks write f32 partials to
 // `scratch` (trellis_gemv_scratch_floats) that a second kernel sums in a fixed order. y bf16 or f32.
 constexpr int64_t kTrellisGemvMaxRows = 8;
+// Up to kTrellisGemvMaxSegments axis-1 matrices over the same x in one launch (fused q/k/v: the same k and
+// columns), each into its own y; and the gated form: gate and up (axis 1, the same shape) into
+// y = act(bf16(gate)) * bf16(up) rounded to bf16 (act: an ActOp's value), as linear + activation store it.
+constexpr int kTrellisGemvMaxSegments = 3;
+struct TrellisGemvOut {
+  TrellisWeights w;
+  const float* bias;  // [w.rows] or null
+  void* y;            // [T, w.rows]; gated: unused
+};
+void launch_trellis_gemv_multi(const TrellisGemvOut* outs, int n, const uint16_t* x, bool y_f32, int64_t T, int n_sms, CUstream_st* s);
+void launch_trellis_gemv_gated(const TrellisGemvOut& gate, const TrellisGemvOut& up, int act, const uint16_t* x, uint16_t* y, int64_t T,
+                               int n_sms, CUstream_st* s);
 // Floats of scratch launch_trellis_gemv needs for these weights and rows (0: none).
 int64_t trellis_gemv_scratch_floats(const TrellisWeights& w, int64_t T, int n_sms);
 void launch_trellis_gemv(const TrellisWeights& w, const uint16_t* x, const float* bias, void* y, bool y_f32, int64_t T, float* scratch,

@@ -25,7 +25,9 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.h"
+#include "backend/cuda/segments.h"
 #include "backend/cuda/trellis.h"
 
 namespace arbor::cuda {
@@ -58,22 +60,39 @@ __device__ __forceinline__ void store_y(void* y, bool y_f32, int64_t i, float v)
 }
 
 // ---- axis 1 -------------------------------------------------------------------------------------------
+// One launch's axis-1 matrices over the same x: up to three (q/k/v), their row pairs numbered consecutively
+// (matrix i's first pair is first[i]); or gated (gate_act >= 0): gate and up, a unit being gate row n with up
+// row n, y and N from the gate, y = act(gate) * up.
+struct TrSegs {
+  const uint32_t* words[kTrellisGemvMaxSegments];
+  const float* scales[kTrellisGemvMaxSegments];
+  const float* bias[kTrellisGemvMaxSegments];
+  void* y[kTrellisGemvMaxSegments];
+  int64_t N[kTrellisGemvMaxSegments];
+  int64_t first[kTrellisGemvMaxSegments];
+  int n;
+  int64_t units;
+};
+
 template <int K, int NR>
 __global__ void __launch_bounds__(kTrWarps * 32)
-    trellis_gemv_axis1_kernel(const uint32_t* __restrict__ words, const float* __restrict__ scales, const float* __restrict__ bias,
-                              const uint16_t* __restrict__ x, void* __restrict__ y, bool y_f32, int T, int64_t N, int64_t Kin, int wpr,
-                              bool vec) {
+    trellis_gemv_axis1_kernel(TrSegs segs, const uint16_t* __restrict__ x, bool y_f32, int T, int64_t Kin, int wpr, bool vec, int gated_act) {
   constexpr int WPB = 8 * K;
   __shared__ float red[kTrWarps][2][NR];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int pair = warp / wpr, part = warp % wpr;
-  const int64_t row0 = (int64_t(blockIdx.x) * (kTrWarps / wpr) + pair) * 2;
-  const bool has0 = row0 < N, has1 = row0 + 1 < N;
+  const int64_t unit = int64_t(blockIdx.x) * (kTrWarps / wpr) + pair;
+  const bool gated = gated_act >= 0;
+  const int si = gated ? 0 : unit_segment(segs.n, segs.first, unit);
+  const int64_t N = seg_pick(segs.N, si);
+  // Plain: rows row0, row0 + 1 of matrix si; gated: row row0 of gate (a) and of up (b).
+  const int64_t row0 = gated ? unit : (unit - seg_pick(segs.first, si)) * 2;
+  const bool has0 = row0 < N, has1 = gated ? has0 : row0 + 1 < N;
   // Rows past the matrix read row 0 (valid memory) and are not stored.
-  const int64_t ra = has0 ? row0 : 0, rb = has1 ? row0 + 1 : ra;
+  const int64_t ra = has0 ? row0 : 0, rb = gated ? ra : has1 ? row0 + 1 : ra;
   const int64_t nb = Kin / 256, row_words = nb * WPB;
-  const uint32_t* wa = words + ra * row_words;
-  const uint32_t* wb = words + rb * row_words;
+  const uint32_t* wa = seg_pick(segs.words, si) + ra * row_words;
+  const uint32_t* wb = (gated ? segs.words[1] : seg_pick(segs.words, si)) + rb * row_words;
   const int64_t bbeg = nb * part / wpr, bend = nb * (part + 1) / wpr;
   const int ia = trellis_lane_word<K>(lane), ib = trellis_lane_word2<K>(lane), off = trellis_lane_off<K>(lane);
 
@@ -149,7 +168,22 @@ __global__ void __launch_bounds__(kTrWarps * 32)
         acc[j][r] = s;
       }
   }
-  if (lane != 0) return;
+  if (lane != 0 || !has0) return;
+  if (gated) {  // y = act(gate) * up, each rounded to bf16 first as the unfused ops store them
+    const float sg = segs.scales[0][row0] * kTrInvStd, su = segs.scales[1][row0] * kTrInvStd;
+    const float bg = segs.bias[0] ? segs.bias[0][row0] : 0.0f, bu = segs.bias[1] ? segs.bias[1][row0] : 0.0f;
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+      if (r >= T) break;
+      const float g = __bfloat162float(__float2bfloat16(fmaf(acc[0][r], sg, bg)));
+      const float u = __bfloat162float(__float2bfloat16(fmaf(acc[1][r], su, bu)));
+      static_cast<__nv_bfloat16*>(segs.y[0])[r * N + row0] = __float2bfloat16(act_value(gated_act, g) * u);
+    }
+    return;
+  }
+  const float* scales = seg_pick(segs.scales, si);
+  const float* bias = seg_pick(segs.bias, si);
+  void* y = seg_pick(segs.y, si);
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int64_t n = row0 + j;
@@ -282,19 +316,35 @@ Axis0Plan axis0_plan(int64_t R, int64_t N, int n_sms) {
 }
 
 template <int K, int NR>
+void launch_axis1(const TrSegs& segs, int64_t Kin, const uint16_t* x, bool y_f32, int T, int n_sms, int gated_act, cudaStream_t s) {
+  const int64_t nb = Kin / 256, units = segs.units;
+  // K split: about half the SMs' warp slots busy, but at least kTrU blocks a warp.
+  int wpr = 1;
+  while (wpr < kTrWarps && units * wpr < int64_t(n_sms) * 32 && nb / (wpr * 2) >= kTrU) wpr *= 2;
+  const int64_t per_block = kTrWarps / wpr;
+  const unsigned grid = unsigned((units + per_block - 1) / per_block);
+  const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  pdl_launch(trellis_gemv_axis1_kernel<K, NR>, dim3(grid), dim3(kTrWarps * 32), 0, s, segs, x, y_f32, T, Kin, wpr, vec, gated_act);
+  ARBOR_LAUNCH_CHECK("trellis_gemv_axis1_kernel");
+}
+
+TrSegs plain_segments(const TrellisGemvOut* outs, int n) {
+  TrSegs segs{};
+  segs.n = n;
+  for (int i = 0; i < n; ++i) {
+    segs.words[i] = outs[i].w.words, segs.scales[i] = outs[i].w.scales, segs.bias[i] = outs[i].bias, segs.y[i] = outs[i].y;
+    segs.N[i] = outs[i].w.rows, segs.first[i] = segs.units;
+    segs.units += (outs[i].w.rows + 1) / 2;
+  }
+  return segs;
+}
+
+template <int K, int NR>
 void launch_kn(const TrellisWeights& w, const uint16_t* x, const float* bias, void* y, bool y_f32, int T, float* scratch, int n_sms,
                cudaStream_t s) {
   if (w.axis == 1) {
-    const int64_t N = w.rows, Kin = w.cols, nb = Kin / 256, pairs = (N + 1) / 2;
-    // K split: about half the SMs' warp slots busy, but at least kTrU blocks a warp.
-    int wpr = 1;
-    while (wpr < kTrWarps && pairs * wpr < int64_t(n_sms) * 32 && nb / (wpr * 2) >= kTrU) wpr *= 2;
-    const int64_t per_block = kTrWarps / wpr;
-    const unsigned grid = unsigned((pairs + per_block - 1) / per_block);
-    const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0;
-    pdl_launch(trellis_gemv_axis1_kernel<K, NR>, dim3(grid), dim3(kTrWarps * 32), 0, s, w.words, w.scales, bias, x, y, y_f32, T, N, Kin,
-               wpr, vec);
-    ARBOR_LAUNCH_CHECK("trellis_gemv_axis1_kernel");
+    const TrellisGemvOut o{w, bias, y};
+    launch_axis1<K, NR>(plain_segments(&o, 1), w.cols, x, y_f32, T, n_sms, -1, s);
     return;
   }
   const int64_t R = w.cols, N = w.rows;  // stored [in, out]: R coded rows (inputs), N outputs
@@ -400,7 +450,55 @@ void launch_k(int nr, const TrellisWeights& w, const uint16_t* x, const float* b
   else launch_kn<K, 8>(w, x, bias, y, y_f32, T, scratch, n_sms, s);
 }
 
+// launch_axis1 at the instance of (k, rows).
+void launch_axis1_any(const TrSegs& segs, int bits, int64_t Kin, const uint16_t* x, bool y_f32, int64_t T, int n_sms, int gated_act,
+                      cudaStream_t s) {
+  const int nr = T == 1 ? 1 : T == 2 ? 2 : T <= 4 ? 4 : 8, t = int(T);
+#define ARBOR_TR_AXIS1(KK)                                                            \
+  if (nr == 1) launch_axis1<KK, 1>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);       \
+  else if (nr == 2) launch_axis1<KK, 2>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);  \
+  else if (nr == 4) launch_axis1<KK, 4>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);  \
+  else launch_axis1<KK, 8>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);
+  if (bits == 2) { ARBOR_TR_AXIS1(2) }
+  else if (bits == 3) { ARBOR_TR_AXIS1(3) }
+  else { ARBOR_TR_AXIS1(4) }
+#undef ARBOR_TR_AXIS1
+}
+
+// The checks every axis-1 fused launch makes: rows, and matrices that agree with the first.
+void check_fusable(const TrellisGemvOut* outs, int n, int64_t T, const char* what) {
+  ARBOR_CU_CHECK(T >= 1 && T <= kTrellisGemvMaxRows, "cuda: trellis %s: %lld rows of activations (1..%lld)", what, (long long)T,
+                 (long long)kTrellisGemvMaxRows);
+  for (int i = 0; i < n; ++i) {
+    const TrellisWeights& w = outs[i].w;
+    ARBOR_CU_CHECK(w.axis == 1 && w.bits == outs[0].w.bits && (w.bits == 2 || w.bits == 3 || w.bits == 4) && w.cols == outs[0].w.cols &&
+                       w.cols % 256 == 0 && w.rows > 0,
+                   "cuda: trellis %s: matrix %d ([%lld, %lld] k=%d axis %d) does not fuse with the first ([%lld, %lld] k=%d axis %d): "
+                   "axis 1, the same k and columns (whole blocks of 256)",
+                   what, i, (long long)w.rows, (long long)w.cols, w.bits, w.axis, (long long)outs[0].w.rows, (long long)outs[0].w.cols,
+                   outs[0].w.bits, outs[0].w.axis);
+  }
+}
+
 }  // namespace
+
+void launch_trellis_gemv_multi(const TrellisGemvOut* outs, int n, const uint16_t* x, bool y_f32, int64_t T, int n_sms, CUstream_st* s) {
+  ARBOR_CU_CHECK(n >= 1 && n <= kTrellisGemvMaxSegments, "cuda: trellis gemv: %d matrices in one launch (1..%d)", n, kTrellisGemvMaxSegments);
+  check_fusable(outs, n, T, "gemv");
+  launch_axis1_any(plain_segments(outs, n), outs[0].w.bits, outs[0].w.cols, x, y_f32, T, n_sms, -1, s);
+}
+
+void launch_trellis_gemv_gated(const TrellisGemvOut& gate, const TrellisGemvOut& up, int act, const uint16_t* x, uint16_t* y, int64_t T,
+                               int n_sms, CUstream_st* s) {
+  const TrellisGemvOut both[2] = {gate, up};
+  check_fusable(both, 2, T, "gated gemv");
+  ARBOR_CU_CHECK(gate.w.rows == up.w.rows, "cuda: trellis gated gemv: gate has %lld rows, up %lld", (long long)gate.w.rows, (long long)up.w.rows);
+  TrSegs segs{};
+  segs.n = 2;
+  segs.words[0] = gate.w.words, segs.words[1] = up.w.words, segs.scales[0] = gate.w.scales, segs.scales[1] = up.w.scales;
+  segs.bias[0] = gate.bias, segs.bias[1] = up.bias, segs.y[0] = y, segs.N[0] = gate.w.rows, segs.units = gate.w.rows;
+  launch_axis1_any(segs, gate.w.bits, gate.w.cols, x, false, T, n_sms, act, s);
+}
 
 int64_t trellis_gemv_scratch_floats(const TrellisWeights& w, int64_t T, int n_sms) {
   if (w.axis == 1) return 0;
