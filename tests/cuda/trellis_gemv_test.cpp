@@ -97,9 +97,19 @@ TEST(CudaTrellis, DeviceLayoutIsThePlainWordsAndF32Scales) {
 
 // k 2/3/4 x both axes x shapes: axis 1 [odd out, 256 | 768 | 4352 in] (4352: 17 blocks, K split over warps at
 // few rows); axis 0 [256 | 768 out, odd in] (1601 inputs: split over blocks, the partials reduced). T 1/3/5/8 (the GEMV's rows).
+// Picks the axis-1 kernel (FP32 or tensor-core) for a scope, then back to the environment's choice.
+struct MmaOn {
+  explicit MmaOn(bool on) { cuda::set_trellis_gemv_mma(on); }
+  ~MmaOn() { cuda::set_trellis_gemv_mma(std::getenv("ARBOR_CUDA_TRELLIS_MMA") && std::atoi(std::getenv("ARBOR_CUDA_TRELLIS_MMA")) == 1); }
+};
+
+// Both axis-1 kernels (the FP32 one and trellis_mma_kernel; axis 0 has one).
 TEST(CudaTrellis, GemvMatchesTheReference) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
+  for (bool mma : {false, true}) {
+  SCOPED_TRACE(mma ? "tensor-core axis 1" : "fp32 axis 1");
+  MmaOn chosen(mma);
   std::mt19937 rng(5);
   struct Shape {
     int axis;
@@ -107,7 +117,7 @@ TEST(CudaTrellis, GemvMatchesTheReference) {
   };
   int case_no = 0;
   for (int k : {2, 3, 4})
-    for (const Shape& s : {Shape{1, 131, 256}, Shape{1, 37, 4352}, Shape{1, 5, 768}, Shape{0, 256, 77}, Shape{0, 768, 1601},
+    for (const Shape& s : {Shape{1, 131, 256}, Shape{1, 37, 4352}, Shape{1, 5, 768}, Shape{1, 300, 2048}, Shape{0, 256, 77}, Shape{0, 768, 1601},
                            Shape{0, 512, 3}}) {
       const bool with_bias = (case_no++ % 2) == 0;
       HostTrellis a(rng, s.out, s.in, k, s.axis, with_bias);
@@ -117,6 +127,29 @@ TEST(CudaTrellis, GemvMatchesTheReference) {
         check_linear(gpu, l, a.w, a.bias, s.out, s.in, T, f32, rng, fmt::format("{} T={} {}", a.name(), T, f32 ? "f32" : "bf16"));
       }
     }
+  }
+}
+
+// The tensor-core kernel stages x as f16 scaled per activation row by a power of two: activations far outside
+// f16's range (1e6, past its 65504) and far below it (1e-7) come out as the FP32 reference says.
+TEST(CudaTrellis, TensorCoreKernelTakesAnyActivationScale) {
+  ARBOR_REQUIRE_GPU();
+  CudaBackend gpu(0);
+  MmaOn chosen(true);
+  std::mt19937 rng(11);
+  for (float mag : {1e6f, 1e-7f})
+    for (int64_t T : {1, 4}) {
+      HostTrellis a(rng, 70, 1024, 3, 1, false);
+      const Linear l = gpu.load_linear(a.host_linear());
+      std::vector<float> x = random_bf16(rng, size_t(T * 1024));
+      for (auto& v : x) v = bf16_to_f32(f32_to_bf16(v * mag));
+      Tensor xd = dev_bf16(gpu, x, {T, 1024});
+      Tensor yd = gpu.alloc(DType::F32, {T, 70});
+      gpu.linear(xd, l, yd);
+      std::vector<float> ref, m;
+      reference_linear(a.w, a.bias, a.out, a.in, x, T, ref, m);
+      expect_linear_close(host_f32(gpu, yd), ref, m, false, fmt::format("|x| ~ {} T={}", mag, T));
+    }
 }
 
 // q/k/v in one launch (linear_multi) and gate/up with the activation (gated_up) on axis-1 matrices, against the
@@ -124,6 +157,9 @@ TEST(CudaTrellis, GemvMatchesTheReference) {
 TEST(CudaTrellis, FusedMultiAndGatedMatchTheReference) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
+  for (bool mma : {false, true}) {
+  SCOPED_TRACE(mma ? "tensor-core axis 1" : "fp32 axis 1");
+  MmaOn chosen(mma);
   std::mt19937 rng(7);
   for (int k : {2, 3, 4})
     for (int64_t T : {1, 3, 8}) {
@@ -150,6 +186,7 @@ TEST(CudaTrellis, FusedMultiAndGatedMatchTheReference) {
         expect_gated_close(host_f32(gpu, out), rg, mg, ru, mu, act, fmt::format("gated {} T={}", g.name(), T));
       }
     }
+  }
 }
 
 // launch_trellis_decode: rows of W as bf16, bit for bit the host decode rounded to bf16 (the same f32

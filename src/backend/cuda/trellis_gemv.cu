@@ -19,10 +19,12 @@
 //
 // For prefill (past kTrellisGemvMaxRows rows), launch_trellis_decode writes rows of W as bf16 for cuBLASLt.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
@@ -328,15 +330,216 @@ void launch_axis1(const TrSegs& segs, int64_t Kin, const uint16_t* x, bool y_f32
   ARBOR_LAUNCH_CHECK("trellis_gemv_axis1_kernel");
 }
 
-TrSegs plain_segments(const TrellisGemvOut* outs, int n) {
+// outs[0..n) in units of rows_per_unit output rows numbered consecutively (plain), or gate = outs[0] and up =
+// outs[1] into gated_y in units of rows_per_unit row pairs (gated_y non-null).
+TrSegs make_segments(const TrellisGemvOut* outs, int n, uint16_t* gated_y, int64_t rows_per_unit) {
   TrSegs segs{};
   segs.n = n;
   for (int i = 0; i < n; ++i) {
     segs.words[i] = outs[i].w.words, segs.scales[i] = outs[i].w.scales, segs.bias[i] = outs[i].bias, segs.y[i] = outs[i].y;
-    segs.N[i] = outs[i].w.rows, segs.first[i] = segs.units;
-    segs.units += (outs[i].w.rows + 1) / 2;
+    segs.N[i] = outs[i].w.rows, segs.first[i] = gated_y ? 0 : segs.units;
+    if (!gated_y || i == 0) segs.units += (outs[i].w.rows + rows_per_unit - 1) / rows_per_unit;
   }
+  if (gated_y) segs.y[0] = gated_y;
   return segs;
+}
+
+// ---- axis 1 on tensor cores (ARBOR_CUDA_TRELLIS_MMA=1; not the default until measured) ------------------
+// A warp owns a tile of 16 weight rows (gated: 8 gate rows and the same 8 up rows) and all T <= 8 activation
+// rows, as one mma.sync m16n8k16 (f16 in, f32 accumulate) per 16 columns. Lane (g = lane/4, j = lane%4) decodes,
+// for tile rows g and g + 8, the 8 consecutive weights at block position p = j + 4i (i = 0..7) of each
+// 256-weight block: the A fragment's k slots 2j, 2j+1, 2j+8, 2j+9 of one MMA are weights 8p+4m .. 8p+4m+3
+// (m = 0, 1), and the B fragment (x row g, same columns) is one 16-byte shared load. The weight enters the MMA
+// as the f16 1024 + bytesum = 1534 + y: __dp4a into the accumulator 0x6400 (the f16 1024, spacing 1 up to
+// 2048; bytesum <= 1020) gives its bits directly, two weights make a register with one PRMT, so a weight
+// costs a shift, a mask, the IMAD, the dp4a and half a PRMT, and the products cost nothing per activation
+// row. The 1534 · Σx term is removed once at the end. x is staged in shared memory as f16, each activation
+// row scaled by a power of two (max|x| · scale < 2^15, so no bf16 value overflows f16; exact), with Σ of the
+// staged values per row; the result is divided by the scale (exact).
+constexpr int kTmWarps = 8;
+constexpr int kTmPad = 32;  // f16 of padding per staged x row: rows 64 bytes apart mod 128, conflict-free 16-byte reads
+
+__device__ __forceinline__ void mma_f16(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The f16 bits of 1534 + y for a 12-bit state (low half of the result).
+__device__ __forceinline__ uint32_t tm_half(uint32_t state) { return __dp4a(state * 34038481u + 76625530u, 0x01010101u, 0x6400u); }
+
+template <int K>
+__global__ void __launch_bounds__(kTmWarps * 32)
+    trellis_mma_kernel(TrSegs segs, const uint16_t* __restrict__ x, bool y_f32, int T, int64_t Kin, int wpr, int gated_act) {
+  constexpr int WPB = 8 * K;
+  extern __shared__ __align__(16) uint16_t tm_xs[];  // [T][Kin + kTmPad] f16
+  __shared__ float4 red[kTmWarps][32];
+  __shared__ float wred[kTmWarps][8];
+  __shared__ float xscale[8], xsum[8];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, j = lane % 4;
+  const int tpb = kTmWarps / wpr, part = warp % wpr;
+  const int64_t tile = int64_t(blockIdx.x) * tpb + warp / wpr;
+  const bool gated = gated_act >= 0, live = tile < segs.units;
+  const int si = gated || !live ? 0 : unit_segment(segs.n, segs.first, tile);
+  const int64_t N = seg_pick(segs.N, si);
+  const int64_t rowA = !live ? N : gated ? tile * 8 + g : (tile - seg_pick(segs.first, si)) * 16 + g, rowB = gated ? rowA : rowA + 8;
+  const bool inA = rowA < N, inB = rowB < N;
+  const int64_t nb = Kin / 256, row_words = nb * WPB, ld = Kin + kTmPad;
+  const uint32_t* wA = seg_pick(segs.words, si) + (inA ? rowA : 0) * row_words;  // rows past the matrix read row 0, unstored
+  const uint32_t* wB = (gated ? segs.words[1] : seg_pick(segs.words, si)) + (inB ? rowB : 0) * row_words;
+  const int64_t bbeg = nb * part / wpr, bend = nb * (part + 1) / wpr;
+  int wi[8], wi2[8], off[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int pos = j + 4 * i;
+    wi[i] = trellis_lane_word<K>(pos), wi2[i] = trellis_lane_word2<K>(pos), off[i] = trellis_lane_off<K>(pos);
+  }
+  pdl_trigger();
+  pdl_wait();
+  // x: max|x| per row, its power-of-two scale, the f16 copy and Σ of it.
+  for (int t = 0; t < T; ++t) {
+    float m = 0.0f;
+    for (int64_t k = tid; k < Kin; k += kTmWarps * 32) m = fmaxf(m, fabsf(__uint_as_float(uint32_t(x[t * Kin + k]) << 16)));
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) wred[warp][t] = m;
+  }
+  __syncthreads();
+  if (tid < T) {
+    float m = 0.0f;
+    for (int w = 0; w < kTmWarps; ++w) m = fmaxf(m, wred[w][tid]);
+    int e = 0;
+    frexpf(m, &e);  // m < 2^e
+    xscale[tid] = m > 0.0f ? ldexpf(1.0f, min(15 - e, 100)) : 1.0f;  // capped: tiny rows stay finite
+  }
+  __syncthreads();
+  for (int t = 0; t < T; ++t) {
+    const float sc = xscale[t];
+    float sum = 0.0f;
+    for (int64_t k = tid; k < Kin; k += kTmWarps * 32) {
+      const __half h = __float2half_rn(__uint_as_float(uint32_t(x[t * Kin + k]) << 16) * sc);
+      tm_xs[t * ld + k] = __half_as_ushort(h);
+      sum += __half2float(h);
+    }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) wred[warp][t] = sum;
+  }
+  __syncthreads();
+  if (tid < T) {
+    float sum = 0.0f;
+    for (int w = 0; w < kTmWarps; ++w) sum += wred[w][tid];
+    xsum[tid] = sum;
+  }
+  // (xsum is read after the reduction's __syncthreads below, or after the loop's end by the same block.)
+
+  float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const uint16_t* xrow = tm_xs + (g < T ? g : 0) * ld;
+#pragma unroll 1
+  for (int64_t b = bbeg; b < bend; ++b) {
+    const uint32_t* ba = wA + b * WPB;
+    const uint32_t* bb = wB + b * WPB;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      uint32_t alo, ahi, blo, bhi;
+      trellis_lane_align(__ldg(ba + wi[i]), __ldg(ba + wi2[i]), off[i], alo, ahi);
+      trellis_lane_align(__ldg(bb + wi[i]), __ldg(bb + wi2[i]), off[i], blo, bhi);
+      uint32_t ha[8], hb[8];
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        const int sh = (7 - q) * K;
+        ha[q] = tm_half((sh == 0 ? alo : trellis_funnel(alo, ahi, sh)) & 0xfffu);
+        hb[q] = tm_half((sh == 0 ? blo : trellis_funnel(blo, bhi, sh)) & 0xfffu);
+      }
+      uint4 xv = make_uint4(0, 0, 0, 0);
+      if (g < T) xv = *reinterpret_cast<const uint4*>(xrow + b * 256 + 8 * (j + 4 * i));
+      mma_f16(c, __byte_perm(ha[0], ha[1], 0x5410), __byte_perm(hb[0], hb[1], 0x5410), __byte_perm(ha[2], ha[3], 0x5410),
+              __byte_perm(hb[2], hb[3], 0x5410), xv.x, xv.y);
+      mma_f16(c, __byte_perm(ha[4], ha[5], 0x5410), __byte_perm(hb[4], hb[5], 0x5410), __byte_perm(ha[6], ha[7], 0x5410),
+              __byte_perm(hb[6], hb[7], 0x5410), xv.z, xv.w);
+    }
+  }
+  // The wpr warps of a tile add their partial sums; part 0 stores.
+  if (wpr > 1) red[warp][lane] = make_float4(c[0], c[1], c[2], c[3]);
+  __syncthreads();
+  if (part != 0 || !live) return;
+  for (int q = 1; q < wpr; ++q) {
+    const float4 v = red[warp + q][lane];
+    c[0] += v.x, c[1] += v.y, c[2] += v.z, c[3] += v.w;
+  }
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int t = 2 * j + e;
+    if (t >= T) break;
+    const float inv = 1.0f / xscale[t], corr = 1534.0f * xsum[t];
+    const float va = (c[e] - corr) * inv, vb = (c[2 + e] - corr) * inv;
+    if (gated) {  // y = act(gate) * up, each rounded to bf16 first as the unfused ops store them
+      if (!inA) continue;
+      const float bg = segs.bias[0] ? segs.bias[0][rowA] : 0.0f, bu = segs.bias[1] ? segs.bias[1][rowA] : 0.0f;
+      const float gv = __bfloat162float(__float2bfloat16(fmaf(va, segs.scales[0][rowA] * kTrInvStd, bg)));
+      const float uv = __bfloat162float(__float2bfloat16(fmaf(vb, segs.scales[1][rowA] * kTrInvStd, bu)));
+      static_cast<__nv_bfloat16*>(segs.y[0])[t * N + rowA] = __float2bfloat16(act_value(gated_act, gv) * uv);
+      continue;
+    }
+    const float* scales = seg_pick(segs.scales, si);
+    const float* bias = seg_pick(segs.bias, si);
+    void* y = seg_pick(segs.y, si);
+    if (inA) store_y(y, y_f32, t * N + rowA, fmaf(va, scales[rowA] * kTrInvStd, bias ? bias[rowA] : 0.0f));
+    if (inB) store_y(y, y_f32, t * N + rowB, fmaf(vb, scales[rowB] * kTrInvStd, bias ? bias[rowB] : 0.0f));
+  }
+}
+
+constexpr int64_t kTmMaxK = 8192;
+int g_trellis_mma = -1;  // set_trellis_gemv_mma; -1: from ARBOR_CUDA_TRELLIS_MMA (unset: off)
+bool trellis_mma_on() {
+  if (g_trellis_mma < 0) {
+    const char* e = std::getenv("ARBOR_CUDA_TRELLIS_MMA");
+    g_trellis_mma = e && std::atoi(e) == 1 ? 1 : 0;
+  }
+  return g_trellis_mma == 1;
+}
+
+template <int K>
+void launch_mma(const TrSegs& segs, int64_t Kin, const uint16_t* x, bool y_f32, int T, int n_sms, int gated_act, cudaStream_t s) {
+  const int64_t nb = Kin / 256, units = segs.units;
+  // K split: until the tiles' warps fill the SMs' slots twice over, keeping at least two blocks a warp.
+  int wpr = 1;
+  while (wpr < kTmWarps && units * wpr < int64_t(n_sms) * 2 * kTmWarps && nb / (wpr * 2) >= 2) wpr *= 2;
+  const int64_t per_block = kTmWarps / wpr;
+  const unsigned grid = unsigned((units + per_block - 1) / per_block);
+  const size_t smem = size_t(T) * size_t(Kin + kTmPad) * 2;
+  static bool attr = false;
+  if (!attr) {
+    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(trellis_mma_kernel<K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          int(kTrellisGemvMaxRows * (kTmMaxK + kTmPad) * 2)));
+    attr = true;
+  }
+  pdl_launch(trellis_mma_kernel<K>, dim3(grid), dim3(kTmWarps * 32), smem, s, segs, x, y_f32, T, Kin, wpr, gated_act);
+  ARBOR_LAUNCH_CHECK("trellis_mma_kernel");
+}
+
+// The axis-1 GEMV over outs (gated: gate = outs[0], up = outs[1] into gated_y) at the instance of (k, rows):
+// the tensor-core kernel where it is on and applies (K <= kTmMaxK, x 16-byte aligned), else the FP32 one.
+void launch_axis1_any(const TrellisGemvOut* outs, int n, uint16_t* gated_y, int bits, int64_t Kin, const uint16_t* x, bool y_f32, int64_t T,
+                      int n_sms, int gated_act, cudaStream_t s) {
+  const int t = int(T);
+  if (trellis_mma_on() && Kin <= kTmMaxK && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+    const TrSegs segs = make_segments(outs, n, gated_y, gated_y ? 8 : 16);
+    if (bits == 2) launch_mma<2>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);
+    else if (bits == 3) launch_mma<3>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);
+    else launch_mma<4>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);
+    return;
+  }
+  const TrSegs segs = make_segments(outs, n, gated_y, gated_y ? 1 : 2);
+  const int nr = T == 1 ? 1 : T == 2 ? 2 : T <= 4 ? 4 : 8;
+#define ARBOR_TR_AXIS1(KK)                                                            \
+  if (nr == 1) launch_axis1<KK, 1>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);       \
+  else if (nr == 2) launch_axis1<KK, 2>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);  \
+  else if (nr == 4) launch_axis1<KK, 4>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);  \
+  else launch_axis1<KK, 8>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);
+  if (bits == 2) { ARBOR_TR_AXIS1(2) }
+  else if (bits == 3) { ARBOR_TR_AXIS1(3) }
+  else { ARBOR_TR_AXIS1(4) }
+#undef ARBOR_TR_AXIS1
 }
 
 template <int K, int NR>
@@ -344,7 +547,7 @@ void launch_kn(const TrellisWeights& w, const uint16_t* x, const float* bias, vo
                cudaStream_t s) {
   if (w.axis == 1) {
     const TrellisGemvOut o{w, bias, y};
-    launch_axis1<K, NR>(plain_segments(&o, 1), w.cols, x, y_f32, T, n_sms, -1, s);
+    launch_axis1_any(&o, 1, nullptr, K, w.cols, x, y_f32, T, n_sms, -1, s);
     return;
   }
   const int64_t R = w.cols, N = w.rows;  // stored [in, out]: R coded rows (inputs), N outputs
@@ -450,21 +653,6 @@ void launch_k(int nr, const TrellisWeights& w, const uint16_t* x, const float* b
   else launch_kn<K, 8>(w, x, bias, y, y_f32, T, scratch, n_sms, s);
 }
 
-// launch_axis1 at the instance of (k, rows).
-void launch_axis1_any(const TrSegs& segs, int bits, int64_t Kin, const uint16_t* x, bool y_f32, int64_t T, int n_sms, int gated_act,
-                      cudaStream_t s) {
-  const int nr = T == 1 ? 1 : T == 2 ? 2 : T <= 4 ? 4 : 8, t = int(T);
-#define ARBOR_TR_AXIS1(KK)                                                            \
-  if (nr == 1) launch_axis1<KK, 1>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);       \
-  else if (nr == 2) launch_axis1<KK, 2>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);  \
-  else if (nr == 4) launch_axis1<KK, 4>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);  \
-  else launch_axis1<KK, 8>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);
-  if (bits == 2) { ARBOR_TR_AXIS1(2) }
-  else if (bits == 3) { ARBOR_TR_AXIS1(3) }
-  else { ARBOR_TR_AXIS1(4) }
-#undef ARBOR_TR_AXIS1
-}
-
 // The checks every axis-1 fused launch makes: rows, and matrices that agree with the first.
 void check_fusable(const TrellisGemvOut* outs, int n, int64_t T, const char* what) {
   ARBOR_CU_CHECK(T >= 1 && T <= kTrellisGemvMaxRows, "cuda: trellis %s: %lld rows of activations (1..%lld)", what, (long long)T,
@@ -485,7 +673,7 @@ void check_fusable(const TrellisGemvOut* outs, int n, int64_t T, const char* wha
 void launch_trellis_gemv_multi(const TrellisGemvOut* outs, int n, const uint16_t* x, bool y_f32, int64_t T, int n_sms, CUstream_st* s) {
   ARBOR_CU_CHECK(n >= 1 && n <= kTrellisGemvMaxSegments, "cuda: trellis gemv: %d matrices in one launch (1..%d)", n, kTrellisGemvMaxSegments);
   check_fusable(outs, n, T, "gemv");
-  launch_axis1_any(plain_segments(outs, n), outs[0].w.bits, outs[0].w.cols, x, y_f32, T, n_sms, -1, s);
+  launch_axis1_any(outs, n, nullptr, outs[0].w.bits, outs[0].w.cols, x, y_f32, T, n_sms, -1, s);
 }
 
 void launch_trellis_gemv_gated(const TrellisGemvOut& gate, const TrellisGemvOut& up, int act, const uint16_t* x, uint16_t* y, int64_t T,
@@ -493,11 +681,7 @@ void launch_trellis_gemv_gated(const TrellisGemvOut& gate, const TrellisGemvOut&
   const TrellisGemvOut both[2] = {gate, up};
   check_fusable(both, 2, T, "gated gemv");
   ARBOR_CU_CHECK(gate.w.rows == up.w.rows, "cuda: trellis gated gemv: gate has %lld rows, up %lld", (long long)gate.w.rows, (long long)up.w.rows);
-  TrSegs segs{};
-  segs.n = 2;
-  segs.words[0] = gate.w.words, segs.words[1] = up.w.words, segs.scales[0] = gate.w.scales, segs.scales[1] = up.w.scales;
-  segs.bias[0] = gate.bias, segs.bias[1] = up.bias, segs.y[0] = y, segs.N[0] = gate.w.rows, segs.units = gate.w.rows;
-  launch_axis1_any(segs, gate.w.bits, gate.w.cols, x, false, T, n_sms, act, s);
+  launch_axis1_any(both, 2, y, gate.w.bits, gate.w.cols, x, false, T, n_sms, act, s);
 }
 
 int64_t trellis_gemv_scratch_floats(const TrellisWeights& w, int64_t T, int n_sms) {
@@ -535,5 +719,7 @@ void launch_trellis_decode(const TrellisWeights& w, int64_t row0, int64_t n, uin
     default: launch_decode_k<4>(w, row0, n, out, n_sms, s); break;
   }
 }
+
+void set_trellis_gemv_mma(bool on) { g_trellis_mma = on ? 1 : 0; }
 
 }  // namespace arbor::cuda
