@@ -395,12 +395,27 @@ __global__ void __launch_bounds__(kTmWarps * 32)
     const int pos = j + 4 * i;
     wi[i] = trellis_lane_word<K>(pos), wi2[i] = trellis_lane_word2<K>(pos), off[i] = trellis_lane_off<K>(pos);
   }
+  // Each block's words (two per position and row) in registers, the next block's loaded while this one is
+  // computed; the first block's before griddepcontrol.wait (weights do not depend on the previous kernel).
+  uint32_t cur[4][8];
+  auto load = [&](uint32_t (&w)[4][8], int64_t b) {
+    const uint32_t* ba = wA + b * WPB;
+    const uint32_t* bb = wB + b * WPB;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[0][i] = __ldg(ba + wi[i]), w[1][i] = __ldg(ba + wi2[i]), w[2][i] = __ldg(bb + wi[i]), w[3][i] = __ldg(bb + wi2[i]);
+  };
+  if (bbeg < bend) load(cur, bbeg);
   pdl_trigger();
   pdl_wait();
-  // x: max|x| per row, its power-of-two scale, the f16 copy and Σ of it.
+  // x: max|x| per row, its power-of-two scale, the f16 copy and Σ of it; 8 values (16 bytes) a thread at a time.
+  const int64_t K8 = Kin / 8;
   for (int t = 0; t < T; ++t) {
     float m = 0.0f;
-    for (int64_t k = tid; k < Kin; k += kTmWarps * 32) m = fmaxf(m, fabsf(__uint_as_float(uint32_t(x[t * Kin + k]) << 16)));
+    for (int64_t q = tid; q < K8; q += kTmWarps * 32) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + t * Kin) + q);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) m = fmaxf(m, fabsf(bf16_of(v, e)));
+    }
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     if (lane == 0) wred[warp][t] = m;
   }
@@ -416,10 +431,17 @@ __global__ void __launch_bounds__(kTmWarps * 32)
   for (int t = 0; t < T; ++t) {
     const float sc = xscale[t];
     float sum = 0.0f;
-    for (int64_t k = tid; k < Kin; k += kTmWarps * 32) {
-      const __half h = __float2half_rn(__uint_as_float(uint32_t(x[t * Kin + k]) << 16) * sc);
-      tm_xs[t * ld + k] = __half_as_ushort(h);
-      sum += __half2float(h);
+    for (int64_t q = tid; q < K8; q += kTmWarps * 32) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + t * Kin) + q);
+      uint32_t h[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const __half2 p = __floats2half2_rn(bf16_of(v, 2 * e) * sc, bf16_of(v, 2 * e + 1) * sc);
+        const float2 f = __half22float2(p);
+        sum += f.x + f.y;
+        h[e] = *reinterpret_cast<const uint32_t*>(&p);
+      }
+      *reinterpret_cast<uint4*>(tm_xs + t * ld + 8 * q) = make_uint4(h[0], h[1], h[2], h[3]);
     }
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     if (lane == 0) wred[warp][t] = sum;
@@ -436,13 +458,13 @@ __global__ void __launch_bounds__(kTmWarps * 32)
   const uint16_t* xrow = tm_xs + (g < T ? g : 0) * ld;
 #pragma unroll 1
   for (int64_t b = bbeg; b < bend; ++b) {
-    const uint32_t* ba = wA + b * WPB;
-    const uint32_t* bb = wB + b * WPB;
+    uint32_t nxt[4][8];
+    if (b + 1 < bend) load(nxt, b + 1);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       uint32_t alo, ahi, blo, bhi;
-      trellis_lane_align(__ldg(ba + wi[i]), __ldg(ba + wi2[i]), off[i], alo, ahi);
-      trellis_lane_align(__ldg(bb + wi[i]), __ldg(bb + wi2[i]), off[i], blo, bhi);
+      trellis_lane_align(cur[0][i], cur[1][i], off[i], alo, ahi);
+      trellis_lane_align(cur[2][i], cur[3][i], off[i], blo, bhi);
       uint32_t ha[8], hb[8];
 #pragma unroll
       for (int q = 0; q < 8; ++q) {
@@ -456,6 +478,12 @@ __global__ void __launch_bounds__(kTmWarps * 32)
               __byte_perm(hb[2], hb[3], 0x5410), xv.x, xv.y);
       mma_f16(c, __byte_perm(ha[4], ha[5], 0x5410), __byte_perm(hb[4], hb[5], 0x5410), __byte_perm(ha[6], ha[7], 0x5410),
               __byte_perm(hb[6], hb[7], 0x5410), xv.z, xv.w);
+    }
+    if (b + 1 < bend) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) cur[q][i] = nxt[q][i];
     }
   }
   // The wpr warps of a tile add their partial sums; part 0 stores.
