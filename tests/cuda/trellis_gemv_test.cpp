@@ -99,8 +99,8 @@ TEST(CudaTrellis, DeviceLayoutIsThePlainWordsAndF32Scales) {
 // few rows); axis 0 [256 | 768 out, odd in] (1601 inputs: split over blocks, the partials reduced). T 1/3/5/8 (the GEMV's rows).
 // Picks the axis-1 kernel (FP32 or tensor-core) for a scope, then back to the environment's choice.
 struct MmaOn {
-  explicit MmaOn(bool on) { cuda::set_trellis_gemv_mma(on); }
-  ~MmaOn() { cuda::set_trellis_gemv_mma(std::getenv("ARBOR_CUDA_TRELLIS_MMA") && std::atoi(std::getenv("ARBOR_CUDA_TRELLIS_MMA")) == 1); }
+  explicit MmaOn(bool on) { cuda::set_trellis_gemv_mma(on ? 1 : 0); }
+  ~MmaOn() { cuda::set_trellis_gemv_mma(-1); }
 };
 
 // Both axis-1 kernels (the FP32 one and trellis_mma_kernel; axis 0 has one).

@@ -116,8 +116,9 @@ void launch_trellis_gemv_multi(const TrellisGemvOut* outs, int n, const uint16_t
 void launch_trellis_gemv_gated(const TrellisGemvOut& gate, const TrellisGemvOut& up, int act, const uint16_t* x, uint16_t* y, int64_t T,
                                int n_sms, CUstream_st* s);
 // The axis-1 GEMV on tensor cores (trellis_gemv.cu's trellis_mma_kernel) instead of the FP32 one, for every
-// axis-1 launch of 1..8 rows whose K is at most 8192: tests and A/B runs (default: ARBOR_CUDA_TRELLIS_MMA=1, else off).
-void set_trellis_gemv_mma(bool on);
+// axis-1 launch of 1..8 rows whose K is at most 8192: 1 on, 0 off, -1 back to the environment's choice
+// (ARBOR_CUDA_TRELLIS_MMA=1 on; unset: off). Tests and A/B runs.
+void set_trellis_gemv_mma(int mode);
 // Floats of scratch launch_trellis_gemv needs for these weights and rows (0: none).
 int64_t trellis_gemv_scratch_floats(const TrellisWeights& w, int64_t T, int n_sms);
 void launch_trellis_gemv(const TrellisWeights& w, const uint16_t* x, const float* bias, void* y, bool y_f32, int64_t T, float* scratch,

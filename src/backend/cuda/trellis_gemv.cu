@@ -748,6 +748,6 @@ void launch_trellis_decode(const TrellisWeights& w, int64_t row0, int64_t n, uin
   }
 }
 
-void set_trellis_gemv_mma(bool on) { g_trellis_mma = on ? 1 : 0; }
+void set_trellis_gemv_mma(int mode) { g_trellis_mma = mode == 0 || mode == 1 ? mode : -1; }
 
 }  // namespace arbor::cuda
