@@ -1,6 +1,6 @@
 // Warp-level tensor-core helpers (sm_80+): ldmatrix loads of 8x8 b16 matrices from shared memory and
-// mma.sync m16n8k16 with bf16 inputs and f32 accumulators. Shared by the mma.sync prefill attention
-// (attention_prefill.cu) and the tensor-core GEMV (gemv.cu). Device code: include from .cu files only.
+// mma.sync m16n8k16 with bf16 or f16 inputs and f32 accumulators. Shared by the mma.sync prefill attention
+// (attention_prefill.cu), the tensor-core GEMV (gemv.cu) and the trellis tensor-core GEMV (trellis_gemv.cu). Device code: include from .cu files only.
 #pragma once
 #include <cstdint>
 
@@ -25,6 +25,14 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t& r0, uint3
 __device__ __forceinline__ void mma_bf16(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The same with f16 a and b.
+__device__ __forceinline__ void mma_f16(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }

@@ -28,6 +28,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/mma_sync.h"
 #include "backend/cuda/pdl.h"
 #include "backend/cuda/segments.h"
 #include "backend/cuda/trellis.h"
@@ -358,13 +359,6 @@ TrSegs make_segments(const TrellisGemvOut* outs, int n, uint16_t* gated_y, int64
 // staged values per row; the result is divided by the scale (exact).
 constexpr int kTmWarps = 8;
 constexpr int kTmPad = 32;  // f16 of padding per staged x row: rows 64 bytes apart mod 128, conflict-free 16-byte reads
-
-__device__ __forceinline__ void mma_f16(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 // The f16 bits of 1534 + y for a 12-bit state (low half of the result).
 __device__ __forceinline__ uint32_t tm_half(uint32_t state) { return __dp4a(state * 34038481u + 76625530u, 0x01010101u, 0x6400u); }
