@@ -446,7 +446,7 @@ __global__ void __launch_bounds__(kTmWarps * 32)
     for (int w = 0; w < kTmWarps; ++w) sum += wred[w][tid];
     xsum[tid] = sum;
   }
-  // (xsum is read after the reduction's __syncthreads below, or after the loop's end by the same block.)
+  // (xsum is read in the epilogue, after the __syncthreads that follows the main loop.)
 
   float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   const uint16_t* xrow = tm_xs + (g < T ? g : 0) * ld;
@@ -565,13 +565,8 @@ void launch_axis1_any(const TrellisGemvOut* outs, int n, uint16_t* gated_y, int 
 }
 
 template <int K, int NR>
-void launch_kn(const TrellisWeights& w, const uint16_t* x, const float* bias, void* y, bool y_f32, int T, float* scratch, int n_sms,
-               cudaStream_t s) {
-  if (w.axis == 1) {
-    const TrellisGemvOut o{w, bias, y};
-    launch_axis1_any(&o, 1, nullptr, K, w.cols, x, y_f32, T, n_sms, -1, s);
-    return;
-  }
+void launch_axis0(const TrellisWeights& w, const uint16_t* x, const float* bias, void* y, bool y_f32, int T, float* scratch, int n_sms,
+                  cudaStream_t s) {
   const int64_t R = w.cols, N = w.rows;  // stored [in, out]: R coded rows (inputs), N outputs
   const Axis0Plan p = axis0_plan(R, N, n_sms);
   ARBOR_CU_CHECK(p.splits == 1 || scratch, "cuda: trellis gemv: axis 0 over %lld blocks of rows needs scratch", (long long)p.splits);
@@ -667,12 +662,12 @@ void launch_decode_k(const TrellisWeights& w, int64_t row0, int64_t n, uint16_t*
 }
 
 template <int K>
-void launch_k(int nr, const TrellisWeights& w, const uint16_t* x, const float* bias, void* y, bool y_f32, int T, float* scratch, int n_sms,
-              cudaStream_t s) {
-  if (nr == 1) launch_kn<K, 1>(w, x, bias, y, y_f32, T, scratch, n_sms, s);
-  else if (nr == 2) launch_kn<K, 2>(w, x, bias, y, y_f32, T, scratch, n_sms, s);
-  else if (nr == 4) launch_kn<K, 4>(w, x, bias, y, y_f32, T, scratch, n_sms, s);
-  else launch_kn<K, 8>(w, x, bias, y, y_f32, T, scratch, n_sms, s);
+void launch_axis0_k(int nr, const TrellisWeights& w, const uint16_t* x, const float* bias, void* y, bool y_f32, int T, float* scratch,
+                    int n_sms, cudaStream_t s) {
+  if (nr == 1) launch_axis0<K, 1>(w, x, bias, y, y_f32, T, scratch, n_sms, s);
+  else if (nr == 2) launch_axis0<K, 2>(w, x, bias, y, y_f32, T, scratch, n_sms, s);
+  else if (nr == 4) launch_axis0<K, 4>(w, x, bias, y, y_f32, T, scratch, n_sms, s);
+  else launch_axis0<K, 8>(w, x, bias, y, y_f32, T, scratch, n_sms, s);
 }
 
 // The checks every axis-1 fused launch makes: rows, and matrices that agree with the first.
@@ -720,11 +715,16 @@ void launch_trellis_gemv(const TrellisWeights& w, const uint16_t* x, const float
   ARBOR_CU_CHECK(w.axis == 0 || w.axis == 1, "cuda: trellis gemv: axis %d (0, 1)", w.axis);
   ARBOR_CU_CHECK(w.rows > 0 && w.cols > 0 && w.coded_cols() % 256 == 0, "cuda: trellis gemv: [%lld, %lld] axis %d: coded length not whole blocks of 256",
                  (long long)w.rows, (long long)w.cols, w.axis);
+  if (w.axis == 1) {
+    const TrellisGemvOut o{w, bias, y};
+    launch_axis1_any(&o, 1, nullptr, w.bits, w.cols, x, y_f32, T, n_sms, -1, s);
+    return;
+  }
   const int nr = T == 1 ? 1 : T == 2 ? 2 : T <= 4 ? 4 : 8;
   switch (w.bits) {
-    case 2: launch_k<2>(nr, w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
-    case 3: launch_k<3>(nr, w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
-    default: launch_k<4>(nr, w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
+    case 2: launch_axis0_k<2>(nr, w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
+    case 3: launch_axis0_k<3>(nr, w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
+    default: launch_axis0_k<4>(nr, w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
   }
 }
 
