@@ -600,18 +600,21 @@ void CudaBackend::head_norm(NormOp op, Tensor x, int64_t head_dim, const Tensor&
 }
 
 // Many activation rows: W decoded to bf16 a slice of whole 256-row tiles at a time (at most
-// affine_dequant_bytes_; trellis axis 0 decodes 256 outputs per block), each slice's columns of y from
+// dq_slice_bytes_; trellis axis 0 decodes 256 outputs per block), each slice's columns of y from
 // cuBLASLt; then the bias.
 void CudaBackend::decoded_lt(const Tensor& x, const Linear& l, Tensor y, const float* bias, LinearKernel kernel) {
   const int64_t T = x.rows(), K = l.cols(), N = l.rows();
-  const int64_t slice = std::min<int64_t>(N, std::max<int64_t>(256, int64_t(affine_dequant_bytes_ / size_t(K * 2)) / 256 * 256));
+  const int64_t slice = std::min<int64_t>(N, std::max<int64_t>(256, int64_t(dq_slice_bytes_ / size_t(K * 2)) / 256 * 256));
   ensure(dq_slice_, dq_slice_cap_, size_t(slice * K) * 2);
   const size_t ysize = dtype_size(y.dtype);
   uint16_t* dq = static_cast<uint16_t*>(dq_slice_);
+  const bool trellis = kernel == LinearKernel::DequantTrellisLt;
+  const TrellisWeights tw = trellis ? trellis_weights(l) : TrellisWeights{};
+  const AffineWeights aw = trellis ? AffineWeights{} : affine_weights(l);
   for (int64_t n0 = 0; n0 < N; n0 += slice) {
     const int64_t n = std::min(slice, N - n0);
-    if (kernel == LinearKernel::DequantTrellisLt) launch_trellis_decode(trellis_weights(l), n0, n, dq, n_sms_, stream_);
-    else launch_affine_dequant(affine_weights(l), n0, n, dq, n_sms_, st(stream_));
+    if (trellis) launch_trellis_decode(tw, n0, n, dq, n_sms_, stream_);
+    else launch_affine_dequant(aw, n0, n, dq, n_sms_, st(stream_));
     lt_gemm(lt_, dq, x.data, DType::BF16, static_cast<char*>(y.data) + size_t(n0) * ysize, y.dtype, T, n, K, workspace_, workspace_bytes_,
             st(stream_), N);
   }
@@ -722,7 +725,7 @@ void CudaBackend::linear_multi(const Tensor& x, const LinearOut* outs, int n) {
       return;
     }
   }
-  if (!one || k0 == LinearKernel::GemvAffine || k0 == LinearKernel::GemvTrellis) {
+  if (!one || outs[0].l->format != WeightFormat::Dense) {  // quantized matrices that did not fuse
     Backend::linear_multi(x, outs, n);
     return;
   }

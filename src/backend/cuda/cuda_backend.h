@@ -56,7 +56,7 @@ class CudaBackend : public Backend {
   // past gemv_max_rows) or cuBLASLt, for dense BF16 or F16 weights; affine (affine.h) up to 8 rows the
   // affine GEMV (affine_gemv.cu), 9 to affine_dequant_min_rows_ - 1 the tensor-core GEMM that dequantizes
   // tiles in its main loop (affine_gemm.cu), from there on W dequantized to bf16 once (in slices of at most
-  // affine_dequant_bytes_) and cuBLASLt; trellis (trellis.h) up to 8 rows the trellis GEMV (trellis_gemv.cu),
+  // dq_slice_bytes_) and cuBLASLt; trellis (trellis.h) up to 8 rows the trellis GEMV (trellis_gemv.cu),
   // beyond it W decoded to bf16 slice by slice (launch_trellis_decode) and cuBLASLt; anything else throws,
   // naming the layer's format and the supported pairs.
   enum class LinearKernel : uint8_t { GemvBf16, GemvF16, LtBf16, LtF16, GemvAffine, GemmAffine, DequantAffineLt, GemvTrellis, DequantTrellisLt };
@@ -112,9 +112,10 @@ class CudaBackend : public Backend {
   // cuBLASLt; docs/cuda-notes.md). ARBOR_CUDA_GEMV_MAX_ROWS overrides it; 0 sends everything to cuBLASLt.
   void set_gemv_max_rows(int64_t n) { gemv_max_rows_ = std::clamp<int64_t>(n, 0, cuda::kGemvMaxRowsCap); }
   // Affine weights at >= min_rows activation rows: dequantized to bf16 in slices of at most slice_bytes,
-  // then cuBLASLt (below it, 9+ rows: the in-loop dequantizing GEMM). Tests and A/B runs.
+  // then cuBLASLt (below it, 9+ rows: the in-loop dequantizing GEMM). slice_bytes also bounds trellis
+  // prefill's decoded slices (DequantTrellisLt). Tests and A/B runs.
   void set_affine_dequant(int64_t min_rows, size_t slice_bytes) {
-    affine_dequant_min_rows_ = std::max<int64_t>(9, min_rows), affine_dequant_bytes_ = std::max<size_t>(1, slice_bytes);
+    affine_dequant_min_rows_ = std::max<int64_t>(9, min_rows), dq_slice_bytes_ = std::max<size_t>(1, slice_bytes);
   }
   int64_t gemv_max_rows() const { return gemv_max_rows_; }
   // GEMVs of 1-2 rows with K % 256 == 0 stream through shared memory (gemv.cu); off: the register
@@ -218,10 +219,10 @@ class CudaBackend : public Backend {
   void* scratch_ = nullptr;                        // split-K partials, f16-GEMM operands
   size_t scratch_cap_ = 0;
   // Quantized prefill (DequantAffineLt, DequantTrellisLt): a slice of W decoded to bf16, at most
-  // affine_dequant_bytes_: 16 MiB (2048 rows of a 4096-column matrix) stays in the 50 MB L2 between the
+  // dq_slice_bytes_: 16 MiB (2048 rows of a 4096-column matrix) stays in the 50 MB L2 between the
   // decode kernel writing it and cuBLASLt reading it, so there is never a full-size bf16 copy of a weight,
   // in memory or in traffic.
-  size_t affine_dequant_bytes_ = size_t(16) << 20;
+  size_t dq_slice_bytes_ = size_t(16) << 20;
   void* dq_slice_ = nullptr;
   size_t dq_slice_cap_ = 0;
   // y = x · Wᵀ (+ bias) for a quantized W through dq_slice_ and cuBLASLt (the Dequant*Lt kernels).
