@@ -6,7 +6,7 @@
 // one widening load for 2, 4 and 8 bits, a byte shuffle (plus a per-lane shift of 0 or 4 for 3 and 5 bits)
 // for 3, 5 and 6. Code k of every lane is then (lane >> k·bits) & mask: vector k holds codes 4i + k, and x
 // was permuted to match (linear_affine.cpp), so nothing is shuffled back.
-#include <immintrin.h>
+#include "backend/cpu/avx2_common.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -14,9 +14,6 @@
 
 #include "backend/cpu/linear_affine.h"
 #include "core/error.h"
-
-#define ARBOR_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define ARBOR_AVX2_INLINE ARBOR_AVX2 inline __attribute__((always_inline))
 
 namespace arbor::cpu::affine_detail {
 
@@ -165,27 +162,6 @@ ARBOR_AVX2 void gemv_bits(const Args& a, int64_t n0, int64_t n1) {
 }
 
 // ---- GEMM panel ------------------------------------------------------------------------------------
-ARBOR_AVX2_INLINE void transpose8(__m256 r[8]) {
-  __m256 t[8], s[8];
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-#pragma GCC unroll 2
-  for (int i = 0; i < 2; ++i) {
-    s[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
-    s[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xee);
-    s[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
-    s[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xee);
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) {
-    r[i] = _mm256_permute2f128_ps(s[i], s[4 + i], 0x20);
-    r[4 + i] = _mm256_permute2f128_ps(s[i], s[4 + i], 0x31);
-  }
-}
-
 // Rows [nb, nb + nw) (nw <= 32) x permuted columns [kb, kb + kc) dequantized (s·q, then + b, in f32) into
 // P[kk][j]; 8 rows at a time: each row's unit decoded into 4 vectors, each vector k of 8 rows transposed into
 // P rows u*32 + 8k .. + 8.
@@ -222,7 +198,7 @@ ARBOR_AVX2 void pack_bits(const Args& a, int64_t nb, int64_t nw, int64_t kb, int
         __m256 r[8];
 #pragma GCC unroll 8
         for (int i = 0; i < 8; ++i) r[i] = _mm256_load_ps(tmp[k][i]);
-        transpose8(r);
+        transpose8x8_ps(r);
         float* out = P + (u * 32 - kb + kLanes * k) * linear_detail::kGemmPanelN + j0;
 #pragma GCC unroll 8
         for (int i = 0; i < 8; ++i) _mm256_store_ps(out + i * linear_detail::kGemmPanelN, r[i]);

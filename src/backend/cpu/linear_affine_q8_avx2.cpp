@@ -12,7 +12,7 @@
 // lane adds 4 products ≤ 15·127, a 2-bit lane 8 products ≤ 3·127 (both < 32767); 8-bit codes (≤ 255)
 // would saturate vpmaddubsw, so they take the s16 path (vpmovzxbw, vpmaddwd against s16 x).
 // The bias term Σ_g b_g·Σx_g uses the exact f32 Σx of each group.
-#include <immintrin.h>
+#include "backend/cpu/avx2_common.h"
 
 #include <algorithm>
 #include <cmath>
@@ -22,9 +22,6 @@
 
 #include "backend/cpu/linear_affine.h"
 #include "core/error.h"
-
-#define ARBOR_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define ARBOR_AVX2_INLINE ARBOR_AVX2 inline __attribute__((always_inline))
 
 namespace arbor::cpu::affine_detail {
 

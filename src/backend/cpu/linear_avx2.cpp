@@ -1,6 +1,6 @@
 // AVX2 + FMA + F16C linear kernels, the baseline for x86-64 CPUs without AVX-512: the decode GEMV and
 // the prefill GEMM (packed 32-column weight panels, 6x16 register tile) for f32, f16 and bf16 weights.
-#include <immintrin.h>
+#include "backend/cpu/avx2_common.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -8,9 +8,6 @@
 
 #include "backend/cpu/linear.h"
 #include "core/error.h"
-
-#define ARBOR_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define ARBOR_AVX2_INLINE ARBOR_AVX2 inline __attribute__((always_inline))
 
 namespace arbor::cpu::linear_detail {
 
@@ -122,27 +119,6 @@ ARBOR_AVX2 void gemv_typed(const Args& a, int64_t n0, int64_t n1) {
 constexpr int kMR = 6;    // token rows per register tile: 6 x 2 accumulators + 2 weights + 1 broadcast
 constexpr int kKC = int(kGemmPanelK);  // k per packed panel: 128 x 32 f32 = 16 KiB
 
-ARBOR_AVX2_INLINE void transpose8(__m256 r[8]) {
-  __m256 t[8], s[8];
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-#pragma GCC unroll 2
-  for (int i = 0; i < 2; ++i) {
-    s[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
-    s[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xee);
-    s[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
-    s[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xee);
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) {
-    r[i] = _mm256_permute2f128_ps(s[i], s[4 + i], 0x20);
-    r[4 + i] = _mm256_permute2f128_ps(s[i], s[4 + i], 0x31);
-  }
-}
-
 // P[kk][j] (kk < kc rounded up to 8, j < 32) = W[nb + j][kb + kk] as f32; zero past row nb+nw or K.
 template <WT wt>
 ARBOR_AVX2 void pack_panel(const Args& a, int64_t nb, int64_t nw, int64_t kb, int64_t kc, float* P) {
@@ -156,7 +132,7 @@ ARBOR_AVX2 void pack_panel(const Args& a, int64_t nb, int64_t nw, int64_t kb, in
         const int64_t at = (nb + j) * a.K + kb + g;
         r[i] = j >= nw ? _mm256_setzero_ps() : left >= 8 ? wload<wt>(a.W, at) : wload_partial<wt>(a.W, at, left);
       }
-      transpose8(r);
+      transpose8x8_ps(r);
 #pragma GCC unroll 8
       for (int i = 0; i < 8; ++i) _mm256_store_ps(P + (g + i) * 32 + 8 * q, r[i]);
     }
