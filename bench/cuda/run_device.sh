@@ -13,6 +13,8 @@
 #       run twice in turn, so a change is judged on one machine (H200s of the tool differ by ~1.5%);
 #       a setting may also name another binary: AB="BIN=arbor_old;BIN=arbor" (both in $D); AB_ARGS adds bench
 #       arguments (AB_ARGS="--decode-batch 8"), AB_CONFIG picks another config.
+#   trellis: the CudaTrellis tests under memcheck and 8B trellis decode at 1/2/4/8 rows, CUDA-core GEMV
+#       against the tensor-core one (TRELLIS_BITS, TRELLIS_RUNS narrow it; ~5 min for k 2/3/4),
 #   sweep: compute-sanitizer over every CUDA test in one call (~460 s on an H200, estimated from its
 #       parts' times; not yet run whole): memcheck on every suite, racecheck on the kernel suites
 #       (CudaOps, CudaAttention, CudaFused, CudaSampling), each tool and suite its own process, four
@@ -149,6 +151,22 @@ for step in $STEPS; do
             done
             ;;
         esac
+      done
+      ;;
+    trellis)
+      # Issue 20's CUDA GEMVs: the CudaTrellis tests under memcheck, then 8B decode with trellis linears at
+      # 1/2/4/8 rows for each TRELLIS_BITS (default 2 3 4), the CUDA-core kernel (ARBOR_CUDA_TRELLIS_MMA=0)
+      # against the tensor-core one (=1), one process per setting. Logs trellis_*.log, a summary line each.
+      timeout ${TRELLIS_MEMCHECK_LIMIT:-200} compute-sanitizer --tool memcheck --error-exitcode 3 "$D/test_cuda" \
+        --gtest_filter='CudaTrellis.*' > "$OUT/trellis_memcheck.log" 2>&1
+      summary+=("trellis memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/trellis_memcheck.log" | tail -1) $(grep -cE '^\[       OK' "$OUT/trellis_memcheck.log") ok $(grep -cE '^\[  FAILED' "$OUT/trellis_memcheck.log") failed")
+      for k in ${TRELLIS_BITS:-2 3 4}; do
+        for mma in 0 1; do
+          ARBOR_CUDA_TRELLIS_MMA=$mma timeout 90 "$D/arbor" bench --device cuda --dummy-weights --format trellis --bits $k \
+            --config bench/configs/llama-3.1-8b.json --decode-only --decode-runs ${TRELLIS_RUNS:-1@512,2@512,4@512,8@512} \
+            > "$OUT/trellis_k${k}_mma$mma.log" 2>&1
+          summary+=("trellis k=$k mma=$mma rc=$? $(grep -E 'tok/s' "$OUT/trellis_k${k}_mma$mma.log" | tr '\n' '|' | head -c 600)")
+        done
       done
       ;;
     quant)
