@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
   } shapes[] = {{"q/o", 2048, 2048}, {"k/v", 512, 2048}, {"gate/up", 8192, 2048}, {"down", 2048, 8192}};
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> d(-1, 1);
-  for (int64_t T : {128, 512}) {
+  for (int64_t T : {128, 512, 2048}) {
     for (auto s : shapes) {
       std::vector<float> x(size_t(T * s.K)), y(size_t(T * s.N));
       for (float& v : x) v = d(rng);
