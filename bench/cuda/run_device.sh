@@ -156,13 +156,13 @@ for step in $STEPS; do
     trellis)
       # Issue 20's CUDA GEMVs: the CudaTrellis tests under memcheck, then 8B decode with trellis linears at
       # 1/2/4/8 rows for each TRELLIS_BITS (default 2 3 4), the CUDA-core kernel (ARBOR_CUDA_TRELLIS_MMA=0)
-      # against the tensor-core one (=1), one process per setting. Logs trellis_*.log, a summary line each.
+      # against the tensor-core one (=1), one process per setting (TRELLIS_MMA="0 auto" compares the default). Logs trellis_*.log, a summary line each.
       timeout ${TRELLIS_MEMCHECK_LIMIT:-200} compute-sanitizer --tool memcheck --error-exitcode 3 "$D/test_cuda" \
         --gtest_filter='CudaTrellis.*' > "$OUT/trellis_memcheck.log" 2>&1
       summary+=("trellis memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/trellis_memcheck.log" | tail -1) $(grep -cE '^\[       OK' "$OUT/trellis_memcheck.log") ok $(grep -cE '^\[  FAILED' "$OUT/trellis_memcheck.log") failed")
       for k in ${TRELLIS_BITS:-2 3 4}; do
-        for mma in 0 1; do
-          ARBOR_CUDA_TRELLIS_MMA=$mma timeout 90 "$D/arbor" bench --device cuda --dummy-weights --format trellis --bits $k \
+        for mma in ${TRELLIS_MMA:-0 1}; do  # "auto": the variable unset (the default choice by rows)
+          env $([ "$mma" = auto ] && echo -u ARBOR_CUDA_TRELLIS_MMA || echo ARBOR_CUDA_TRELLIS_MMA=$mma) timeout 90 "$D/arbor" bench --device cuda --dummy-weights --format trellis --bits $k \
             --config bench/configs/llama-3.1-8b.json --decode-only --decode-runs ${TRELLIS_RUNS:-1@512,2@512,4@512,8@512} \
             > "$OUT/trellis_k${k}_mma$mma.log" 2>&1
           summary+=("trellis k=$k mma=$mma rc=$? $(grep -E 'tok/s' "$OUT/trellis_k${k}_mma$mma.log" | tr '\n' '|' | head -c 600)")

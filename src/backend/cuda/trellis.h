@@ -115,9 +115,10 @@ struct TrellisGemvOut {
 void launch_trellis_gemv_multi(const TrellisGemvOut* outs, int n, const uint16_t* x, bool y_f32, int64_t T, int n_sms, CUstream_st* s);
 void launch_trellis_gemv_gated(const TrellisGemvOut& gate, const TrellisGemvOut& up, int act, const uint16_t* x, uint16_t* y, int64_t T,
                                int n_sms, CUstream_st* s);
-// The axis-1 GEMV on tensor cores (trellis_gemv.cu's trellis_mma_kernel) instead of the FP32 one, for every
-// axis-1 launch of 1..8 rows whose K is at most 8192: 1 on, 0 off, -1 back to the environment's choice
-// (ARBOR_CUDA_TRELLIS_MMA=1 on; unset: off). Tests and A/B runs.
+// Which axis-1 GEMV runs launches of 1..8 rows whose K is at most 8192: the tensor-core one
+// (trellis_gemv.cu's trellis_mma_kernel) or the FP32 one. 1: tensor cores at every T, 0: FP32 at every T,
+// -1: back to the environment's choice (ARBOR_CUDA_TRELLIS_MMA=1 or 0 as those; unset: the default,
+// tensor cores from 2 rows on, FP32 for one). Tests and A/B runs.
 void set_trellis_gemv_mma(int mode);
 // Floats of scratch launch_trellis_gemv needs for these weights and rows (0: none).
 int64_t trellis_gemv_scratch_floats(const TrellisWeights& w, int64_t T, int n_sms);
