@@ -15,6 +15,7 @@
 #       arguments (AB_ARGS="--decode-batch 8"), AB_CONFIG picks another config.
 #   trellis: the CudaTrellis tests under memcheck and 8B trellis decode at 1/2/4/8 rows, CUDA-core GEMV
 #       against the tensor-core one (TRELLIS_BITS, TRELLIS_RUNS narrow it; ~5 min for k 2/3/4),
+#   profile: per-kernel times of one decode step under ncu (PROFILE picks the runs; ~1-3 min each),
 #   sweep: compute-sanitizer over every CUDA test in one call (~460 s on an H200, estimated from its
 #       parts' times; not yet run whole): memcheck on every suite, racecheck on the kernel suites
 #       (CudaOps, CudaAttention, CudaFused, CudaSampling), each tool and suite its own process, four
@@ -167,6 +168,24 @@ for step in $STEPS; do
             > "$OUT/trellis_k${k}_mma$mma.log" 2>&1
           summary+=("trellis k=$k mma=$mma rc=$? $(grep -E 'tok/s' "$OUT/trellis_k${k}_mma$mma.log" | tr '\n' '|' | head -c 600)")
         done
+      done
+      ;;
+    profile)
+      # Where a decode step's time goes, per kernel: Nsight Compute's gpu__time_duration over a short
+      # --decode-only bench (kernels serialised, each timed alone), summarised for one step by
+      # kernel_times.py. PROFILE: ';'-separated NAME:bench-arguments (default: the 8B at 4-bit g64 b=1,
+      # trellis k=2 at b=1 and b=8). Logs profile_NAME.csv / .txt.
+      IFS=';' read -r -a profs <<< "${PROFILE:-q4b1:--bits 4 --group-size 64 --decode-runs 1@512;tr2b1:--format trellis --bits 2 --decode-runs 1@512;tr2b8:--format trellis --bits 2 --decode-runs 8@512}"
+      for spec in "${profs[@]}"; do
+        n=${spec%%:*}
+        timeout ${PROFILE_LIMIT:-200} ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$OUT/profile_$n.csv" \
+          "$D/arbor" bench --device cuda --dummy-weights --config bench/configs/llama-3.1-8b.json --decode-only --decode-tokens 3 --reps 1 \
+          ${spec#*:} > "$OUT/profile_${n}_bench.log" 2>&1
+        rc=$?
+        for f in ${PROFILE_FORWARD:-4 3 2}; do  # the last decode step there is (forward 1: the context's prefill)
+          python3 bench/cuda/kernel_times.py "$OUT/profile_$n.csv" --forward $f > "$OUT/profile_$n.txt" 2>&1 && break
+        done
+        summary+=("profile $n rc=$rc $(head -c 1500 "$OUT/profile_$n.txt")")
       done
       ;;
     quant)
