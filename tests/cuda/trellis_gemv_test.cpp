@@ -97,18 +97,18 @@ TEST(CudaTrellis, DeviceLayoutIsThePlainWordsAndF32Scales) {
 
 // k 2/3/4 x both axes x shapes: axis 1 [odd out, 256 | 768 | 4352 in] (4352: 17 blocks, K split over warps at
 // few rows); axis 0 [256 | 768 out, odd in] (1601 inputs: split over blocks, the partials reduced). T 1/3/5/8 (the GEMV's rows).
-// Picks the axis-1 kernel (FP32 or tensor-core) for a scope, then back to the environment's choice.
+// Picks the GEMV kernels (FP32 or tensor-core, both axes) for a scope, then back to the environment's choice.
 struct MmaOn {
   explicit MmaOn(bool on) { cuda::set_trellis_gemv_mma(on ? 1 : 0); }
   ~MmaOn() { cuda::set_trellis_gemv_mma(-1); }
 };
 
-// Both axis-1 kernels (the FP32 one and trellis_mma_kernel; axis 0 has one).
+// Both kernels of each axis (the FP32 ones and trellis_mma_kernel / trellis_mma_axis0_kernel).
 TEST(CudaTrellis, GemvMatchesTheReference) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
   for (bool mma : {false, true}) {
-  SCOPED_TRACE(mma ? "tensor-core axis 1" : "fp32 axis 1");
+  SCOPED_TRACE(mma ? "tensor-core kernels" : "fp32 kernels");
   MmaOn chosen(mma);
   std::mt19937 rng(5);
   struct Shape {
@@ -130,26 +130,29 @@ TEST(CudaTrellis, GemvMatchesTheReference) {
   }
 }
 
-// The tensor-core kernel stages x as f16 scaled per activation row by a power of two: activations far outside
-// f16's range (1e6, past its 65504) and far below it (1e-7) come out as the FP32 reference says.
+// The tensor-core kernels stage x as f16 scaled per activation row by a power of two (axis 0: x times the row
+// scale): activations far outside f16's range (1e6, past its 65504) and far below it (1e-7) come out as the
+// FP32 reference says, on both axes (axis 0 [256 out, 1000 in]: its rows split over blocks, each its own scale).
 TEST(CudaTrellis, TensorCoreKernelTakesAnyActivationScale) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
   MmaOn chosen(true);
   std::mt19937 rng(11);
-  for (float mag : {1e6f, 1e-7f})
-    for (int64_t T : {1, 4}) {
-      HostTrellis a(rng, 70, 1024, 3, 1, false);
-      const Linear l = gpu.load_linear(a.host_linear());
-      std::vector<float> x = random_bf16(rng, size_t(T * 1024));
-      for (auto& v : x) v = bf16_to_f32(f32_to_bf16(v * mag));
-      Tensor xd = dev_bf16(gpu, x, {T, 1024});
-      Tensor yd = gpu.alloc(DType::F32, {T, 70});
-      gpu.linear(xd, l, yd);
-      std::vector<float> ref, m;
-      reference_linear(a.w, a.bias, a.out, a.in, x, T, ref, m);
-      expect_linear_close(host_f32(gpu, yd), ref, m, false, fmt::format("|x| ~ {} T={}", mag, T));
-    }
+  for (int axis : {1, 0})
+    for (float mag : {1e6f, 1e-7f})
+      for (int64_t T : {1, 4}) {
+        const int64_t out = axis == 1 ? 70 : 256, in = axis == 1 ? 1024 : 1000;
+        HostTrellis a(rng, out, in, 3, axis, false);
+        const Linear l = gpu.load_linear(a.host_linear());
+        std::vector<float> x = random_bf16(rng, size_t(T * in));
+        for (auto& v : x) v = bf16_to_f32(f32_to_bf16(v * mag));
+        Tensor xd = dev_bf16(gpu, x, {T, in});
+        Tensor yd = gpu.alloc(DType::F32, {T, out});
+        gpu.linear(xd, l, yd);
+        std::vector<float> ref, m;
+        reference_linear(a.w, a.bias, a.out, a.in, x, T, ref, m);
+        expect_linear_close(host_f32(gpu, yd), ref, m, false, fmt::format("axis {} |x| ~ {} T={}", axis, mag, T));
+      }
 }
 
 // q/k/v in one launch (linear_multi) and gate/up with the activation (gated_up) on axis-1 matrices, against the
@@ -158,7 +161,7 @@ TEST(CudaTrellis, FusedMultiAndGatedMatchTheReference) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
   for (bool mma : {false, true}) {
-  SCOPED_TRACE(mma ? "tensor-core axis 1" : "fp32 axis 1");
+  SCOPED_TRACE(mma ? "tensor-core kernels" : "fp32 kernels");
   MmaOn chosen(mma);
   std::mt19937 rng(7);
   for (int k : {2, 3, 4})

@@ -118,7 +118,8 @@ void launch_trellis_gemv_gated(const TrellisGemvOut& gate, const TrellisGemvOut&
 // Which axis-1 GEMV runs launches of 1..8 rows whose K is at most 8192: the tensor-core one
 // (trellis_gemv.cu's trellis_mma_kernel) or the FP32 one. 1: tensor cores at every T, 0: FP32 at every T,
 // -1: back to the environment's choice (ARBOR_CUDA_TRELLIS_MMA=1 or 0 as those; unset: the default,
-// tensor cores from 2 rows on, FP32 for one). Tests and A/B runs.
+// tensor cores from 2 rows on, FP32 for one). Axis 0's tensor-core kernel (trellis_mma_axis0_kernel) runs only
+// when forced on (1), until it has been checked on a GPU. Tests and A/B runs.
 void set_trellis_gemv_mma(int mode);
 // Floats of scratch launch_trellis_gemv needs for these weights and rows (0: none).
 int64_t trellis_gemv_scratch_floats(const TrellisWeights& w, int64_t T, int n_sms);

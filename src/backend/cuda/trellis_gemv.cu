@@ -515,12 +515,15 @@ int g_trellis_mma = -1;  // set_trellis_gemv_mma: 1 on, 0 off, -1 from ARBOR_CUD
 // Whether T activation rows run on the tensor-core kernel. The default (ARBOR_CUDA_TRELLIS_MMA unset):
 // from 2 rows on. Measured on an H100, 8B k = 2 (session 20): b=1 231.9 tok/s against the FP32 kernel's
 // 245.5, b=2 401.5 / 337.0, b=4 633.1 / 443.2, b=8 726.7 / 444.8.
-bool trellis_mma_on(int64_t T) {
+int trellis_mma_mode() {
   static const int env = [] {
     const char* e = std::getenv("ARBOR_CUDA_TRELLIS_MMA");
     return e && std::atoi(e) == 1 ? 1 : e && e[0] == '0' ? 0 : -1;
   }();
-  const int mode = g_trellis_mma >= 0 ? g_trellis_mma : env;
+  return g_trellis_mma >= 0 ? g_trellis_mma : env;
+}
+bool trellis_mma_on(int64_t T) {
+  const int mode = trellis_mma_mode();
   return mode == 1 || (mode < 0 && T >= 2);
 }
 
@@ -541,6 +544,165 @@ void launch_mma(const TrSegs& segs, int64_t Kin, const uint16_t* x, bool y_f32, 
   }
   pdl_launch(trellis_mma_kernel<K>, dim3(grid), dim3(kTmWarps * 32), smem, s, segs, x, y_f32, T, Kin, wpr, gated_act);
   ARBOR_LAUNCH_CHECK("trellis_mma_kernel");
+}
+
+// ---- axis 0 on tensor cores (ARBOR_CUDA_TRELLIS_MMA=1 only: written without a GPU, not yet run) ---------
+// Block (ob, split) as trellis_gemv_axis0_kernel: outputs [256·ob, 256·ob + 256), input rows [split·rpc, +rpc).
+// Warp w owns the 64 outputs of chunks 8·(w % 4) .. 8·(w % 4) + 7 (a chunk: 8 consecutive outputs, the ones a
+// lane of the FP32 kernels decodes from two words) and every other step of 16 input rows (w / 4 = 0 or 1
+// first). Lane (g = lane/4, j = lane%4) decodes chunk 8·(w % 4) + g of input rows i0 + 2j, 2j+1, 2j+8, 2j+9
+// (32 weights), which are A's k slots of an m16n8k16 tile whose rows g and g + 8 are the chunk's outputs 2m and
+// 2m + 1: four MMAs a step (m = 0..3), all T <= 8 activation rows at once (B: the staged x of those input rows,
+// N = activation row g). As in trellis_mma_kernel, a weight enters as the f16 1534 + y, and 1534 · Σ xs comes
+// off at the end; here the row scales fold into x: xs[t][i] = x[t][i] · scale[i] / std · 2^e_t, staged as f16
+// per block (a power of two per activation row and block, max|xs| < 2^15), Σ of the staged values per row.
+constexpr int64_t kTaPad = 8;  // f16 per staged row past rpc: rows 4 words apart mod 32 banks, conflict-free B loads
+
+template <int K>
+__global__ void __launch_bounds__(kTrWarps * 32)
+    trellis_mma_axis0_kernel(const uint32_t* __restrict__ words, const float* __restrict__ scales, const float* __restrict__ bias,
+                             const uint16_t* __restrict__ x, void* __restrict__ y, bool y_f32, float* __restrict__ partial, int T,
+                             int64_t R, int64_t N, int64_t rpc) {
+  constexpr int WPB = 8 * K;
+  extern __shared__ __align__(16) uint16_t ta_xs[];  // [T][rpc + kTaPad] f16
+  __shared__ float4 red[4][4][32];                   // the second-half warps' sums, [output group][m][lane]
+  __shared__ float wred[kTrWarps][8];
+  __shared__ float xscale[8], xsum[8];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, j = lane % 4;
+  const int og = warp % 4, half = warp / 4, chunk = 8 * og + g;
+  const int64_t ob = blockIdx.x, split = blockIdx.y, r0 = split * rpc, ld = rpc + kTaPad;
+  const int64_t row_words = N / 256 * WPB, steps = rpc / 16;  // rpc: a multiple of 64
+  const uint32_t* base = words + ob * WPB;
+  const int wi = trellis_lane_word<K>(chunk), wi2 = trellis_lane_word2<K>(chunk), off = trellis_lane_off<K>(chunk);
+  // Words of step st: input rows r0 + 16·st + 2j + {0, 1, 8, 9}; past R a valid row (its staged x is 0).
+  uint32_t cur[8];
+  auto load = [&](uint32_t (&w)[8], int64_t st) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int64_t i = r0 + 16 * st + 2 * j + (q & 1) + 8 * (q >> 1);
+      const uint32_t* p = base + (i < R ? i : R - 1) * row_words;
+      w[2 * q] = __ldg(p + wi), w[2 * q + 1] = __ldg(p + wi2);
+    }
+  };
+  if (half < steps) load(cur, half);
+  pdl_trigger();
+  pdl_wait();
+  // xs: max|x · scale / std| per activation row over this block's rows, its power of two, the f16 copy, Σ of it.
+  for (int t = 0; t < T; ++t) {
+    float m = 0.0f;
+    for (int64_t r = tid; r < rpc; r += kTrWarps * 32) {
+      const int64_t i = r0 + r;
+      if (i < R) m = fmaxf(m, fabsf(__uint_as_float(uint32_t(x[t * R + i]) << 16) * (scales[i] * kTrInvStd)));
+    }
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) wred[warp][t] = m;
+  }
+  __syncthreads();
+  if (tid < T) {
+    float m = 0.0f;
+    for (int w = 0; w < kTrWarps; ++w) m = fmaxf(m, wred[w][tid]);
+    int e = 0;
+    frexpf(m, &e);  // m < 2^e
+    xscale[tid] = m > 0.0f ? ldexpf(1.0f, min(15 - e, 100)) : 1.0f;
+  }
+  __syncthreads();
+  for (int t = 0; t < T; ++t) {
+    const float sc = xscale[t];
+    float sum = 0.0f;
+    for (int64_t r = tid; r < ld; r += kTrWarps * 32) {
+      const int64_t i = r0 + r;
+      const float v = r < rpc && i < R ? __uint_as_float(uint32_t(x[t * R + i]) << 16) * (scales[i] * kTrInvStd) * sc : 0.0f;
+      const __half h = __float2half_rn(v);
+      sum += __half2float(h);
+      ta_xs[t * ld + r] = __half_as_ushort(h);
+    }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) wred[warp][t] = sum;
+  }
+  __syncthreads();
+  if (tid < T) {
+    float sum = 0.0f;
+    for (int w = 0; w < kTrWarps; ++w) sum += wred[w][tid];
+    xsum[tid] = sum;
+  }
+  // (xsum is read in the epilogue, after the __syncthreads that follows the main loop.)
+
+  float c[4][4];
+#pragma unroll
+  for (int m = 0; m < 4; ++m) c[m][0] = c[m][1] = c[m][2] = c[m][3] = 0.0f;
+  const uint16_t* xrow = ta_xs + (g < T ? g : 0) * ld;
+#pragma unroll 1
+  for (int64_t st = half; st < steps; st += 2) {
+    uint32_t nxt[8];
+    if (st + 2 < steps) load(nxt, st + 2);
+    uint32_t h[4][8];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      uint32_t lo, hi;
+      trellis_lane_align(cur[2 * q], cur[2 * q + 1], off, lo, hi);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const int sh = (7 - e) * K;
+        h[q][e] = tm_half((sh == 0 ? lo : trellis_funnel(lo, hi, sh)) & 0xfffu);
+      }
+    }
+    uint32_t b0 = 0, b1 = 0;
+    if (g < T) {
+      const int64_t l0 = 16 * st + 2 * j;
+      b0 = *reinterpret_cast<const uint32_t*>(xrow + l0), b1 = *reinterpret_cast<const uint32_t*>(xrow + l0 + 8);
+    }
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+      mma_f16(c[m], __byte_perm(h[0][2 * m], h[1][2 * m], 0x5410), __byte_perm(h[0][2 * m + 1], h[1][2 * m + 1], 0x5410),
+              __byte_perm(h[2][2 * m], h[3][2 * m], 0x5410), __byte_perm(h[2][2 * m + 1], h[3][2 * m + 1], 0x5410), b0, b1);
+    if (st + 2 < steps) {
+#pragma unroll
+      for (int q = 0; q < 8; ++q) cur[q] = nxt[q];
+    }
+  }
+  if (half == 1) {
+#pragma unroll
+    for (int m = 0; m < 4; ++m) red[og][m][lane] = make_float4(c[m][0], c[m][1], c[m][2], c[m][3]);
+  }
+  __syncthreads();
+  if (half == 1) return;
+  const bool direct = gridDim.y == 1;
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    const float4 v = red[og][m][lane];
+    c[m][0] += v.x, c[m][1] += v.y, c[m][2] += v.z, c[m][3] += v.w;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int t = 2 * j + e;
+      if (t >= T) break;
+      const float inv = 1.0f / xscale[t], corr = 1534.0f * xsum[t];
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {  // c[m][e]: output 2m of the chunk; c[m][2 + e]: output 2m + 1
+        const int64_t n = ob * 256 + 8 * chunk + 2 * m + u;
+        const float s = (c[m][2 * u + e] - corr) * inv;
+        if (direct) store_y(y, y_f32, t * N + n, s + (bias ? bias[n] : 0.0f));
+        else partial[(split * T + t) * N + n] = s;
+      }
+    }
+  }
+}
+
+template <int K>
+void launch_axis0_mma(const TrellisWeights& w, const uint16_t* x, const float* bias, void* y, bool y_f32, int T, float* scratch, int n_sms,
+                      cudaStream_t s) {
+  const int64_t R = w.cols, N = w.rows;
+  const Axis0Plan p = axis0_plan(R, N, n_sms);
+  ARBOR_CU_CHECK(p.splits == 1 || scratch, "cuda: trellis gemv: axis 0 over %lld blocks of rows needs scratch", (long long)p.splits);
+  const size_t smem = size_t(T) * size_t(p.rpc + kTaPad) * 2;
+  pdl_launch(trellis_mma_axis0_kernel<K>, dim3(unsigned(N / 256), unsigned(p.splits)), dim3(kTrWarps * 32), smem, s, w.words, w.scales,
+             bias, x, y, y_f32, scratch, T, R, N, p.rpc);
+  ARBOR_LAUNCH_CHECK("trellis_mma_axis0_kernel");
+  if (p.splits > 1) {
+    const int64_t n = int64_t(T) * N;
+    pdl_launch(trellis_reduce_kernel, dim3(unsigned((n + 255) / 256)), dim3(256), 0, s, static_cast<const float*>(scratch), int(p.splits),
+               T, N, bias, y, y_f32);
+    ARBOR_LAUNCH_CHECK("trellis_reduce_kernel");
+  }
 }
 
 // The axis-1 GEMV over outs (gated: gate = outs[0], up = outs[1] into gated_y) at the instance of (k, rows):
@@ -722,6 +884,14 @@ void launch_trellis_gemv(const TrellisWeights& w, const uint16_t* x, const float
   if (w.axis == 1) {
     const TrellisGemvOut o{w, bias, y};
     launch_axis1_any(&o, 1, nullptr, w.bits, w.cols, x, y_f32, T, n_sms, -1, s);
+    return;
+  }
+  if (trellis_mma_mode() == 1) {  // axis 0's tensor-core kernel: only when forced on, until it has run on a GPU
+    switch (w.bits) {
+      case 2: launch_axis0_mma<2>(w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
+      case 3: launch_axis0_mma<3>(w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
+      default: launch_axis0_mma<4>(w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
+    }
     return;
   }
   const int nr = T == 1 ? 1 : T == 2 ? 2 : T <= 4 ? 4 : 8;
