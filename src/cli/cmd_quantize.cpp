@@ -1,6 +1,7 @@
 // `arbor quantize --model IN --out OUT --bits B --group-size G [--recipe R]`: a dense checkpoint written as an MLX
 // affine one (quant/affine_convert.h), one tensor at a time; `--format trellis --bits k [--down-axis 0|1]
-// [--k-map module=k,...]`: trellis-coded instead (quant/trellis_convert.h, the CPU Viterbi of trellis_encode.h).
+// [--k-map module=k,...] [--encoder cpu|cuda]`: trellis-coded instead (quant/trellis_convert.h, the Viterbi of
+// trellis_encode.h on the CPU, or cuda_trellis_viterbi on the GPU).
 #include <cstdio>
 
 #include "cli/args.h"
@@ -14,12 +15,16 @@
 #include "model/config.h"
 #include "model/weights.h"
 #include "quant/affine_convert.h"
+#ifdef ARBOR_HAS_CUDA
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/trellis.h"
+#endif
 
 namespace arbor::cli {
 namespace {
 
 int cmd_quantize(const std::vector<std::string>& args) {
-  Args a(args, {"model", "out", "bits", "group-size", "recipe", "shard-gb", "threads", "format", "down-axis", "k-map"}, {});
+  Args a(args, {"model", "out", "bits", "group-size", "recipe", "shard-gb", "threads", "format", "down-axis", "k-map", "encoder"}, {});
   auto model = a.get("model");
   auto out = a.get("out");
   if (!model || !out)
@@ -35,8 +40,21 @@ int cmd_quantize(const std::vector<std::string>& args) {
     for (const char* f : {"group-size", "recipe"})
       if (a.has(f)) fail("arguments: --{} is for --format affine (trellis blocks are 256 weights; use --k-map for mixed bits)", f);
   } else {
-    for (const char* f : {"down-axis", "k-map"})
+    for (const char* f : {"down-axis", "k-map", "encoder"})
       if (a.has(f)) fail("arguments: --{} is for --format trellis", f);
+  }
+  const std::string encoder = a.get_or("encoder", "cpu");
+  if (encoder != "cpu" && encoder != "cuda") fail("arguments: --encoder must be cpu or cuda, got '{}'", encoder);
+  if (encoder == "cuda") {
+#ifdef ARBOR_HAS_CUDA
+    std::string why;
+    if (!cuda_device_available(&why)) fail("arguments: --encoder cuda: {}", why);
+    o.encode.block_viterbi = [](int k, const float* targets, int64_t blocks, uint16_t* states) {
+      cuda::cuda_trellis_viterbi(k, targets, blocks, states);
+    };
+#else
+    fail("arguments: --encoder cuda: this arbor was built without CUDA");
+#endif
   }
   o.params.bits = int(a.get_int("bits", trellis ? 2 : 4));
   o.params.group_size = int(a.get_int("group-size", 64));
@@ -80,10 +98,15 @@ int cmd_quantize(const std::vector<std::string>& args) {
                 out->c_str(), (unsigned long long)st.modules_quantized, o.trellis->bits, o.trellis->down_axis,
                 a.has("k-map") ? ", k-map " : "", a.get_or("k-map", "").c_str(), (unsigned long long)st.tensors_written,
                 double(st.bytes_in) * 1e-9, double(st.bytes_out) * 1e-9, (unsigned long long)st.shards, st.copied_files.size());
-    std::printf("encoder: %llu weights in %.2f s, %.3g weights/s (CPU Viterbi, %d threads, %s)\n",
-                (unsigned long long)st.weights_encoded, st.encode_seconds,
-                st.encode_seconds > 0 ? double(st.weights_encoded) / st.encode_seconds : 0.0, pool.size(),
-                quant::trellis_isa_name(o.encode.isa));
+    if (o.encode.block_viterbi)
+      std::printf("encoder: %llu weights in %.2f s, %.3g weights/s (GPU Viterbi; scales, targets and packing on %d CPU threads)\n",
+                  (unsigned long long)st.weights_encoded, st.encode_seconds,
+                  st.encode_seconds > 0 ? double(st.weights_encoded) / st.encode_seconds : 0.0, pool.size());
+    else
+      std::printf("encoder: %llu weights in %.2f s, %.3g weights/s (CPU Viterbi, %d threads, %s)\n",
+                  (unsigned long long)st.weights_encoded, st.encode_seconds,
+                  st.encode_seconds > 0 ? double(st.weights_encoded) / st.encode_seconds : 0.0, pool.size(),
+                  quant::trellis_isa_name(o.encode.isa));
     for (const auto& s : st.left_dense) std::printf("left dense: %s\n", s.c_str());
     return 0;
   }
@@ -108,11 +131,12 @@ ARBOR_VERB("quantize", "write a dense checkpoint as an MLX affine or trellis qua
            "  --model DIR           the dense checkpoint (a directory, or a repo id in the Hugging Face cache)\n"
            "  --out DIR             where the quantized checkpoint goes (must not exist, or be empty)\n"
            "  --format affine|trellis  MLX affine (default) or trellis (QTIP bitshift trellis, 1MAD, L 12, blocks of\n"
-           "                        256; encoded by the CPU Viterbi): the layers' linears, embedding and head dense\n"
+           "                        256; see --encoder): the layers' linears, embedding and head dense\n"
            "  --bits B              affine: 2, 3, 4, 5, 6 or 8 (default 4); trellis: 2, 3 or 4 (default 2)\n"
            "  --down-axis 0|1       trellis: the down projection coded along its outputs (0, stored transposed;\n"
            "                        default) or its inputs (1); every other linear: axis 1\n"
            "  --k-map M=K,...       trellis: bits per module, M a path or its last parts (down_proj=4)\n"
+           "  --encoder cpu|cuda    trellis: where the Viterbi runs (default cpu; cuda: the GPU's, the same paths)\n"
            "  --group-size G        32, 64 or 128 (default 64)\n"
            "  --recipe R            mlx-lm's mixed recipes: mixed_2_6, mixed_3_4, mixed_3_6, mixed_4_6 (low bits,\n"
            "                        high bits for lm_head and v_proj/down_proj in some layers)\n"

@@ -303,6 +303,43 @@ TrellisEncoded trellis_encode_stored(const std::string& name, const float* store
   const double code_rms = trellis_code_rms(p.L);
   const float gain = opt.scale_gain > 0 ? opt.scale_gain : trellis_default_scale_gain(k);
 
+  const int64_t bpr = cols / p.T;  // blocks per row
+  if (opt.block_viterbi && opt.tail_biting == TailBiting::rotate) {
+    // Scales and targets here (rows over the pool), every block's path in one call, then the packing.
+    std::vector<float> targets(size_t(rows * cols));
+    auto prepare = [&](int, int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* row = stored + r * cols;
+        for (int64_t c = 0; c < cols; ++c)
+          ARBOR_CHECK(std::isfinite(row[c]), "trellis: '{}': weight [{}, {}] of the coded matrix is {}", name, r, c, row[c]);
+        const uint16_t scale_bits = trellis_row_scale(row, cols, code_rms, gain);
+        enc.scales[size_t(r)] = scale_bits;
+        const float inv = 1.0f / f16_to_f32(scale_bits);
+        for (int64_t c = 0; c < cols; ++c) targets[size_t(r * cols + c)] = row[c] * inv;
+      }
+    };
+    if (pool)
+      pool->parallel_for(rows, 1, prepare);
+    else
+      prepare(0, 0, rows);
+    std::vector<uint16_t> states(size_t(rows * cols));
+    opt.block_viterbi(k, targets.data(), rows * bpr, states.data());
+    auto pack = [&](int, int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t b = 0; b < bpr; ++b) {
+          const uint16_t* s = states.data() + (r * bpr + b) * p.T;
+          ARBOR_CHECK(trellis_is_tail_biting(s, p), "trellis: '{}': the block Viterbi returned a path that is not tail-biting (row {}, block {})",
+                      name, r, b);
+          trellis_pack_block(s, p, enc.words.data() + r * wpr + b * p.words_per_block());
+        }
+    };
+    if (pool)
+      pool->parallel_for(rows, 1, pack);
+    else
+      pack(0, 0, rows);
+    return enc;
+  }
+
   const int n_threads = pool ? pool->size() : 1;
   std::vector<std::unique_ptr<TrellisViterbi>> viterbi(static_cast<size_t>(n_threads));
   auto encode_rows = [&](int thread, int64_t r0, int64_t r1) {

@@ -3,6 +3,7 @@
 // trellis.h decodes, row scales, and a matrix encode threaded over rows.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -67,10 +68,16 @@ bool trellis_is_tail_biting(const uint16_t* states, const TrellisParams& p);
 uint16_t trellis_row_scale(const float* row, int64_t n, double code_rms, float gain = 1.0f);
 float trellis_default_scale_gain(int k);  // 1.04, 1.10, 1.14 for k = 2, 3, 4 (the measured optima, rounded down)
 
+// Another Viterbi for whole matrices at once (the GPU's, cuda_trellis_viterbi): the rotate-mode paths of
+// blocks[256] finite targets into states[blocks][256], the same paths TrellisViterbi::encode_block chooses.
+using TrellisBlockViterbi = std::function<void(int k, const float* targets, int64_t blocks, uint16_t* states)>;
+
 struct TrellisEncodeOptions {
   float scale_gain = 0.0f;  // <= 0: trellis_default_scale_gain(k); 1: the RMS ratio of formats.md
   TailBiting tail_biting = TailBiting::rotate;
   TrellisIsa isa = trellis_best_isa();
+  // Set (and tail_biting rotate): the row scales and targets are made on the CPU as always, the paths by it.
+  TrellisBlockViterbi block_viterbi;
 };
 
 // An encoded linear: the plain layout [rows, cols*k/32] (never interleaved) and f16 scales [rows].

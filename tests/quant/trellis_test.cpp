@@ -469,6 +469,49 @@ TEST(TrellisEncode, LinearDecodesToTheEncodersChoice) {
     }
 }
 
+// The whole-matrix hook (TrellisEncodeOptions::block_viterbi, how the GPU Viterbi plugs in): given a block
+// Viterbi that chooses the CPU's paths, the encoded words and scales are the CPU encoder's, on both axes, with
+// an all-zero row; it sees each block's targets once, in row-major block order; a path that is not
+// tail-biting is refused naming the tensor, and a non-finite weight is refused before it is called.
+TEST(TrellisEncode, BlockViterbiHookGivesTheSameWords) {
+  const int64_t small = 5, coded = 768;
+  std::vector<float> w = gaussian(size_t(small * coded), 12, 0.02f);
+  for (int64_t c = 0; c < coded; ++c) w[size_t(1 * coded + c)] = 0.0f;
+  ThreadPool pool(2);
+  for (int k : {2, 3, 4})
+    for (int axis : {1, 0}) {
+      const int64_t o = axis == 1 ? small : coded, i = axis == 1 ? coded : small;
+      int64_t seen = 0;
+      TrellisEncodeOptions opt;
+      opt.block_viterbi = [&](int kk, const float* targets, int64_t blocks, uint16_t* states) {
+        ASSERT_EQ(kk, k);
+        TrellisViterbi vit(TrellisParams{kk, 12, 256});
+        for (int64_t b = 0; b < blocks; ++b) vit.encode_block(targets + b * 256, states + b * 256);
+        seen += blocks;
+      };
+      const TrellisEncoded hooked = trellis_encode_linear("w", w.data(), o, i, k, axis, &pool, opt);
+      const TrellisEncoded plain = trellis_encode_linear("w", w.data(), o, i, k, axis, &pool);
+      EXPECT_EQ(seen, small * coded / 256) << "k=" << k << " axis=" << axis;
+      EXPECT_EQ(hooked.words, plain.words) << "k=" << k << " axis=" << axis;
+      EXPECT_EQ(hooked.scales, plain.scales) << "k=" << k << " axis=" << axis;
+    }
+  TrellisEncodeOptions bad;
+  bad.block_viterbi = [](int, const float*, int64_t blocks, uint16_t* states) {
+    for (int64_t n = 0; n < blocks * 256; ++n) states[n] = uint16_t(n * 37 % 4096);
+  };
+  std::string m = error_of([&] { trellis_encode_stored("layers.0.mlp.gate_proj", w.data(), 2, 256, 2, 1, nullptr, bad); });
+  EXPECT_NE(m.find("layers.0.mlp.gate_proj"), std::string::npos) << m;
+  EXPECT_NE(m.find("not tail-biting"), std::string::npos) << m;
+  std::vector<float> nan_w(2 * 256, 0.5f);
+  nan_w[300] = NAN;
+  bool called = false;
+  TrellisEncodeOptions spy;
+  spy.block_viterbi = [&](int, const float*, int64_t, uint16_t*) { called = true; };
+  m = error_of([&] { trellis_encode_stored("q", nan_w.data(), 2, 256, 3, 1, nullptr, spy); });
+  EXPECT_NE(m.find("[1, 44]"), std::string::npos) << m;
+  EXPECT_FALSE(called);
+}
+
 TEST(TrellisEncode, ErrorsNameTheTensor) {
   std::vector<float> w(2 * 256, 0.5f);
   w[300] = NAN;

@@ -121,6 +121,11 @@ void launch_trellis_gemv_gated(const TrellisGemvOut& gate, const TrellisGemvOut&
 // tensor cores from 2 rows on, FP32 for one). Axis 0's tensor-core kernel (trellis_mma_axis0_kernel) runs only
 // when forced on (1), until it has been checked on a GPU. Tests and A/B runs.
 void set_trellis_gemv_mma(int mode);
+// The encoder's Viterbi on the GPU (trellis_encode.cu): for each of `blocks` blocks of 256 targets (code
+// units, host memory, [blocks][256]) the tail-biting path quant::TrellisViterbi::encode_block chooses with
+// TailBiting::rotate (L = 12, k 2/3/4), bit for bit, into states[blocks][256] (host). Targets must be finite.
+void cuda_trellis_viterbi(int k, const float* targets, int64_t blocks, uint16_t* states);
+
 // Floats of scratch launch_trellis_gemv needs for these weights and rows (0: none).
 int64_t trellis_gemv_scratch_floats(const TrellisWeights& w, int64_t T, int n_sms);
 void launch_trellis_gemv(const TrellisWeights& w, const uint16_t* x, const float* bias, void* y, bool y_f32, int64_t T, float* scratch,
