@@ -15,6 +15,7 @@
 #       arguments (AB_ARGS="--decode-batch 8"), AB_CONFIG picks another config.
 #   trellis: the CudaTrellis tests under memcheck and 8B trellis decode at 1/2/4/8 rows, CUDA-core GEMV
 #       against the tensor-core one (TRELLIS_BITS, TRELLIS_RUNS narrow it; ~5 min for k 2/3/4),
+#   encoder: the GPU Viterbi's tests and its weights/s against the CPU encoder's (pack bench_trellis too),
 #   profile: per-kernel times of one decode step under ncu (PROFILE picks the runs; ~1-3 min each),
 #   sweep: compute-sanitizer over every CUDA test in one call (~460 s on an H200, estimated from its
 #       parts' times; not yet run whole): memcheck on every suite, racecheck on the kernel suites
@@ -187,6 +188,17 @@ for step in $STEPS; do
         done
         summary+=("profile $n rc=$rc $(head -c 1500 "$OUT/profile_$n.txt")")
       done
+      ;;
+    encoder)
+      # Issue 20's GPU Viterbi: its tests (the paths state for state against the CPU encoder), then weights/s of
+      # the whole encode (scales, targets and packing on the host's threads) on a [4096 x 4096] Gaussian matrix
+      # (16.8M weights), k 2/3/4, its words checked against the CPU's. Needs bench_trellis in $D:
+      # `bash bench/cuda/pack.sh bench_trellis`. Logs encoder_*.log.
+      timeout 120 "$D/test_cuda" --gtest_filter='CudaTrellisEncode.*' > "$OUT/encoder_test.log" 2>&1
+      summary+=("encoder tests rc=$? $(grep -cE '^\[       OK' "$OUT/encoder_test.log") ok $(grep -cE '^\[  FAILED' "$OUT/encoder_test.log") failed")
+      timeout ${ENCODER_LIMIT:-300} "$D/bench_trellis" --rows ${ENCODER_ROWS:-4096} --cols 4096 --reps 1 --threads 16 --isa avx512 > "$OUT/encoder_cpu.log" 2>&1
+      timeout ${ENCODER_LIMIT:-300} "$D/bench_trellis" --rows ${ENCODER_ROWS:-4096} --cols 4096 --reps 2 --threads 16 --isa cuda > "$OUT/encoder_cuda.log" 2>&1
+      summary+=("encoder bench rc=$? $(grep -h 'k=' "$OUT/encoder_cpu.log" "$OUT/encoder_cuda.log" | tr '\n' '|' | head -c 900)")
       ;;
     quant)
       # Issue 19 / 21: the 8B at MLX affine 4-bit g64 (every bench figure), the KV codec sweep at 4-bit weights,

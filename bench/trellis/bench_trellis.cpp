@@ -1,7 +1,9 @@
-// Trellis encoder benchmark (CPU): relative MSE ||W - W^||^2 / ||W||^2 of an i.i.d. Gaussian matrix at
-// k = 2, 3, 4, and encode speed in weights per second, per Viterbi ISA and thread count. Optionally
-// how far QTIP's rotate-by-T/2 tail-biting is from the exact optimum (--exact-blocks N).
-// Usage: bench_trellis [--rows 256] [--cols 4096] [--threads 2] [--reps 3] [--isa all|scalar|avx2|avx512]
+// Trellis encoder benchmark: relative MSE ||W - W^||^2 / ||W||^2 of an i.i.d. Gaussian matrix at k = 2, 3, 4,
+// and encode speed in weights per second, per Viterbi ISA (and the GPU's, "cuda", in a CUDA build with a
+// device: the whole trellis_encode_stored with the scales, targets and packing on the CPU threads) and
+// thread count; each encoder's words are checked against the first's. Optionally how far QTIP's
+// rotate-by-T/2 tail-biting is from the exact optimum (--exact-blocks N).
+// Usage: bench_trellis [--rows 256] [--cols 4096] [--threads 2] [--reps 3] [--isa all|scalar|avx2|avx512|cuda]
 //                      [--exact-blocks 0] [--seed 1] [--gain 0]   (gain 0: the encoder's default per k; 1: RMS ratio)
 #include <chrono>
 #include <cmath>
@@ -15,6 +17,10 @@
 #include "core/thread_pool.h"
 #include "quant/trellis.h"
 #include "quant/trellis_encode.h"
+#ifdef ARBOR_HAS_CUDA
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/trellis.h"
+#endif
 
 using namespace arbor;
 using namespace arbor::quant;
@@ -27,7 +33,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 int usage() {
   std::fprintf(stderr,
-               "usage: bench_trellis [--rows N] [--cols N] [--threads N] [--reps N] [--isa all|scalar|avx2|avx512] "
+               "usage: bench_trellis [--rows N] [--cols N] [--threads N] [--reps N] [--isa all|scalar|avx2|avx512|cuda] "
                "[--exact-blocks N] [--seed N] [--gain G]\n");
   return 2;
 }
@@ -56,9 +62,17 @@ int main(int argc, char** argv) {
   }
   if (rows < 1 || cols < 256 || cols % 256 || threads < 1 || reps < 1) return usage();
 
-  std::vector<TrellisIsa> isas;
+  // The encoders to run: each supported CPU ISA asked for, then the GPU's (isa == nullopt-like: use_cuda).
+  struct Encoder {
+    TrellisIsa isa;
+    bool cuda;
+  };
+  std::vector<Encoder> isas;
   for (TrellisIsa isa : {TrellisIsa::scalar, TrellisIsa::avx2, TrellisIsa::avx512})
-    if (trellis_isa_supported(isa) && (isa_arg == "all" || isa_arg == trellis_isa_name(isa))) isas.push_back(isa);
+    if (trellis_isa_supported(isa) && (isa_arg == "all" || isa_arg == trellis_isa_name(isa))) isas.push_back({isa, false});
+#ifdef ARBOR_HAS_CUDA
+  if ((isa_arg == "all" || isa_arg == "cuda") && cuda_device_available(nullptr)) isas.push_back({trellis_best_isa(), true});
+#endif
   if (isas.empty()) {
     std::fprintf(stderr, "bench_trellis: ISA '%s' is not supported here\n", isa_arg.c_str());
     return 2;
@@ -76,7 +90,8 @@ int main(int argc, char** argv) {
   ThreadPool pool(threads);
   for (int k : {2, 3, 4}) {
     std::vector<uint32_t> first_words;
-    for (TrellisIsa isa : isas) {
+    for (const Encoder& e : isas) {
+      const TrellisIsa isa = e.isa;
       double best = 1e30, total = 0;
       TrellisEncoded enc;
       for (int r = 0; r < reps; ++r) {
@@ -84,6 +99,10 @@ int main(int argc, char** argv) {
         TrellisEncodeOptions opt;
         opt.scale_gain = gain;
         opt.isa = isa;
+#ifdef ARBOR_HAS_CUDA
+        if (e.cuda)
+          opt.block_viterbi = [](int kk, const float* t, int64_t blocks, uint16_t* st) { cuda::cuda_trellis_viterbi(kk, t, blocks, st); };
+#endif
         enc = trellis_encode_stored("bench", w.data(), rows, cols, k, 1, &pool, opt);
         const double s = seconds_since(t0);
         best = std::min(best, s), total += s;
@@ -103,7 +122,7 @@ int main(int argc, char** argv) {
       }
       const double n = double(rows * cols);
       std::printf("k=%d gain %.2f %-7s rel MSE %.5f (LS scale %.5f)  %7.3f Mweights/s best, %7.3f mean  (%.3f s best)%s\n", k,
-                  gain > 0 ? gain : trellis_default_scale_gain(k), trellis_isa_name(isa), err / norm, err_ls / norm, n / best / 1e6, n * reps / total / 1e6, best,
+                  gain > 0 ? gain : trellis_default_scale_gain(k), e.cuda ? "cuda" : trellis_isa_name(isa), err / norm, err_ls / norm, n / best / 1e6, n * reps / total / 1e6, best,
                   enc.words == first_words ? "" : "  WORDS DIFFER FROM THE FIRST ISA");
     }
     if (exact_blocks > 0) {  // rotate (Algorithm 4) vs the exact tail-biting optimum, in code units
