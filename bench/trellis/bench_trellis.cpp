@@ -3,7 +3,7 @@
 // device: the whole trellis_encode_stored with the scales, targets and packing on the CPU threads) and
 // thread count; each encoder's words are checked against the first's. Optionally how far QTIP's
 // rotate-by-T/2 tail-biting is from the exact optimum (--exact-blocks N).
-// Usage: bench_trellis [--rows 256] [--cols 4096] [--threads 2] [--reps 3] [--isa all|scalar|avx2|avx512|cuda]
+// Usage: bench_trellis [--rows 256] [--cols 4096] [--threads 2] [--reps 3] [--isa all|scalar|avx2|avx512|cuda|a,b,...]
 //                      [--exact-blocks 0] [--seed 1] [--gain 0]   (gain 0: the encoder's default per k; 1: RMS ratio)
 #include <chrono>
 #include <cmath>
@@ -33,7 +33,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 int usage() {
   std::fprintf(stderr,
-               "usage: bench_trellis [--rows N] [--cols N] [--threads N] [--reps N] [--isa all|scalar|avx2|avx512|cuda] "
+               "usage: bench_trellis [--rows N] [--cols N] [--threads N] [--reps N] [--isa all|scalar|avx2|avx512|cuda|a,b,...] "
                "[--exact-blocks N] [--seed N] [--gain G]\n");
   return 2;
 }
@@ -68,10 +68,16 @@ int main(int argc, char** argv) {
     bool cuda;
   };
   std::vector<Encoder> isas;
+  // --isa takes one name, "all", or a comma-separated list (avx512,cuda: the GPU's words checked against AVX-512's).
+  auto asked = [&](const std::string& name) {
+    if (isa_arg == "all") return true;
+    const std::string list = "," + isa_arg + ",";
+    return list.find("," + name + ",") != std::string::npos;
+  };
   for (TrellisIsa isa : {TrellisIsa::scalar, TrellisIsa::avx2, TrellisIsa::avx512})
-    if (trellis_isa_supported(isa) && (isa_arg == "all" || isa_arg == trellis_isa_name(isa))) isas.push_back({isa, false});
+    if (trellis_isa_supported(isa) && asked(trellis_isa_name(isa))) isas.push_back({isa, false});
 #ifdef ARBOR_HAS_CUDA
-  if ((isa_arg == "all" || isa_arg == "cuda") && cuda_device_available(nullptr)) isas.push_back({trellis_best_isa(), true});
+  if (asked("cuda") && cuda_device_available(nullptr)) isas.push_back({trellis_best_isa(), true});
 #endif
   if (isas.empty()) {
     std::fprintf(stderr, "bench_trellis: ISA '%s' is not supported here\n", isa_arg.c_str());
