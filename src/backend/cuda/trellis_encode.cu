@@ -5,8 +5,9 @@
 // bit-identical to the CPU encoder's (the test checks them).
 //
 // Per step, thread q (q = tid + 256·i) takes the minimum of its 2^k predecessors q + j·Q (strict <, so the
-// lowest j wins ties, as on the CPU), writes m + fma(-2x, v[s], v²[s]) for its 2^k states s = q << k | b, and
-// its argmin's k bits go to shared memory as k warp ballots (bit plane i of 32 consecutive q per word): the
+// lowest j wins ties, as on the CPU), the warp writes m + fma(-2x, v[s], v²[s]) for its q's 2^k states each
+// (s = q << k | b, stored by consecutive lanes), and its argmin's k bits go to shared memory as k warp
+// ballots (bit plane i of 32 consecutive q per word): the
 // back-pointers of a block are T·Q·k bits (64 KB at k = 2, 48 at 3, 32 at 4), the two cost rows 32 KB. The
 // end state is the lowest-index minimum (a block reduction), and one thread walks the path back.
 #include <cuda_runtime.h>
@@ -73,10 +74,14 @@ __global__ void __launch_bounds__(kVThreads)
             const uint32_t word = __ballot_sync(0xffffffffu, (arg >> i) & 1);
             if (lane == 0) bp[(t * K + i) * QW + q / 32] = word;
           }
+          // The warp's 32 q own 32·2^K consecutive states; lane l writes state (q0 << K) + 32g + l of each group g,
+          // taking its q's minimum from lane (32g + l) >> K: conflict-free stores, coalesced table reads.
+          const int s0 = (q - lane) << K;
 #pragma unroll
-          for (int b = 0; b < FAN; ++b) {
-            const int s = (q << K) | b;
-            cur[s] = m + fmaf(x2n, __ldg(value + s), __ldg(value_sq + s));
+          for (int g = 0; g < FAN; ++g) {
+            const float mm = __shfl_sync(0xffffffffu, m, (32 * g + lane) >> K);
+            const int s = s0 + 32 * g + lane;
+            cur[s] = mm + fmaf(x2n, __ldg(value + s), __ldg(value_sq + s));
           }
         }
         __syncthreads();
