@@ -92,6 +92,20 @@ ARBOR_TRELLIS_HD float trellis_lane_y(uint32_t lo, uint32_t hi, int j) {
   const int s = (7 - j) * K;  // a constant once the callers' loops are unrolled; < 32
   return trellis_y_of_state((s == 0 ? lo : trellis_funnel(lo, hi, s)) & 0xfffu);
 }
+// ---- trellis_mma_axis0_kernel's fragment map (host-callable: tests/quant/trellis_cuda_lane_test.cpp runs it
+// through an emulation of mma.sync m16n8k16's register layout) ----------------------------------------------
+// Lane (g = lane/4, j = lane%4) of output group og (64 outputs of a 256-output block) decodes, for the input
+// rows trellis_a0_input(j, r) (r = 0..3) of a 16-row step, the 8 outputs of chunk trellis_a0_chunk(og, g):
+// h[r][e] is the weight of input row r, output 8·chunk + e.
+ARBOR_TRELLIS_HD int trellis_a0_input(int j, int r) { return 2 * j + (r & 1) + 8 * (r >> 1); }
+ARBOR_TRELLIS_HD int trellis_a0_chunk(int og, int g) { return 8 * og + g; }
+// A register a (0..3) of MMA m (0..3): the f16 pair (h[r][e], h[r + 1][e]), low half first.
+ARBOR_TRELLIS_HD void trellis_a0_areg(int m, int a, int& r, int& e) { r = (a >> 1) * 2, e = 2 * m + (a & 1); }
+// Accumulator c[m][i] (i = 0..3): output 8·chunk + 2m + (i >> 1) (of the block) for activation row 2j + (i & 1).
+ARBOR_TRELLIS_HD int trellis_a0_out(int chunk, int m, int i) { return 8 * chunk + 2 * m + (i >> 1); }
+ARBOR_TRELLIS_HD int trellis_a0_act(int j, int i) { return 2 * j + (i & 1); }
+// B register b (0..1) is the staged x of input rows trellis_a0_input(j, 2b) and (j, 2b + 1), activation row g:
+// consecutive, so one 32-bit shared-memory load at input 2j + 8b.
 #undef ARBOR_TRELLIS_HD
 
 // ---- trellis_gemv.cu: decode GEMV, 1..kTrellisGemvMaxRows rows of bf16 activations -----------------------

@@ -569,7 +569,7 @@ __global__ void __launch_bounds__(kTrWarps * 32)
   __shared__ float wred[kTrWarps][8];
   __shared__ float xscale[8], xsum[8];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, j = lane % 4;
-  const int og = warp % 4, half = warp / 4, chunk = 8 * og + g;
+  const int og = warp % 4, half = warp / 4, chunk = trellis_a0_chunk(og, g);
   const int64_t ob = blockIdx.x, split = blockIdx.y, r0 = split * rpc, ld = rpc + kTaPad;
   const int64_t row_words = N / 256 * WPB, steps = rpc / 16;  // rpc: a multiple of 64
   const uint32_t* base = words + ob * WPB;
@@ -579,7 +579,7 @@ __global__ void __launch_bounds__(kTrWarps * 32)
   auto load = [&](uint32_t (&w)[8], int64_t st) {
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      const int64_t i = r0 + 16 * st + 2 * j + (q & 1) + 8 * (q >> 1);
+      const int64_t i = r0 + 16 * st + trellis_a0_input(j, q);
       const uint32_t* p = base + (i < R ? i : R - 1) * row_words;
       w[2 * q] = __ldg(p + wi), w[2 * q + 1] = __ldg(p + wi2);
     }
@@ -652,9 +652,16 @@ __global__ void __launch_bounds__(kTrWarps * 32)
       b0 = *reinterpret_cast<const uint32_t*>(xrow + l0), b1 = *reinterpret_cast<const uint32_t*>(xrow + l0 + 8);
     }
 #pragma unroll
-    for (int m = 0; m < 4; ++m)
-      mma_f16(c[m], __byte_perm(h[0][2 * m], h[1][2 * m], 0x5410), __byte_perm(h[0][2 * m + 1], h[1][2 * m + 1], 0x5410),
-              __byte_perm(h[2][2 * m], h[3][2 * m], 0x5410), __byte_perm(h[2][2 * m + 1], h[3][2 * m + 1], 0x5410), b0, b1);
+    for (int m = 0; m < 4; ++m) {
+      uint32_t a[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        int r, e;
+        trellis_a0_areg(m, q, r, e);
+        a[q] = __byte_perm(h[r][e], h[r + 1][e], 0x5410);
+      }
+      mma_f16(c[m], a[0], a[1], a[2], a[3], b0, b1);
+    }
     if (st + 2 < steps) {
 #pragma unroll
       for (int q = 0; q < 8; ++q) cur[q] = nxt[q];
@@ -672,17 +679,13 @@ __global__ void __launch_bounds__(kTrWarps * 32)
     const float4 v = red[og][m][lane];
     c[m][0] += v.x, c[m][1] += v.y, c[m][2] += v.z, c[m][3] += v.w;
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int t = 2 * j + e;
-      if (t >= T) break;
-      const float inv = 1.0f / xscale[t], corr = 1534.0f * xsum[t];
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {  // c[m][e]: output 2m of the chunk; c[m][2 + e]: output 2m + 1
-        const int64_t n = ob * 256 + 8 * chunk + 2 * m + u;
-        const float s = (c[m][2 * u + e] - corr) * inv;
-        if (direct) store_y(y, y_f32, t * N + n, s + (bias ? bias[n] : 0.0f));
-        else partial[(split * T + t) * N + n] = s;
-      }
+    for (int i = 0; i < 4; ++i) {
+      const int t = trellis_a0_act(j, i);
+      if (t >= T) continue;
+      const int64_t n = ob * 256 + trellis_a0_out(chunk, m, i);
+      const float s = (c[m][i] - 1534.0f * xsum[t]) / xscale[t];
+      if (direct) store_y(y, y_f32, t * N + n, s + (bias ? bias[n] : 0.0f));
+      else partial[(split * T + t) * N + n] = s;
     }
   }
 }
