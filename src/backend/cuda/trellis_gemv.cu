@@ -363,6 +363,27 @@ constexpr int kTmPad = 32;  // f16 of padding per staged x row: rows 64 bytes ap
 // The f16 bits of 1534 + y for a 12-bit state (low half of the result).
 __device__ __forceinline__ uint32_t tm_half(uint32_t state) { return __dp4a(state * 34038481u + 76625530u, 0x01010101u, 0x6400u); }
 
+// The tensor-core kernels stage each activation row as f16 times a power of two: the one that puts the row's
+// max|value| m below 2^15 (capped so that tiny rows stay finite; 1 for an all-zero row). Exact both ways.
+__device__ __forceinline__ float f16_stage_scale(float m) {
+  int e = 0;
+  frexpf(m, &e);  // m < 2^e
+  return m > 0.0f ? ldexpf(1.0f, min(15 - e, 100)) : 1.0f;
+}
+// Activation row t's per-warp partials wred[w][t] over a block's W warps: their maximum, their sum.
+template <int W>
+__device__ __forceinline__ float warps_max(const float (&wred)[W][8], int t) {
+  float m = 0.0f;
+  for (int w = 0; w < W; ++w) m = fmaxf(m, wred[w][t]);
+  return m;
+}
+template <int W>
+__device__ __forceinline__ float warps_sum(const float (&wred)[W][8], int t) {
+  float s = 0.0f;
+  for (int w = 0; w < W; ++w) s += wred[w][t];
+  return s;
+}
+
 template <int K>
 __global__ void __launch_bounds__(kTmWarps * 32)
     trellis_mma_kernel(TrSegs segs, const uint16_t* __restrict__ x, bool y_f32, int T, int64_t Kin, int wpr, int gated_act) {
@@ -414,13 +435,7 @@ __global__ void __launch_bounds__(kTmWarps * 32)
     if (lane == 0) wred[warp][t] = m;
   }
   __syncthreads();
-  if (tid < T) {
-    float m = 0.0f;
-    for (int w = 0; w < kTmWarps; ++w) m = fmaxf(m, wred[w][tid]);
-    int e = 0;
-    frexpf(m, &e);  // m < 2^e
-    xscale[tid] = m > 0.0f ? ldexpf(1.0f, min(15 - e, 100)) : 1.0f;  // capped: tiny rows stay finite
-  }
+  if (tid < T) xscale[tid] = f16_stage_scale(warps_max(wred, tid));
   __syncthreads();
   for (int t = 0; t < T; ++t) {
     const float sc = xscale[t];
@@ -441,11 +456,7 @@ __global__ void __launch_bounds__(kTmWarps * 32)
     if (lane == 0) wred[warp][t] = sum;
   }
   __syncthreads();
-  if (tid < T) {
-    float sum = 0.0f;
-    for (int w = 0; w < kTmWarps; ++w) sum += wred[w][tid];
-    xsum[tid] = sum;
-  }
+  if (tid < T) xsum[tid] = warps_sum(wred, tid);
   // (xsum is read in the epilogue, after the __syncthreads that follows the main loop.)
 
   float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -598,13 +609,7 @@ __global__ void __launch_bounds__(kTrWarps * 32)
     if (lane == 0) wred[warp][t] = m;
   }
   __syncthreads();
-  if (tid < T) {
-    float m = 0.0f;
-    for (int w = 0; w < kTrWarps; ++w) m = fmaxf(m, wred[w][tid]);
-    int e = 0;
-    frexpf(m, &e);  // m < 2^e
-    xscale[tid] = m > 0.0f ? ldexpf(1.0f, min(15 - e, 100)) : 1.0f;
-  }
+  if (tid < T) xscale[tid] = f16_stage_scale(warps_max(wred, tid));
   __syncthreads();
   for (int t = 0; t < T; ++t) {
     const float sc = xscale[t];
@@ -620,11 +625,7 @@ __global__ void __launch_bounds__(kTrWarps * 32)
     if (lane == 0) wred[warp][t] = sum;
   }
   __syncthreads();
-  if (tid < T) {
-    float sum = 0.0f;
-    for (int w = 0; w < kTrWarps; ++w) sum += wred[w][tid];
-    xsum[tid] = sum;
-  }
+  if (tid < T) xsum[tid] = warps_sum(wred, tid);
   // (xsum is read in the epilogue, after the __syncthreads that follows the main loop.)
 
   float c[4][4];
@@ -690,23 +691,6 @@ __global__ void __launch_bounds__(kTrWarps * 32)
   }
 }
 
-template <int K>
-void launch_axis0_mma(const TrellisWeights& w, const uint16_t* x, const float* bias, void* y, bool y_f32, int T, float* scratch, int n_sms,
-                      cudaStream_t s) {
-  const int64_t R = w.cols, N = w.rows;
-  const Axis0Plan p = axis0_plan(R, N, n_sms);
-  ARBOR_CU_CHECK(p.splits == 1 || scratch, "cuda: trellis gemv: axis 0 over %lld blocks of rows needs scratch", (long long)p.splits);
-  const size_t smem = size_t(T) * size_t(p.rpc + kTaPad) * 2;
-  pdl_launch(trellis_mma_axis0_kernel<K>, dim3(unsigned(N / 256), unsigned(p.splits)), dim3(kTrWarps * 32), smem, s, w.words, w.scales,
-             bias, x, y, y_f32, scratch, T, R, N, p.rpc);
-  ARBOR_LAUNCH_CHECK("trellis_mma_axis0_kernel");
-  if (p.splits > 1) {
-    const int64_t n = int64_t(T) * N;
-    pdl_launch(trellis_reduce_kernel, dim3(unsigned((n + 255) / 256)), dim3(256), 0, s, static_cast<const float*>(scratch), int(p.splits),
-               T, N, bias, y, y_f32);
-    ARBOR_LAUNCH_CHECK("trellis_reduce_kernel");
-  }
-}
 
 // The axis-1 GEMV over outs (gated: gate = outs[0], up = outs[1] into gated_y) at the instance of (k, rows):
 // the tensor-core kernel where it is on and applies (K <= kTmMaxK, x 16-byte aligned), else the FP32 one.
@@ -733,16 +717,20 @@ void launch_axis1_any(const TrellisGemvOut* outs, int n, uint16_t* gated_y, int 
 #undef ARBOR_TR_AXIS1
 }
 
-template <int K, int NR>
-void launch_axis0(const TrellisWeights& w, const uint16_t* x, const float* bias, void* y, bool y_f32, int T, float* scratch, int n_sms,
-                  cudaStream_t s) {
-  const int64_t R = w.cols, N = w.rows;  // stored [in, out]: R coded rows (inputs), N outputs
+// Both axis-0 kernels take these parameters, the same grid (256 outputs x a split of the input rows) and plan.
+using Axis0Kernel = void (*)(const uint32_t*, const float*, const float*, const uint16_t*, void*, bool, float*, int, int64_t, int64_t,
+                             int64_t);
+
+// Axis 0 (stored [in, out]: R coded rows = inputs, N outputs) with `kernel`, whose dynamic shared memory is
+// smem_per_row * rpc + smem_fixed bytes; the split partials then summed by trellis_reduce_kernel.
+void launch_axis0(Axis0Kernel kernel, size_t smem_per_row, size_t smem_fixed, const TrellisWeights& w, const uint16_t* x, const float* bias,
+                  void* y, bool y_f32, int T, float* scratch, int n_sms, cudaStream_t s) {
+  const int64_t R = w.cols, N = w.rows;
   const Axis0Plan p = axis0_plan(R, N, n_sms);
   ARBOR_CU_CHECK(p.splits == 1 || scratch, "cuda: trellis gemv: axis 0 over %lld blocks of rows needs scratch", (long long)p.splits);
-  const size_t smem = size_t(NR * p.rpc + kTrWarps * 256) * 4;
-  pdl_launch(trellis_gemv_axis0_kernel<K, NR>, dim3(unsigned(N / 256), unsigned(p.splits)), dim3(kTrWarps * 32), smem, s, w.words,
-             w.scales, bias, x, y, y_f32, scratch, T, R, N, p.rpc);
-  ARBOR_LAUNCH_CHECK("trellis_gemv_axis0_kernel");
+  pdl_launch(kernel, dim3(unsigned(N / 256), unsigned(p.splits)), dim3(kTrWarps * 32), smem_per_row * size_t(p.rpc) + smem_fixed, s,
+             w.words, w.scales, bias, x, y, y_f32, scratch, T, R, N, p.rpc);
+  ARBOR_LAUNCH_CHECK("trellis axis-0 gemv kernel");
   if (p.splits > 1) {
     const int64_t n = int64_t(T) * N;
     pdl_launch(trellis_reduce_kernel, dim3(unsigned((n + 255) / 256)), dim3(256), 0, s, static_cast<const float*>(scratch), int(p.splits),
@@ -831,12 +819,18 @@ void launch_decode_k(const TrellisWeights& w, int64_t row0, int64_t n, uint16_t*
 }
 
 template <int K>
-void launch_axis0_k(int nr, const TrellisWeights& w, const uint16_t* x, const float* bias, void* y, bool y_f32, int T, float* scratch,
+void launch_axis0_k(bool mma, const TrellisWeights& w, const uint16_t* x, const float* bias, void* y, bool y_f32, int T, float* scratch,
                     int n_sms, cudaStream_t s) {
-  if (nr == 1) launch_axis0<K, 1>(w, x, bias, y, y_f32, T, scratch, n_sms, s);
-  else if (nr == 2) launch_axis0<K, 2>(w, x, bias, y, y_f32, T, scratch, n_sms, s);
-  else if (nr == 4) launch_axis0<K, 4>(w, x, bias, y, y_f32, T, scratch, n_sms, s);
-  else launch_axis0<K, 8>(w, x, bias, y, y_f32, T, scratch, n_sms, s);
+  if (mma) {
+    launch_axis0(trellis_mma_axis0_kernel<K>, size_t(T) * 2, size_t(T) * kTaPad * 2, w, x, bias, y, y_f32, T, scratch, n_sms, s);
+    return;
+  }
+  const int nr = T == 1 ? 1 : T == 2 ? 2 : T <= 4 ? 4 : 8;
+  const Axis0Kernel k = nr == 1   ? trellis_gemv_axis0_kernel<K, 1>
+                        : nr == 2 ? trellis_gemv_axis0_kernel<K, 2>
+                        : nr == 4 ? trellis_gemv_axis0_kernel<K, 4>
+                                  : trellis_gemv_axis0_kernel<K, 8>;
+  launch_axis0(k, size_t(nr) * 4, size_t(kTrWarps) * 256 * 4, w, x, bias, y, y_f32, T, scratch, n_sms, s);
 }
 
 // The checks every axis-1 fused launch makes: rows, and matrices that agree with the first.
@@ -889,19 +883,11 @@ void launch_trellis_gemv(const TrellisWeights& w, const uint16_t* x, const float
     launch_axis1_any(&o, 1, nullptr, w.bits, w.cols, x, y_f32, T, n_sms, -1, s);
     return;
   }
-  if (trellis_mma_mode() == 1) {  // axis 0's tensor-core kernel: only when forced on, until it has run on a GPU
-    switch (w.bits) {
-      case 2: launch_axis0_mma<2>(w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
-      case 3: launch_axis0_mma<3>(w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
-      default: launch_axis0_mma<4>(w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
-    }
-    return;
-  }
-  const int nr = T == 1 ? 1 : T == 2 ? 2 : T <= 4 ? 4 : 8;
+  const bool mma = trellis_mma_mode() == 1;  // axis 0's tensor-core kernel: only when forced on, until it has run on a GPU
   switch (w.bits) {
-    case 2: launch_axis0_k<2>(nr, w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
-    case 3: launch_axis0_k<3>(nr, w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
-    default: launch_axis0_k<4>(nr, w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
+    case 2: launch_axis0_k<2>(mma, w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
+    case 3: launch_axis0_k<3>(mma, w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
+    default: launch_axis0_k<4>(mma, w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
   }
 }
 
