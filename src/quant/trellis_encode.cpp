@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 
 #include "core/error.h"
@@ -304,67 +305,59 @@ TrellisEncoded trellis_encode_stored(const std::string& name, const float* store
   const float gain = opt.scale_gain > 0 ? opt.scale_gain : trellis_default_scale_gain(k);
 
   const int64_t bpr = cols / p.T;  // blocks per row
-  if (opt.block_viterbi && opt.tail_biting == TailBiting::rotate) {
-    // Scales and targets here (rows over the pool), every block's path in one call, then the packing.
-    std::vector<float> targets(size_t(rows * cols));
-    auto prepare = [&](int, int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const float* row = stored + r * cols;
-        for (int64_t c = 0; c < cols; ++c)
-          ARBOR_CHECK(std::isfinite(row[c]), "trellis: '{}': weight [{}, {}] of the coded matrix is {}", name, r, c, row[c]);
-        const uint16_t scale_bits = trellis_row_scale(row, cols, code_rms, gain);
-        enc.scales[size_t(r)] = scale_bits;
-        const float inv = 1.0f / f16_to_f32(scale_bits);
-        for (int64_t c = 0; c < cols; ++c) targets[size_t(r * cols + c)] = row[c] * inv;
-      }
-    };
+  auto over_rows = [&](const std::function<void(int, int64_t, int64_t)>& fn) {
     if (pool)
-      pool->parallel_for(rows, 1, prepare);
+      pool->parallel_for(rows, 1, fn);
     else
-      prepare(0, 0, rows);
+      fn(0, 0, rows);
+  };
+  // Row r's scale into enc.scales and its targets (weights over the scale the file will hold, in code
+  // units) into out[cols]; a non-finite weight is refused naming the tensor and its place.
+  auto row_targets = [&](int64_t r, float* out) {
+    const float* row = stored + r * cols;
+    for (int64_t c = 0; c < cols; ++c)
+      ARBOR_CHECK(std::isfinite(row[c]), "trellis: '{}': weight [{}, {}] of the coded matrix is {}", name, r, c, row[c]);
+    const uint16_t scale_bits = trellis_row_scale(row, cols, code_rms, gain);
+    enc.scales[size_t(r)] = scale_bits;
+    const float inv = 1.0f / f16_to_f32(scale_bits);
+    for (int64_t c = 0; c < cols; ++c) out[c] = row[c] * inv;
+  };
+
+  if (opt.block_viterbi && opt.tail_biting == TailBiting::rotate) {
+    // Every row's targets, every block's path in one call, then the packing.
+    std::vector<float> targets(size_t(rows * cols));
+    over_rows([&](int, int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) row_targets(r, targets.data() + r * cols);
+    });
     std::vector<uint16_t> states(size_t(rows * cols));
     opt.block_viterbi(k, targets.data(), rows * bpr, states.data());
-    auto pack = [&](int, int64_t r0, int64_t r1) {
+    over_rows([&](int, int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r)
         for (int64_t b = 0; b < bpr; ++b) {
-          const uint16_t* s = states.data() + (r * bpr + b) * p.T;
-          ARBOR_CHECK(trellis_is_tail_biting(s, p), "trellis: '{}': the block Viterbi returned a path that is not tail-biting (row {}, block {})",
+          const uint16_t* st = states.data() + (r * bpr + b) * p.T;
+          ARBOR_CHECK(trellis_is_tail_biting(st, p), "trellis: '{}': the block Viterbi returned a path that is not tail-biting (row {}, block {})",
                       name, r, b);
-          trellis_pack_block(s, p, enc.words.data() + r * wpr + b * p.words_per_block());
+          trellis_pack_block(st, p, enc.words.data() + r * wpr + b * p.words_per_block());
         }
-    };
-    if (pool)
-      pool->parallel_for(rows, 1, pack);
-    else
-      pack(0, 0, rows);
+    });
     return enc;
   }
 
   const int n_threads = pool ? pool->size() : 1;
   std::vector<std::unique_ptr<TrellisViterbi>> viterbi(static_cast<size_t>(n_threads));
-  auto encode_rows = [&](int thread, int64_t r0, int64_t r1) {
+  over_rows([&](int thread, int64_t r0, int64_t r1) {
     auto& vit = viterbi[size_t(thread)];
     if (!vit) vit = std::make_unique<TrellisViterbi>(p, opt.isa);
-    std::vector<float> x(size_t(p.T));
+    std::vector<float> x(static_cast<size_t>(cols));
     std::vector<uint16_t> states(size_t(p.T));
     for (int64_t r = r0; r < r1; ++r) {
-      const float* row = stored + r * cols;
-      for (int64_t c = 0; c < cols; ++c)
-        ARBOR_CHECK(std::isfinite(row[c]), "trellis: '{}': weight [{}, {}] of the coded matrix is {}", name, r, c, row[c]);
-      const uint16_t scale_bits = trellis_row_scale(row, cols, code_rms, gain);
-      enc.scales[size_t(r)] = scale_bits;
-      const float inv = 1.0f / f16_to_f32(scale_bits);  // targets against the scale the file will hold
-      for (int64_t b = 0; b < cols / p.T; ++b) {
-        for (int t = 0; t < p.T; ++t) x[size_t(t)] = row[b * p.T + t] * inv;
-        vit->encode_block(x.data(), states.data(), opt.tail_biting);
+      row_targets(r, x.data());
+      for (int64_t b = 0; b < bpr; ++b) {
+        vit->encode_block(x.data() + b * p.T, states.data(), opt.tail_biting);
         trellis_pack_block(states.data(), p, enc.words.data() + r * wpr + b * p.words_per_block());
       }
     }
-  };
-  if (pool)
-    pool->parallel_for(rows, 1, encode_rows);
-  else
-    encode_rows(0, 0, rows);
+  });
   return enc;
 }
 
