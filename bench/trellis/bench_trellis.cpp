@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
   }
   if (rows < 1 || cols < 256 || cols % 256 || threads < 1 || reps < 1) return usage();
 
-  // The encoders to run: each supported CPU ISA asked for, then the GPU's (isa == nullopt-like: use_cuda).
+  // The encoders to run: each supported CPU ISA asked for, then the GPU's (cuda: the block Viterbi hook).
   struct Encoder {
     TrellisIsa isa;
     bool cuda;
@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
         opt.isa = isa;
 #ifdef ARBOR_HAS_CUDA
         if (e.cuda)
-          opt.block_viterbi = [](int kk, const float* t, int64_t blocks, uint16_t* st) { cuda::cuda_trellis_viterbi(kk, t, blocks, st); };
+          opt.block_viterbi = cuda::cuda_trellis_viterbi;
 #endif
         enc = trellis_encode_stored("bench", w.data(), rows, cols, k, 1, &pool, opt);
         const double s = seconds_since(t0);

@@ -49,9 +49,7 @@ int cmd_quantize(const std::vector<std::string>& args) {
 #ifdef ARBOR_HAS_CUDA
     std::string why;
     if (!cuda_device_available(&why)) fail("arguments: --encoder cuda: {}", why);
-    o.encode.block_viterbi = [](int k, const float* targets, int64_t blocks, uint16_t* states) {
-      cuda::cuda_trellis_viterbi(k, targets, blocks, states);
-    };
+    o.encode.block_viterbi = cuda::cuda_trellis_viterbi;
 #else
     fail("arguments: --encoder cuda: this arbor was built without CUDA");
 #endif
@@ -98,15 +96,10 @@ int cmd_quantize(const std::vector<std::string>& args) {
                 out->c_str(), (unsigned long long)st.modules_quantized, o.trellis->bits, o.trellis->down_axis,
                 a.has("k-map") ? ", k-map " : "", a.get_or("k-map", "").c_str(), (unsigned long long)st.tensors_written,
                 double(st.bytes_in) * 1e-9, double(st.bytes_out) * 1e-9, (unsigned long long)st.shards, st.copied_files.size());
-    if (o.encode.block_viterbi)
-      std::printf("encoder: %llu weights in %.2f s, %.3g weights/s (GPU Viterbi; scales, targets and packing on %d CPU threads)\n",
-                  (unsigned long long)st.weights_encoded, st.encode_seconds,
-                  st.encode_seconds > 0 ? double(st.weights_encoded) / st.encode_seconds : 0.0, pool.size());
-    else
-      std::printf("encoder: %llu weights in %.2f s, %.3g weights/s (CPU Viterbi, %d threads, %s)\n",
-                  (unsigned long long)st.weights_encoded, st.encode_seconds,
-                  st.encode_seconds > 0 ? double(st.weights_encoded) / st.encode_seconds : 0.0, pool.size(),
-                  quant::trellis_isa_name(o.encode.isa));
+    const std::string how = o.encode.block_viterbi ? fmt::format("GPU Viterbi; scales, targets and packing on {} CPU threads", pool.size())
+                                                   : fmt::format("CPU Viterbi, {} threads, {}", pool.size(), quant::trellis_isa_name(o.encode.isa));
+    std::printf("encoder: %llu weights in %.2f s, %.3g weights/s (%s)\n", (unsigned long long)st.weights_encoded, st.encode_seconds,
+                st.encode_seconds > 0 ? double(st.weights_encoded) / st.encode_seconds : 0.0, how.c_str());
     for (const auto& s : st.left_dense) std::printf("left dense: %s\n", s.c_str());
     return 0;
   }

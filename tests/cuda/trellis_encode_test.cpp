@@ -70,7 +70,7 @@ TEST(CudaTrellisEncode, EncodeThroughTheHookGivesTheCpuWords) {
   for (auto& v : w) v = n(rng);
   ThreadPool pool(2);
   quant::TrellisEncodeOptions gpu;
-  gpu.block_viterbi = [](int k, const float* t, int64_t blocks, uint16_t* st) { cuda::cuda_trellis_viterbi(k, t, blocks, st); };
+  gpu.block_viterbi = cuda::cuda_trellis_viterbi;
   for (int k : {2, 3, 4})
     for (int axis : {1, 0}) {
       const int64_t o = axis == 1 ? 7 : 512, i = axis == 1 ? 512 : 7;
