@@ -97,19 +97,22 @@ TEST(CudaTrellis, DeviceLayoutIsThePlainWordsAndF32Scales) {
 
 // k 2/3/4 x both axes x shapes: axis 1 [odd out, 256 | 768 | 4352 in] (4352: 17 blocks, K split over warps at
 // few rows); axis 0 [256 | 768 out, odd in] (1601 inputs: split over blocks, the partials reduced). T 1/3/5/8 (the GEMV's rows).
-// Picks the GEMV kernels (FP32 or tensor-core, both axes) for a scope, then back to the environment's choice.
+// Picks the GEMV kernels for a scope (0: FP32 on both axes; 1: f16 tensor cores on both axes; 3: integer tensor
+// cores on both axes), then back to the environment's choice.
 struct MmaOn {
-  explicit MmaOn(bool on) { cuda::set_trellis_gemv_mma(on ? 1 : 0); }
+  explicit MmaOn(int mode) { cuda::set_trellis_gemv_mma(mode); }
   ~MmaOn() { cuda::set_trellis_gemv_mma(-1); }
 };
+const char* kernel_name(int mode) { return mode == 0 ? "fp32 kernels" : mode == 1 ? "f16 tensor-core kernels" : "integer tensor-core kernels"; }
 
-// Both kernels of each axis (the FP32 ones and trellis_mma_kernel / trellis_mma_axis0_kernel).
+// Every kernel of each axis (the FP32 ones, trellis_mma_kernel / trellis_mma_axis0_kernel, trellis_imma_kernel /
+// trellis_imma_axis0_kernel).
 TEST(CudaTrellis, GemvMatchesTheReference) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
-  for (bool mma : {false, true}) {
-  SCOPED_TRACE(mma ? "tensor-core kernels" : "fp32 kernels");
-  MmaOn chosen(mma);
+  for (int mode : {0, 1, 3}) {
+  SCOPED_TRACE(kernel_name(mode));
+  MmaOn chosen(mode);
   std::mt19937 rng(5);
   struct Shape {
     int axis;
@@ -130,13 +133,16 @@ TEST(CudaTrellis, GemvMatchesTheReference) {
   }
 }
 
-// The tensor-core kernels stage x as f16 scaled per activation row by a power of two (axis 0: x times the row
-// scale): activations far outside f16's range (1e6, past its 65504) and far below it (1e-7) come out as the
-// FP32 reference says, on both axes (axis 0 [256 out, 1000 in]: its rows split over blocks, each its own scale).
+// The f16 tensor-core kernels stage x as f16 scaled per activation row by a power of two (axis 0: x times the row
+// scale), the integer one as integers scaled per block of 256: activations far outside f16's range (1e6, past its
+// 65504) and far below it (1e-7) come out as the FP32 reference says, on both axes (axis 0 [256 out, 1000 in]: its
+// rows split over blocks, each its own scale).
 TEST(CudaTrellis, TensorCoreKernelTakesAnyActivationScale) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
-  MmaOn chosen(true);
+  for (int mode : {1, 3}) {
+  SCOPED_TRACE(kernel_name(mode));
+  MmaOn chosen(mode);
   std::mt19937 rng(11);
   for (int axis : {1, 0})
     for (float mag : {1e6f, 1e-7f})
@@ -153,6 +159,7 @@ TEST(CudaTrellis, TensorCoreKernelTakesAnyActivationScale) {
         reference_linear(a.w, a.bias, a.out, a.in, x, T, ref, m);
         expect_linear_close(host_f32(gpu, yd), ref, m, false, fmt::format("axis {} |x| ~ {} T={}", axis, mag, T));
       }
+  }
 }
 
 // q/k/v in one launch (linear_multi) and gate/up with the activation (gated_up) on axis-1 matrices, against the
@@ -160,9 +167,9 @@ TEST(CudaTrellis, TensorCoreKernelTakesAnyActivationScale) {
 TEST(CudaTrellis, FusedMultiAndGatedMatchTheReference) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
-  for (bool mma : {false, true}) {
-  SCOPED_TRACE(mma ? "tensor-core kernels" : "fp32 kernels");
-  MmaOn chosen(mma);
+  for (int mode : {0, 1, 3}) {
+  SCOPED_TRACE(kernel_name(mode));
+  MmaOn chosen(mode);
   std::mt19937 rng(7);
   for (int k : {2, 3, 4})
     for (int64_t T : {1, 3, 8}) {

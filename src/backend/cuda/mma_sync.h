@@ -1,5 +1,5 @@
 // Warp-level tensor-core helpers (sm_80+): ldmatrix loads of 8x8 b16 matrices from shared memory and
-// mma.sync m16n8k16 with bf16 or f16 inputs and f32 accumulators. Shared by the mma.sync prefill attention
+// mma.sync m16n8k16 with bf16 or f16 inputs and f32 accumulators, and m16n8k32 u8 x s8 into s32. Shared by the mma.sync prefill attention
 // (attention_prefill.cu), the tensor-core GEMV (gemv.cu) and the trellis tensor-core GEMV (trellis_gemv.cu). Device code: include from .cu files only.
 #pragma once
 #include <cstdint>
@@ -34,6 +34,15 @@ __device__ __forceinline__ void mma_f16(float* c, uint32_t a0, uint32_t a1, uint
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// c (16x8, s32) += a (16x32 u8, row-major: register r holds row g + 8(r&1), k 4j + 16(r>>1) .. +3) * b (32x8 s8,
+// column-major: register r holds k 4j + 16r .. +3 of column g). The trellis integer GEMV (trellis_gemv.cu).
+__device__ __forceinline__ void mma_u8s8(int* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 

@@ -106,6 +106,49 @@ ARBOR_TRELLIS_HD int trellis_a0_out(int chunk, int m, int i) { return 8 * chunk 
 ARBOR_TRELLIS_HD int trellis_a0_act(int j, int i) { return 2 * j + (i & 1); }
 // B register b (0..1) is the staged x of input rows trellis_a0_input(j, 2b) and (j, 2b + 1), activation row g:
 // consecutive, so one 32-bit shared-memory load at input 2j + 8b.
+
+// ---- trellis_imma_kernel's maps (integer tensor cores, axis 1; host-callable for the same CPU test) ---------
+// The 1MAD weight is bytesum(lcg(state)) - 510, so Σ_i y_i·q_i = Σ_i Σ_bytes byte·q_i - 510·Σ_i q_i: the LCG word
+// itself is four u8 entries of A (k slots 4i..4i+3 of input i) against q_i repeated in four s8 entries of B, and
+// mma.sync m16n8k32 (u8 x s8, s32 accumulate) does the byte sums and the products at once. Lane (g = lane/4,
+// j = lane%4) decodes weights 64j .. 64j+63 of each block of its rows: their bits start at (192 - 64j)·k, in the
+// 2k words from trellis_im_word0 plus the next word of the block (lane (g, j-1 mod 4)'s first: tail-biting for
+// j = 0); weight 64j + r's state is trellis_im_state(W, r) of those 2k + 1 words. MMA m (0..31) of a block takes
+// lane-relative weights 2m (A's k slots 4j..4j+3, B's rows 4j..4j+3) and 2m + 1 (slots 16 + 4j..).
+template <int K>
+ARBOR_TRELLIS_HD int trellis_im_word0(int j) {
+  return (6 - 2 * j) * K;
+}
+template <int K>
+ARBOR_TRELLIS_HD uint32_t trellis_im_state(const uint32_t* W, int r) {
+  const int rel = (63 - r) * K, w = rel >> 5, off = rel & 31;  // constants once the kernel's loops are unrolled
+  return (off + 12 <= 32 ? W[w] >> off : trellis_funnel(W[w], W[w + 1], off)) & 0xfffu;
+}
+ARBOR_TRELLIS_HD uint32_t trellis_lcg(uint32_t state) { return state * 34038481u + 76625530u; }
+// Activations enter as integers per block of 256 inputs: q = rint(x · kTrellisImQ / max|x|) in [-16256, 16256], x ≈ q ·
+// max/kTrellisImQ, split q = 128·hi + lo (hi in [-127, 127], lo in [0, 127]): two s8 columns of B per activation row
+// (2t: hi, 2t + 1: lo), so an activation keeps 15 bits against its block's largest.
+constexpr float kTrellisImQ = 16256.0f;
+ARBOR_TRELLIS_HD int trellis_im_q(float v, float inv) {
+  const float r = v * inv;
+  const int q = int(r + (r >= 0.0f ? 0.5f : -0.5f));  // half away from zero; |r| <= kTrellisImQ
+  return q > 16256 ? 16256 : q < -16256 ? -16256 : q;
+}
+// Staged x in shared memory: column c (2t + part) at c · trellis_im_col_stride(blocks) bytes; in it, the 64 inputs
+// 64j.. of block b (lane j's) at (4b + j) · 80 (16 bytes of padding a segment, and a column stride of 64 mod 128:
+// the 8 lanes of each 16-byte load phase hit 8 distinct bank groups).
+ARBOR_TRELLIS_HD int64_t trellis_im_seg(int64_t b, int j) { return (4 * b + j) * 80; }
+ARBOR_TRELLIS_HD int64_t trellis_im_col_stride(int64_t blocks) { return blocks * 320 + (blocks % 2 == 0 ? 64 : 0); }
+// Axis 0 (trellis_imma_axis0_kernel): outputs are A's rows, inputs its k. Lane (g, j) of output group og decodes
+// chunk trellis_a0_chunk(og, g) (8 outputs, the FP32 kernels' lane decode) of input rows i0 + 2j (A's k slots
+// 4j..4j+3) and i0 + 2j + 1 (slots 16 + 4j..) of an 8-input step: weights h[s][e], s the row, e the output. MMA m
+// (0..3) takes outputs 2m (A row g) and 2m + 1 (row g + 8): A register r is h[r >> 1][2m + (r & 1)]. B register s
+// is staged column g's byte at input i0 + 2j + s, repeated. C register i is output 8·chunk + 2m + (i >> 1) and
+// column 2j + (i & 1) (activation row j of the n-tile, hi or lo). Staged x·scale/std: groups of 64 inputs, each
+// its own scale; column c at c · trellis_ia0_col_stride(rows) bytes (a multiple of 64 plus 8: the 16 words a warp's
+// 2-byte load touches lie in 16 distinct banks).
+ARBOR_TRELLIS_HD int trellis_ia0_out(int chunk, int m, int i) { return 8 * chunk + 2 * m + (i >> 1); }
+ARBOR_TRELLIS_HD int64_t trellis_ia0_col_stride(int64_t rows) { return (rows + 63) / 64 * 64 + 8; }
 #undef ARBOR_TRELLIS_HD
 
 // ---- trellis_gemv.cu: decode GEMV, 1..kTrellisGemvMaxRows rows of bf16 activations -----------------------
@@ -129,11 +172,12 @@ struct TrellisGemvOut {
 void launch_trellis_gemv_multi(const TrellisGemvOut* outs, int n, const uint16_t* x, bool y_f32, int64_t T, int n_sms, CUstream_st* s);
 void launch_trellis_gemv_gated(const TrellisGemvOut& gate, const TrellisGemvOut& up, int act, const uint16_t* x, uint16_t* y, int64_t T,
                                int n_sms, CUstream_st* s);
-// Which axis-1 GEMV runs launches of 1..8 rows whose K is at most 8192: the tensor-core one
-// (trellis_gemv.cu's trellis_mma_kernel) or the FP32 one. 1: tensor cores at every T, 0: FP32 at every T,
-// -1: back to the environment's choice (ARBOR_CUDA_TRELLIS_MMA=1 or 0 as those; unset: the default,
-// tensor cores from 2 rows on, FP32 for one). Axis 0's tensor-core kernel (trellis_mma_axis0_kernel) runs only
-// when forced on (1), until it has been checked on a GPU. Tests and A/B runs.
+// Which GEMVs run launches of 1..8 rows (axis 1: those whose K is at most 8192): 0 the FP32 ones; 1 the f16
+// tensor-core ones (trellis_gemv.cu's trellis_mma_kernel, trellis_mma_axis0_kernel); 2 the integer tensor-core
+// one on axis 1 (trellis_imma_kernel), FP32 on axis 0; 3 the integer ones on both axes (and trellis_imma_axis0_kernel);
+// -1 back to the environment's choice (ARBOR_CUDA_TRELLIS_MMA=0..3 as those; unset: the default, f16 tensor cores
+// on axis 1 from 2 rows on, FP32 otherwise). The axis-0 tensor-core kernels run only when forced on, until they
+// have been checked on a GPU. Tests and A/B runs.
 void set_trellis_gemv_mma(int mode);
 // The encoder's Viterbi on the GPU (trellis_encode.cu): for each of `blocks` blocks of 256 targets (code
 // units, host memory, [blocks][256]) the tail-biting path quant::TrellisViterbi::encode_block chooses with

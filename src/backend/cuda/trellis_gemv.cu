@@ -522,20 +522,28 @@ __global__ void __launch_bounds__(kTmWarps * 32)
 }
 
 constexpr int64_t kTmMaxK = 8192;
-int g_trellis_mma = -1;  // set_trellis_gemv_mma: 1 on, 0 off, -1 from ARBOR_CUDA_TRELLIS_MMA
-// Whether T activation rows run on the tensor-core kernel. The default (ARBOR_CUDA_TRELLIS_MMA unset):
-// from 2 rows on. Measured on an H100, 8B k = 2 (session 20): b=1 231.9 tok/s against the FP32 kernel's
+int g_trellis_mma = -1;  // set_trellis_gemv_mma: 0 FP32, 1 f16 tensor cores, 2 integer on axis 1, 3 integer on both, -1 from ARBOR_CUDA_TRELLIS_MMA
+// Which axis-1 kernel T activation rows run on: 0 the FP32 one, 1 trellis_mma_kernel (f16 tensor cores),
+// 2 trellis_imma_kernel (integer tensor cores). The default (ARBOR_CUDA_TRELLIS_MMA unset): f16 tensor cores from
+// 2 rows on, FP32 for one. Measured on an H100, 8B k = 2 (session 20): b=1 231.9 tok/s against the FP32 kernel's
 // 245.5, b=2 401.5 / 337.0, b=4 633.1 / 443.2, b=8 726.7 / 444.8.
 int trellis_mma_mode() {
   static const int env = [] {
     const char* e = std::getenv("ARBOR_CUDA_TRELLIS_MMA");
-    return e && std::atoi(e) == 1 ? 1 : e && e[0] == '0' ? 0 : -1;
+    const int v = e && e[0] ? std::atoi(e) : -1;
+    return v >= 0 && v <= 3 ? v : -1;
   }();
   return g_trellis_mma >= 0 ? g_trellis_mma : env;
 }
-bool trellis_mma_on(int64_t T) {
+int trellis_axis1_kernel(int64_t T) {
   const int mode = trellis_mma_mode();
-  return mode == 1 || (mode < 0 && T >= 2);
+  return mode == 3 ? 2 : mode >= 0 ? mode : T >= 2 ? 1 : 0;
+}
+// Axis 0's kernel: 1 the f16 tensor-core one (mode 1), 2 the integer one (mode 3), else 0 the FP32 one: neither
+// tensor-core kernel has been checked on a GPU yet.
+int trellis_axis0_kernel() {
+  const int mode = trellis_mma_mode();
+  return mode == 1 ? 1 : mode == 3 ? 2 : 0;
 }
 
 template <int K>
@@ -555,6 +563,261 @@ void launch_mma(const TrSegs& segs, int64_t Kin, const uint16_t* x, bool y_f32, 
   }
   pdl_launch(trellis_mma_kernel<K>, dim3(grid), dim3(kTmWarps * 32), smem, s, segs, x, y_f32, T, Kin, wpr, gated_act);
   ARBOR_LAUNCH_CHECK("trellis_mma_kernel");
+}
+
+// ---- axis 1 on integer tensor cores (ARBOR_CUDA_TRELLIS_MMA=2; not the default until measured) ----------
+// The FP32 and f16 kernels spend ~5-7 issue slots a weight (shift, mask, IMAD, dp4a, then FADD + FFMA or a PRMT
+// into f16 pairs); here a weight costs the shift, the mask and the IMAD, because the LCG word goes into
+// mma.sync m16n8k32 as four u8 entries of A and the byte sum happens in the tensor core (trellis.h,
+// "trellis_imma_kernel's maps"). x is staged per CTA as integers per block of 256 inputs (q = 128·hi + lo, two
+// s8 columns of B per activation row, |q| <= 16256 against the block's max|x|, the block's scale and 510·Σhi,
+// 510·Σlo beside it), so all T <= 8 activation rows cost the same decode: columns 2t, 2t + 1 of one n-tile for
+// t < 4, of a second for t 4..7 (NN = 2). A warp owns 32 weight rows as two m-tiles (gated: 16 gate rows and the
+// same 16 up rows, gate in A rows g, up in g + 8) and a range of blocks (K split over up to 8 warps); each lane
+// reads its 2k words of a block row with wide loads (the next block's before the current one's arithmetic) and
+// takes the 2k+1-th from its neighbour by a shuffle. Per block the s32 sums (exact: |Σ y·hi| < 2^24) are turned
+// into floats with the block's scale; the rows' scale and 1/std come at the end.
+constexpr int kTiWarps = 8;
+
+// Words [trellis_im_word0<K>(j), +2K) of a block row: 16-byte loads for k 2 and 4, 8-byte for k 3 (aligned: a
+// block is 32k bytes and a lane's first word is a multiple of 2k).
+template <int K>
+__device__ __forceinline__ void ti_load(const uint32_t* p, uint32_t (&w)[2 * K]) {
+  if constexpr (K == 3) {
+#pragma unroll
+    for (int e = 0; e < 3; ++e) {
+      const uint2 v = __ldg(reinterpret_cast<const uint2*>(p) + e);
+      w[2 * e] = v.x, w[2 * e + 1] = v.y;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < K / 2; ++e) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + e);
+      w[4 * e] = v.x, w[4 * e + 1] = v.y, w[4 * e + 2] = v.z, w[4 * e + 3] = v.w;
+    }
+  }
+}
+
+// Byte i (0..15) of v in all four bytes of a register: one s8 input repeated over the four k slots of its LCG word.
+__device__ __forceinline__ uint32_t ti_rep(const uint4& v, int i) {
+  const uint32_t w = i < 4 ? v.x : i < 8 ? v.y : i < 12 ? v.z : v.w;
+  return __byte_perm(w, 0u, uint32_t(i & 3) * 0x1111u);
+}
+
+// Bytes of staged x a launch needs: 2T columns, then a float4 per (row, block): scale, 510·Σhi, 510·Σlo (as int bits).
+size_t ti_smem_bytes(int T, int64_t Kin) {
+  const int64_t nb = Kin / 256;
+  return size_t(2 * T) * size_t(trellis_im_col_stride(nb)) + size_t(T) * size_t(nb) * 16;
+}
+
+template <int K, int NN>
+__global__ void __launch_bounds__(kTiWarps * 32)
+    trellis_imma_kernel(TrSegs segs, const uint16_t* __restrict__ x, bool y_f32, int T, int64_t Kin, int wpr, int gated_act) {
+  constexpr int WPB = 8 * K, NW = 2 * K;
+  extern __shared__ __align__(16) unsigned char ti_xs[];
+  __shared__ float4 red[kTiWarps][NN][32];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, j = lane % 4;
+  const int tpb = kTiWarps / wpr, part = warp % wpr;
+  const int64_t tile = int64_t(blockIdx.x) * tpb + warp / wpr;
+  const bool gated = gated_act >= 0, live = tile < segs.units;
+  const int si = gated || !live ? 0 : unit_segment(segs.n, segs.first, tile);
+  const int64_t N = seg_pick(segs.N, si);
+  const int64_t nb = Kin / 256, row_words = nb * WPB, cs = trellis_im_col_stride(nb);
+  // A rows of m-tile mt, half h (A row g + 8h): plain, 32 consecutive rows of matrix si; gated, gate (h = 0) and up
+  // (h = 1) row base + 8·mt + g. Rows past the matrix read row 0 (valid memory) and are not stored.
+  const int64_t base = !live ? N : gated ? tile * 16 : (tile - seg_pick(segs.first, si)) * 32;
+  int64_t row[2][2];
+  const uint32_t* wp[2][2];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row[mt][h] = gated ? base + 8 * mt + g : base + 16 * mt + 8 * h + g;
+      const uint32_t* m = gated && h == 1 ? segs.words[1] : seg_pick(segs.words, si);
+      wp[mt][h] = m + (row[mt][h] < N ? row[mt][h] : 0) * row_words + trellis_im_word0<K>(j);
+    }
+  const int64_t bbeg = nb * part / wpr, bend = nb * (part + 1) / wpr;
+  uint32_t cur[2][2][NW];
+  auto load = [&](uint32_t (&w)[2][2][NW], int64_t b) {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) ti_load<K>(wp[mt][h] + b * WPB, w[mt][h]);
+  };
+  // The first block's words do not depend on the previous kernel: fetched before waiting for it.
+  if (bbeg < bend) load(cur, bbeg);
+  pdl_trigger();
+  pdl_wait();
+
+  // Stage x: a warp per (activation row, block); lane l quantizes inputs 8l..8l+7 (segment l/8 of the block).
+  float4* meta = reinterpret_cast<float4*>(ti_xs + 2 * T * cs);
+  for (int64_t pi = warp; pi < int64_t(T) * nb; pi += kTiWarps) {
+    const int t = int(pi / nb);
+    const int64_t b = pi % nb;
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + t * Kin + b * 256) + lane);
+    float m = 0.0f;
+    bool finite = true;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float a = fabsf(bf16_of(v, e));
+      m = fmaxf(m, a), finite = finite && a <= 3.4e38f;
+    }
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    finite = __all_sync(0xffffffffu, finite);
+    const float inv = m > 0.0f && finite ? kTrellisImQ / m : 0.0f;
+    int hs = 0, ls = 0;
+    uint32_t hw[2] = {0u, 0u}, lw[2] = {0u, 0u};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int q = trellis_im_q(bf16_of(v, e), inv), hi = q >> 7, lo = q & 127;
+      hs += hi, ls += lo;
+      hw[e / 4] |= uint32_t(hi & 0xff) << (8 * (e % 4)), lw[e / 4] |= uint32_t(lo) << (8 * (e % 4));
+    }
+    for (int o = 16; o > 0; o >>= 1) hs += __shfl_xor_sync(0xffffffffu, hs, o), ls += __shfl_xor_sync(0xffffffffu, ls, o);
+    const int64_t off = trellis_im_seg(b, lane / 8) + (lane % 8) * 8;
+    *reinterpret_cast<uint2*>(ti_xs + (2 * t) * cs + off) = make_uint2(hw[0], hw[1]);
+    *reinterpret_cast<uint2*>(ti_xs + (2 * t + 1) * cs + off) = make_uint2(lw[0], lw[1]);
+    // A block with inf or NaN gets a NaN scale, so its rows' outputs are NaN as the FP32 kernels' would be.
+    if (lane == 0) meta[t * nb + b] = make_float4(finite ? m / kTrellisImQ : __int_as_float(0x7fc00000), __int_as_float(510 * hs), __int_as_float(510 * ls), 0.0f);
+  }
+  __syncthreads();
+
+  float acc[2][NN][2];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nn = 0; nn < NN; ++nn) acc[mt][nn][0] = acc[mt][nn][1] = 0.0f;
+  const unsigned char* xc[NN];
+  bool xon[NN];
+#pragma unroll
+  for (int nn = 0; nn < NN; ++nn) {
+    const int col = 8 * nn + g;  // B column g of n-tile nn: activation row 4·nn + g/2, hi (g even) or lo
+    xon[nn] = col < 2 * T;
+    xc[nn] = ti_xs + (xon[nn] ? col : 0) * cs;
+  }
+  const int nbr = g * 4 + ((j + 3) & 3);  // the lane whose first word follows this lane's last
+#pragma unroll 1
+  for (int64_t b = bbeg; b < bend; ++b) {
+    uint32_t nxt[2][2][NW];
+    if (b + 1 < bend) load(nxt, b + 1);
+    uint32_t W[2][2][NW + 1];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int e = 0; e < NW; ++e) W[mt][h][e] = cur[mt][h][e];
+        W[mt][h][NW] = __shfl_sync(0xffffffffu, cur[mt][h][0], nbr);
+      }
+    int c[2][NN][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nn = 0; nn < NN; ++nn) c[mt][nn][0] = c[mt][nn][1] = c[mt][nn][2] = c[mt][nn][3] = 0;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      uint4 xv[NN];
+#pragma unroll
+      for (int nn = 0; nn < NN; ++nn)
+        xv[nn] = xon[nn] ? *reinterpret_cast<const uint4*>(xc[nn] + trellis_im_seg(b, j) + 16 * u) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        const int r = 16 * u + 2 * q;  // MMA 8u + q: lane-relative weights r (k slots 4j..) and r + 1 (16 + 4j..)
+        uint32_t a[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          a[mt][0] = trellis_lcg(trellis_im_state<K>(W[mt][0], r)), a[mt][1] = trellis_lcg(trellis_im_state<K>(W[mt][1], r));
+          a[mt][2] = trellis_lcg(trellis_im_state<K>(W[mt][0], r + 1)), a[mt][3] = trellis_lcg(trellis_im_state<K>(W[mt][1], r + 1));
+        }
+#pragma unroll
+        for (int nn = 0; nn < NN; ++nn) {
+          const uint32_t b0 = ti_rep(xv[nn], 2 * q), b1 = ti_rep(xv[nn], 2 * q + 1);
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) mma_u8s8(c[mt][nn], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
+        }
+      }
+    }
+    // The block's sums: C columns 2j (hi) and 2j + 1 (lo) of n-tile nn are activation row 4·nn + j.
+#pragma unroll
+    for (int nn = 0; nn < NN; ++nn) {
+      const int t = 4 * nn + j;
+      if (t >= T) continue;
+      const float4 md = meta[t * nb + b];
+      const int hc = __float_as_int(md.y), lc = __float_as_int(md.z);
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        acc[mt][nn][0] = fmaf(md.x, fmaf(128.0f, float(c[mt][nn][0] - hc), float(c[mt][nn][1] - lc)), acc[mt][nn][0]);
+        acc[mt][nn][1] = fmaf(md.x, fmaf(128.0f, float(c[mt][nn][2] - hc), float(c[mt][nn][3] - lc)), acc[mt][nn][1]);
+      }
+    }
+    if (b + 1 < bend) {
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < NW; ++e) cur[mt][h][e] = nxt[mt][h][e];
+    }
+  }
+
+  // The wpr warps of a tile add their partial sums; part 0 stores.
+  if (wpr > 1)
+#pragma unroll
+    for (int nn = 0; nn < NN; ++nn) red[warp][nn][lane] = make_float4(acc[0][nn][0], acc[0][nn][1], acc[1][nn][0], acc[1][nn][1]);
+  __syncthreads();
+  if (part != 0 || !live) return;
+  for (int q = 1; q < wpr; ++q)
+#pragma unroll
+    for (int nn = 0; nn < NN; ++nn) {
+      const float4 v = red[warp + q][nn][lane];
+      acc[0][nn][0] += v.x, acc[0][nn][1] += v.y, acc[1][nn][0] += v.z, acc[1][nn][1] += v.w;
+    }
+#pragma unroll
+  for (int nn = 0; nn < NN; ++nn) {
+    const int t = 4 * nn + j;
+    if (t >= T) continue;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      if (gated) {  // y = act(gate) * up, each rounded to bf16 first as the unfused ops store them
+        const int64_t r = row[mt][0];
+        if (r >= N) continue;
+        const float bg = segs.bias[0] ? segs.bias[0][r] : 0.0f, bu = segs.bias[1] ? segs.bias[1][r] : 0.0f;
+        const float gv = __bfloat162float(__float2bfloat16(fmaf(acc[mt][nn][0], segs.scales[0][r] * kTrInvStd, bg)));
+        const float uv = __bfloat162float(__float2bfloat16(fmaf(acc[mt][nn][1], segs.scales[1][r] * kTrInvStd, bu)));
+        static_cast<__nv_bfloat16*>(segs.y[0])[t * N + r] = __float2bfloat16(act_value(gated_act, gv) * uv);
+        continue;
+      }
+      const float* scales = seg_pick(segs.scales, si);
+      const float* bias = seg_pick(segs.bias, si);
+      void* y = seg_pick(segs.y, si);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t r = row[mt][h];
+        if (r < N) store_y(y, y_f32, t * N + r, fmaf(acc[mt][nn][h], scales[r] * kTrInvStd, bias ? bias[r] : 0.0f));
+      }
+    }
+  }
+}
+
+template <int K>
+void launch_imma(const TrSegs& segs, int64_t Kin, const uint16_t* x, bool y_f32, int T, int n_sms, int gated_act, cudaStream_t s) {
+  const int64_t nb = Kin / 256, units = segs.units;
+  // K split: until the tiles' warps fill the SMs' slots twice over, keeping at least one block a warp.
+  int wpr = 1;
+  while (wpr < kTiWarps && units * wpr < int64_t(n_sms) * 2 * kTiWarps && nb / (wpr * 2) >= 1) wpr *= 2;
+  const int64_t per_block = kTiWarps / wpr;
+  const unsigned grid = unsigned((units + per_block - 1) / per_block);
+  static bool attr = false;
+  if (!attr) {
+    const int most = int(ti_smem_bytes(int(kTrellisGemvMaxRows), kTmMaxK));
+    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(trellis_imma_kernel<K, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(trellis_imma_kernel<K, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+    attr = true;
+  }
+  const size_t smem = ti_smem_bytes(T, Kin);
+  if (T <= 4) pdl_launch(trellis_imma_kernel<K, 1>, dim3(grid), dim3(kTiWarps * 32), smem, s, segs, x, y_f32, T, Kin, wpr, gated_act);
+  else pdl_launch(trellis_imma_kernel<K, 2>, dim3(grid), dim3(kTiWarps * 32), smem, s, segs, x, y_f32, T, Kin, wpr, gated_act);
+  ARBOR_LAUNCH_CHECK("trellis_imma_kernel");
 }
 
 // ---- axis 0 on tensor cores (ARBOR_CUDA_TRELLIS_MMA=1 only: written without a GPU, not yet run) ---------
@@ -692,12 +955,169 @@ __global__ void __launch_bounds__(kTrWarps * 32)
 }
 
 
+// ---- axis 0 on integer tensor cores (ARBOR_CUDA_TRELLIS_MMA=3; written without a GPU, not yet run) ----------
+// Block (ob, split) as the other axis-0 kernels: outputs [256·ob, +256), input rows [split·rpc, +rpc). Warp w owns the
+// 64 outputs of chunks 8·(w % 4) .. +7 and every other group of 64 input rows (w / 4 = 0 or 1 first). Per 8-input
+// step, lane (g, j) decodes chunk 8·(w % 4) + g of input rows 2j and 2j + 1 (16 weights, the FP32 kernels' lane
+// decode: two words a row) as LCG words, which are the A registers of four m16n8k32 MMAs (outputs 2m, 2m + 1 as
+// rows g, g + 8; trellis.h "Axis 0 (trellis_imma_axis0_kernel)"); B is the staged x·scale/std of those two inputs,
+// one 2-byte shared load a column. x·scale/std is staged per block as integers per group of 64 inputs (its scale,
+// 510·Σhi, 510·Σlo beside it); the s32 sums become floats once per group. A group's 32 words a lane are loaded
+// while the group before is computed.
+constexpr int64_t kTiaGroup = 64;
+
+template <int K, int NN>
+__global__ void __launch_bounds__(kTrWarps * 32)
+    trellis_imma_axis0_kernel(const uint32_t* __restrict__ words, const float* __restrict__ scales, const float* __restrict__ bias,
+                              const uint16_t* __restrict__ x, void* __restrict__ y, bool y_f32, float* __restrict__ partial, int T,
+                              int64_t R, int64_t N, int64_t rpc) {
+  constexpr int WPB = 8 * K;
+  extern __shared__ __align__(16) unsigned char tia_xs[];  // [2T][ld] bytes, then a float4 per (row, group)
+  __shared__ float4 red[4][NN][2][32];                       // the second-half warps' sums, [output group][n-tile][half of 8][lane]
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, j = lane % 4;
+  const int og = warp % 4, half = warp / 4, chunk = trellis_a0_chunk(og, g);
+  const int64_t ob = blockIdx.x, split = blockIdx.y, r0 = split * rpc, ld = trellis_ia0_col_stride(rpc);
+  const int64_t row_words = N / 256 * WPB, groups = rpc / kTiaGroup;  // rpc: a multiple of 64
+  const uint32_t* base = words + ob * WPB;
+  const int wi = trellis_lane_word<K>(chunk), wi2 = trellis_lane_word2<K>(chunk), off = trellis_lane_off<K>(chunk);
+  // Words of group G: step st, row s (input r0 + 64·G + 8·st + 2j + s); past R a valid row (its staged x is 0).
+  uint32_t cur[8][2][2];
+  auto load = [&](uint32_t (&w)[8][2][2], int64_t G) {
+#pragma unroll
+    for (int st = 0; st < 8; ++st)
+#pragma unroll
+      for (int sr = 0; sr < 2; ++sr) {
+        const int64_t i = r0 + kTiaGroup * G + 8 * st + 2 * j + sr;
+        const uint32_t* p = base + (i < R ? i : R - 1) * row_words;
+        w[st][sr][0] = __ldg(p + wi), w[st][sr][1] = __ldg(p + wi2);
+      }
+  };
+  if (half < groups) load(cur, half);
+  pdl_trigger();
+  pdl_wait();
+  // Stage x·scale/std: a warp per (activation row, group), lane l quantizing inputs 2l, 2l + 1 of the group.
+  float4* meta = reinterpret_cast<float4*>(tia_xs + 2 * T * ld);
+  for (int64_t pi = warp; pi < int64_t(T) * groups; pi += kTrWarps) {
+    const int t = int(pi / groups);
+    const int64_t G = pi % groups, i0 = r0 + kTiaGroup * G + 2 * lane;
+    const float v0 = i0 < R ? __uint_as_float(uint32_t(x[t * R + i0]) << 16) * (scales[i0] * kTrInvStd) : 0.0f;
+    const float v1 = i0 + 1 < R ? __uint_as_float(uint32_t(x[t * R + i0 + 1]) << 16) * (scales[i0 + 1] * kTrInvStd) : 0.0f;
+    float m = fmaxf(fabsf(v0), fabsf(v1));
+    const bool finite = __all_sync(0xffffffffu, fabsf(v0) <= 3.4e38f && fabsf(v1) <= 3.4e38f);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const float inv = m > 0.0f && finite ? kTrellisImQ / m : 0.0f;
+    const int q0 = trellis_im_q(v0, inv), q1 = trellis_im_q(v1, inv);
+    int hs = (q0 >> 7) + (q1 >> 7), ls = (q0 & 127) + (q1 & 127);
+    for (int o = 16; o > 0; o >>= 1) hs += __shfl_xor_sync(0xffffffffu, hs, o), ls += __shfl_xor_sync(0xffffffffu, ls, o);
+    const int64_t at = kTiaGroup * G + 2 * lane;
+    *reinterpret_cast<uint16_t*>(tia_xs + (2 * t) * ld + at) = uint16_t(((q0 >> 7) & 0xff) | ((q1 >> 7) & 0xff) << 8);
+    *reinterpret_cast<uint16_t*>(tia_xs + (2 * t + 1) * ld + at) = uint16_t((q0 & 127) | (q1 & 127) << 8);
+    if (lane == 0)
+      meta[t * groups + G] = make_float4(finite ? m / kTrellisImQ : __int_as_float(0x7fc00000), __int_as_float(510 * hs), __int_as_float(510 * ls), 0.0f);
+  }
+  __syncthreads();
+
+  float acc[NN][8];
+#pragma unroll
+  for (int nn = 0; nn < NN; ++nn)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[nn][e] = 0.0f;
+  const unsigned char* xc[NN];
+  bool xon[NN];
+#pragma unroll
+  for (int nn = 0; nn < NN; ++nn) {
+    const int col = 8 * nn + g;
+    xon[nn] = col < 2 * T;
+    xc[nn] = tia_xs + (xon[nn] ? col : 0) * ld;
+  }
+#pragma unroll 1
+  for (int64_t G = half; G < groups; G += 2) {
+    uint32_t nxt[8][2][2];
+    if (G + 2 < groups) load(nxt, G + 2);
+    int c[NN][4][4];
+#pragma unroll
+    for (int nn = 0; nn < NN; ++nn)
+#pragma unroll
+      for (int m = 0; m < 4; ++m) c[nn][m][0] = c[nn][m][1] = c[nn][m][2] = c[nn][m][3] = 0;
+#pragma unroll
+    for (int st = 0; st < 8; ++st) {
+      uint32_t h[2][8];
+#pragma unroll
+      for (int sr = 0; sr < 2; ++sr) {
+        uint32_t lo, hi;
+        trellis_lane_align(cur[st][sr][0], cur[st][sr][1], off, lo, hi);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const int sh = (7 - e) * K;
+          h[sr][e] = trellis_lcg((sh == 0 ? lo : trellis_funnel(lo, hi, sh)) & 0xfffu);
+        }
+      }
+#pragma unroll
+      for (int nn = 0; nn < NN; ++nn) {
+        const uint32_t xb = xon[nn] ? *reinterpret_cast<const uint16_t*>(xc[nn] + kTiaGroup * G + 8 * st + 2 * j) : 0u;
+        const uint32_t b0 = __byte_perm(xb, 0u, 0x0000u), b1 = __byte_perm(xb, 0u, 0x1111u);
+#pragma unroll
+        for (int m = 0; m < 4; ++m) mma_u8s8(c[nn][m], h[0][2 * m], h[0][2 * m + 1], h[1][2 * m], h[1][2 * m + 1], b0, b1);
+      }
+    }
+#pragma unroll
+    for (int nn = 0; nn < NN; ++nn) {
+      const int t = 4 * nn + j;
+      if (t >= T) continue;
+      const float4 md = meta[t * groups + G];
+      const int hc = __float_as_int(md.y), lc = __float_as_int(md.z);
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        acc[nn][2 * m] = fmaf(md.x, fmaf(128.0f, float(c[nn][m][0] - hc), float(c[nn][m][1] - lc)), acc[nn][2 * m]);
+        acc[nn][2 * m + 1] = fmaf(md.x, fmaf(128.0f, float(c[nn][m][2] - hc), float(c[nn][m][3] - lc)), acc[nn][2 * m + 1]);
+      }
+    }
+    if (G + 2 < groups) {
+#pragma unroll
+      for (int st = 0; st < 8; ++st)
+#pragma unroll
+        for (int sr = 0; sr < 2; ++sr) cur[st][sr][0] = nxt[st][sr][0], cur[st][sr][1] = nxt[st][sr][1];
+    }
+  }
+  if (half == 1) {
+#pragma unroll
+    for (int nn = 0; nn < NN; ++nn) {
+      red[og][nn][0][lane] = make_float4(acc[nn][0], acc[nn][1], acc[nn][2], acc[nn][3]);
+      red[og][nn][1][lane] = make_float4(acc[nn][4], acc[nn][5], acc[nn][6], acc[nn][7]);
+    }
+  }
+  __syncthreads();
+  if (half == 1) return;
+  const bool direct = gridDim.y == 1;
+#pragma unroll
+  for (int nn = 0; nn < NN; ++nn) {
+    const int t = 4 * nn + j;
+    if (t >= T) continue;
+    const float4 v0 = red[og][nn][0][lane], v1 = red[og][nn][1][lane];
+    const float add[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int64_t n = ob * 256 + 8 * chunk + e;
+      const float v = acc[nn][e] + add[e];
+      if (direct) store_y(y, y_f32, t * N + n, v + (bias ? bias[n] : 0.0f));
+      else partial[(split * T + t) * N + n] = v;
+    }
+  }
+}
+
 // The axis-1 GEMV over outs (gated: gate = outs[0], up = outs[1] into gated_y) at the instance of (k, rows):
-// the tensor-core kernel where it is on and applies (K <= kTmMaxK, x 16-byte aligned), else the FP32 one.
+// the tensor-core kernel trellis_axis1_kernel picks where it applies (K <= kTmMaxK, x 16-byte aligned), else the FP32 one.
 void launch_axis1_any(const TrellisGemvOut* outs, int n, uint16_t* gated_y, int bits, int64_t Kin, const uint16_t* x, bool y_f32, int64_t T,
                       int n_sms, int gated_act, cudaStream_t s) {
-  const int t = int(T);
-  if (trellis_mma_on(T) && Kin <= kTmMaxK && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+  const int t = int(T), kernel = trellis_axis1_kernel(T);
+  if (kernel == 2 && Kin <= kTmMaxK && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+    const TrSegs segs = make_segments(outs, n, gated_y, gated_y ? 16 : 32);
+    if (bits == 2) launch_imma<2>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);
+    else if (bits == 3) launch_imma<3>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);
+    else launch_imma<4>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);
+    return;
+  }
+  if (kernel == 1 && Kin <= kTmMaxK && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
     const TrSegs segs = make_segments(outs, n, gated_y, gated_y ? 8 : 16);
     if (bits == 2) launch_mma<2>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);
     else if (bits == 3) launch_mma<3>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);
@@ -819,10 +1239,15 @@ void launch_decode_k(const TrellisWeights& w, int64_t row0, int64_t n, uint16_t*
 }
 
 template <int K>
-void launch_axis0_k(bool mma, const TrellisWeights& w, const uint16_t* x, const float* bias, void* y, bool y_f32, int T, float* scratch,
+void launch_axis0_k(int kernel, const TrellisWeights& w, const uint16_t* x, const float* bias, void* y, bool y_f32, int T, float* scratch,
                     int n_sms, cudaStream_t s) {
-  if (mma) {
+  if (kernel == 1) {
     launch_axis0(trellis_mma_axis0_kernel<K>, size_t(T) * 2, size_t(T) * kTaPad * 2, w, x, bias, y, y_f32, T, scratch, n_sms, s);
+    return;
+  }
+  if (kernel == 2) {  // 2T·(rpc + 8) staged bytes and T·rpc/64 float4s: at most 3T a row, 24T fixed (rpc a multiple of 64)
+    launch_axis0(T <= 4 ? trellis_imma_axis0_kernel<K, 1> : trellis_imma_axis0_kernel<K, 2>, size_t(T) * 3, size_t(T) * 24, w, x, bias, y,
+                 y_f32, T, scratch, n_sms, s);
     return;
   }
   const int nr = T == 1 ? 1 : T == 2 ? 2 : T <= 4 ? 4 : 8;
@@ -883,11 +1308,11 @@ void launch_trellis_gemv(const TrellisWeights& w, const uint16_t* x, const float
     launch_axis1_any(&o, 1, nullptr, w.bits, w.cols, x, y_f32, T, n_sms, -1, s);
     return;
   }
-  const bool mma = trellis_mma_mode() == 1;  // axis 0's tensor-core kernel: only when forced on, until it has run on a GPU
+  const int kernel = trellis_axis0_kernel();
   switch (w.bits) {
-    case 2: launch_axis0_k<2>(mma, w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
-    case 3: launch_axis0_k<3>(mma, w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
-    default: launch_axis0_k<4>(mma, w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
+    case 2: launch_axis0_k<2>(kernel, w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
+    case 3: launch_axis0_k<3>(kernel, w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
+    default: launch_axis0_k<4>(kernel, w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
   }
 }
 
@@ -905,6 +1330,6 @@ void launch_trellis_decode(const TrellisWeights& w, int64_t row0, int64_t n, uin
   }
 }
 
-void set_trellis_gemv_mma(int mode) { g_trellis_mma = mode == 0 || mode == 1 ? mode : -1; }
+void set_trellis_gemv_mma(int mode) { g_trellis_mma = mode >= 0 && mode <= 3 ? mode : -1; }
 
 }  // namespace arbor::cuda
