@@ -157,9 +157,9 @@ for step in $STEPS; do
       ;;
     trellis)
       # Issue 20's CUDA GEMVs: the CudaTrellis tests under memcheck, then 8B decode with trellis linears at
-      # 1/2/4/8 rows for each TRELLIS_BITS (default 2 3 4), the CUDA-core kernel (ARBOR_CUDA_TRELLIS_MMA=0)
-      # against the f16 tensor-core one (=1) or the integer one (=2), one process per setting (TRELLIS_MMA="0 auto"
-      # compares the default). Logs trellis_*.log, a summary line each.
+      # 1/2/4/8 rows for each TRELLIS_BITS (default 2 3 4), the FP32 kernels (ARBOR_CUDA_TRELLIS_MMA=0) against
+      # the integer tensor-core ones (=1, the default), one process per setting ("auto": the variable unset).
+      # Logs trellis_*.log, a summary line each.
       timeout ${TRELLIS_MEMCHECK_LIMIT:-200} compute-sanitizer --tool memcheck --error-exitcode 3 "$D/test_cuda" \
         --gtest_filter='CudaTrellis.*' > "$OUT/trellis_memcheck.log" 2>&1
       summary+=("trellis memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/trellis_memcheck.log" | tail -1) $(grep -cE '^\[       OK' "$OUT/trellis_memcheck.log") ok $(grep -cE '^\[  FAILED' "$OUT/trellis_memcheck.log") failed")
@@ -195,7 +195,7 @@ for step in $STEPS; do
       # (a regex) in a short 8B decode, per DETAIL spec (';'-separated NAME:ENV:bench-arguments, ENV a
       # space-free assignment or "-"): issue-slot and per-pipe utilisation, achieved occupancy, registers,
       # warp stall reasons per issued instruction, instructions and DRAM bytes. Logs detail_NAME.txt.
-      IFS=';' read -r -a specs <<< "${DETAIL:-tr2b1:-:--format trellis --bits 2 --decode-runs 1@512;tr2b1imma:ARBOR_CUDA_TRELLIS_MMA=2:--format trellis --bits 2 --decode-runs 1@512;tr2b8:-:--format trellis --bits 2 --decode-runs 8@512;tr2b8imma:ARBOR_CUDA_TRELLIS_MMA=2:--format trellis --bits 2 --decode-runs 8@512}"
+      IFS=';' read -r -a specs <<< "${DETAIL:-tr2b1:-:--format trellis --bits 2 --decode-runs 1@512;tr2b8:-:--format trellis --bits 2 --decode-runs 8@512}"
       m="gpu__time_duration.sum,launch__registers_per_thread,launch__grid_size,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem,sm__warps_active.avg.pct_of_peak_sustained_active,sm__inst_issued.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fmaheavy.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_fmaheavy_cycles_active.avg.pct_of_peak_sustained_active,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct,smsp__warp_issue_stalled_short_scoreboard_per_warp_active.pct,smsp__warp_issue_stalled_wait_per_warp_active.pct,smsp__warp_issue_stalled_math_pipe_throttle_per_warp_active.pct,smsp__warp_issue_stalled_not_selected_per_warp_active.pct,smsp__warp_issue_stalled_selected_per_warp_active.pct,smsp__warp_issue_stalled_barrier_per_warp_active.pct,smsp__warp_issue_stalled_mio_throttle_per_warp_active.pct,smsp__warp_issue_stalled_lg_throttle_per_warp_active.pct,smsp__warp_issue_stalled_no_instruction_per_warp_active.pct,smsp__warp_issue_stalled_dispatch_stall_per_warp_active.pct,smsp__warp_issue_stalled_branch_resolving_per_warp_active.pct,smsp__warp_issue_stalled_drain_per_warp_active.pct,smsp__warp_issue_stalled_imc_miss_per_warp_active.pct,smsp__warp_issue_stalled_misc_per_warp_active.pct,smsp__warp_issue_stalled_tex_throttle_per_warp_active.pct,smsp__warp_issue_stalled_sleeping_per_warp_active.pct,smsp__warp_issue_stalled_membar_per_warp_active.pct"
       for spec in "${specs[@]}"; do
         n=${spec%%:*}; rest=${spec#*:}; e=${rest%%:*}; args=${rest#*:}
@@ -204,7 +204,7 @@ for step in $STEPS; do
           --launch-count ${DETAIL_COUNT:-8} --metrics "$m" \
           "$D/arbor" bench --device cuda --dummy-weights --config bench/configs/llama-3.1-8b.json --decode-only --decode-tokens 2 --reps 1 \
           $args > "$OUT/detail_$n.txt" 2>&1
-        summary+=("detail $n rc=$? $(grep -cE '^  [a-z_]+<' "$OUT/detail_$n.txt") kernels")
+        summary+=("detail $n rc=$? $(grep -c "==PROF== Profiling" "$OUT/detail_$n.txt") kernels")
       done
       ;;
     encoder)

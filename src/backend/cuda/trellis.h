@@ -92,22 +92,12 @@ ARBOR_TRELLIS_HD float trellis_lane_y(uint32_t lo, uint32_t hi, int j) {
   const int s = (7 - j) * K;  // a constant once the callers' loops are unrolled; < 32
   return trellis_y_of_state((s == 0 ? lo : trellis_funnel(lo, hi, s)) & 0xfffu);
 }
-// ---- trellis_mma_axis0_kernel's fragment map (host-callable: tests/quant/trellis_cuda_lane_test.cpp runs it
-// through an emulation of mma.sync m16n8k16's register layout) ----------------------------------------------
-// Lane (g = lane/4, j = lane%4) of output group og (64 outputs of a 256-output block) decodes, for the input
-// rows trellis_a0_input(j, r) (r = 0..3) of a 16-row step, the 8 outputs of chunk trellis_a0_chunk(og, g):
-// h[r][e] is the weight of input row r, output 8·chunk + e.
-ARBOR_TRELLIS_HD int trellis_a0_input(int j, int r) { return 2 * j + (r & 1) + 8 * (r >> 1); }
+// Axis 0's output chunks: lane (g, j) of output group og (64 outputs of a 256-output block) decodes the 8 outputs of
+// chunk trellis_a0_chunk(og, g) (8 consecutive outputs, the FP32 kernels' lane decode of two words).
 ARBOR_TRELLIS_HD int trellis_a0_chunk(int og, int g) { return 8 * og + g; }
-// A register a (0..3) of MMA m (0..3): the f16 pair (h[r][e], h[r + 1][e]), low half first.
-ARBOR_TRELLIS_HD void trellis_a0_areg(int m, int a, int& r, int& e) { r = (a >> 1) * 2, e = 2 * m + (a & 1); }
-// Accumulator c[m][i] (i = 0..3): output 8·chunk + 2m + (i >> 1) (of the block) for activation row 2j + (i & 1).
-ARBOR_TRELLIS_HD int trellis_a0_out(int chunk, int m, int i) { return 8 * chunk + 2 * m + (i >> 1); }
-ARBOR_TRELLIS_HD int trellis_a0_act(int j, int i) { return 2 * j + (i & 1); }
-// B register b (0..1) is the staged x of input rows trellis_a0_input(j, 2b) and (j, 2b + 1), activation row g:
-// consecutive, so one 32-bit shared-memory load at input 2j + 8b.
 
-// ---- trellis_imma_kernel's maps (integer tensor cores, axis 1; host-callable for the same CPU test) ---------
+// ---- the integer tensor-core kernels' maps (host-callable: tests/quant/trellis_cuda_lane_test.cpp runs them
+// through an emulation of mma.sync m16n8k32's registers) ----------------------------------------------------
 // The 1MAD weight is bytesum(lcg(state)) - 510, so Σ_i y_i·q_i = Σ_i Σ_bytes byte·q_i - 510·Σ_i q_i: the LCG word
 // itself is four u8 entries of A (k slots 4i..4i+3 of input i) against q_i repeated in four s8 entries of B, and
 // mma.sync m16n8k32 (u8 x s8, s32 accumulate) does the byte sums and the products at once. Lane (g = lane/4,
@@ -172,12 +162,9 @@ struct TrellisGemvOut {
 void launch_trellis_gemv_multi(const TrellisGemvOut* outs, int n, const uint16_t* x, bool y_f32, int64_t T, int n_sms, CUstream_st* s);
 void launch_trellis_gemv_gated(const TrellisGemvOut& gate, const TrellisGemvOut& up, int act, const uint16_t* x, uint16_t* y, int64_t T,
                                int n_sms, CUstream_st* s);
-// Which GEMVs run launches of 1..8 rows (axis 1: those whose K is at most 8192): 0 the FP32 ones; 1 the f16
-// tensor-core ones (trellis_gemv.cu's trellis_mma_kernel, trellis_mma_axis0_kernel); 2 the integer tensor-core
-// one on axis 1 (trellis_imma_kernel), FP32 on axis 0; 3 the integer ones on both axes (and trellis_imma_axis0_kernel);
-// -1 back to the environment's choice (ARBOR_CUDA_TRELLIS_MMA=0..3 as those; unset: the default, f16 tensor cores
-// on axis 1 from 2 rows on, FP32 otherwise). The axis-0 tensor-core kernels run only when forced on, until they
-// have been checked on a GPU. Tests and A/B runs.
+// Which GEMVs run launches of 1..8 rows: 1 the integer tensor-core ones (trellis_gemv.cu's trellis_imma_kernel,
+// trellis_imma_axis0_kernel; axis 1 only where K <= 8192), 0 the FP32 ones; -1 back to the environment's choice
+// (ARBOR_CUDA_TRELLIS_MMA=0: FP32; otherwise the integer ones). Tests and A/B runs.
 void set_trellis_gemv_mma(int mode);
 // The encoder's Viterbi on the GPU (trellis_encode.cu): for each of `blocks` blocks of 256 targets (code
 // units, host memory, [blocks][256]) the tail-biting path quant::TrellisViterbi::encode_block chooses with

@@ -1,4 +1,8 @@
-// Trellis weights (trellis.h's layout) for decode: a GEMV for 1-8 rows of bf16 activations, both axes.
+// Trellis weights (trellis.h's layout) for decode: a GEMV for 1-8 rows of bf16 activations, both axes, in two
+// families. The default, on integer tensor cores (trellis_imma_kernel, trellis_imma_axis0_kernel; the sections
+// below say how): the LCG word of each weight is four u8 entries of an m16n8k32 A fragment, so the byte sum and the
+// products are the MMA's, and x enters as 15-bit integers per group. The FP32 kernels (ARBOR_CUDA_TRELLIS_MMA=0;
+// and for K past kTiMaxK or unaligned x), the reference the others were measured against:
 //
 // Each weight is decoded once, in registers. Lane l of a warp owns weights 8l..8l+7 of a 256-weight block:
 // their bits, with the 12-bit windows of all eight, lie in two consecutive words of the block (the second
@@ -14,8 +18,8 @@
 // loaded before the current step's arithmetic; x is read 8 bf16 values (16 bytes) per lane per block.
 // Axis 0 (stored transposed [in, out·k/32]: y[t][o] = Σ_i (x[t][i]·scale[i]/std) · y(i, o)): a block of 8
 // warps owns 256 outputs (lane l: outputs 8l..8l+7) and a range of input rows, staged as x·scale/std in
-// shared memory; each warp takes 8 rows per step. Ranges split over blocks write f32 partials that
-// trellis_reduce_kernel sums in split order (deterministic), adding the bias.
+// shared memory; each warp takes 8 rows per step. Ranges split over blocks (both families) write f32 partials
+// that trellis_reduce_kernel sums in split order (deterministic), adding the bias.
 //
 // For prefill (past kTrellisGemvMaxRows rows), launch_trellis_decode writes rows of W as bf16 for cuBLASLt.
 #include <cuda_bf16.h>
@@ -345,229 +349,22 @@ TrSegs make_segments(const TrellisGemvOut* outs, int n, uint16_t* gated_y, int64
   return segs;
 }
 
-// ---- axis 1 on tensor cores (ARBOR_CUDA_TRELLIS_MMA=1; not the default until measured) ------------------
-// A warp owns a tile of 16 weight rows (gated: 8 gate rows and the same 8 up rows) and all T <= 8 activation
-// rows, as one mma.sync m16n8k16 (f16 in, f32 accumulate) per 16 columns. Lane (g = lane/4, j = lane%4) decodes,
-// for tile rows g and g + 8, the 8 consecutive weights at block position p = j + 4i (i = 0..7) of each
-// 256-weight block: the A fragment's k slots 2j, 2j+1, 2j+8, 2j+9 of one MMA are weights 8p+4m .. 8p+4m+3
-// (m = 0, 1), and the B fragment (x row g, same columns) is one 16-byte shared load. The weight enters the MMA
-// as the f16 1024 + bytesum = 1534 + y: __dp4a into the accumulator 0x6400 (the f16 1024, spacing 1 up to
-// 2048; bytesum <= 1020) gives its bits directly, two weights make a register with one PRMT, so a weight
-// costs a shift, a mask, the IMAD, the dp4a and half a PRMT, and the products cost nothing per activation
-// row. The 1534 · Σx term is removed once at the end. x is staged in shared memory as f16, each activation
-// row scaled by a power of two (max|x| · scale < 2^15, so no bf16 value overflows f16; exact), with Σ of the
-// staged values per row; the result is divided by the scale (exact).
-constexpr int kTmWarps = 8;
-constexpr int kTmPad = 32;  // f16 of padding per staged x row: rows 64 bytes apart mod 128, conflict-free 16-byte reads
-
-// The f16 bits of 1534 + y for a 12-bit state (low half of the result).
-__device__ __forceinline__ uint32_t tm_half(uint32_t state) { return __dp4a(state * 34038481u + 76625530u, 0x01010101u, 0x6400u); }
-
-// The tensor-core kernels stage each activation row as f16 times a power of two: the one that puts the row's
-// max|value| m below 2^15 (capped so that tiny rows stay finite; 1 for an all-zero row). Exact both ways.
-__device__ __forceinline__ float f16_stage_scale(float m) {
-  int e = 0;
-  frexpf(m, &e);  // m < 2^e
-  return m > 0.0f ? ldexpf(1.0f, min(15 - e, 100)) : 1.0f;
-}
-// Activation row t's per-warp partials wred[w][t] over a block's W warps: their maximum, their sum.
-template <int W>
-__device__ __forceinline__ float warps_max(const float (&wred)[W][8], int t) {
-  float m = 0.0f;
-  for (int w = 0; w < W; ++w) m = fmaxf(m, wred[w][t]);
-  return m;
-}
-template <int W>
-__device__ __forceinline__ float warps_sum(const float (&wred)[W][8], int t) {
-  float s = 0.0f;
-  for (int w = 0; w < W; ++w) s += wred[w][t];
-  return s;
-}
-
-template <int K>
-__global__ void __launch_bounds__(kTmWarps * 32)
-    trellis_mma_kernel(TrSegs segs, const uint16_t* __restrict__ x, bool y_f32, int T, int64_t Kin, int wpr, int gated_act) {
-  constexpr int WPB = 8 * K;
-  extern __shared__ __align__(16) uint16_t tm_xs[];  // [T][Kin + kTmPad] f16
-  __shared__ float4 red[kTmWarps][32];
-  __shared__ float wred[kTmWarps][8];
-  __shared__ float xscale[8], xsum[8];
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, j = lane % 4;
-  const int tpb = kTmWarps / wpr, part = warp % wpr;
-  const int64_t tile = int64_t(blockIdx.x) * tpb + warp / wpr;
-  const bool gated = gated_act >= 0, live = tile < segs.units;
-  const int si = gated || !live ? 0 : unit_segment(segs.n, segs.first, tile);
-  const int64_t N = seg_pick(segs.N, si);
-  const int64_t rowA = !live ? N : gated ? tile * 8 + g : (tile - seg_pick(segs.first, si)) * 16 + g, rowB = gated ? rowA : rowA + 8;
-  const bool inA = rowA < N, inB = rowB < N;
-  const int64_t nb = Kin / 256, row_words = nb * WPB, ld = Kin + kTmPad;
-  const uint32_t* wA = seg_pick(segs.words, si) + (inA ? rowA : 0) * row_words;  // rows past the matrix read row 0, unstored
-  const uint32_t* wB = (gated ? segs.words[1] : seg_pick(segs.words, si)) + (inB ? rowB : 0) * row_words;
-  const int64_t bbeg = nb * part / wpr, bend = nb * (part + 1) / wpr;
-  int wi[8], wi2[8], off[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int pos = j + 4 * i;
-    wi[i] = trellis_lane_word<K>(pos), wi2[i] = trellis_lane_word2<K>(pos), off[i] = trellis_lane_off<K>(pos);
-  }
-  // Each block's words (two per position and row) in registers, the next block's loaded while this one is
-  // computed; the first block's before griddepcontrol.wait (weights do not depend on the previous kernel).
-  uint32_t cur[4][8];
-  auto load = [&](uint32_t (&w)[4][8], int64_t b) {
-    const uint32_t* ba = wA + b * WPB;
-    const uint32_t* bb = wB + b * WPB;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[0][i] = __ldg(ba + wi[i]), w[1][i] = __ldg(ba + wi2[i]), w[2][i] = __ldg(bb + wi[i]), w[3][i] = __ldg(bb + wi2[i]);
-  };
-  if (bbeg < bend) load(cur, bbeg);
-  pdl_trigger();
-  pdl_wait();
-  // x: max|x| per row, its power-of-two scale, the f16 copy and Σ of it; 8 values (16 bytes) a thread at a time.
-  const int64_t K8 = Kin / 8;
-  for (int t = 0; t < T; ++t) {
-    float m = 0.0f;
-    for (int64_t q = tid; q < K8; q += kTmWarps * 32) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + t * Kin) + q);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) m = fmaxf(m, fabsf(bf16_of(v, e)));
-    }
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (lane == 0) wred[warp][t] = m;
-  }
-  __syncthreads();
-  if (tid < T) xscale[tid] = f16_stage_scale(warps_max(wred, tid));
-  __syncthreads();
-  for (int t = 0; t < T; ++t) {
-    const float sc = xscale[t];
-    float sum = 0.0f;
-    for (int64_t q = tid; q < K8; q += kTmWarps * 32) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + t * Kin) + q);
-      uint32_t h[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const __half2 p = __floats2half2_rn(bf16_of(v, 2 * e) * sc, bf16_of(v, 2 * e + 1) * sc);
-        const float2 f = __half22float2(p);
-        sum += f.x + f.y;
-        h[e] = *reinterpret_cast<const uint32_t*>(&p);
-      }
-      *reinterpret_cast<uint4*>(tm_xs + t * ld + 8 * q) = make_uint4(h[0], h[1], h[2], h[3]);
-    }
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane == 0) wred[warp][t] = sum;
-  }
-  __syncthreads();
-  if (tid < T) xsum[tid] = warps_sum(wred, tid);
-  // (xsum is read in the epilogue, after the __syncthreads that follows the main loop.)
-
-  float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  const uint16_t* xrow = tm_xs + (g < T ? g : 0) * ld;
-#pragma unroll 1
-  for (int64_t b = bbeg; b < bend; ++b) {
-    uint32_t nxt[4][8];
-    if (b + 1 < bend) load(nxt, b + 1);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      uint32_t alo, ahi, blo, bhi;
-      trellis_lane_align(cur[0][i], cur[1][i], off[i], alo, ahi);
-      trellis_lane_align(cur[2][i], cur[3][i], off[i], blo, bhi);
-      uint32_t ha[8], hb[8];
-#pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        const int sh = (7 - q) * K;
-        ha[q] = tm_half((sh == 0 ? alo : trellis_funnel(alo, ahi, sh)) & 0xfffu);
-        hb[q] = tm_half((sh == 0 ? blo : trellis_funnel(blo, bhi, sh)) & 0xfffu);
-      }
-      uint4 xv = make_uint4(0, 0, 0, 0);
-      if (g < T) xv = *reinterpret_cast<const uint4*>(xrow + b * 256 + 8 * (j + 4 * i));
-      mma_f16(c, __byte_perm(ha[0], ha[1], 0x5410), __byte_perm(hb[0], hb[1], 0x5410), __byte_perm(ha[2], ha[3], 0x5410),
-              __byte_perm(hb[2], hb[3], 0x5410), xv.x, xv.y);
-      mma_f16(c, __byte_perm(ha[4], ha[5], 0x5410), __byte_perm(hb[4], hb[5], 0x5410), __byte_perm(ha[6], ha[7], 0x5410),
-              __byte_perm(hb[6], hb[7], 0x5410), xv.z, xv.w);
-    }
-    if (b + 1 < bend) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) cur[q][i] = nxt[q][i];
-    }
-  }
-  // The wpr warps of a tile add their partial sums; part 0 stores.
-  if (wpr > 1) red[warp][lane] = make_float4(c[0], c[1], c[2], c[3]);
-  __syncthreads();
-  if (part != 0 || !live) return;
-  for (int q = 1; q < wpr; ++q) {
-    const float4 v = red[warp + q][lane];
-    c[0] += v.x, c[1] += v.y, c[2] += v.z, c[3] += v.w;
-  }
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    const int t = 2 * j + e;
-    if (t >= T) break;
-    const float inv = 1.0f / xscale[t], corr = 1534.0f * xsum[t];
-    const float va = (c[e] - corr) * inv, vb = (c[2 + e] - corr) * inv;
-    if (gated) {  // y = act(gate) * up, each rounded to bf16 first as the unfused ops store them
-      if (!inA) continue;
-      const float bg = segs.bias[0] ? segs.bias[0][rowA] : 0.0f, bu = segs.bias[1] ? segs.bias[1][rowA] : 0.0f;
-      const float gv = __bfloat162float(__float2bfloat16(fmaf(va, segs.scales[0][rowA] * kTrInvStd, bg)));
-      const float uv = __bfloat162float(__float2bfloat16(fmaf(vb, segs.scales[1][rowA] * kTrInvStd, bu)));
-      static_cast<__nv_bfloat16*>(segs.y[0])[t * N + rowA] = __float2bfloat16(act_value(gated_act, gv) * uv);
-      continue;
-    }
-    const float* scales = seg_pick(segs.scales, si);
-    const float* bias = seg_pick(segs.bias, si);
-    void* y = seg_pick(segs.y, si);
-    if (inA) store_y(y, y_f32, t * N + rowA, fmaf(va, scales[rowA] * kTrInvStd, bias ? bias[rowA] : 0.0f));
-    if (inB) store_y(y, y_f32, t * N + rowB, fmaf(vb, scales[rowB] * kTrInvStd, bias ? bias[rowB] : 0.0f));
-  }
-}
-
-constexpr int64_t kTmMaxK = 8192;
-int g_trellis_mma = -1;  // set_trellis_gemv_mma: 0 FP32, 1 f16 tensor cores, 2 integer on axis 1, 3 integer on both, -1 from ARBOR_CUDA_TRELLIS_MMA
-// Which axis-1 kernel T activation rows run on: 0 the FP32 one, 1 trellis_mma_kernel (f16 tensor cores),
-// 2 trellis_imma_kernel (integer tensor cores). The default (ARBOR_CUDA_TRELLIS_MMA unset): f16 tensor cores from
-// 2 rows on, FP32 for one. Measured on an H100, 8B k = 2 (session 20): b=1 231.9 tok/s against the FP32 kernel's
-// 245.5, b=2 401.5 / 337.0, b=4 633.1 / 443.2, b=8 726.7 / 444.8.
-int trellis_mma_mode() {
+constexpr int64_t kTiMaxK = 8192;  // axis 1's integer kernel stages x in shared memory: 2T·K bytes and a little
+int g_trellis_mma = -1;  // set_trellis_gemv_mma: 0 the FP32 kernels, 1 the integer tensor-core ones, -1 from ARBOR_CUDA_TRELLIS_MMA
+// Whether the GEMVs run on the integer tensor-core kernels (the default) or the FP32 ones (ARBOR_CUDA_TRELLIS_MMA=0).
+// Measured on an H100 (session 21, 8B, b = 1/2/4/8 at ctx 512): k = 2 278.9 / 511.6 / 826.4 / 1110.5 tok/s against
+// 239.4 / 403.9 / 646.5 / 736.6 with the kernels before (FP32 for one row, f16 tensor cores on axis 1 for more).
+bool trellis_integer_mma() {
   static const int env = [] {
     const char* e = std::getenv("ARBOR_CUDA_TRELLIS_MMA");
-    const int v = e && e[0] ? std::atoi(e) : -1;
-    return v >= 0 && v <= 3 ? v : -1;
+    return e && e[0] == '0' ? 0 : 1;
   }();
-  return g_trellis_mma >= 0 ? g_trellis_mma : env;
-}
-int trellis_axis1_kernel(int64_t T) {
-  const int mode = trellis_mma_mode();
-  return mode == 3 ? 2 : mode >= 0 ? mode : T >= 2 ? 1 : 0;
-}
-// Axis 0's kernel: 1 the f16 tensor-core one (mode 1), 2 the integer one (mode 3), else 0 the FP32 one: neither
-// tensor-core kernel has been checked on a GPU yet.
-int trellis_axis0_kernel() {
-  const int mode = trellis_mma_mode();
-  return mode == 1 ? 1 : mode == 3 ? 2 : 0;
+  return g_trellis_mma >= 0 ? g_trellis_mma == 1 : env == 1;
 }
 
-template <int K>
-void launch_mma(const TrSegs& segs, int64_t Kin, const uint16_t* x, bool y_f32, int T, int n_sms, int gated_act, cudaStream_t s) {
-  const int64_t nb = Kin / 256, units = segs.units;
-  // K split: until the tiles' warps fill the SMs' slots twice over, keeping at least two blocks a warp.
-  int wpr = 1;
-  while (wpr < kTmWarps && units * wpr < int64_t(n_sms) * 2 * kTmWarps && nb / (wpr * 2) >= 2) wpr *= 2;
-  const int64_t per_block = kTmWarps / wpr;
-  const unsigned grid = unsigned((units + per_block - 1) / per_block);
-  const size_t smem = size_t(T) * size_t(Kin + kTmPad) * 2;
-  static bool attr = false;
-  if (!attr) {
-    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(trellis_mma_kernel<K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          int(kTrellisGemvMaxRows * (kTmMaxK + kTmPad) * 2)));
-    attr = true;
-  }
-  pdl_launch(trellis_mma_kernel<K>, dim3(grid), dim3(kTmWarps * 32), smem, s, segs, x, y_f32, T, Kin, wpr, gated_act);
-  ARBOR_LAUNCH_CHECK("trellis_mma_kernel");
-}
-
-// ---- axis 1 on integer tensor cores (ARBOR_CUDA_TRELLIS_MMA=2; not the default until measured) ----------
-// The FP32 and f16 kernels spend ~5-7 issue slots a weight (shift, mask, IMAD, dp4a, then FADD + FFMA or a PRMT
-// into f16 pairs); here a weight costs the shift, the mask and the IMAD, because the LCG word goes into
+// ---- axis 1 on integer tensor cores (the default) --------------------------------------------------------
+// The FP32 kernel spends ~6-7 issue slots a weight (shift, mask, IMAD, dp4a, FADD, FFMA); here a weight costs the
+// shift, the mask and the IMAD, because the LCG word goes into
 // mma.sync m16n8k32 as four u8 entries of A and the byte sum happens in the tensor core (trellis.h,
 // "trellis_imma_kernel's maps"). x is staged per CTA as integers per block of 256 inputs (q = 128·hi + lo, two
 // s8 columns of B per activation row, |q| <= 16256 against the block's max|x|, the block's scale and 510·Σhi,
@@ -809,7 +606,7 @@ void launch_imma(const TrSegs& segs, int64_t Kin, const uint16_t* x, bool y_f32,
   const unsigned grid = unsigned((units + per_block - 1) / per_block);
   static bool attr = false;
   if (!attr) {
-    const int most = int(ti_smem_bytes(int(kTrellisGemvMaxRows), kTmMaxK));
+    const int most = int(ti_smem_bytes(int(kTrellisGemvMaxRows), kTiMaxK));
     ARBOR_CUDA_CHECK(cudaFuncSetAttribute(trellis_imma_kernel<K, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
     ARBOR_CUDA_CHECK(cudaFuncSetAttribute(trellis_imma_kernel<K, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
     attr = true;
@@ -820,142 +617,7 @@ void launch_imma(const TrSegs& segs, int64_t Kin, const uint16_t* x, bool y_f32,
   ARBOR_LAUNCH_CHECK("trellis_imma_kernel");
 }
 
-// ---- axis 0 on tensor cores (ARBOR_CUDA_TRELLIS_MMA=1 only: written without a GPU, not yet run) ---------
-// Block (ob, split) as trellis_gemv_axis0_kernel: outputs [256·ob, 256·ob + 256), input rows [split·rpc, +rpc).
-// Warp w owns the 64 outputs of chunks 8·(w % 4) .. 8·(w % 4) + 7 (a chunk: 8 consecutive outputs, the ones a
-// lane of the FP32 kernels decodes from two words) and every other step of 16 input rows (w / 4 = 0 or 1
-// first). Lane (g = lane/4, j = lane%4) decodes chunk 8·(w % 4) + g of input rows i0 + 2j, 2j+1, 2j+8, 2j+9
-// (32 weights), which are A's k slots of an m16n8k16 tile whose rows g and g + 8 are the chunk's outputs 2m and
-// 2m + 1: four MMAs a step (m = 0..3), all T <= 8 activation rows at once (B: the staged x of those input rows,
-// N = activation row g). As in trellis_mma_kernel, a weight enters as the f16 1534 + y, and 1534 · Σ xs comes
-// off at the end; here the row scales fold into x: xs[t][i] = x[t][i] · scale[i] / std · 2^e_t, staged as f16
-// per block (a power of two per activation row and block, max|xs| < 2^15), Σ of the staged values per row.
-constexpr int64_t kTaPad = 8;  // f16 per staged row past rpc: rows 4 words apart mod 32 banks, conflict-free B loads
-
-template <int K>
-__global__ void __launch_bounds__(kTrWarps * 32)
-    trellis_mma_axis0_kernel(const uint32_t* __restrict__ words, const float* __restrict__ scales, const float* __restrict__ bias,
-                             const uint16_t* __restrict__ x, void* __restrict__ y, bool y_f32, float* __restrict__ partial, int T,
-                             int64_t R, int64_t N, int64_t rpc) {
-  constexpr int WPB = 8 * K;
-  extern __shared__ __align__(16) uint16_t ta_xs[];  // [T][rpc + kTaPad] f16
-  __shared__ float4 red[4][4][32];                   // the second-half warps' sums, [output group][m][lane]
-  __shared__ float wred[kTrWarps][8];
-  __shared__ float xscale[8], xsum[8];
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, j = lane % 4;
-  const int og = warp % 4, half = warp / 4, chunk = trellis_a0_chunk(og, g);
-  const int64_t ob = blockIdx.x, split = blockIdx.y, r0 = split * rpc, ld = rpc + kTaPad;
-  const int64_t row_words = N / 256 * WPB, steps = rpc / 16;  // rpc: a multiple of 64
-  const uint32_t* base = words + ob * WPB;
-  const int wi = trellis_lane_word<K>(chunk), wi2 = trellis_lane_word2<K>(chunk), off = trellis_lane_off<K>(chunk);
-  // Words of step st: input rows r0 + 16·st + 2j + {0, 1, 8, 9}; past R a valid row (its staged x is 0).
-  uint32_t cur[8];
-  auto load = [&](uint32_t (&w)[8], int64_t st) {
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int64_t i = r0 + 16 * st + trellis_a0_input(j, q);
-      const uint32_t* p = base + (i < R ? i : R - 1) * row_words;
-      w[2 * q] = __ldg(p + wi), w[2 * q + 1] = __ldg(p + wi2);
-    }
-  };
-  if (half < steps) load(cur, half);
-  pdl_trigger();
-  pdl_wait();
-  // xs: max|x · scale / std| per activation row over this block's rows, its power of two, the f16 copy, Σ of it.
-  for (int t = 0; t < T; ++t) {
-    float m = 0.0f;
-    for (int64_t r = tid; r < rpc; r += kTrWarps * 32) {
-      const int64_t i = r0 + r;
-      if (i < R) m = fmaxf(m, fabsf(__uint_as_float(uint32_t(x[t * R + i]) << 16) * (scales[i] * kTrInvStd)));
-    }
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (lane == 0) wred[warp][t] = m;
-  }
-  __syncthreads();
-  if (tid < T) xscale[tid] = f16_stage_scale(warps_max(wred, tid));
-  __syncthreads();
-  for (int t = 0; t < T; ++t) {
-    const float sc = xscale[t];
-    float sum = 0.0f;
-    for (int64_t r = tid; r < ld; r += kTrWarps * 32) {
-      const int64_t i = r0 + r;
-      const float v = r < rpc && i < R ? __uint_as_float(uint32_t(x[t * R + i]) << 16) * (scales[i] * kTrInvStd) * sc : 0.0f;
-      const __half h = __float2half_rn(v);
-      sum += __half2float(h);
-      ta_xs[t * ld + r] = __half_as_ushort(h);
-    }
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane == 0) wred[warp][t] = sum;
-  }
-  __syncthreads();
-  if (tid < T) xsum[tid] = warps_sum(wred, tid);
-  // (xsum is read in the epilogue, after the __syncthreads that follows the main loop.)
-
-  float c[4][4];
-#pragma unroll
-  for (int m = 0; m < 4; ++m) c[m][0] = c[m][1] = c[m][2] = c[m][3] = 0.0f;
-  const uint16_t* xrow = ta_xs + (g < T ? g : 0) * ld;
-#pragma unroll 1
-  for (int64_t st = half; st < steps; st += 2) {
-    uint32_t nxt[8];
-    if (st + 2 < steps) load(nxt, st + 2);
-    uint32_t h[4][8];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      uint32_t lo, hi;
-      trellis_lane_align(cur[2 * q], cur[2 * q + 1], off, lo, hi);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const int sh = (7 - e) * K;
-        h[q][e] = tm_half((sh == 0 ? lo : trellis_funnel(lo, hi, sh)) & 0xfffu);
-      }
-    }
-    uint32_t b0 = 0, b1 = 0;
-    if (g < T) {
-      const int64_t l0 = 16 * st + 2 * j;
-      b0 = *reinterpret_cast<const uint32_t*>(xrow + l0), b1 = *reinterpret_cast<const uint32_t*>(xrow + l0 + 8);
-    }
-#pragma unroll
-    for (int m = 0; m < 4; ++m) {
-      uint32_t a[4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        int r, e;
-        trellis_a0_areg(m, q, r, e);
-        a[q] = __byte_perm(h[r][e], h[r + 1][e], 0x5410);
-      }
-      mma_f16(c[m], a[0], a[1], a[2], a[3], b0, b1);
-    }
-    if (st + 2 < steps) {
-#pragma unroll
-      for (int q = 0; q < 8; ++q) cur[q] = nxt[q];
-    }
-  }
-  if (half == 1) {
-#pragma unroll
-    for (int m = 0; m < 4; ++m) red[og][m][lane] = make_float4(c[m][0], c[m][1], c[m][2], c[m][3]);
-  }
-  __syncthreads();
-  if (half == 1) return;
-  const bool direct = gridDim.y == 1;
-#pragma unroll
-  for (int m = 0; m < 4; ++m) {
-    const float4 v = red[og][m][lane];
-    c[m][0] += v.x, c[m][1] += v.y, c[m][2] += v.z, c[m][3] += v.w;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int t = trellis_a0_act(j, i);
-      if (t >= T) continue;
-      const int64_t n = ob * 256 + trellis_a0_out(chunk, m, i);
-      const float s = (c[m][i] - 1534.0f * xsum[t]) / xscale[t];
-      if (direct) store_y(y, y_f32, t * N + n, s + (bias ? bias[n] : 0.0f));
-      else partial[(split * T + t) * N + n] = s;
-    }
-  }
-}
-
-
-// ---- axis 0 on integer tensor cores (ARBOR_CUDA_TRELLIS_MMA=3; written without a GPU, not yet run) ----------
+// ---- axis 0 on integer tensor cores (the default) --------------------------------------------------------
 // Block (ob, split) as the other axis-0 kernels: outputs [256·ob, +256), input rows [split·rpc, +rpc). Warp w owns the
 // 64 outputs of chunks 8·(w % 4) .. +7 and every other group of 64 input rows (w / 4 = 0 or 1 first). Per 8-input
 // step, lane (g, j) decodes chunk 8·(w % 4) + g of input rows 2j and 2j + 1 (16 weights, the FP32 kernels' lane
@@ -1105,23 +767,16 @@ __global__ void __launch_bounds__(kTrWarps * 32)
   }
 }
 
-// The axis-1 GEMV over outs (gated: gate = outs[0], up = outs[1] into gated_y) at the instance of (k, rows):
-// the tensor-core kernel trellis_axis1_kernel picks where it applies (K <= kTmMaxK, x 16-byte aligned), else the FP32 one.
+// The axis-1 GEMV over outs (gated: gate = outs[0], up = outs[1] into gated_y) at the instance of (k, rows): the
+// integer tensor-core kernel where it is on and applies (K <= kTiMaxK, x 16-byte aligned), else the FP32 one.
 void launch_axis1_any(const TrellisGemvOut* outs, int n, uint16_t* gated_y, int bits, int64_t Kin, const uint16_t* x, bool y_f32, int64_t T,
                       int n_sms, int gated_act, cudaStream_t s) {
-  const int t = int(T), kernel = trellis_axis1_kernel(T);
-  if (kernel == 2 && Kin <= kTmMaxK && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+  const int t = int(T);
+  if (trellis_integer_mma() && Kin <= kTiMaxK && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
     const TrSegs segs = make_segments(outs, n, gated_y, gated_y ? 16 : 32);
     if (bits == 2) launch_imma<2>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);
     else if (bits == 3) launch_imma<3>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);
     else launch_imma<4>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);
-    return;
-  }
-  if (kernel == 1 && Kin <= kTmMaxK && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
-    const TrSegs segs = make_segments(outs, n, gated_y, gated_y ? 8 : 16);
-    if (bits == 2) launch_mma<2>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);
-    else if (bits == 3) launch_mma<3>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);
-    else launch_mma<4>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);
     return;
   }
   const TrSegs segs = make_segments(outs, n, gated_y, gated_y ? 1 : 2);
@@ -1239,13 +894,9 @@ void launch_decode_k(const TrellisWeights& w, int64_t row0, int64_t n, uint16_t*
 }
 
 template <int K>
-void launch_axis0_k(int kernel, const TrellisWeights& w, const uint16_t* x, const float* bias, void* y, bool y_f32, int T, float* scratch,
-                    int n_sms, cudaStream_t s) {
-  if (kernel == 1) {
-    launch_axis0(trellis_mma_axis0_kernel<K>, size_t(T) * 2, size_t(T) * kTaPad * 2, w, x, bias, y, y_f32, T, scratch, n_sms, s);
-    return;
-  }
-  if (kernel == 2) {  // 2T·(rpc + 8) staged bytes and T·rpc/64 float4s: at most 3T a row, 24T fixed (rpc a multiple of 64)
+void launch_axis0_k(const TrellisWeights& w, const uint16_t* x, const float* bias, void* y, bool y_f32, int T, float* scratch, int n_sms,
+                    cudaStream_t s) {
+  if (trellis_integer_mma()) {  // 2T·(rpc + 8) staged bytes and T·rpc/64 float4s: at most 3T a row, 24T fixed (rpc a multiple of 64)
     launch_axis0(T <= 4 ? trellis_imma_axis0_kernel<K, 1> : trellis_imma_axis0_kernel<K, 2>, size_t(T) * 3, size_t(T) * 24, w, x, bias, y,
                  y_f32, T, scratch, n_sms, s);
     return;
@@ -1308,11 +959,10 @@ void launch_trellis_gemv(const TrellisWeights& w, const uint16_t* x, const float
     launch_axis1_any(&o, 1, nullptr, w.bits, w.cols, x, y_f32, T, n_sms, -1, s);
     return;
   }
-  const int kernel = trellis_axis0_kernel();
   switch (w.bits) {
-    case 2: launch_axis0_k<2>(kernel, w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
-    case 3: launch_axis0_k<3>(kernel, w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
-    default: launch_axis0_k<4>(kernel, w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
+    case 2: launch_axis0_k<2>(w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
+    case 3: launch_axis0_k<3>(w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
+    default: launch_axis0_k<4>(w, x, bias, y, y_f32, int(T), scratch, n_sms, s); break;
   }
 }
 
@@ -1330,6 +980,6 @@ void launch_trellis_decode(const TrellisWeights& w, int64_t row0, int64_t n, uin
   }
 }
 
-void set_trellis_gemv_mma(int mode) { g_trellis_mma = mode >= 0 && mode <= 3 ? mode : -1; }
+void set_trellis_gemv_mma(int mode) { g_trellis_mma = mode == 0 || mode == 1 ? mode : -1; }
 
 }  // namespace arbor::cuda
