@@ -401,13 +401,39 @@ __device__ __forceinline__ uint32_t ti_rep(const uint4& v, int i) {
   return __byte_perm(w, 0u, uint32_t(i & 3) * 0x1111u);
 }
 
+// A weight's state from a lane's words (trellis_im_state's windows) in one of two instruction mixes. V 0: shift
+// right and mask (two ALU-pipe instructions); V 1, for windows inside one word (off + 12 <= 32, off > 0): a multiply
+// that lifts the window to the top (IMAD, the FMA pipe, where the LCG's IMAD also runs) and a shift down (ALU), so
+// the decode's integer work splits between the two pipes. The multiply is inline PTX, so the compiler does not fold
+// the pair back into shift-and-mask. (Chosen at run time by ARBOR_CUDA_TRELLIS_V while both are measured.)
+template <int V>
+__device__ __forceinline__ uint32_t ti_window(uint32_t w, int off) {
+  if (V == 0 || off == 0) return (w >> off) & 0xfffu;
+  if (off == 20) return w >> 20;
+  uint32_t u;
+  asm("mul.lo.u32 %0, %1, %2;" : "=r"(u) : "r"(w), "r"(1u << (20 - off)));
+  return u >> 20;
+}
+template <int K, int V>
+__device__ __forceinline__ uint32_t ti_state(const uint32_t* W, int r) {
+  const int rel = (63 - r) * K, w = rel >> 5, off = rel & 31;
+  return off + 12 <= 32 ? ti_window<V>(W[w], off) : trellis_funnel(W[w], W[w + 1], off) & 0xfffu;
+}
+int trellis_variant() {
+  static const int v = [] {
+    const char* e = std::getenv("ARBOR_CUDA_TRELLIS_V");
+    return e && e[0] == '1' ? 1 : 0;
+  }();
+  return v;
+}
+
 // Bytes of staged x a launch needs: 2T columns, then a float4 per (row, block): scale, 510·Σhi, 510·Σlo (as int bits).
 size_t ti_smem_bytes(int T, int64_t Kin) {
   const int64_t nb = Kin / 256;
   return size_t(2 * T) * size_t(trellis_im_col_stride(nb)) + size_t(T) * size_t(nb) * 16;
 }
 
-template <int K, int NN>
+template <int K, int NN, int V>
 __global__ void __launch_bounds__(kTiWarps * 32)
     trellis_imma_kernel(TrSegs segs, const uint16_t* __restrict__ x, bool y_f32, int T, int64_t Kin, int wpr, int gated_act) {
   constexpr int WPB = 8 * K, NW = 2 * K;
@@ -523,8 +549,8 @@ __global__ void __launch_bounds__(kTiWarps * 32)
         uint32_t a[2][4];
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
-          a[mt][0] = trellis_lcg(trellis_im_state<K>(W[mt][0], r)), a[mt][1] = trellis_lcg(trellis_im_state<K>(W[mt][1], r));
-          a[mt][2] = trellis_lcg(trellis_im_state<K>(W[mt][0], r + 1)), a[mt][3] = trellis_lcg(trellis_im_state<K>(W[mt][1], r + 1));
+          a[mt][0] = trellis_lcg(ti_state<K, V>(W[mt][0], r)), a[mt][1] = trellis_lcg(ti_state<K, V>(W[mt][1], r));
+          a[mt][2] = trellis_lcg(ti_state<K, V>(W[mt][0], r + 1)), a[mt][3] = trellis_lcg(ti_state<K, V>(W[mt][1], r + 1));
         }
 #pragma unroll
         for (int nn = 0; nn < NN; ++nn) {
@@ -604,16 +630,17 @@ void launch_imma(const TrSegs& segs, int64_t Kin, const uint16_t* x, bool y_f32,
   while (wpr < kTiWarps && units * wpr < int64_t(n_sms) * 2 * kTiWarps && nb / (wpr * 2) >= 1) wpr *= 2;
   const int64_t per_block = kTiWarps / wpr;
   const unsigned grid = unsigned((units + per_block - 1) / per_block);
+  using Kern = void (*)(TrSegs, const uint16_t*, bool, int, int64_t, int, int);
+  const Kern kerns[2][2] = {{trellis_imma_kernel<K, 1, 0>, trellis_imma_kernel<K, 2, 0>}, {trellis_imma_kernel<K, 1, 1>, trellis_imma_kernel<K, 2, 1>}};
   static bool attr = false;
   if (!attr) {
     const int most = int(ti_smem_bytes(int(kTrellisGemvMaxRows), kTiMaxK));
-    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(trellis_imma_kernel<K, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
-    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(trellis_imma_kernel<K, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+    for (auto& row : kerns)
+      for (Kern k : row) ARBOR_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
     attr = true;
   }
   const size_t smem = ti_smem_bytes(T, Kin);
-  if (T <= 4) pdl_launch(trellis_imma_kernel<K, 1>, dim3(grid), dim3(kTiWarps * 32), smem, s, segs, x, y_f32, T, Kin, wpr, gated_act);
-  else pdl_launch(trellis_imma_kernel<K, 2>, dim3(grid), dim3(kTiWarps * 32), smem, s, segs, x, y_f32, T, Kin, wpr, gated_act);
+  pdl_launch(kerns[trellis_variant()][T <= 4 ? 0 : 1], dim3(grid), dim3(kTiWarps * 32), smem, s, segs, x, y_f32, T, Kin, wpr, gated_act);
   ARBOR_LAUNCH_CHECK("trellis_imma_kernel");
 }
 
@@ -628,7 +655,7 @@ void launch_imma(const TrSegs& segs, int64_t Kin, const uint16_t* x, bool y_f32,
 // while the group before is computed.
 constexpr int64_t kTiaGroup = 64;
 
-template <int K, int NN>
+template <int K, int NN, int V>
 __global__ void __launch_bounds__(kTrWarps * 32)
     trellis_imma_axis0_kernel(const uint32_t* __restrict__ words, const float* __restrict__ scales, const float* __restrict__ bias,
                               const uint16_t* __restrict__ x, void* __restrict__ y, bool y_f32, float* __restrict__ partial, int T,
@@ -643,18 +670,28 @@ __global__ void __launch_bounds__(kTrWarps * 32)
   const uint32_t* base = words + ob * WPB;
   const int wi = trellis_lane_word<K>(chunk), wi2 = trellis_lane_word2<K>(chunk), off = trellis_lane_off<K>(chunk);
   // Words of group G: step st, row s (input r0 + 64·G + 8·st + 2j + s); past R a valid row (its staged x is 0).
-  uint32_t cur[8][2][2];
+  // A group wholly inside R (all but maybe the last) steps a pointer by 8 rows instead of clamping each row.
+  uint32_t wa[8][2][2], wb[8][2][2];
   auto load = [&](uint32_t (&w)[8][2][2], int64_t G) {
+    const int64_t i0 = r0 + kTiaGroup * G + 2 * j;
+    if (r0 + kTiaGroup * (G + 1) <= R) {
+      const uint32_t* p = base + i0 * row_words;
+#pragma unroll
+      for (int st = 0; st < 8; ++st, p += 8 * row_words)
+#pragma unroll
+        for (int sr = 0; sr < 2; ++sr) w[st][sr][0] = __ldg(p + sr * row_words + wi), w[st][sr][1] = __ldg(p + sr * row_words + wi2);
+      return;
+    }
 #pragma unroll
     for (int st = 0; st < 8; ++st)
 #pragma unroll
       for (int sr = 0; sr < 2; ++sr) {
-        const int64_t i = r0 + kTiaGroup * G + 8 * st + 2 * j + sr;
+        const int64_t i = i0 + 8 * st + sr;
         const uint32_t* p = base + (i < R ? i : R - 1) * row_words;
         w[st][sr][0] = __ldg(p + wi), w[st][sr][1] = __ldg(p + wi2);
       }
   };
-  if (half < groups) load(cur, half);
+  if (half < groups) load(wa, half);
   pdl_trigger();
   pdl_wait();
   // Stage x·scale/std: a warp per (activation row, group), lane l quantizing inputs 2l, 2l + 1 of the group.
@@ -692,10 +729,8 @@ __global__ void __launch_bounds__(kTrWarps * 32)
     xon[nn] = col < 2 * T;
     xc[nn] = tia_xs + (xon[nn] ? col : 0) * ld;
   }
-#pragma unroll 1
-  for (int64_t G = half; G < groups; G += 2) {
-    uint32_t nxt[8][2][2];
-    if (G + 2 < groups) load(nxt, G + 2);
+  // One group's MMAs from its words cw, into acc.
+  auto group = [&](const uint32_t (&cw)[8][2][2], int64_t G) {
     int c[NN][4][4];
 #pragma unroll
     for (int nn = 0; nn < NN; ++nn)
@@ -707,11 +742,11 @@ __global__ void __launch_bounds__(kTrWarps * 32)
 #pragma unroll
       for (int sr = 0; sr < 2; ++sr) {
         uint32_t lo, hi;
-        trellis_lane_align(cur[st][sr][0], cur[st][sr][1], off, lo, hi);
+        trellis_lane_align(cw[st][sr][0], cw[st][sr][1], off, lo, hi);
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           const int sh = (7 - e) * K;
-          h[sr][e] = trellis_lcg((sh == 0 ? lo : trellis_funnel(lo, hi, sh)) & 0xfffu);
+          h[sr][e] = trellis_lcg(sh + 12 <= 32 ? ti_window<V>(lo, sh) : trellis_funnel(lo, hi, sh) & 0xfffu);
         }
       }
 #pragma unroll
@@ -734,12 +769,15 @@ __global__ void __launch_bounds__(kTrWarps * 32)
         acc[nn][2 * m + 1] = fmaf(md.x, fmaf(128.0f, float(c[nn][m][2] - hc), float(c[nn][m][3] - lc)), acc[nn][2 * m + 1]);
       }
     }
-    if (G + 2 < groups) {
-#pragma unroll
-      for (int st = 0; st < 8; ++st)
-#pragma unroll
-        for (int sr = 0; sr < 2; ++sr) cur[st][sr][0] = nxt[st][sr][0], cur[st][sr][1] = nxt[st][sr][1];
-    }
+  };
+  // Two word buffers in turn (no copies): group G computes from one while G + 2's words arrive in the other.
+#pragma unroll 1
+  for (int64_t G = half; G < groups; G += 4) {
+    if (G + 2 < groups) load(wb, G + 2);
+    group(wa, G);
+    if (G + 2 >= groups) break;
+    if (G + 4 < groups) load(wa, G + 4);
+    group(wb, G + 2);
   }
   if (half == 1) {
 #pragma unroll
@@ -897,8 +935,9 @@ template <int K>
 void launch_axis0_k(const TrellisWeights& w, const uint16_t* x, const float* bias, void* y, bool y_f32, int T, float* scratch, int n_sms,
                     cudaStream_t s) {
   if (trellis_integer_mma()) {  // 2T·(rpc + 8) staged bytes and T·rpc/64 float4s: at most 3T a row, 24T fixed (rpc a multiple of 64)
-    launch_axis0(T <= 4 ? trellis_imma_axis0_kernel<K, 1> : trellis_imma_axis0_kernel<K, 2>, size_t(T) * 3, size_t(T) * 24, w, x, bias, y,
-                 y_f32, T, scratch, n_sms, s);
+    const Axis0Kernel kerns[2][2] = {{trellis_imma_axis0_kernel<K, 1, 0>, trellis_imma_axis0_kernel<K, 2, 0>},
+                                     {trellis_imma_axis0_kernel<K, 1, 1>, trellis_imma_axis0_kernel<K, 2, 1>}};
+    launch_axis0(kerns[trellis_variant()][T <= 4 ? 0 : 1], size_t(T) * 3, size_t(T) * 24, w, x, bias, y, y_f32, T, scratch, n_sms, s);
     return;
   }
   const int nr = T == 1 ? 1 : T == 2 ? 2 : T <= 4 ? 4 : 8;
