@@ -369,8 +369,8 @@ bool trellis_integer_mma() {
 // "trellis_imma_kernel's maps"). x is staged per CTA as integers per block of 256 inputs (q = 128·hi + lo, two
 // s8 columns of B per activation row, |q| <= 16256 against the block's max|x|, the block's scale and 510·Σhi,
 // 510·Σlo beside it), so all T <= 8 activation rows cost the same decode: columns 2t, 2t + 1 of one n-tile for
-// t < 4, of a second for t 4..7 (NN = 2). A warp owns 32 weight rows as two m-tiles (gated: 16 gate rows and the
-// same 16 up rows, gate in A rows g, up in g + 8) and a range of blocks (K split over up to 8 warps); each lane
+// t < 4, of a second for t 4..7 (NN = 2). A warp owns 16·MT weight rows as MT m-tiles (gated: 8·MT gate rows and
+// the same up rows, gate in A rows g, up in g + 8) and a range of blocks (K split over up to 8 warps); each lane
 // reads its 2k words of a block row with wide loads (the next block's before the current one's arithmetic) and
 // takes the 2k+1-th from its neighbour by a shuffle. Per block the s32 sums (exact: |Σ y·hi| < 2^24) are turned
 // into floats with the block's scale; the rows' scale and 1/std come at the end.
@@ -433,7 +433,7 @@ size_t ti_smem_bytes(int T, int64_t Kin) {
   return size_t(2 * T) * size_t(trellis_im_col_stride(nb)) + size_t(T) * size_t(nb) * 16;
 }
 
-template <int K, int NN, int V>
+template <int K, int NN, int MT, int V>
 __global__ void __launch_bounds__(kTiWarps * 32)
     trellis_imma_kernel(TrSegs segs, const uint16_t* __restrict__ x, bool y_f32, int T, int64_t Kin, int wpr, int gated_act) {
   constexpr int WPB = 8 * K, NW = 2 * K;
@@ -448,11 +448,11 @@ __global__ void __launch_bounds__(kTiWarps * 32)
   const int64_t nb = Kin / 256, row_words = nb * WPB, cs = trellis_im_col_stride(nb);
   // A rows of m-tile mt, half h (A row g + 8h): plain, 32 consecutive rows of matrix si; gated, gate (h = 0) and up
   // (h = 1) row base + 8·mt + g. Rows past the matrix read row 0 (valid memory) and are not stored.
-  const int64_t base = !live ? N : gated ? tile * 16 : (tile - seg_pick(segs.first, si)) * 32;
-  int64_t row[2][2];
-  const uint32_t* wp[2][2];
+  const int64_t base = !live ? N : gated ? tile * 8 * MT : (tile - seg_pick(segs.first, si)) * 16 * MT;
+  int64_t row[MT][2];
+  const uint32_t* wp[MT][2];
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       row[mt][h] = gated ? base + 8 * mt + g : base + 16 * mt + 8 * h + g;
@@ -460,10 +460,10 @@ __global__ void __launch_bounds__(kTiWarps * 32)
       wp[mt][h] = m + (row[mt][h] < N ? row[mt][h] : 0) * row_words + trellis_im_word0<K>(j);
     }
   const int64_t bbeg = nb * part / wpr, bend = nb * (part + 1) / wpr;
-  uint32_t cur[2][2][NW];
-  auto load = [&](uint32_t (&w)[2][2][NW], int64_t b) {
+  uint32_t cur[MT][2][NW];
+  auto load = [&](uint32_t (&w)[MT][2][NW], int64_t b) {
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) ti_load<K>(wp[mt][h] + b * WPB, w[mt][h]);
   };
@@ -505,9 +505,9 @@ __global__ void __launch_bounds__(kTiWarps * 32)
   }
   __syncthreads();
 
-  float acc[2][NN][2];
+  float acc[MT][NN][2];
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int nn = 0; nn < NN; ++nn) acc[mt][nn][0] = acc[mt][nn][1] = 0.0f;
   const unsigned char* xc[NN];
@@ -521,20 +521,20 @@ __global__ void __launch_bounds__(kTiWarps * 32)
   const int nbr = g * 4 + ((j + 3) & 3);  // the lane whose first word follows this lane's last
 #pragma unroll 1
   for (int64_t b = bbeg; b < bend; ++b) {
-    uint32_t nxt[2][2][NW];
+    uint32_t nxt[MT][2][NW];
     if (b + 1 < bend) load(nxt, b + 1);
-    uint32_t W[2][2][NW + 1];
+    uint32_t W[MT][2][NW + 1];
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
         for (int e = 0; e < NW; ++e) W[mt][h][e] = cur[mt][h][e];
         W[mt][h][NW] = __shfl_sync(0xffffffffu, cur[mt][h][0], nbr);
       }
-    int c[2][NN][4];
+    int c[MT][NN][4];
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int nn = 0; nn < NN; ++nn) c[mt][nn][0] = c[mt][nn][1] = c[mt][nn][2] = c[mt][nn][3] = 0;
 #pragma unroll
@@ -546,9 +546,9 @@ __global__ void __launch_bounds__(kTiWarps * 32)
 #pragma unroll
       for (int q = 0; q < 8; ++q) {
         const int r = 16 * u + 2 * q;  // MMA 8u + q: lane-relative weights r (k slots 4j..) and r + 1 (16 + 4j..)
-        uint32_t a[2][4];
+        uint32_t a[MT][4];
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
+        for (int mt = 0; mt < MT; ++mt) {
           a[mt][0] = trellis_lcg(ti_state<K, V>(W[mt][0], r)), a[mt][1] = trellis_lcg(ti_state<K, V>(W[mt][1], r));
           a[mt][2] = trellis_lcg(ti_state<K, V>(W[mt][0], r + 1)), a[mt][3] = trellis_lcg(ti_state<K, V>(W[mt][1], r + 1));
         }
@@ -556,7 +556,7 @@ __global__ void __launch_bounds__(kTiWarps * 32)
         for (int nn = 0; nn < NN; ++nn) {
           const uint32_t b0 = ti_rep(xv[nn], 2 * q), b1 = ti_rep(xv[nn], 2 * q + 1);
 #pragma unroll
-          for (int mt = 0; mt < 2; ++mt) mma_u8s8(c[mt][nn], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
+          for (int mt = 0; mt < MT; ++mt) mma_u8s8(c[mt][nn], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
         }
       }
     }
@@ -568,14 +568,14 @@ __global__ void __launch_bounds__(kTiWarps * 32)
       const float4 md = meta[t * nb + b];
       const int hc = __float_as_int(md.y), lc = __float_as_int(md.z);
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
+      for (int mt = 0; mt < MT; ++mt) {
         acc[mt][nn][0] = fmaf(md.x, fmaf(128.0f, float(c[mt][nn][0] - hc), float(c[mt][nn][1] - lc)), acc[mt][nn][0]);
         acc[mt][nn][1] = fmaf(md.x, fmaf(128.0f, float(c[mt][nn][2] - hc), float(c[mt][nn][3] - lc)), acc[mt][nn][1]);
       }
     }
     if (b + 1 < bend) {
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -586,21 +586,22 @@ __global__ void __launch_bounds__(kTiWarps * 32)
   // The wpr warps of a tile add their partial sums; part 0 stores.
   if (wpr > 1)
 #pragma unroll
-    for (int nn = 0; nn < NN; ++nn) red[warp][nn][lane] = make_float4(acc[0][nn][0], acc[0][nn][1], acc[1][nn][0], acc[1][nn][1]);
+    for (int nn = 0; nn < NN; ++nn) red[warp][nn][lane] = make_float4(acc[0][nn][0], acc[0][nn][1], acc[MT - 1][nn][0], acc[MT - 1][nn][1]);
   __syncthreads();
   if (part != 0 || !live) return;
   for (int q = 1; q < wpr; ++q)
 #pragma unroll
     for (int nn = 0; nn < NN; ++nn) {
       const float4 v = red[warp + q][nn][lane];
-      acc[0][nn][0] += v.x, acc[0][nn][1] += v.y, acc[1][nn][0] += v.z, acc[1][nn][1] += v.w;
+      acc[0][nn][0] += v.x, acc[0][nn][1] += v.y;
+      if (MT == 2) acc[MT - 1][nn][0] += v.z, acc[MT - 1][nn][1] += v.w;
     }
 #pragma unroll
   for (int nn = 0; nn < NN; ++nn) {
     const int t = 4 * nn + j;
     if (t >= T) continue;
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
+    for (int mt = 0; mt < MT; ++mt) {
       if (gated) {  // y = act(gate) * up, each rounded to bf16 first as the unfused ops store them
         const int64_t r = row[mt][0];
         if (r >= N) continue;
@@ -622,8 +623,9 @@ __global__ void __launch_bounds__(kTiWarps * 32)
   }
 }
 
+// segs in tiles of mt m-tiles (make_segments with 16·mt rows a unit, gated 8·mt).
 template <int K>
-void launch_imma(const TrSegs& segs, int64_t Kin, const uint16_t* x, bool y_f32, int T, int n_sms, int gated_act, cudaStream_t s) {
+void launch_imma(const TrSegs& segs, int mt, int64_t Kin, const uint16_t* x, bool y_f32, int T, int n_sms, int gated_act, cudaStream_t s) {
   const int64_t nb = Kin / 256, units = segs.units;
   // K split: until the tiles' warps fill the SMs' slots twice over, keeping at least one block a warp.
   int wpr = 1;
@@ -631,16 +633,18 @@ void launch_imma(const TrSegs& segs, int64_t Kin, const uint16_t* x, bool y_f32,
   const int64_t per_block = kTiWarps / wpr;
   const unsigned grid = unsigned((units + per_block - 1) / per_block);
   using Kern = void (*)(TrSegs, const uint16_t*, bool, int, int64_t, int, int);
-  const Kern kerns[2][2] = {{trellis_imma_kernel<K, 1, 0>, trellis_imma_kernel<K, 2, 0>}, {trellis_imma_kernel<K, 1, 1>, trellis_imma_kernel<K, 2, 1>}};
+  const Kern kerns[2][2][2] = {{{trellis_imma_kernel<K, 1, 1, 0>, trellis_imma_kernel<K, 2, 1, 0>}, {trellis_imma_kernel<K, 1, 2, 0>, trellis_imma_kernel<K, 2, 2, 0>}},
+                               {{trellis_imma_kernel<K, 1, 1, 1>, trellis_imma_kernel<K, 2, 1, 1>}, {trellis_imma_kernel<K, 1, 2, 1>, trellis_imma_kernel<K, 2, 2, 1>}}};
   static bool attr = false;
   if (!attr) {
     const int most = int(ti_smem_bytes(int(kTrellisGemvMaxRows), kTiMaxK));
-    for (auto& row : kerns)
-      for (Kern k : row) ARBOR_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+    for (auto& v : kerns)
+      for (auto& m : v)
+        for (Kern k : m) ARBOR_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
     attr = true;
   }
   const size_t smem = ti_smem_bytes(T, Kin);
-  pdl_launch(kerns[trellis_variant()][T <= 4 ? 0 : 1], dim3(grid), dim3(kTiWarps * 32), smem, s, segs, x, y_f32, T, Kin, wpr, gated_act);
+  pdl_launch(kerns[trellis_variant()][mt - 1][T <= 4 ? 0 : 1], dim3(grid), dim3(kTiWarps * 32), smem, s, segs, x, y_f32, T, Kin, wpr, gated_act);
   ARBOR_LAUNCH_CHECK("trellis_imma_kernel");
 }
 
@@ -811,10 +815,19 @@ void launch_axis1_any(const TrellisGemvOut* outs, int n, uint16_t* gated_y, int 
                       int n_sms, int gated_act, cudaStream_t s) {
   const int t = int(T);
   if (trellis_integer_mma() && Kin <= kTiMaxK && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
-    const TrSegs segs = make_segments(outs, n, gated_y, gated_y ? 16 : 32);
-    if (bits == 2) launch_imma<2>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);
-    else if (bits == 3) launch_imma<3>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);
-    else launch_imma<4>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);
+    // Two m-tiles a warp (32 rows; x's bytes replicated once for both) unless that leaves fewer than two tiles
+    // per SM (o and q/k/v of an 8B: 128 and 192 tiles of 32 rows), where 16-row tiles fill the GPU better.
+    int64_t rows = 0;
+    for (int i = 0; i < (gated_y ? 1 : n); ++i) rows += outs[i].w.rows;
+    static const bool force2 = [] {  // ARBOR_CUDA_TRELLIS_MT=2: 32-row tiles always (A/B runs)
+      const char* e = std::getenv("ARBOR_CUDA_TRELLIS_MT");
+      return e && e[0] == '2';
+    }();
+    const int mt = force2 || (gated_y ? rows / 16 : rows / 32) >= 2 * int64_t(n_sms) ? 2 : 1;
+    const TrSegs segs = make_segments(outs, n, gated_y, gated_y ? 8 * mt : 16 * mt);
+    if (bits == 2) launch_imma<2>(segs, mt, Kin, x, y_f32, t, n_sms, gated_act, s);
+    else if (bits == 3) launch_imma<3>(segs, mt, Kin, x, y_f32, t, n_sms, gated_act, s);
+    else launch_imma<4>(segs, mt, Kin, x, y_f32, t, n_sms, gated_act, s);
     return;
   }
   const TrSegs segs = make_segments(outs, n, gated_y, gated_y ? 1 : 2);
