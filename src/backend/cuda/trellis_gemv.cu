@@ -81,6 +81,15 @@ struct TrSegs {
   int64_t units;
 };
 
+// The gated form's output for gate row r, activation row t, from the two sums (y·x, before scale/std): y = act(gate) *
+// up, each rounded to bf16 first as the unfused ops store them.
+__device__ __forceinline__ void store_gated(const TrSegs& segs, int gated_act, int64_t N, int64_t r, int t, float sum_gate, float sum_up) {
+  const float bg = segs.bias[0] ? segs.bias[0][r] : 0.0f, bu = segs.bias[1] ? segs.bias[1][r] : 0.0f;
+  const float g = __bfloat162float(__float2bfloat16(fmaf(sum_gate, segs.scales[0][r] * kTrInvStd, bg)));
+  const float u = __bfloat162float(__float2bfloat16(fmaf(sum_up, segs.scales[1][r] * kTrInvStd, bu)));
+  static_cast<__nv_bfloat16*>(segs.y[0])[t * N + r] = __float2bfloat16(act_value(gated_act, g) * u);
+}
+
 template <int K, int NR>
 __global__ void __launch_bounds__(kTrWarps * 32)
     trellis_gemv_axis1_kernel(TrSegs segs, const uint16_t* __restrict__ x, bool y_f32, int T, int64_t Kin, int wpr, bool vec, int gated_act) {
@@ -176,15 +185,11 @@ __global__ void __launch_bounds__(kTrWarps * 32)
       }
   }
   if (lane != 0 || !has0) return;
-  if (gated) {  // y = act(gate) * up, each rounded to bf16 first as the unfused ops store them
-    const float sg = segs.scales[0][row0] * kTrInvStd, su = segs.scales[1][row0] * kTrInvStd;
-    const float bg = segs.bias[0] ? segs.bias[0][row0] : 0.0f, bu = segs.bias[1] ? segs.bias[1][row0] : 0.0f;
+  if (gated) {
 #pragma unroll
     for (int r = 0; r < NR; ++r) {
       if (r >= T) break;
-      const float g = __bfloat162float(__float2bfloat16(fmaf(acc[0][r], sg, bg)));
-      const float u = __bfloat162float(__float2bfloat16(fmaf(acc[1][r], su, bu)));
-      static_cast<__nv_bfloat16*>(segs.y[0])[r * N + row0] = __float2bfloat16(act_value(gated_act, g) * u);
+      store_gated(segs, gated_act, N, row0, r, acc[0][r], acc[1][r]);
     }
     return;
   }
@@ -532,11 +537,14 @@ __global__ void __launch_bounds__(kTiWarps * 32)
         for (int e = 0; e < NW; ++e) W[mt][h][e] = cur[mt][h][e];
         W[mt][h][NW] = __shfl_sync(0xffffffffu, cur[mt][h][0], nbr);
       }
-    int c[MT][NN][4];
+    // Two accumulators a tile, for even and odd MMAs: two dependency chains of the MMA's latency instead of one.
+    int c[MT][NN][2][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int nn = 0; nn < NN; ++nn) c[mt][nn][0] = c[mt][nn][1] = c[mt][nn][2] = c[mt][nn][3] = 0;
+      for (int nn = 0; nn < NN; ++nn)
+#pragma unroll
+        for (int p = 0; p < 2; ++p) c[mt][nn][p][0] = c[mt][nn][p][1] = c[mt][nn][p][2] = c[mt][nn][p][3] = 0;
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       uint4 xv[NN];
@@ -556,7 +564,7 @@ __global__ void __launch_bounds__(kTiWarps * 32)
         for (int nn = 0; nn < NN; ++nn) {
           const uint32_t b0 = ti_rep(xv[nn], 2 * q), b1 = ti_rep(xv[nn], 2 * q + 1);
 #pragma unroll
-          for (int mt = 0; mt < MT; ++mt) mma_u8s8(c[mt][nn], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
+          for (int mt = 0; mt < MT; ++mt) mma_u8s8(c[mt][nn][q & 1], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
         }
       }
     }
@@ -569,8 +577,10 @@ __global__ void __launch_bounds__(kTiWarps * 32)
       const int hc = __float_as_int(md.y), lc = __float_as_int(md.z);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        acc[mt][nn][0] = fmaf(md.x, fmaf(128.0f, float(c[mt][nn][0] - hc), float(c[mt][nn][1] - lc)), acc[mt][nn][0]);
-        acc[mt][nn][1] = fmaf(md.x, fmaf(128.0f, float(c[mt][nn][2] - hc), float(c[mt][nn][3] - lc)), acc[mt][nn][1]);
+        const int* c0 = c[mt][nn][0];
+        const int* c1 = c[mt][nn][1];
+        acc[mt][nn][0] = fmaf(md.x, fmaf(128.0f, float(c0[0] + c1[0] - hc), float(c0[1] + c1[1] - lc)), acc[mt][nn][0]);
+        acc[mt][nn][1] = fmaf(md.x, fmaf(128.0f, float(c0[2] + c1[2] - hc), float(c0[3] + c1[3] - lc)), acc[mt][nn][1]);
       }
     }
     if (b + 1 < bend) {
@@ -602,13 +612,8 @@ __global__ void __launch_bounds__(kTiWarps * 32)
     if (t >= T) continue;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      if (gated) {  // y = act(gate) * up, each rounded to bf16 first as the unfused ops store them
-        const int64_t r = row[mt][0];
-        if (r >= N) continue;
-        const float bg = segs.bias[0] ? segs.bias[0][r] : 0.0f, bu = segs.bias[1] ? segs.bias[1][r] : 0.0f;
-        const float gv = __bfloat162float(__float2bfloat16(fmaf(acc[mt][nn][0], segs.scales[0][r] * kTrInvStd, bg)));
-        const float uv = __bfloat162float(__float2bfloat16(fmaf(acc[mt][nn][1], segs.scales[1][r] * kTrInvStd, bu)));
-        static_cast<__nv_bfloat16*>(segs.y[0])[t * N + r] = __float2bfloat16(act_value(gated_act, gv) * uv);
+      if (gated) {
+        if (row[mt][0] < N) store_gated(segs, gated_act, N, row[mt][0], t, acc[mt][nn][0], acc[mt][nn][1]);
         continue;
       }
       const float* scales = seg_pick(segs.scales, si);
