@@ -159,9 +159,13 @@ struct TrellisGemvOut {
   const float* bias;  // [w.rows] or null
   void* y;            // [T, w.rows]; gated: unused
 };
-void launch_trellis_gemv_multi(const TrellisGemvOut* outs, int n, const uint16_t* x, bool y_f32, int64_t T, int n_sms, CUstream_st* s);
+// scratch: trellis_gemv_fused_scratch_floats(cols, T) floats (may be null when that is 0; without it the launch still
+// runs, staging x in every CTA).
+void launch_trellis_gemv_multi(const TrellisGemvOut* outs, int n, const uint16_t* x, bool y_f32, int64_t T, float* scratch, int n_sms,
+                               CUstream_st* s);
 void launch_trellis_gemv_gated(const TrellisGemvOut& gate, const TrellisGemvOut& up, int act, const uint16_t* x, uint16_t* y, int64_t T,
-                               int n_sms, CUstream_st* s);
+                               float* scratch, int n_sms, CUstream_st* s);
+int64_t trellis_gemv_fused_scratch_floats(int64_t cols, int64_t T);
 // Which GEMVs run launches of 1..8 rows: 1 the integer tensor-core ones (trellis_gemv.cu's trellis_imma_kernel,
 // trellis_imma_axis0_kernel; axis 1 only where K <= 8192), 0 the FP32 ones; -1 back to the environment's choice
 // (ARBOR_CUDA_TRELLIS_MMA=0: FP32; otherwise the integer ones). Tests and A/B runs.
@@ -171,7 +175,8 @@ void set_trellis_gemv_mma(int mode);
 // TailBiting::rotate (L = 12, k 2/3/4), bit for bit, into states[blocks][256] (host). Targets must be finite.
 void cuda_trellis_viterbi(int k, const float* targets, int64_t blocks, uint16_t* states);
 
-// Floats of scratch launch_trellis_gemv needs for these weights and rows (0: none).
+// Floats of scratch launch_trellis_gemv needs for these weights and rows (0: none): axis 0's split partials, axis 1's
+// staged-x image (the integer kernel's pre-pass).
 int64_t trellis_gemv_scratch_floats(const TrellisWeights& w, int64_t T, int n_sms);
 void launch_trellis_gemv(const TrellisWeights& w, const uint16_t* x, const float* bias, void* y, bool y_f32, int64_t T, float* scratch,
                          int n_sms, CUstream_st* s);

@@ -438,9 +438,53 @@ size_t ti_smem_bytes(int T, int64_t Kin) {
   return size_t(2 * T) * size_t(trellis_im_col_stride(nb)) + size_t(T) * size_t(nb) * 16;
 }
 
+// One (activation row t, block b) of the staged x into dst (shared memory, or the pre-pass's image in global memory:
+// the same bytes, ti_smem_bytes(T, Kin) of them): lane l quantizes inputs 8l..8l+7 (segment l/8 of the block); a
+// whole warp calls it.
+__device__ __forceinline__ void ti_stage_pair(const uint16_t* __restrict__ x, int T, int64_t Kin, int t, int64_t b, int lane, unsigned char* dst) {
+  const int64_t nb = Kin / 256, cs = trellis_im_col_stride(nb);
+  const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + t * Kin + b * 256) + lane);
+  float m = 0.0f;
+  bool finite = true;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const float a = fabsf(bf16_of(v, e));
+    m = fmaxf(m, a), finite = finite && a <= 3.4e38f;
+  }
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  finite = __all_sync(0xffffffffu, finite);
+  const float inv = m > 0.0f && finite ? kTrellisImQ / m : 0.0f;
+  int hs = 0, ls = 0;
+  uint32_t hw[2] = {0u, 0u}, lw[2] = {0u, 0u};
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const int q = trellis_im_q(bf16_of(v, e), inv), hi = q >> 7, lo = q & 127;
+    hs += hi, ls += lo;
+    hw[e / 4] |= uint32_t(hi & 0xff) << (8 * (e % 4)), lw[e / 4] |= uint32_t(lo) << (8 * (e % 4));
+  }
+  for (int o = 16; o > 0; o >>= 1) hs += __shfl_xor_sync(0xffffffffu, hs, o), ls += __shfl_xor_sync(0xffffffffu, ls, o);
+  const int64_t off = trellis_im_seg(b, lane / 8) + (lane % 8) * 8;
+  *reinterpret_cast<uint2*>(dst + (2 * t) * cs + off) = make_uint2(hw[0], hw[1]);
+  *reinterpret_cast<uint2*>(dst + (2 * t + 1) * cs + off) = make_uint2(lw[0], lw[1]);
+  // A block with inf or NaN gets a NaN scale, so its rows' outputs are NaN as the FP32 kernels' would be.
+  if (lane == 0)
+    reinterpret_cast<float4*>(dst + 2 * T * cs)[t * nb + b] =
+        make_float4(finite ? m / kTrellisImQ : __int_as_float(0x7fc00000), __int_as_float(510 * hs), __int_as_float(510 * ls), 0.0f);
+}
+
+// The pre-pass: x staged once per launch into img (global), a warp per (activation row, block), for the GEMV's CTAs
+// to copy instead of each quantizing all of x (at T = 8 that staging cost as much as the GEMV's own work a CTA).
+__global__ void __launch_bounds__(256) trellis_xquant_kernel(const uint16_t* __restrict__ x, int T, int64_t Kin, unsigned char* img) {
+  pdl_trigger();  // the GEMV may start fetching its weights; it waits for this grid before reading img
+  pdl_wait();
+  const int64_t nb = Kin / 256, pi = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
+  if (pi < int64_t(T) * nb) ti_stage_pair(x, T, Kin, int(pi / nb), pi % nb, threadIdx.x % 32, img);
+}
+
 template <int K, int NN, int MT, int V>
 __global__ void __launch_bounds__(kTiWarps * 32)
-    trellis_imma_kernel(TrSegs segs, const uint16_t* __restrict__ x, bool y_f32, int T, int64_t Kin, int wpr, int gated_act) {
+    trellis_imma_kernel(TrSegs segs, const uint16_t* __restrict__ x, const unsigned char* __restrict__ ximg, bool y_f32, int T, int64_t Kin,
+                        int wpr, int gated_act) {
   constexpr int WPB = 8 * K, NW = 2 * K;
   extern __shared__ __align__(16) unsigned char ti_xs[];
   __shared__ float4 red[kTiWarps][NN][32];
@@ -477,37 +521,15 @@ __global__ void __launch_bounds__(kTiWarps * 32)
   pdl_trigger();
   pdl_wait();
 
-  // Stage x: a warp per (activation row, block); lane l quantizes inputs 8l..8l+7 (segment l/8 of the block).
-  float4* meta = reinterpret_cast<float4*>(ti_xs + 2 * T * cs);
-  for (int64_t pi = warp; pi < int64_t(T) * nb; pi += kTiWarps) {
-    const int t = int(pi / nb);
-    const int64_t b = pi % nb;
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + t * Kin + b * 256) + lane);
-    float m = 0.0f;
-    bool finite = true;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const float a = fabsf(bf16_of(v, e));
-      m = fmaxf(m, a), finite = finite && a <= 3.4e38f;
-    }
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    finite = __all_sync(0xffffffffu, finite);
-    const float inv = m > 0.0f && finite ? kTrellisImQ / m : 0.0f;
-    int hs = 0, ls = 0;
-    uint32_t hw[2] = {0u, 0u}, lw[2] = {0u, 0u};
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const int q = trellis_im_q(bf16_of(v, e), inv), hi = q >> 7, lo = q & 127;
-      hs += hi, ls += lo;
-      hw[e / 4] |= uint32_t(hi & 0xff) << (8 * (e % 4)), lw[e / 4] |= uint32_t(lo) << (8 * (e % 4));
-    }
-    for (int o = 16; o > 0; o >>= 1) hs += __shfl_xor_sync(0xffffffffu, hs, o), ls += __shfl_xor_sync(0xffffffffu, ls, o);
-    const int64_t off = trellis_im_seg(b, lane / 8) + (lane % 8) * 8;
-    *reinterpret_cast<uint2*>(ti_xs + (2 * t) * cs + off) = make_uint2(hw[0], hw[1]);
-    *reinterpret_cast<uint2*>(ti_xs + (2 * t + 1) * cs + off) = make_uint2(lw[0], lw[1]);
-    // A block with inf or NaN gets a NaN scale, so its rows' outputs are NaN as the FP32 kernels' would be.
-    if (lane == 0) meta[t * nb + b] = make_float4(finite ? m / kTrellisImQ : __int_as_float(0x7fc00000), __int_as_float(510 * hs), __int_as_float(510 * ls), 0.0f);
+  // x staged: copied from the pre-pass's image, or quantized here a warp per (activation row, block).
+  const int64_t pairs = int64_t(T) * nb;
+  if (ximg) {
+    const int64_t n16 = int64_t(ti_smem_bytes(T, Kin)) / 16;
+    for (int64_t i = tid; i < n16; i += kTiWarps * 32) reinterpret_cast<uint4*>(ti_xs)[i] = __ldg(reinterpret_cast<const uint4*>(ximg) + i);
+  } else {
+    for (int64_t pi = warp; pi < pairs; pi += kTiWarps) ti_stage_pair(x, T, Kin, int(pi / nb), pi % nb, lane, ti_xs);
   }
+  const float4* meta = reinterpret_cast<const float4*>(ti_xs + 2 * T * cs);
   __syncthreads();
 
   float acc[MT][NN][2];
@@ -630,14 +652,15 @@ __global__ void __launch_bounds__(kTiWarps * 32)
 
 // segs in tiles of mt m-tiles (make_segments with 16·mt rows a unit, gated 8·mt).
 template <int K>
-void launch_imma(const TrSegs& segs, int mt, int64_t Kin, const uint16_t* x, bool y_f32, int T, int n_sms, int gated_act, cudaStream_t s) {
+void launch_imma(const TrSegs& segs, int mt, int64_t Kin, const uint16_t* x, unsigned char* ximg, bool y_f32, int T, int n_sms, int gated_act,
+                 cudaStream_t s) {
   const int64_t nb = Kin / 256, units = segs.units;
   // K split: until the tiles' warps fill the SMs' slots twice over, keeping at least one block a warp.
   int wpr = 1;
   while (wpr < kTiWarps && units * wpr < int64_t(n_sms) * 2 * kTiWarps && nb / (wpr * 2) >= 1) wpr *= 2;
   const int64_t per_block = kTiWarps / wpr;
   const unsigned grid = unsigned((units + per_block - 1) / per_block);
-  using Kern = void (*)(TrSegs, const uint16_t*, bool, int, int64_t, int, int);
+  using Kern = void (*)(TrSegs, const uint16_t*, const unsigned char*, bool, int, int64_t, int, int);
   const Kern kerns[2][2][2] = {{{trellis_imma_kernel<K, 1, 1, 0>, trellis_imma_kernel<K, 2, 1, 0>}, {trellis_imma_kernel<K, 1, 2, 0>, trellis_imma_kernel<K, 2, 2, 0>}},
                                {{trellis_imma_kernel<K, 1, 1, 1>, trellis_imma_kernel<K, 2, 1, 1>}, {trellis_imma_kernel<K, 1, 2, 1>, trellis_imma_kernel<K, 2, 2, 1>}}};
   static bool attr = false;
@@ -649,7 +672,12 @@ void launch_imma(const TrSegs& segs, int mt, int64_t Kin, const uint16_t* x, boo
     attr = true;
   }
   const size_t smem = ti_smem_bytes(T, Kin);
-  pdl_launch(kerns[trellis_variant()][mt - 1][T <= 4 ? 0 : 1], dim3(grid), dim3(kTiWarps * 32), smem, s, segs, x, y_f32, T, Kin, wpr, gated_act);
+  if (ximg) {
+    pdl_launch(trellis_xquant_kernel, dim3(unsigned((T * nb + 7) / 8)), dim3(256), 0, s, x, T, Kin, ximg);
+    ARBOR_LAUNCH_CHECK("trellis_xquant_kernel");
+  }
+  pdl_launch(kerns[trellis_variant()][mt - 1][T <= 4 ? 0 : 1], dim3(grid), dim3(kTiWarps * 32), smem, s, segs, x,
+             static_cast<const unsigned char*>(ximg), y_f32, T, Kin, wpr, gated_act);
   ARBOR_LAUNCH_CHECK("trellis_imma_kernel");
 }
 
@@ -814,12 +842,28 @@ __global__ void __launch_bounds__(kTrWarps * 32)
   }
 }
 
+// Whether the integer axis-1 GEMV stages x once per launch in a pre-pass (trellis_xquant_kernel, into scratch) rather
+// than in every CTA: from 2 activation rows on (ARBOR_CUDA_TRELLIS_PREPASS=0 / 1: never / always, for A/B runs).
+bool ti_prepass(int64_t T) {
+  static const int env = [] {
+    const char* e = std::getenv("ARBOR_CUDA_TRELLIS_PREPASS");
+    return e && e[0] ? (e[0] == '1' ? 1 : 0) : -1;
+  }();
+  return env >= 0 ? env == 1 : T >= 2;
+}
+bool ti_applies(int64_t Kin, const void* x) { return trellis_integer_mma() && Kin <= kTiMaxK && reinterpret_cast<uintptr_t>(x) % 16 == 0; }
+// Floats of scratch an axis-1 launch over K inputs and T rows needs (its pre-pass's image), 0 if none.
+int64_t axis1_scratch_floats(int64_t Kin, int64_t T) {
+  return trellis_integer_mma() && Kin <= kTiMaxK && ti_prepass(T) ? int64_t(ti_smem_bytes(int(T), Kin) + 3) / 4 : 0;
+}
+
 // The axis-1 GEMV over outs (gated: gate = outs[0], up = outs[1] into gated_y) at the instance of (k, rows): the
 // integer tensor-core kernel where it is on and applies (K <= kTiMaxK, x 16-byte aligned), else the FP32 one.
 void launch_axis1_any(const TrellisGemvOut* outs, int n, uint16_t* gated_y, int bits, int64_t Kin, const uint16_t* x, bool y_f32, int64_t T,
-                      int n_sms, int gated_act, cudaStream_t s) {
+                      float* scratch, int n_sms, int gated_act, cudaStream_t s) {
   const int t = int(T);
-  if (trellis_integer_mma() && Kin <= kTiMaxK && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+  if (ti_applies(Kin, x)) {
+    unsigned char* ximg = ti_prepass(T) && scratch ? reinterpret_cast<unsigned char*>(scratch) : nullptr;
     // Two m-tiles a warp (32 rows; x's bytes replicated once for both) unless that leaves fewer than two tiles
     // per SM (o and q/k/v of an 8B: 128 and 192 tiles of 32 rows), where 16-row tiles fill the GPU better.
     int64_t rows = 0;
@@ -830,9 +874,9 @@ void launch_axis1_any(const TrellisGemvOut* outs, int n, uint16_t* gated_y, int 
     }();
     const int mt = force2 || (gated_y ? rows / 16 : rows / 32) >= 2 * int64_t(n_sms) ? 2 : 1;
     const TrSegs segs = make_segments(outs, n, gated_y, gated_y ? 8 * mt : 16 * mt);
-    if (bits == 2) launch_imma<2>(segs, mt, Kin, x, y_f32, t, n_sms, gated_act, s);
-    else if (bits == 3) launch_imma<3>(segs, mt, Kin, x, y_f32, t, n_sms, gated_act, s);
-    else launch_imma<4>(segs, mt, Kin, x, y_f32, t, n_sms, gated_act, s);
+    if (bits == 2) launch_imma<2>(segs, mt, Kin, x, ximg, y_f32, t, n_sms, gated_act, s);
+    else if (bits == 3) launch_imma<3>(segs, mt, Kin, x, ximg, y_f32, t, n_sms, gated_act, s);
+    else launch_imma<4>(segs, mt, Kin, x, ximg, y_f32, t, n_sms, gated_act, s);
     return;
   }
   const TrSegs segs = make_segments(outs, n, gated_y, gated_y ? 1 : 2);
@@ -983,22 +1027,23 @@ void check_fusable(const TrellisGemvOut* outs, int n, int64_t T, const char* wha
 
 }  // namespace
 
-void launch_trellis_gemv_multi(const TrellisGemvOut* outs, int n, const uint16_t* x, bool y_f32, int64_t T, int n_sms, CUstream_st* s) {
+void launch_trellis_gemv_multi(const TrellisGemvOut* outs, int n, const uint16_t* x, bool y_f32, int64_t T, float* scratch, int n_sms,
+                               CUstream_st* s) {
   ARBOR_CU_CHECK(n >= 1 && n <= kTrellisGemvMaxSegments, "cuda: trellis gemv: %d matrices in one launch (1..%d)", n, kTrellisGemvMaxSegments);
   check_fusable(outs, n, T, "gemv");
-  launch_axis1_any(outs, n, nullptr, outs[0].w.bits, outs[0].w.cols, x, y_f32, T, n_sms, -1, s);
+  launch_axis1_any(outs, n, nullptr, outs[0].w.bits, outs[0].w.cols, x, y_f32, T, scratch, n_sms, -1, s);
 }
 
 void launch_trellis_gemv_gated(const TrellisGemvOut& gate, const TrellisGemvOut& up, int act, const uint16_t* x, uint16_t* y, int64_t T,
-                               int n_sms, CUstream_st* s) {
+                               float* scratch, int n_sms, CUstream_st* s) {
   const TrellisGemvOut both[2] = {gate, up};
   check_fusable(both, 2, T, "gated gemv");
   ARBOR_CU_CHECK(gate.w.rows == up.w.rows, "cuda: trellis gated gemv: gate has %lld rows, up %lld", (long long)gate.w.rows, (long long)up.w.rows);
-  launch_axis1_any(both, 2, y, gate.w.bits, gate.w.cols, x, false, T, n_sms, act, s);
+  launch_axis1_any(both, 2, y, gate.w.bits, gate.w.cols, x, false, T, scratch, n_sms, act, s);
 }
 
 int64_t trellis_gemv_scratch_floats(const TrellisWeights& w, int64_t T, int n_sms) {
-  if (w.axis == 1) return 0;
+  if (w.axis == 1) return axis1_scratch_floats(w.cols, T);
   const Axis0Plan p = axis0_plan(w.cols, w.rows, n_sms);
   return p.splits > 1 ? p.splits * T * w.rows : 0;
 }
@@ -1013,7 +1058,7 @@ void launch_trellis_gemv(const TrellisWeights& w, const uint16_t* x, const float
                  (long long)w.rows, (long long)w.cols, w.axis);
   if (w.axis == 1) {
     const TrellisGemvOut o{w, bias, y};
-    launch_axis1_any(&o, 1, nullptr, w.bits, w.cols, x, y_f32, T, n_sms, -1, s);
+    launch_axis1_any(&o, 1, nullptr, w.bits, w.cols, x, y_f32, T, scratch, n_sms, -1, s);
     return;
   }
   switch (w.bits) {
@@ -1036,6 +1081,8 @@ void launch_trellis_decode(const TrellisWeights& w, int64_t row0, int64_t n, uin
     default: launch_decode_k<4>(w, row0, n, out, n_sms, s); break;
   }
 }
+
+int64_t trellis_gemv_fused_scratch_floats(int64_t cols, int64_t T) { return axis1_scratch_floats(cols, T); }
 
 void set_trellis_gemv_mma(int mode) { g_trellis_mma = mode == 0 || mode == 1 ? mode : -1; }
 
