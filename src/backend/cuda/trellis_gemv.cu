@@ -433,7 +433,7 @@ int trellis_variant() {
 }
 
 // Bytes of staged x a launch needs: 2T columns, then a float4 per (row, block): scale, 510·Σhi, 510·Σlo (as int bits).
-size_t ti_smem_bytes(int T, int64_t Kin) {
+__host__ __device__ inline size_t ti_smem_bytes(int T, int64_t Kin) {
   const int64_t nb = Kin / 256;
   return size_t(2 * T) * size_t(trellis_im_col_stride(nb)) + size_t(T) * size_t(nb) * 16;
 }
@@ -843,13 +843,14 @@ __global__ void __launch_bounds__(kTrWarps * 32)
 }
 
 // Whether the integer axis-1 GEMV stages x once per launch in a pre-pass (trellis_xquant_kernel, into scratch) rather
-// than in every CTA: from 2 activation rows on (ARBOR_CUDA_TRELLIS_PREPASS=0 / 1: never / always, for A/B runs).
+// than in every CTA. Opt-in until it has run on a GPU (written in session 21 while no device could be had):
+// ARBOR_CUDA_TRELLIS_PREPASS=1 from 2 activation rows on, =2 at every row count; unset or 0: never.
 bool ti_prepass(int64_t T) {
   static const int env = [] {
     const char* e = std::getenv("ARBOR_CUDA_TRELLIS_PREPASS");
-    return e && e[0] ? (e[0] == '1' ? 1 : 0) : -1;
+    return e && (e[0] == '1' || e[0] == '2') ? e[0] - '0' : 0;
   }();
-  return env >= 0 ? env == 1 : T >= 2;
+  return env == 2 || (env == 1 && T >= 2);
 }
 bool ti_applies(int64_t Kin, const void* x) { return trellis_integer_mma() && Kin <= kTiMaxK && reinterpret_cast<uintptr_t>(x) % 16 == 0; }
 // Floats of scratch an axis-1 launch over K inputs and T rows needs (its pre-pass's image), 0 if none.
@@ -864,15 +865,16 @@ void launch_axis1_any(const TrellisGemvOut* outs, int n, uint16_t* gated_y, int 
   const int t = int(T);
   if (ti_applies(Kin, x)) {
     unsigned char* ximg = ti_prepass(T) && scratch ? reinterpret_cast<unsigned char*>(scratch) : nullptr;
-    // Two m-tiles a warp (32 rows; x's bytes replicated once for both) unless that leaves fewer than two tiles
-    // per SM (o and q/k/v of an 8B: 128 and 192 tiles of 32 rows), where 16-row tiles fill the GPU better.
+    // Two m-tiles a warp (32 rows; x's bytes replicated once for both). With ARBOR_CUDA_TRELLIS_MT=1 (opt-in until
+    // it has run on a GPU): one m-tile where 32-row tiles would leave fewer than two per SM (o and q/k/v of an 8B:
+    // 128 and 192 tiles of 32 rows), so that more CTAs fill the GPU.
     int64_t rows = 0;
     for (int i = 0; i < (gated_y ? 1 : n); ++i) rows += outs[i].w.rows;
-    static const bool force2 = [] {  // ARBOR_CUDA_TRELLIS_MT=2: 32-row tiles always (A/B runs)
+    static const bool small_tiles = [] {
       const char* e = std::getenv("ARBOR_CUDA_TRELLIS_MT");
-      return e && e[0] == '2';
+      return e && e[0] == '1';
     }();
-    const int mt = force2 || (gated_y ? rows / 16 : rows / 32) >= 2 * int64_t(n_sms) ? 2 : 1;
+    const int mt = !small_tiles || (gated_y ? rows / 16 : rows / 32) >= 2 * int64_t(n_sms) ? 2 : 1;
     const TrSegs segs = make_segments(outs, n, gated_y, gated_y ? 8 * mt : 16 * mt);
     if (bits == 2) launch_imma<2>(segs, mt, Kin, x, ximg, y_f32, t, n_sms, gated_act, s);
     else if (bits == 3) launch_imma<3>(segs, mt, Kin, x, ximg, y_f32, t, n_sms, gated_act, s);
