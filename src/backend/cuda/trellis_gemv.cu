@@ -495,7 +495,7 @@ __global__ void __launch_bounds__(kTiWarps * 32)
   const int si = gated || !live ? 0 : unit_segment(segs.n, segs.first, tile);
   const int64_t N = seg_pick(segs.N, si);
   const int64_t nb = Kin / 256, row_words = nb * WPB, cs = trellis_im_col_stride(nb);
-  // A rows of m-tile mt, half h (A row g + 8h): plain, 32 consecutive rows of matrix si; gated, gate (h = 0) and up
+  // A rows of m-tile mt, half h (A row g + 8h): plain, 16·MT consecutive rows of matrix si; gated, gate (h = 0) and up
   // (h = 1) row base + 8·mt + g. Rows past the matrix read row 0 (valid memory) and are not stored.
   const int64_t base = !live ? N : gated ? tile * 8 * MT : (tile - seg_pick(segs.first, si)) * 16 * MT;
   int64_t row[MT][2];
