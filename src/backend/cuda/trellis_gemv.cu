@@ -432,6 +432,12 @@ int trellis_variant() {
   return v;
 }
 
+// Σ y·q of a group from its s32 sums of the hi and lo columns and the group's staged float4 (scale, 510·Σhi,
+// 510·Σlo as int bits): 128·(C_hi - 510·Σhi) + (C_lo - 510·Σlo), each difference exact in a float (below 2^24).
+__device__ __forceinline__ float ti_group_sum(const float4& md, int c_hi, int c_lo) {
+  return fmaf(128.0f, float(c_hi - __float_as_int(md.y)), float(c_lo - __float_as_int(md.z)));
+}
+
 // Bytes of staged x a launch needs: 2T columns, then a float4 per (row, block): scale, 510·Σhi, 510·Σlo (as int bits).
 __host__ __device__ inline size_t ti_smem_bytes(int T, int64_t Kin) {
   const int64_t nb = Kin / 256;
@@ -596,13 +602,12 @@ __global__ void __launch_bounds__(kTiWarps * 32)
       const int t = 4 * nn + j;
       if (t >= T) continue;
       const float4 md = meta[t * nb + b];
-      const int hc = __float_as_int(md.y), lc = __float_as_int(md.z);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         const int* c0 = c[mt][nn][0];
         const int* c1 = c[mt][nn][1];
-        acc[mt][nn][0] = fmaf(md.x, fmaf(128.0f, float(c0[0] + c1[0] - hc), float(c0[1] + c1[1] - lc)), acc[mt][nn][0]);
-        acc[mt][nn][1] = fmaf(md.x, fmaf(128.0f, float(c0[2] + c1[2] - hc), float(c0[3] + c1[3] - lc)), acc[mt][nn][1]);
+        acc[mt][nn][0] = fmaf(md.x, ti_group_sum(md, c0[0] + c1[0], c0[1] + c1[1]), acc[mt][nn][0]);
+        acc[mt][nn][1] = fmaf(md.x, ti_group_sum(md, c0[2] + c1[2], c0[3] + c1[3]), acc[mt][nn][1]);
       }
     }
     if (b + 1 < bend) {
@@ -799,11 +804,10 @@ __global__ void __launch_bounds__(kTrWarps * 32)
       const int t = 4 * nn + j;
       if (t >= T) continue;
       const float4 md = meta[t * groups + G];
-      const int hc = __float_as_int(md.y), lc = __float_as_int(md.z);
 #pragma unroll
       for (int m = 0; m < 4; ++m) {
-        acc[nn][2 * m] = fmaf(md.x, fmaf(128.0f, float(c[nn][m][0] - hc), float(c[nn][m][1] - lc)), acc[nn][2 * m]);
-        acc[nn][2 * m + 1] = fmaf(md.x, fmaf(128.0f, float(c[nn][m][2] - hc), float(c[nn][m][3] - lc)), acc[nn][2 * m + 1]);
+        acc[nn][2 * m] = fmaf(md.x, ti_group_sum(md, c[nn][m][0], c[nn][m][1]), acc[nn][2 * m]);
+        acc[nn][2 * m + 1] = fmaf(md.x, ti_group_sum(md, c[nn][m][2], c[nn][m][3]), acc[nn][2 * m + 1]);
       }
     }
   };
