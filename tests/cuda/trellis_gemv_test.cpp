@@ -97,13 +97,19 @@ TEST(CudaTrellis, DeviceLayoutIsThePlainWordsAndF32Scales) {
 
 // k 2/3/4 x both axes x shapes: axis 1 [odd out, 256 | 768 | 4352 in] (4352: 17 blocks, K split over warps at
 // few rows); axis 0 [256 | 768 out, odd in] (1601 inputs: split over blocks, the partials reduced). T 1/3/5/8 (the GEMV's rows).
-// Picks the GEMV kernels for a scope (0: the FP32 ones; 1: the integer tensor-core ones), then back to the
-// environment's choice.
+// Picks the GEMV kernels for a scope (0: the FP32 ones; 1: the integer tensor-core ones as they run by default;
+// 2: those with every opt-in variant: the window's second instruction mix, 16-row tiles, the x pre-pass at every
+// row count), then back to the environment's choice.
 struct MmaOn {
-  explicit MmaOn(int mode) { cuda::set_trellis_gemv_mma(mode); }
-  ~MmaOn() { cuda::set_trellis_gemv_mma(-1); }
+  explicit MmaOn(int mode) {
+    cuda::set_trellis_gemv_mma(mode == 0 ? 0 : 1);
+    cuda::set_trellis_gemv_options(mode == 2 ? 1 : 0, mode == 2 ? 1 : 0, mode == 2 ? 2 : 0);
+  }
+  ~MmaOn() { cuda::set_trellis_gemv_mma(-1), cuda::set_trellis_gemv_options(-1, -1, -1); }
 };
-const char* kernel_name(int mode) { return mode == 0 ? "fp32 kernels" : "integer tensor-core kernels"; }
+const char* kernel_name(int mode) {
+  return mode == 0 ? "fp32 kernels" : mode == 1 ? "integer tensor-core kernels" : "integer tensor-core kernels, every opt-in variant";
+}
 
 // One GEMV case as check_linear, with the integer kernels' own error on top of its tolerance: they take x (axis 0:
 // x·scale/std) as integers of 15 bits against the largest of its group, so each output may be off by Σ|y|·max/32512,
@@ -138,7 +144,7 @@ void check_trellis_linear(CudaBackend& gpu, const Linear& l, const HostTrellis& 
 TEST(CudaTrellis, GemvMatchesTheReference) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
-  for (int mode : {0, 1}) {
+  for (int mode : {0, 1, 2}) {
   SCOPED_TRACE(kernel_name(mode));
   MmaOn chosen(mode);
   std::mt19937 rng(5);
@@ -155,7 +161,7 @@ TEST(CudaTrellis, GemvMatchesTheReference) {
       const Linear l = gpu.load_linear(a.host_linear());
       for (int64_t T : {1, 3, 5, 8}) {  // 9+ rows: PrefillMatchesTheReference
         const bool f32 = (T + k) % 2 == 0;
-        check_trellis_linear(gpu, l, a, T, f32, mode == 1, rng, fmt::format("{} T={} {}", a.name(), T, f32 ? "f32" : "bf16"));
+        check_trellis_linear(gpu, l, a, T, f32, mode != 0, rng, fmt::format("{} T={} {}", a.name(), T, f32 ? "f32" : "bf16"));
       }
     }
   }
@@ -167,7 +173,9 @@ TEST(CudaTrellis, GemvMatchesTheReference) {
 TEST(CudaTrellis, TensorCoreKernelTakesAnyActivationScale) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
-  MmaOn chosen(1);
+  for (int mode : {1, 2}) {
+  SCOPED_TRACE(kernel_name(mode));
+  MmaOn chosen(mode);
   std::mt19937 rng(11);
   for (int axis : {1, 0})
     for (float mag : {1e6f, 1e-7f})
@@ -184,6 +192,7 @@ TEST(CudaTrellis, TensorCoreKernelTakesAnyActivationScale) {
         reference_linear(a.w, a.bias, a.out, a.in, x, T, ref, m);
         expect_linear_close(host_f32(gpu, yd), ref, m, false, fmt::format("axis {} |x| ~ {} T={}", axis, mag, T));
       }
+  }
 }
 
 // q/k/v in one launch (linear_multi) and gate/up with the activation (gated_up) on axis-1 matrices, against the
@@ -191,7 +200,7 @@ TEST(CudaTrellis, TensorCoreKernelTakesAnyActivationScale) {
 TEST(CudaTrellis, FusedMultiAndGatedMatchTheReference) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
-  for (int mode : {0, 1}) {
+  for (int mode : {0, 1, 2}) {
   SCOPED_TRACE(kernel_name(mode));
   MmaOn chosen(mode);
   std::mt19937 rng(7);

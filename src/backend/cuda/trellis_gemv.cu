@@ -424,12 +424,14 @@ __device__ __forceinline__ uint32_t ti_state(const uint32_t* W, int r) {
   const int rel = (63 - r) * K, w = rel >> 5, off = rel & 31;
   return off + 12 <= 32 ? ti_window<V>(W[w], off) : trellis_funnel(W[w], W[w + 1], off) & 0xfffu;
 }
+// set_trellis_gemv_options' choices (-1: the environment's).
+int g_ti_variant = -1, g_ti_small_tiles = -1, g_ti_prepass = -1;
 int trellis_variant() {
   static const int v = [] {
     const char* e = std::getenv("ARBOR_CUDA_TRELLIS_V");
     return e && e[0] == '1' ? 1 : 0;
   }();
-  return v;
+  return g_ti_variant >= 0 ? g_ti_variant : v;
 }
 
 // Σ y·q of a group from its s32 sums of the hi and lo columns and the group's staged float4 (scale, 510·Σhi,
@@ -854,7 +856,8 @@ bool ti_prepass(int64_t T) {
     const char* e = std::getenv("ARBOR_CUDA_TRELLIS_PREPASS");
     return e && (e[0] == '1' || e[0] == '2') ? e[0] - '0' : 0;
   }();
-  return env == 2 || (env == 1 && T >= 2);
+  const int mode = g_ti_prepass >= 0 ? g_ti_prepass : env;
+  return mode == 2 || (mode == 1 && T >= 2);
 }
 bool ti_applies(int64_t Kin, const void* x) { return trellis_integer_mma() && Kin <= kTiMaxK && reinterpret_cast<uintptr_t>(x) % 16 == 0; }
 // Floats of scratch an axis-1 launch over K inputs and T rows needs (its pre-pass's image), 0 if none.
@@ -874,10 +877,11 @@ void launch_axis1_any(const TrellisGemvOut* outs, int n, uint16_t* gated_y, int 
     // 128 and 192 tiles of 32 rows), so that more CTAs fill the GPU.
     int64_t rows = 0;
     for (int i = 0; i < (gated_y ? 1 : n); ++i) rows += outs[i].w.rows;
-    static const bool small_tiles = [] {
+    static const bool small_env = [] {
       const char* e = std::getenv("ARBOR_CUDA_TRELLIS_MT");
       return e && e[0] == '1';
     }();
+    const bool small_tiles = g_ti_small_tiles >= 0 ? g_ti_small_tiles == 1 : small_env;
     const int mt = !small_tiles || (gated_y ? rows / 16 : rows / 32) >= 2 * int64_t(n_sms) ? 2 : 1;
     const TrSegs segs = make_segments(outs, n, gated_y, gated_y ? 8 * mt : 16 * mt);
     if (bits == 2) launch_imma<2>(segs, mt, Kin, x, ximg, y_f32, t, n_sms, gated_act, s);
@@ -1091,5 +1095,11 @@ void launch_trellis_decode(const TrellisWeights& w, int64_t row0, int64_t n, uin
 int64_t trellis_gemv_fused_scratch_floats(int64_t cols, int64_t T) { return axis1_scratch_floats(cols, T); }
 
 void set_trellis_gemv_mma(int mode) { g_trellis_mma = mode == 0 || mode == 1 ? mode : -1; }
+
+void set_trellis_gemv_options(int variant, int small_tiles, int prepass) {
+  g_ti_variant = variant >= 0 && variant <= 1 ? variant : -1;
+  g_ti_small_tiles = small_tiles >= 0 && small_tiles <= 1 ? small_tiles : -1;
+  g_ti_prepass = prepass >= 0 && prepass <= 2 ? prepass : -1;
+}
 
 }  // namespace arbor::cuda
