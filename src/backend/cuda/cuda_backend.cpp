@@ -288,12 +288,11 @@ void CudaBackend::step_graph_end() {
   ARBOR_CUDA_CHECK(cudaGraphLaunch(e, st(stream_)));
 }
 
-// The scratch a fused trellis GEMV may use (its staged-x image), or null: then it stages x in every CTA, which is
-// correct, only slower; so a launch inside a capture that would need the buffer to grow takes that path instead.
-float* CudaBackend::trellis_fused_scratch(int64_t cols, int64_t T) {
-  const int64_t floats = trellis_gemv_fused_scratch_floats(cols, T);
-  if (floats == 0) return nullptr;
-  if (size_t(floats) * 4 > scratch_cap_ && capturing_) return nullptr;
+// Scratch of `floats` floats for a launch that can do without it (a trellis axis-1 GEMV's staged-x image: without it
+// every CTA stages x, correct and only slower), or null: none asked, or a capture in progress would need the buffer
+// to grow.
+float* CudaBackend::optional_scratch(int64_t floats) {
+  if (floats == 0 || (size_t(floats) * 4 > scratch_cap_ && capturing_)) return nullptr;
   ensure(scratch_, scratch_cap_, size_t(floats) * 4);
   return static_cast<float*>(scratch_);
 }
@@ -658,12 +657,10 @@ void CudaBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
     case LinearKernel::DequantTrellisLt: decoded_lt(x, l, y, bias, kernel); return;
     case LinearKernel::GemvTrellis: {
       const TrellisWeights w = trellis_weights(l);
-      // Axis 0: split partials (required); axis 1: the staged-x image, optional (trellis_fused_scratch's rule).
-      float* scratch = w.axis == 1 ? trellis_fused_scratch(w.cols, T) : nullptr;
-      if (w.axis == 0) {
-        const int64_t partials = trellis_gemv_scratch_floats(w, T, n_sms_);
-        if (partials > 0) ensure(scratch_, scratch_cap_, size_t(partials) * 4), scratch = static_cast<float*>(scratch_);
-      }
+      // Axis 0's scratch (split partials) is required, axis 1's (the staged-x image) optional.
+      const int64_t floats = trellis_gemv_scratch_floats(w, T, n_sms_);
+      float* scratch = w.axis == 1 ? optional_scratch(floats) : nullptr;
+      if (w.axis == 0 && floats > 0) ensure(scratch_, scratch_cap_, size_t(floats) * 4), scratch = static_cast<float*>(scratch_);
       launch_trellis_gemv(w, x.as<uint16_t>(), bias, y.data, y.dtype == DType::F32, T, scratch, n_sms_, stream_);
       return;
     }
@@ -734,8 +731,8 @@ void CudaBackend::linear_multi(const Tensor& x, const LinearOut* outs, int n) {
     if (one) {
       TrellisGemvOut t[kTrellisGemvMaxSegments];
       for (int i = 0; i < n; ++i) t[i] = trellis_out(*outs[i].l, outs[i].y.data);
-      launch_trellis_gemv_multi(t, n, x.as<uint16_t>(), outs[0].y.dtype == DType::F32, x.rows(), trellis_fused_scratch(t[0].w.cols, x.rows()),
-                                n_sms_, stream_);
+      float* scratch = optional_scratch(trellis_gemv_fused_scratch_floats(t[0].w.cols, x.rows()));
+      launch_trellis_gemv_multi(t, n, x.as<uint16_t>(), outs[0].y.dtype == DType::F32, x.rows(), scratch, n_sms_, stream_);
       return;
     }
   }
@@ -874,7 +871,7 @@ void CudaBackend::gated_up(const Tensor& x, const Linear& wg, const Linear& wu, 
   }
   if (one && pick_linear(wg, x.rows()) == LinearKernel::GemvTrellis && trellis_fusable(wg, wu)) {
     launch_trellis_gemv_gated(trellis_out(wg, nullptr), trellis_out(wu, nullptr), int(op), x.as<uint16_t>(), out.as<uint16_t>(), x.rows(),
-                              trellis_fused_scratch(wg.n_cols, x.rows()), n_sms_, stream_);
+                              optional_scratch(trellis_gemv_fused_scratch_floats(wg.n_cols, x.rows())), n_sms_, stream_);
     return;
   }
   if (!one || wg.format != WeightFormat::Dense) {

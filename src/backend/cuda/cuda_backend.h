@@ -176,7 +176,7 @@ class CudaBackend : public Backend {
   // (a's pools and block tables pointed at them).
   void dequant_coded_blocks(int64_t layer, cuda::AttnArgs& a);
   void not_capturing(const char* what);  // fails (and drops the recording) when called inside a capture
-  float* trellis_fused_scratch(int64_t cols, int64_t T);
+  float* optional_scratch(int64_t floats);  // scratch a launch can do without; null inside a capture needing growth
   void drop_graphs();                    // after a buffer the recordings point into moved
 
   int device_ = 0, n_sms_ = 0;

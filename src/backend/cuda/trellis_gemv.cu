@@ -90,6 +90,12 @@ __device__ __forceinline__ void store_gated(const TrSegs& segs, int gated_act, i
   static_cast<__nv_bfloat16*>(segs.y[0])[t * N + r] = __float2bfloat16(act_value(gated_act, g) * u);
 }
 
+// The plain form's output for row r of matrix si, activation row t, from its sum (y·x, before scale/std).
+__device__ __forceinline__ void store_row(const TrSegs& segs, int si, bool y_f32, int64_t N, int64_t r, int t, float sum) {
+  const float* bias = seg_pick(segs.bias, si);
+  store_y(seg_pick(segs.y, si), y_f32, t * N + r, fmaf(sum, seg_pick(segs.scales, si)[r] * kTrInvStd, bias ? bias[r] : 0.0f));
+}
+
 template <int K, int NR>
 __global__ void __launch_bounds__(kTrWarps * 32)
     trellis_gemv_axis1_kernel(TrSegs segs, const uint16_t* __restrict__ x, bool y_f32, int T, int64_t Kin, int wpr, bool vec, int gated_act) {
@@ -193,18 +199,13 @@ __global__ void __launch_bounds__(kTrWarps * 32)
     }
     return;
   }
-  const float* scales = seg_pick(segs.scales, si);
-  const float* bias = seg_pick(segs.bias, si);
-  void* y = seg_pick(segs.y, si);
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    const int64_t n = row0 + j;
-    if (n >= N) break;
-    const float sc = scales[n] * kTrInvStd, bv = bias ? bias[n] : 0.0f;
+    if (row0 + j >= N) break;
 #pragma unroll
     for (int r = 0; r < NR; ++r) {
       if (r >= T) break;
-      store_y(y, y_f32, r * N + n, fmaf(acc[j][r], sc, bv));
+      store_row(segs, si, y_f32, N, row0 + j, r, acc[j][r]);
     }
   }
 }
@@ -410,7 +411,7 @@ __device__ __forceinline__ uint32_t ti_rep(const uint4& v, int i) {
 // right and mask (two ALU-pipe instructions); V 1, for windows inside one word (off + 12 <= 32, off > 0): a multiply
 // that lifts the window to the top (IMAD, the FMA pipe, where the LCG's IMAD also runs) and a shift down (ALU), so
 // the decode's integer work splits between the two pipes. The multiply is inline PTX, so the compiler does not fold
-// the pair back into shift-and-mask. (Chosen at run time by ARBOR_CUDA_TRELLIS_V while both are measured.)
+// the pair back into shift-and-mask. (Chosen at run time by ti_options().variant while both are measured.)
 template <int V>
 __device__ __forceinline__ uint32_t ti_window(uint32_t w, int off) {
   if (V == 0 || off == 0) return (w >> off) & 0xfffu;
@@ -424,14 +425,23 @@ __device__ __forceinline__ uint32_t ti_state(const uint32_t* W, int r) {
   const int rel = (63 - r) * K, w = rel >> 5, off = rel & 31;
   return off + 12 <= 32 ? ti_window<V>(W[w], off) : trellis_funnel(W[w], W[w + 1], off) & 0xfffu;
 }
-// set_trellis_gemv_options' choices (-1: the environment's).
-int g_ti_variant = -1, g_ti_small_tiles = -1, g_ti_prepass = -1;
-int trellis_variant() {
-  static const int v = [] {
-    const char* e = std::getenv("ARBOR_CUDA_TRELLIS_V");
-    return e && e[0] == '1' ? 1 : 0;
+// The integer kernels' opt-in variants (trellis.h, set_trellis_gemv_options): variant 1 (ti_window's second mix),
+// small_tiles 1 (16-row tiles where 32-row ones leave under two a SM), prepass 1 (from 2 rows) or 2 (always). Read
+// from ARBOR_CUDA_TRELLIS_V / _MT / _PREPASS once; set_trellis_gemv_options overrides each (-1: back to those).
+struct TiOptions {
+  int variant, small_tiles, prepass;
+};
+TiOptions g_ti_set{-1, -1, -1};
+TiOptions ti_options() {
+  static const TiOptions env = [] {
+    auto digit = [](const char* name, int most) {
+      const char* e = std::getenv(name);
+      return e && e[0] >= '0' && e[0] <= '0' + most ? e[0] - '0' : 0;
+    };
+    return TiOptions{digit("ARBOR_CUDA_TRELLIS_V", 1), digit("ARBOR_CUDA_TRELLIS_MT", 1), digit("ARBOR_CUDA_TRELLIS_PREPASS", 2)};
   }();
-  return g_ti_variant >= 0 ? g_ti_variant : v;
+  return {g_ti_set.variant >= 0 ? g_ti_set.variant : env.variant, g_ti_set.small_tiles >= 0 ? g_ti_set.small_tiles : env.small_tiles,
+          g_ti_set.prepass >= 0 ? g_ti_set.prepass : env.prepass};
 }
 
 // Σ y·q of a group from its s32 sums of the hi and lo columns and the group's staged float4 (scale, 510·Σhi,
@@ -446,38 +456,50 @@ __host__ __device__ inline size_t ti_smem_bytes(int T, int64_t Kin) {
   return size_t(2 * T) * size_t(trellis_im_col_stride(nb)) + size_t(T) * size_t(nb) * 16;
 }
 
-// One (activation row t, block b) of the staged x into dst (shared memory, or the pre-pass's image in global memory:
-// the same bytes, ti_smem_bytes(T, Kin) of them): lane l quantizes inputs 8l..8l+7 (segment l/8 of the block); a
-// whole warp calls it.
-__device__ __forceinline__ void ti_stage_pair(const uint16_t* __restrict__ x, int T, int64_t Kin, int t, int64_t b, int lane, unsigned char* dst) {
-  const int64_t nb = Kin / 256, cs = trellis_im_col_stride(nb);
-  const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + t * Kin + b * 256) + lane);
+// A warp's group of activations, E a lane (v), as 15-bit integers against the group's largest |v|: the lane's
+// q = 128·hi + lo packed as E hi bytes (hi[e / 4], byte e % 4) and E lo bytes, and the group's float4: its scale
+// (NaN when the group holds an inf or NaN, so its outputs are NaN as the FP32 kernels' would be), 510·Σhi and
+// 510·Σlo (as int bits). The whole warp calls it.
+template <int E>
+__device__ __forceinline__ float4 ti_quantize(const float (&v)[E], uint32_t (&hi)[(E + 3) / 4], uint32_t (&lo)[(E + 3) / 4]) {
   float m = 0.0f;
   bool finite = true;
 #pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const float a = fabsf(bf16_of(v, e));
+  for (int e = 0; e < E; ++e) {
+    const float a = fabsf(v[e]);
     m = fmaxf(m, a), finite = finite && a <= 3.4e38f;
   }
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   finite = __all_sync(0xffffffffu, finite);
   const float inv = m > 0.0f && finite ? kTrellisImQ / m : 0.0f;
   int hs = 0, ls = 0;
-  uint32_t hw[2] = {0u, 0u}, lw[2] = {0u, 0u};
 #pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const int q = trellis_im_q(bf16_of(v, e), inv), hi = q >> 7, lo = q & 127;
-    hs += hi, ls += lo;
-    hw[e / 4] |= uint32_t(hi & 0xff) << (8 * (e % 4)), lw[e / 4] |= uint32_t(lo) << (8 * (e % 4));
+  for (int e = 0; e < (E + 3) / 4; ++e) hi[e] = lo[e] = 0u;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const int q = trellis_im_q(v[e], inv), h = q >> 7, l = q & 127;
+    hs += h, ls += l;
+    hi[e / 4] |= uint32_t(h & 0xff) << (8 * (e % 4)), lo[e / 4] |= uint32_t(l) << (8 * (e % 4));
   }
   for (int o = 16; o > 0; o >>= 1) hs += __shfl_xor_sync(0xffffffffu, hs, o), ls += __shfl_xor_sync(0xffffffffu, ls, o);
+  return make_float4(finite ? m / kTrellisImQ : __int_as_float(0x7fc00000), __int_as_float(510 * hs), __int_as_float(510 * ls), 0.0f);
+}
+
+// One (activation row t, block b) of the staged x into dst (shared memory, or the pre-pass's image in global memory:
+// the same bytes, ti_smem_bytes(T, Kin) of them): lane l quantizes inputs 8l..8l+7 (segment l/8 of the block); a
+// whole warp calls it.
+__device__ __forceinline__ void ti_stage_pair(const uint16_t* __restrict__ x, int T, int64_t Kin, int t, int64_t b, int lane, unsigned char* dst) {
+  const int64_t nb = Kin / 256, cs = trellis_im_col_stride(nb);
+  const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + t * Kin + b * 256) + lane);
+  float v[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) v[e] = bf16_of(xv, e);
+  uint32_t hi[2], lo[2];
+  const float4 md = ti_quantize(v, hi, lo);
   const int64_t off = trellis_im_seg(b, lane / 8) + (lane % 8) * 8;
-  *reinterpret_cast<uint2*>(dst + (2 * t) * cs + off) = make_uint2(hw[0], hw[1]);
-  *reinterpret_cast<uint2*>(dst + (2 * t + 1) * cs + off) = make_uint2(lw[0], lw[1]);
-  // A block with inf or NaN gets a NaN scale, so its rows' outputs are NaN as the FP32 kernels' would be.
-  if (lane == 0)
-    reinterpret_cast<float4*>(dst + 2 * T * cs)[t * nb + b] =
-        make_float4(finite ? m / kTrellisImQ : __int_as_float(0x7fc00000), __int_as_float(510 * hs), __int_as_float(510 * ls), 0.0f);
+  *reinterpret_cast<uint2*>(dst + (2 * t) * cs + off) = make_uint2(hi[0], hi[1]);
+  *reinterpret_cast<uint2*>(dst + (2 * t + 1) * cs + off) = make_uint2(lo[0], lo[1]);
+  if (lane == 0) reinterpret_cast<float4*>(dst + 2 * T * cs)[t * nb + b] = md;
 }
 
 // The pre-pass: x staged once per launch into img (global), a warp per (activation row, block), for the GEMV's CTAs
@@ -645,14 +667,9 @@ __global__ void __launch_bounds__(kTiWarps * 32)
         if (row[mt][0] < N) store_gated(segs, gated_act, N, row[mt][0], t, acc[mt][nn][0], acc[mt][nn][1]);
         continue;
       }
-      const float* scales = seg_pick(segs.scales, si);
-      const float* bias = seg_pick(segs.bias, si);
-      void* y = seg_pick(segs.y, si);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t r = row[mt][h];
-        if (r < N) store_y(y, y_f32, t * N + r, fmaf(acc[mt][nn][h], scales[r] * kTrInvStd, bias ? bias[r] : 0.0f));
-      }
+      for (int h = 0; h < 2; ++h)
+        if (row[mt][h] < N) store_row(segs, si, y_f32, N, row[mt][h], t, acc[mt][nn][h]);
     }
   }
 }
@@ -683,7 +700,7 @@ void launch_imma(const TrSegs& segs, int mt, int64_t Kin, const uint16_t* x, uns
     pdl_launch(trellis_xquant_kernel, dim3(unsigned((T * nb + 7) / 8)), dim3(256), 0, s, x, T, Kin, ximg);
     ARBOR_LAUNCH_CHECK("trellis_xquant_kernel");
   }
-  pdl_launch(kerns[trellis_variant()][mt - 1][T <= 4 ? 0 : 1], dim3(grid), dim3(kTiWarps * 32), smem, s, segs, x,
+  pdl_launch(kerns[ti_options().variant][mt - 1][T <= 4 ? 0 : 1], dim3(grid), dim3(kTiWarps * 32), smem, s, segs, x,
              static_cast<const unsigned char*>(ximg), y_f32, T, Kin, wpr, gated_act);
   ARBOR_LAUNCH_CHECK("trellis_imma_kernel");
 }
@@ -743,20 +760,14 @@ __global__ void __launch_bounds__(kTrWarps * 32)
   for (int64_t pi = warp; pi < int64_t(T) * groups; pi += kTrWarps) {
     const int t = int(pi / groups);
     const int64_t G = pi % groups, i0 = r0 + kTiaGroup * G + 2 * lane;
-    const float v0 = i0 < R ? __uint_as_float(uint32_t(x[t * R + i0]) << 16) * (scales[i0] * kTrInvStd) : 0.0f;
-    const float v1 = i0 + 1 < R ? __uint_as_float(uint32_t(x[t * R + i0 + 1]) << 16) * (scales[i0 + 1] * kTrInvStd) : 0.0f;
-    float m = fmaxf(fabsf(v0), fabsf(v1));
-    const bool finite = __all_sync(0xffffffffu, fabsf(v0) <= 3.4e38f && fabsf(v1) <= 3.4e38f);
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    const float inv = m > 0.0f && finite ? kTrellisImQ / m : 0.0f;
-    const int q0 = trellis_im_q(v0, inv), q1 = trellis_im_q(v1, inv);
-    int hs = (q0 >> 7) + (q1 >> 7), ls = (q0 & 127) + (q1 & 127);
-    for (int o = 16; o > 0; o >>= 1) hs += __shfl_xor_sync(0xffffffffu, hs, o), ls += __shfl_xor_sync(0xffffffffu, ls, o);
+    const float v[2] = {i0 < R ? __uint_as_float(uint32_t(x[t * R + i0]) << 16) * (scales[i0] * kTrInvStd) : 0.0f,
+                        i0 + 1 < R ? __uint_as_float(uint32_t(x[t * R + i0 + 1]) << 16) * (scales[i0 + 1] * kTrInvStd) : 0.0f};
+    uint32_t hi[1], lo[1];
+    const float4 md = ti_quantize(v, hi, lo);
     const int64_t at = kTiaGroup * G + 2 * lane;
-    *reinterpret_cast<uint16_t*>(tia_xs + (2 * t) * ld + at) = uint16_t(((q0 >> 7) & 0xff) | ((q1 >> 7) & 0xff) << 8);
-    *reinterpret_cast<uint16_t*>(tia_xs + (2 * t + 1) * ld + at) = uint16_t((q0 & 127) | (q1 & 127) << 8);
-    if (lane == 0)
-      meta[t * groups + G] = make_float4(finite ? m / kTrellisImQ : __int_as_float(0x7fc00000), __int_as_float(510 * hs), __int_as_float(510 * ls), 0.0f);
+    *reinterpret_cast<uint16_t*>(tia_xs + (2 * t) * ld + at) = uint16_t(hi[0]);
+    *reinterpret_cast<uint16_t*>(tia_xs + (2 * t + 1) * ld + at) = uint16_t(lo[0]);
+    if (lane == 0) meta[t * groups + G] = md;
   }
   __syncthreads();
 
@@ -849,40 +860,29 @@ __global__ void __launch_bounds__(kTrWarps * 32)
 }
 
 // Whether the integer axis-1 GEMV stages x once per launch in a pre-pass (trellis_xquant_kernel, into scratch) rather
-// than in every CTA. Opt-in until it has run on a GPU (written in session 21 while no device could be had):
-// ARBOR_CUDA_TRELLIS_PREPASS=1 from 2 activation rows on, =2 at every row count; unset or 0: never.
+// than in every CTA. Opt-in until it has run on a GPU (written in session 21 while no device could be had).
 bool ti_prepass(int64_t T) {
-  static const int env = [] {
-    const char* e = std::getenv("ARBOR_CUDA_TRELLIS_PREPASS");
-    return e && (e[0] == '1' || e[0] == '2') ? e[0] - '0' : 0;
-  }();
-  const int mode = g_ti_prepass >= 0 ? g_ti_prepass : env;
+  const int mode = ti_options().prepass;
   return mode == 2 || (mode == 1 && T >= 2);
 }
-bool ti_applies(int64_t Kin, const void* x) { return trellis_integer_mma() && Kin <= kTiMaxK && reinterpret_cast<uintptr_t>(x) % 16 == 0; }
+// Whether axis 1 over Kin inputs runs on the integer kernel (x must also be 16-byte aligned; else the FP32 one).
+bool ti_on(int64_t Kin) { return trellis_integer_mma() && Kin <= kTiMaxK; }
 // Floats of scratch an axis-1 launch over K inputs and T rows needs (its pre-pass's image), 0 if none.
-int64_t axis1_scratch_floats(int64_t Kin, int64_t T) {
-  return trellis_integer_mma() && Kin <= kTiMaxK && ti_prepass(T) ? int64_t(ti_smem_bytes(int(T), Kin) + 3) / 4 : 0;
-}
+int64_t axis1_scratch_floats(int64_t Kin, int64_t T) { return ti_on(Kin) && ti_prepass(T) ? int64_t(ti_smem_bytes(int(T), Kin) + 3) / 4 : 0; }
 
 // The axis-1 GEMV over outs (gated: gate = outs[0], up = outs[1] into gated_y) at the instance of (k, rows): the
 // integer tensor-core kernel where it is on and applies (K <= kTiMaxK, x 16-byte aligned), else the FP32 one.
 void launch_axis1_any(const TrellisGemvOut* outs, int n, uint16_t* gated_y, int bits, int64_t Kin, const uint16_t* x, bool y_f32, int64_t T,
                       float* scratch, int n_sms, int gated_act, cudaStream_t s) {
   const int t = int(T);
-  if (ti_applies(Kin, x)) {
+  if (ti_on(Kin) && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
     unsigned char* ximg = ti_prepass(T) && scratch ? reinterpret_cast<unsigned char*>(scratch) : nullptr;
     // Two m-tiles a warp (32 rows; x's bytes replicated once for both). With ARBOR_CUDA_TRELLIS_MT=1 (opt-in until
     // it has run on a GPU): one m-tile where 32-row tiles would leave fewer than two per SM (o and q/k/v of an 8B:
     // 128 and 192 tiles of 32 rows), so that more CTAs fill the GPU.
     int64_t rows = 0;
     for (int i = 0; i < (gated_y ? 1 : n); ++i) rows += outs[i].w.rows;
-    static const bool small_env = [] {
-      const char* e = std::getenv("ARBOR_CUDA_TRELLIS_MT");
-      return e && e[0] == '1';
-    }();
-    const bool small_tiles = g_ti_small_tiles >= 0 ? g_ti_small_tiles == 1 : small_env;
-    const int mt = !small_tiles || (gated_y ? rows / 16 : rows / 32) >= 2 * int64_t(n_sms) ? 2 : 1;
+    const int mt = ti_options().small_tiles != 1 || (gated_y ? rows / 16 : rows / 32) >= 2 * int64_t(n_sms) ? 2 : 1;
     const TrSegs segs = make_segments(outs, n, gated_y, gated_y ? 8 * mt : 16 * mt);
     if (bits == 2) launch_imma<2>(segs, mt, Kin, x, ximg, y_f32, t, n_sms, gated_act, s);
     else if (bits == 3) launch_imma<3>(segs, mt, Kin, x, ximg, y_f32, t, n_sms, gated_act, s);
@@ -1009,7 +1009,7 @@ void launch_axis0_k(const TrellisWeights& w, const uint16_t* x, const float* bia
   if (trellis_integer_mma()) {  // 2T·(rpc + 8) staged bytes and T·rpc/64 float4s: at most 3T a row, 24T fixed (rpc a multiple of 64)
     const Axis0Kernel kerns[2][2] = {{trellis_imma_axis0_kernel<K, 1, 0>, trellis_imma_axis0_kernel<K, 2, 0>},
                                      {trellis_imma_axis0_kernel<K, 1, 1>, trellis_imma_axis0_kernel<K, 2, 1>}};
-    launch_axis0(kerns[trellis_variant()][T <= 4 ? 0 : 1], size_t(T) * 3, size_t(T) * 24, w, x, bias, y, y_f32, T, scratch, n_sms, s);
+    launch_axis0(kerns[ti_options().variant][T <= 4 ? 0 : 1], size_t(T) * 3, size_t(T) * 24, w, x, bias, y, y_f32, T, scratch, n_sms, s);
     return;
   }
   const int nr = T == 1 ? 1 : T == 2 ? 2 : T <= 4 ? 4 : 8;
@@ -1097,9 +1097,8 @@ int64_t trellis_gemv_fused_scratch_floats(int64_t cols, int64_t T) { return axis
 void set_trellis_gemv_mma(int mode) { g_trellis_mma = mode == 0 || mode == 1 ? mode : -1; }
 
 void set_trellis_gemv_options(int variant, int small_tiles, int prepass) {
-  g_ti_variant = variant >= 0 && variant <= 1 ? variant : -1;
-  g_ti_small_tiles = small_tiles >= 0 && small_tiles <= 1 ? small_tiles : -1;
-  g_ti_prepass = prepass >= 0 && prepass <= 2 ? prepass : -1;
+  g_ti_set = {variant >= 0 && variant <= 1 ? variant : -1, small_tiles >= 0 && small_tiles <= 1 ? small_tiles : -1,
+              prepass >= 0 && prepass <= 2 ? prepass : -1};
 }
 
 }  // namespace arbor::cuda
