@@ -12,7 +12,8 @@
 #       assignments, "" for none; e.g. AB="ARBOR_CUDA_FUSED_PREP=0;ARBOR_CUDA_FUSED_PREP=1"), the list
 #       run twice in turn, so a change is judged on one machine (H200s of the tool differ by ~1.5%);
 #       a setting may also name another binary: AB="BIN=arbor_old;BIN=arbor" (both in $D); AB_ARGS adds bench
-#       arguments (AB_ARGS="--decode-batch 8"), AB_CONFIG picks another config.
+#       arguments (AB_ARGS="--decode-batch 8"), AB_CONFIG picks another config; AB_ROUNDS (default 2), AB_LIMIT
+#       (seconds a run, default 60). Each run's log is ab_rROUND_N.log; its tok/s lines go to the output.
 #   trellis: the CudaTrellis tests under memcheck and 8B trellis decode at 1/2/4/8 rows, CUDA-core GEMV
 #       against the tensor-core one (TRELLIS_BITS, TRELLIS_RUNS narrow it; ~5 min for k 2/3/4),
 #   encoder: the GPU Viterbi's tests and its weights/s against the CPU encoder's (pack bench_trellis too),
@@ -103,17 +104,19 @@ for step in $STEPS; do
       ;;
     ab)
       IFS=';' read -r -a settings <<< "${AB:-}"
-      for round in 1 2; do
+      for round in $(seq 1 ${AB_ROUNDS:-2}); do
+        n=0
         for setting in "${settings[@]}"; do
           bin=arbor; envs=()
           for kv in $setting; do
             case $kv in BIN=*) bin=${kv#BIN=} ;; *) envs+=("$kv") ;; esac
           done
           # AB_ARGS: more bench arguments, e.g. "--decode-batch 8"; AB_CONFIG: another model config.
-          env "${envs[@]}" timeout 60 "$D/$bin" bench --device cuda --dummy-weights --config "${AB_CONFIG:-bench/configs/llama-3.1-8b.json}" \
-            --decode-only ${AB_ARGS:-} > "$OUT/ab.log" 2>&1
+          n=$((n + 1)); log="$OUT/ab_r${round}_$n.log"
+          env "${envs[@]}" timeout ${AB_LIMIT:-60} "$D/$bin" bench --device cuda --dummy-weights --config "${AB_CONFIG:-bench/configs/llama-3.1-8b.json}" \
+            --decode-only ${AB_ARGS:-} > "$log" 2>&1
           rc=$?
-          echo "ab round $round [$setting] rc=$rc $(tail -1 "$OUT/ab.log")"
+          echo "ab round $round [$setting] rc=$rc $(grep -E 'tok/s' "$log" | tr -s ' ' | tr '\n' '|' | head -c 700)"
         done
       done
       ;;

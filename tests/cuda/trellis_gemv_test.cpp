@@ -159,7 +159,9 @@ TEST(CudaTrellis, GemvMatchesTheReference) {
       const bool with_bias = (case_no++ % 2) == 0;
       HostTrellis a(rng, s.out, s.in, k, s.axis, with_bias);
       const Linear l = gpu.load_linear(a.host_linear());
-      for (int64_t T : {1, 3, 5, 8}) {  // 9+ rows: PrefillMatchesTheReference
+      // 17+ rows: PrefillMatchesTheReference. [37, 4352] at 12 and 16 rows: x past the integer kernel's shared memory,
+      // so the FP32 kernels in launches of 8 rows (also every shape in mode 0).
+      for (int64_t T : {1, 3, 5, 8, 12, 16}) {
         const bool f32 = (T + k) % 2 == 0;
         check_trellis_linear(gpu, l, a, T, f32, mode != 0, rng, fmt::format("{} T={} {}", a.name(), T, f32 ? "f32" : "bf16"));
       }
@@ -179,7 +181,7 @@ TEST(CudaTrellis, TensorCoreKernelTakesAnyActivationScale) {
   std::mt19937 rng(11);
   for (int axis : {1, 0})
     for (float mag : {1e6f, 1e-7f})
-      for (int64_t T : {1, 4}) {
+      for (int64_t T : {1, 4, 16}) {
         const int64_t out = axis == 1 ? 70 : 256, in = axis == 1 ? 1024 : 1000;
         HostTrellis a(rng, out, in, 3, axis, false);
         const Linear l = gpu.load_linear(a.host_linear());
@@ -205,7 +207,7 @@ TEST(CudaTrellis, FusedMultiAndGatedMatchTheReference) {
   MmaOn chosen(mode);
   std::mt19937 rng(7);
   for (int k : {2, 3, 4})
-    for (int64_t T : {1, 3, 8}) {
+    for (int64_t T : {1, 3, 8, 13}) {
       const int64_t C = T == 3 ? 4352 : 768;
       // T = 8: v on axis 0 (its rows a multiple of 256), so the three do not fuse and run one GEMV each.
       const int64_t vrows = T == 8 ? 256 : 33;
@@ -283,7 +285,7 @@ TEST(CudaTrellis, PrefillMatchesTheReference) {
   };
   for (int k : {2, 3, 4})
     for (const Shape& s : {Shape{1, 600, 512}, Shape{0, 768, 77}, Shape{0, 512, 1601}})
-      for (int64_t T : {9, 40, 130}) {
+      for (int64_t T : {17, 40, 130}) {
         const bool with_bias = case_no % 2 == 0, f32 = case_no % 3 == 0;
         ++case_no;
         gpu.set_affine_dequant(65, size_t(256) * 2 * size_t(s.in));  // slices of 256 rows
@@ -320,8 +322,8 @@ TEST(CudaTrellis, PickLinearTakesEveryRowCount) {
   std::mt19937 rng(6);
   HostTrellis a(rng, 8, 256, 2, 1, false);
   const Linear l = gpu.load_linear(a.host_linear());
-  for (int64_t rows : {1, 8}) EXPECT_EQ(gpu.pick_linear(l, rows), CudaBackend::LinearKernel::GemvTrellis);
-  for (int64_t rows : {9, 2048}) EXPECT_EQ(gpu.pick_linear(l, rows), CudaBackend::LinearKernel::DequantTrellisLt);
+  for (int64_t rows : {1, 8, 16}) EXPECT_EQ(gpu.pick_linear(l, rows), CudaBackend::LinearKernel::GemvTrellis);
+  for (int64_t rows : {17, 2048}) EXPECT_EQ(gpu.pick_linear(l, rows), CudaBackend::LinearKernel::DequantTrellisLt);
   // The host format is checked at load: words of the wrong width, k 5.
   Linear h = a.host_linear();
   h.data.shape[1] = 15;

@@ -149,7 +149,9 @@ ARBOR_TRELLIS_HD int64_t trellis_ia0_col_stride(int64_t rows) { return (rows + 6
 // x; axis 0: a block of 8 warps owns 256 outputs and a range of input rows (x·scale staged in shared memory),
 // lane l accumulates outputs 8l..8l+7 over its warp's rows; ranges split over blocks write f32 partials to
 // `scratch` (trellis_gemv_scratch_floats) that a second kernel sums in a fixed order. y bf16 or f32.
-constexpr int64_t kTrellisGemvMaxRows = 8;
+// 9-16 rows: the integer kernels still decode each weight once for all rows (four n-tiles of 4 rows); the FP32 ones
+// (and axis 1's integer kernel past 4096 inputs, where 16 rows of staged x would not fit) run launches of 8 rows.
+constexpr int64_t kTrellisGemvMaxRows = 16;
 // Up to kTrellisGemvMaxSegments axis-1 matrices over the same x in one launch (fused q/k/v: the same k and
 // columns), each into its own y; and the gated form: gate and up (axis 1, the same shape) into
 // y = act(bf16(gate)) * bf16(up) rounded to bf16 (act: an ActOp's value), as linear + activation store it.
@@ -166,13 +168,13 @@ void launch_trellis_gemv_multi(const TrellisGemvOut* outs, int n, const uint16_t
 void launch_trellis_gemv_gated(const TrellisGemvOut& gate, const TrellisGemvOut& up, int act, const uint16_t* x, uint16_t* y, int64_t T,
                                float* scratch, int n_sms, CUstream_st* s);
 int64_t trellis_gemv_fused_scratch_floats(int64_t cols, int64_t T);
-// Which GEMVs run launches of 1..8 rows: 1 the integer tensor-core ones (trellis_gemv.cu's trellis_imma_kernel,
+// Which GEMVs run launches of 1..16 rows: 1 the integer tensor-core ones (trellis_gemv.cu's trellis_imma_kernel,
 // trellis_imma_axis0_kernel; axis 1 only where K <= 8192), 0 the FP32 ones; -1 back to the environment's choice
 // (ARBOR_CUDA_TRELLIS_MMA=0: FP32; otherwise the integer ones). Tests and A/B runs.
 void set_trellis_gemv_mma(int mode);
 // The integer kernels' opt-in variants, as ARBOR_CUDA_TRELLIS_V / _MT / _PREPASS set them (-1: back to the
 // environment's): variant 1 (the window by an IMAD lift and a shift), small_tiles 1 (16-row tiles where 32-row ones
-// leave under two a SM), prepass 1 (x staged once per launch from 2 rows) or 2 (at every row count). Tests and A/B runs.
+// leave under two a SM) or 2 (16-row tiles everywhere), prepass 1 (x staged once per launch from 2 rows) or 2 (at every row count). Tests and A/B runs.
 void set_trellis_gemv_options(int variant, int small_tiles, int prepass);
 // The encoder's Viterbi on the GPU (trellis_encode.cu): for each of `blocks` blocks of 256 targets (code
 // units, host memory, [blocks][256]) the tail-biting path quant::TrellisViterbi::encode_block chooses with

@@ -1,4 +1,4 @@
-// Trellis weights (trellis.h's layout) for decode: a GEMV for 1-8 rows of bf16 activations, both axes, in two
+// Trellis weights (trellis.h's layout) for decode: a GEMV for 1-16 rows of bf16 activations, both axes, in two
 // families. The default, on integer tensor cores (trellis_imma_kernel, trellis_imma_axis0_kernel; the sections
 // below say how): the LCG word of each weight is four u8 entries of an m16n8k32 A fragment, so the byte sum and the
 // products are the MMA's, and x enters as 15-bit integers per group. The FP32 kernels (ARBOR_CUDA_TRELLIS_MMA=0;
@@ -355,6 +355,7 @@ TrSegs make_segments(const TrellisGemvOut* outs, int n, uint16_t* gated_y, int64
   return segs;
 }
 
+constexpr int kTrFp32MaxRows = 8;  // the FP32 kernels' instances go to 8 rows; more run as launches of 8
 constexpr int64_t kTiMaxK = 8192;  // axis 1's integer kernel stages x in shared memory: 2T·K bytes and a little
 int g_trellis_mma = -1;  // set_trellis_gemv_mma: 0 the FP32 kernels, 1 the integer tensor-core ones, -1 from ARBOR_CUDA_TRELLIS_MMA
 // Whether the GEMVs run on the integer tensor-core kernels (the default) or the FP32 ones (ARBOR_CUDA_TRELLIS_MMA=0).
@@ -374,8 +375,8 @@ bool trellis_integer_mma() {
 // mma.sync m16n8k32 as four u8 entries of A and the byte sum happens in the tensor core (trellis.h,
 // "trellis_imma_kernel's maps"). x is staged per CTA as integers per block of 256 inputs (q = 128·hi + lo, two
 // s8 columns of B per activation row, |q| <= 16256 against the block's max|x|, the block's scale and 510·Σhi,
-// 510·Σlo beside it), so all T <= 8 activation rows cost the same decode: columns 2t, 2t + 1 of one n-tile for
-// t < 4, of a second for t 4..7 (NN = 2). A warp owns 16·MT weight rows as MT m-tiles (gated: 8·MT gate rows and
+// 510·Σlo beside it), so all T <= 16 activation rows cost the same decode: columns 2t, 2t + 1 of n-tile t / 4
+// (NN = 1, 2 or 4 n-tiles). A warp owns 16·MT weight rows as MT m-tiles (gated: 8·MT gate rows and
 // the same up rows, gate in A rows g, up in g + 8) and a range of blocks (K split over up to 8 warps); each lane
 // reads its 2k words of a block row with wide loads (the next block's before the current one's arithmetic) and
 // takes the 2k+1-th from its neighbour by a shuffle. Per block the s32 sums (exact: |Σ y·hi| < 2^24) are turned
@@ -427,7 +428,8 @@ __device__ __forceinline__ uint32_t ti_state(const uint32_t* W, int r) {
 }
 // The integer kernels' opt-in variants (trellis.h, set_trellis_gemv_options): variant 1 (ti_window's second mix),
 // small_tiles 1 (16-row tiles where 32-row ones leave under two a SM), prepass 1 (from 2 rows) or 2 (always). Read
-// from ARBOR_CUDA_TRELLIS_V / _MT / _PREPASS once; set_trellis_gemv_options overrides each (-1: back to those).
+// from ARBOR_CUDA_TRELLIS_V / _MT / _PREPASS once (small_tiles 2: 16-row tiles everywhere: 68-95 registers, three
+// CTAs an SM, against two at 32-row tiles); set_trellis_gemv_options overrides each (-1: back to those).
 struct TiOptions {
   int variant, small_tiles, prepass;
 };
@@ -438,7 +440,7 @@ TiOptions ti_options() {
       const char* e = std::getenv(name);
       return e && e[0] >= '0' && e[0] <= '0' + most ? e[0] - '0' : 0;
     };
-    return TiOptions{digit("ARBOR_CUDA_TRELLIS_V", 1), digit("ARBOR_CUDA_TRELLIS_MT", 1), digit("ARBOR_CUDA_TRELLIS_PREPASS", 2)};
+    return TiOptions{digit("ARBOR_CUDA_TRELLIS_V", 1), digit("ARBOR_CUDA_TRELLIS_MT", 2), digit("ARBOR_CUDA_TRELLIS_PREPASS", 2)};
   }();
   return {g_ti_set.variant >= 0 ? g_ti_set.variant : env.variant, g_ti_set.small_tiles >= 0 ? g_ti_set.small_tiles : env.small_tiles,
           g_ti_set.prepass >= 0 ? g_ti_set.prepass : env.prepass};
@@ -455,6 +457,8 @@ __host__ __device__ inline size_t ti_smem_bytes(int T, int64_t Kin) {
   const int64_t nb = Kin / 256;
   return size_t(2 * T) * size_t(trellis_im_col_stride(nb)) + size_t(T) * size_t(nb) * 16;
 }
+// The staged x one CTA may hold: 8 rows at kTiMaxK inputs (~130 KB), so 16 rows go to 4096 inputs.
+size_t ti_max_smem() { return ti_smem_bytes(8, kTiMaxK); }
 
 // A warp's group of activations, E a lane (v), as 15-bit integers against the group's largest |v|: the lane's
 // q = 128·hi + lo packed as E hi bytes (hi[e / 4], byte e % 4) and E lo bytes, and the group's float4: its scale
@@ -685,14 +689,17 @@ void launch_imma(const TrSegs& segs, int mt, int64_t Kin, const uint16_t* x, uns
   const int64_t per_block = kTiWarps / wpr;
   const unsigned grid = unsigned((units + per_block - 1) / per_block);
   using Kern = void (*)(TrSegs, const uint16_t*, const unsigned char*, bool, int, int64_t, int, int);
-  const Kern kerns[2][2][2] = {{{trellis_imma_kernel<K, 1, 1, 0>, trellis_imma_kernel<K, 2, 1, 0>}, {trellis_imma_kernel<K, 1, 2, 0>, trellis_imma_kernel<K, 2, 2, 0>}},
-                               {{trellis_imma_kernel<K, 1, 1, 1>, trellis_imma_kernel<K, 2, 1, 1>}, {trellis_imma_kernel<K, 1, 2, 1>, trellis_imma_kernel<K, 2, 2, 1>}}};
+  // [variant][m-tiles - 1][n-tiles: 1 (T <= 4), 2 (T <= 8), 4 (T <= 16; one m-tile only, for registers)]
+  const Kern kerns[2][2][3] = {{{trellis_imma_kernel<K, 1, 1, 0>, trellis_imma_kernel<K, 2, 1, 0>, trellis_imma_kernel<K, 4, 1, 0>},
+                                {trellis_imma_kernel<K, 1, 2, 0>, trellis_imma_kernel<K, 2, 2, 0>, nullptr}},
+                               {{trellis_imma_kernel<K, 1, 1, 1>, trellis_imma_kernel<K, 2, 1, 1>, trellis_imma_kernel<K, 4, 1, 1>},
+                                {trellis_imma_kernel<K, 1, 2, 1>, trellis_imma_kernel<K, 2, 2, 1>, nullptr}}};
   static bool attr = false;
   if (!attr) {
-    const int most = int(ti_smem_bytes(int(kTrellisGemvMaxRows), kTiMaxK));
     for (auto& v : kerns)
       for (auto& m : v)
-        for (Kern k : m) ARBOR_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+        for (Kern k : m)
+          if (k) ARBOR_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ti_max_smem())));
     attr = true;
   }
   const size_t smem = ti_smem_bytes(T, Kin);
@@ -700,7 +707,10 @@ void launch_imma(const TrSegs& segs, int mt, int64_t Kin, const uint16_t* x, uns
     pdl_launch(trellis_xquant_kernel, dim3(unsigned((T * nb + 7) / 8)), dim3(256), 0, s, x, T, Kin, ximg);
     ARBOR_LAUNCH_CHECK("trellis_xquant_kernel");
   }
-  pdl_launch(kerns[ti_options().variant][mt - 1][T <= 4 ? 0 : 1], dim3(grid), dim3(kTiWarps * 32), smem, s, segs, x,
+  const int nn = T <= 4 ? 0 : T <= 8 ? 1 : 2;
+  ARBOR_CU_CHECK(kerns[ti_options().variant][mt - 1][nn] && smem <= ti_max_smem(), "cuda: trellis gemv: no integer kernel for %d rows, %d m-tiles, K %lld",
+                 T, mt, (long long)Kin);
+  pdl_launch(kerns[ti_options().variant][mt - 1][nn], dim3(grid), dim3(kTiWarps * 32), smem, s, segs, x,
              static_cast<const unsigned char*>(ximg), y_f32, T, Kin, wpr, gated_act);
   ARBOR_LAUNCH_CHECK("trellis_imma_kernel");
 }
@@ -865,41 +875,49 @@ bool ti_prepass(int64_t T) {
   const int mode = ti_options().prepass;
   return mode == 2 || (mode == 1 && T >= 2);
 }
-// Whether axis 1 over Kin inputs runs on the integer kernel (x must also be 16-byte aligned; else the FP32 one).
-bool ti_on(int64_t Kin) { return trellis_integer_mma() && Kin <= kTiMaxK; }
+// Whether axis 1 over Kin inputs and T rows runs on the integer kernel, its staged x within ti_max_smem() (x must also
+// be 16-byte aligned; else the FP32 one).
+bool ti_on(int64_t Kin, int64_t T) { return trellis_integer_mma() && Kin <= kTiMaxK && ti_smem_bytes(int(T), Kin) <= ti_max_smem(); }
 // Floats of scratch an axis-1 launch over K inputs and T rows needs (its pre-pass's image), 0 if none.
-int64_t axis1_scratch_floats(int64_t Kin, int64_t T) { return ti_on(Kin) && ti_prepass(T) ? int64_t(ti_smem_bytes(int(T), Kin) + 3) / 4 : 0; }
+int64_t axis1_scratch_floats(int64_t Kin, int64_t T) { return ti_on(Kin, T) && ti_prepass(T) ? int64_t(ti_smem_bytes(int(T), Kin) + 3) / 4 : 0; }
 
 // The axis-1 GEMV over outs (gated: gate = outs[0], up = outs[1] into gated_y) at the instance of (k, rows): the
 // integer tensor-core kernel where it is on and applies (K <= kTiMaxK, x 16-byte aligned), else the FP32 one.
 void launch_axis1_any(const TrellisGemvOut* outs, int n, uint16_t* gated_y, int bits, int64_t Kin, const uint16_t* x, bool y_f32, int64_t T,
                       float* scratch, int n_sms, int gated_act, cudaStream_t s) {
   const int t = int(T);
-  if (ti_on(Kin) && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+  if (ti_on(Kin, T) && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
     unsigned char* ximg = ti_prepass(T) && scratch ? reinterpret_cast<unsigned char*>(scratch) : nullptr;
     // Two m-tiles a warp (32 rows; x's bytes replicated once for both). With ARBOR_CUDA_TRELLIS_MT=1 (opt-in until
     // it has run on a GPU): one m-tile where 32-row tiles would leave fewer than two per SM (o and q/k/v of an 8B:
     // 128 and 192 tiles of 32 rows), so that more CTAs fill the GPU.
     int64_t rows = 0;
     for (int i = 0; i < (gated_y ? 1 : n); ++i) rows += outs[i].w.rows;
-    const int mt = ti_options().small_tiles != 1 || (gated_y ? rows / 16 : rows / 32) >= 2 * int64_t(n_sms) ? 2 : 1;
+    const int st = ti_options().small_tiles;
+    const int mt = T > 8 || st == 2 ? 1 : st != 1 || (gated_y ? rows / 16 : rows / 32) >= 2 * int64_t(n_sms) ? 2 : 1;
     const TrSegs segs = make_segments(outs, n, gated_y, gated_y ? 8 * mt : 16 * mt);
     if (bits == 2) launch_imma<2>(segs, mt, Kin, x, ximg, y_f32, t, n_sms, gated_act, s);
     else if (bits == 3) launch_imma<3>(segs, mt, Kin, x, ximg, y_f32, t, n_sms, gated_act, s);
     else launch_imma<4>(segs, mt, Kin, x, ximg, y_f32, t, n_sms, gated_act, s);
     return;
   }
-  const TrSegs segs = make_segments(outs, n, gated_y, gated_y ? 1 : 2);
-  const int nr = T == 1 ? 1 : T == 2 ? 2 : T <= 4 ? 4 : 8;
-#define ARBOR_TR_AXIS1(KK)                                                            \
-  if (nr == 1) launch_axis1<KK, 1>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);       \
-  else if (nr == 2) launch_axis1<KK, 2>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);  \
-  else if (nr == 4) launch_axis1<KK, 4>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);  \
-  else launch_axis1<KK, 8>(segs, Kin, x, y_f32, t, n_sms, gated_act, s);
-  if (bits == 2) { ARBOR_TR_AXIS1(2) }
-  else if (bits == 3) { ARBOR_TR_AXIS1(3) }
-  else { ARBOR_TR_AXIS1(4) }
+  // The FP32 kernels, 8 rows of activations a launch at most.
+  for (int t0 = 0; t0 < t; t0 += kTrFp32MaxRows) {
+    const int tc = std::min(kTrFp32MaxRows, t - t0), nr = tc == 1 ? 1 : tc == 2 ? 2 : tc <= 4 ? 4 : 8;
+    TrSegs segs = make_segments(outs, n, gated_y, gated_y ? 1 : 2);
+    for (int i = 0; i < segs.n; ++i)
+      if (segs.y[i]) segs.y[i] = static_cast<char*>(segs.y[i]) + int64_t(t0) * segs.N[i] * (gated_y ? 2 : y_f32 ? 4 : 2);
+    const uint16_t* xc = x + int64_t(t0) * Kin;
+#define ARBOR_TR_AXIS1(KK)                                                              \
+  if (nr == 1) launch_axis1<KK, 1>(segs, Kin, xc, y_f32, tc, n_sms, gated_act, s);       \
+  else if (nr == 2) launch_axis1<KK, 2>(segs, Kin, xc, y_f32, tc, n_sms, gated_act, s);  \
+  else if (nr == 4) launch_axis1<KK, 4>(segs, Kin, xc, y_f32, tc, n_sms, gated_act, s);  \
+  else launch_axis1<KK, 8>(segs, Kin, xc, y_f32, tc, n_sms, gated_act, s);
+    if (bits == 2) { ARBOR_TR_AXIS1(2) }
+    else if (bits == 3) { ARBOR_TR_AXIS1(3) }
+    else { ARBOR_TR_AXIS1(4) }
 #undef ARBOR_TR_AXIS1
+  }
 }
 
 // Both axis-0 kernels take these parameters, the same grid (256 outputs x a split of the input rows) and plan.
@@ -1007,17 +1025,30 @@ template <int K>
 void launch_axis0_k(const TrellisWeights& w, const uint16_t* x, const float* bias, void* y, bool y_f32, int T, float* scratch, int n_sms,
                     cudaStream_t s) {
   if (trellis_integer_mma()) {  // 2T·(rpc + 8) staged bytes and T·rpc/64 float4s: at most 3T a row, 24T fixed (rpc a multiple of 64)
-    const Axis0Kernel kerns[2][2] = {{trellis_imma_axis0_kernel<K, 1, 0>, trellis_imma_axis0_kernel<K, 2, 0>},
-                                     {trellis_imma_axis0_kernel<K, 1, 1>, trellis_imma_axis0_kernel<K, 2, 1>}};
-    launch_axis0(kerns[ti_options().variant][T <= 4 ? 0 : 1], size_t(T) * 3, size_t(T) * 24, w, x, bias, y, y_f32, T, scratch, n_sms, s);
+    const Axis0Kernel kerns[2][3] = {{trellis_imma_axis0_kernel<K, 1, 0>, trellis_imma_axis0_kernel<K, 2, 0>, trellis_imma_axis0_kernel<K, 4, 0>},
+                                     {trellis_imma_axis0_kernel<K, 1, 1>, trellis_imma_axis0_kernel<K, 2, 1>, trellis_imma_axis0_kernel<K, 4, 1>}};
+    static bool attr = false;  // 16 rows at 1024 rows a block stage ~49 KB, past the 48 KB default
+    if (!attr) {
+      for (auto& v : kerns)
+        for (Axis0Kernel k : v)
+          ARBOR_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                int(3 * kTrellisGemvMaxRows * kTrMaxRowsPerBlock + 24 * kTrellisGemvMaxRows)));
+      attr = true;
+    }
+    launch_axis0(kerns[ti_options().variant][T <= 4 ? 0 : T <= 8 ? 1 : 2], size_t(T) * 3, size_t(T) * 24, w, x, bias, y, y_f32, T, scratch,
+                 n_sms, s);
     return;
   }
-  const int nr = T == 1 ? 1 : T == 2 ? 2 : T <= 4 ? 4 : 8;
-  const Axis0Kernel k = nr == 1   ? trellis_gemv_axis0_kernel<K, 1>
-                        : nr == 2 ? trellis_gemv_axis0_kernel<K, 2>
-                        : nr == 4 ? trellis_gemv_axis0_kernel<K, 4>
-                                  : trellis_gemv_axis0_kernel<K, 8>;
-  launch_axis0(k, size_t(nr) * 4, size_t(kTrWarps) * 256 * 4, w, x, bias, y, y_f32, T, scratch, n_sms, s);
+  // The FP32 kernel, 8 rows of activations a launch at most (the split partials in scratch reused in turn).
+  for (int t0 = 0; t0 < T; t0 += kTrFp32MaxRows) {
+    const int tc = std::min(kTrFp32MaxRows, T - t0), nr = tc == 1 ? 1 : tc == 2 ? 2 : tc <= 4 ? 4 : 8;
+    const Axis0Kernel k = nr == 1   ? trellis_gemv_axis0_kernel<K, 1>
+                          : nr == 2 ? trellis_gemv_axis0_kernel<K, 2>
+                          : nr == 4 ? trellis_gemv_axis0_kernel<K, 4>
+                                    : trellis_gemv_axis0_kernel<K, 8>;
+    launch_axis0(k, size_t(nr) * 4, size_t(kTrWarps) * 256 * 4, w, x + int64_t(t0) * w.cols, bias,
+                 static_cast<char*>(y) + int64_t(t0) * w.rows * (y_f32 ? 4 : 2), y_f32, tc, scratch, n_sms, s);
+  }
 }
 
 // The checks every axis-1 fused launch makes: rows, and matrices that agree with the first.
@@ -1097,7 +1128,7 @@ int64_t trellis_gemv_fused_scratch_floats(int64_t cols, int64_t T) { return axis
 void set_trellis_gemv_mma(int mode) { g_trellis_mma = mode == 0 || mode == 1 ? mode : -1; }
 
 void set_trellis_gemv_options(int variant, int small_tiles, int prepass) {
-  g_ti_set = {variant >= 0 && variant <= 1 ? variant : -1, small_tiles >= 0 && small_tiles <= 1 ? small_tiles : -1,
+  g_ti_set = {variant >= 0 && variant <= 1 ? variant : -1, small_tiles >= 0 && small_tiles <= 2 ? small_tiles : -1,
               prepass >= 0 && prepass <= 2 ? prepass : -1};
 }
 
