@@ -119,7 +119,7 @@ CudaBackend::LinearKernel CudaBackend::pick_linear(const Linear& l, int64_t rows
   // (the device layout, affine.h: scale/bias pairs [rows, groups, 2]; host tensors have no kernel)
   const bool loaded = l.scales.ndim == 3 && (l.scales.dtype == DType::BF16 || l.scales.dtype == DType::F16);
   if (l.format == WeightFormat::Trellis && l.scales.dtype == DType::F32 && l.scales.device == Device::CUDA)
-    return rows <= cuda::kTrellisGemvMaxRows ? LinearKernel::GemvTrellis : LinearKernel::DequantTrellisLt;
+    return rows <= trellis_gemv_max_rows_ ? LinearKernel::GemvTrellis : LinearKernel::DequantTrellisLt;
   if (affine && loaded)
     return rows <= cuda::kAffineGemvMaxRows    ? LinearKernel::GemvAffine
            : rows < affine_dequant_min_rows_ ? LinearKernel::GemmAffine
@@ -128,7 +128,7 @@ CudaBackend::LinearKernel CudaBackend::pick_linear(const Linear& l, int64_t rows
        "rows (and where the tensor-core GEMV takes the shape), cuBLASLt beyond; affine 2/3/4/5/6/8-bit g32/64/128 (loaded by "
        "load_linear): GEMV up to {} rows, a tensor-core GEMM to {}, dequantization + cuBLASLt beyond; trellis k 2/3/4 (loaded by "
        "load_linear): GEMV up to {} rows, decode + cuBLASLt beyond",
-       l.describe(), rows, gemv_max_rows_, cuda::kAffineGemvMaxRows, affine_dequant_min_rows_ - 1, cuda::kTrellisGemvMaxRows);
+       l.describe(), rows, gemv_max_rows_, cuda::kAffineGemvMaxRows, affine_dequant_min_rows_ - 1, trellis_gemv_max_rows_);
 }
 void CudaBackend::set_prefill_kernel(const char* name) { cuda::set_prefill_kernel(cuda::parse_prefill_kernel(name)); }
 bool CudaBackend::prefill_wgmma_supported(int head_dim) { return cuda::prefill_wgmma_supported(head_dim); }
@@ -153,6 +153,9 @@ CudaBackend::CudaBackend(int device)
   if (const char* env = std::getenv("ARBOR_CUDA_GEMV_STREAM")) set_gemv_stream(std::atoi(env) != 0);
   if (const char* env = std::getenv("ARBOR_CUDA_GEMV_MMA")) set_gemv_mma(std::atoi(env) != 0);
   if (const char* env = std::getenv("ARBOR_CUDA_AFFINE_DEQUANT_ROWS")) affine_dequant_min_rows_ = std::max(9, std::atoi(env));
+  trellis_gemv_max_rows_ = cuda::kTrellisGemvMaxRows;
+  if (const char* env = std::getenv("ARBOR_CUDA_TRELLIS_GEMV_ROWS"))
+    trellis_gemv_max_rows_ = std::clamp<int64_t>(std::atoi(env), 1, cuda::kTrellisGemvMaxRows);
   int cluster_launch = 0;
   ARBOR_CUDA_CHECK(cudaDeviceGetAttribute(&cluster_launch, cudaDevAttrClusterLaunch, device));
   cluster_merge_ok_ = cluster_launch != 0;

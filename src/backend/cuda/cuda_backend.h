@@ -229,6 +229,7 @@ class CudaBackend : public Backend {
   // y = x · Wᵀ (+ bias) for a quantized W through dq_slice_ and cuBLASLt (the Dequant*Lt kernels).
   void decoded_lt(const Tensor& x, const Linear& l, Tensor y, const float* bias, LinearKernel kernel);
   int64_t affine_dequant_min_rows_ = 65;           // ARBOR_CUDA_AFFINE_DEQUANT_ROWS overrides (A/B runs)
+  int64_t trellis_gemv_max_rows_ = 0;  // trellis GEMV to here (kTrellisGemvMaxRows), decode + cuBLASLt past; ARBOR_CUDA_TRELLIS_GEMV_ROWS (A/B)
   bool cluster_merge_ok_ = false;  // the device launches thread-block clusters (sm_90)
   int attn_min_waves_ = 2;         // decode attention's split blocks: this many waves over the SMs at least (ARBOR_CUDA_ATTN_WAVES)
   int attn_cluster_max_ = 16;      // splits of a cluster merge, at most (ARBOR_CUDA_ATTN_CLUSTER)
