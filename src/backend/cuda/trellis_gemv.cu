@@ -543,7 +543,7 @@ __global__ void __launch_bounds__(kTiWarps * 32)
       wp[mt][h] = m + (row[mt][h] < N ? row[mt][h] : 0) * row_words + trellis_im_word0<K>(j);
     }
   const int64_t bbeg = nb * part / wpr, bend = nb * (part + 1) / wpr;
-  uint32_t cur[MT][2][NW];
+  uint32_t wa[MT][2][NW], wb[MT][2][NW];
   auto load = [&](uint32_t (&w)[MT][2][NW], int64_t b) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -551,7 +551,7 @@ __global__ void __launch_bounds__(kTiWarps * 32)
       for (int h = 0; h < 2; ++h) ti_load<K>(wp[mt][h] + b * WPB, w[mt][h]);
   };
   // The first block's words do not depend on the previous kernel: fetched before waiting for it.
-  if (bbeg < bend) load(cur, bbeg);
+  if (bbeg < bend) load(wa, bbeg);
   pdl_trigger();
   pdl_wait();
 
@@ -580,18 +580,16 @@ __global__ void __launch_bounds__(kTiWarps * 32)
     xc[nn] = ti_xs + (xon[nn] ? col : 0) * cs;
   }
   const int nbr = g * 4 + ((j + 3) & 3);  // the lane whose first word follows this lane's last
-#pragma unroll 1
-  for (int64_t b = bbeg; b < bend; ++b) {
-    uint32_t nxt[MT][2][NW];
-    if (b + 1 < bend) load(nxt, b + 1);
+  // One block's MMAs from its words cw, into acc.
+  auto block = [&](const uint32_t (&cw)[MT][2][NW], int64_t b) {
     uint32_t W[MT][2][NW + 1];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
-        for (int e = 0; e < NW; ++e) W[mt][h][e] = cur[mt][h][e];
-        W[mt][h][NW] = __shfl_sync(0xffffffffu, cur[mt][h][0], nbr);
+        for (int e = 0; e < NW; ++e) W[mt][h][e] = cw[mt][h][e];
+        W[mt][h][NW] = __shfl_sync(0xffffffffu, cw[mt][h][0], nbr);
       }
     // Two accumulators a tile, for even and odd MMAs: two dependency chains of the MMA's latency instead of one.
     int c[MT][NN][2][4];
@@ -638,14 +636,15 @@ __global__ void __launch_bounds__(kTiWarps * 32)
         acc[mt][nn][1] = fmaf(md.x, ti_group_sum(md, c0[2] + c1[2], c0[3] + c1[3]), acc[mt][nn][1]);
       }
     }
-    if (b + 1 < bend) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int e = 0; e < NW; ++e) cur[mt][h][e] = nxt[mt][h][e];
-    }
+  };
+  // Two word buffers in turn (no copies): block b computes from one while b + 1's words arrive in the other.
+#pragma unroll 1
+  for (int64_t b = bbeg; b < bend; b += 2) {
+    if (b + 1 < bend) load(wb, b + 1);
+    block(wa, b);
+    if (b + 1 >= bend) break;
+    if (b + 2 < bend) load(wa, b + 2);
+    block(wb, b + 1);
   }
 
   // The wpr warps of a tile add their partial sums; part 0 stores.
