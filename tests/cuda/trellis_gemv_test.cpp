@@ -98,17 +98,22 @@ TEST(CudaTrellis, DeviceLayoutIsThePlainWordsAndF32Scales) {
 // k 2/3/4 x both axes x shapes: axis 1 [odd out, 256 | 768 | 4352 in] (4352: 17 blocks, K split over warps at
 // few rows); axis 0 [256 | 768 out, odd in] (1601 inputs: split over blocks, the partials reduced). T 1/3/5/8 (the GEMV's rows).
 // Picks the GEMV kernels for a scope (0: the FP32 ones; 1: the integer tensor-core ones as they run by default;
-// 2: those with every opt-in variant: the window's second instruction mix, 16-row tiles, the x pre-pass at every
-// row count), then back to the environment's choice.
+// 2 and 3: those with the other variants, so that every variant runs: 2 shift-and-mask windows, 32-row tiles, x
+// staged per CTA; 3 32-row tiles where they fill the SMs, the pre-pass at every row count), then back to the
+// environment's choice.
 struct MmaOn {
   explicit MmaOn(int mode) {
     cuda::set_trellis_gemv_mma(mode == 0 ? 0 : 1);
-    cuda::set_trellis_gemv_options(mode == 2 ? 1 : 0, mode == 2 ? 1 : 0, mode == 2 ? 2 : 0);
+    if (mode == 2) cuda::set_trellis_gemv_options(0, 0, 0);  // the other instruction mix, 32-row tiles, x staged per CTA
+    if (mode == 3) cuda::set_trellis_gemv_options(1, 1, 2);  // 32-row tiles where they fill the SMs, the pre-pass at 1 row
   }
   ~MmaOn() { cuda::set_trellis_gemv_mma(-1), cuda::set_trellis_gemv_options(-1, -1, -1); }
 };
 const char* kernel_name(int mode) {
-  return mode == 0 ? "fp32 kernels" : mode == 1 ? "integer tensor-core kernels" : "integer tensor-core kernels, every opt-in variant";
+  return mode == 0   ? "fp32 kernels"
+         : mode == 1 ? "integer tensor-core kernels (defaults)"
+         : mode == 2 ? "integer tensor-core kernels: shift-and-mask windows, 32-row tiles, no pre-pass"
+                     : "integer tensor-core kernels: 32-row tiles where they fill the SMs, pre-pass at every row count";
 }
 
 // One GEMV case as check_linear, with the integer kernels' own error on top of its tolerance: they take x (axis 0:
@@ -144,7 +149,7 @@ void check_trellis_linear(CudaBackend& gpu, const Linear& l, const HostTrellis& 
 TEST(CudaTrellis, GemvMatchesTheReference) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
-  for (int mode : {0, 1, 2}) {
+  for (int mode : {0, 1, 2, 3}) {
   SCOPED_TRACE(kernel_name(mode));
   MmaOn chosen(mode);
   std::mt19937 rng(5);
@@ -175,7 +180,7 @@ TEST(CudaTrellis, GemvMatchesTheReference) {
 TEST(CudaTrellis, TensorCoreKernelTakesAnyActivationScale) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
-  for (int mode : {1, 2}) {
+  for (int mode : {1, 2, 3}) {
   SCOPED_TRACE(kernel_name(mode));
   MmaOn chosen(mode);
   std::mt19937 rng(11);
@@ -202,7 +207,7 @@ TEST(CudaTrellis, TensorCoreKernelTakesAnyActivationScale) {
 TEST(CudaTrellis, FusedMultiAndGatedMatchTheReference) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
-  for (int mode : {0, 1, 2}) {
+  for (int mode : {0, 1, 2, 3}) {
   SCOPED_TRACE(kernel_name(mode));
   MmaOn chosen(mode);
   std::mt19937 rng(7);

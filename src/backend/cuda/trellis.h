@@ -172,9 +172,10 @@ int64_t trellis_gemv_fused_scratch_floats(int64_t cols, int64_t T);
 // trellis_imma_axis0_kernel; axis 1 only where K <= 8192), 0 the FP32 ones; -1 back to the environment's choice
 // (ARBOR_CUDA_TRELLIS_MMA=0: FP32; otherwise the integer ones). Tests and A/B runs.
 void set_trellis_gemv_mma(int mode);
-// The integer kernels' opt-in variants, as ARBOR_CUDA_TRELLIS_V / _MT / _PREPASS set them (-1: back to the
-// environment's): variant 1 (the window by an IMAD lift and a shift), small_tiles 1 (16-row tiles where 32-row ones
-// leave under two a SM) or 2 (16-row tiles everywhere), prepass 1 (x staged once per launch from 2 rows) or 2 (at every row count). Tests and A/B runs.
+// The integer kernels' variants, as ARBOR_CUDA_TRELLIS_V / _MT / _PREPASS set them (-1: back to the environment's;
+// unset, the defaults: 1, 2, 1): variant 0 (window by shift and mask) or 1 (by an IMAD lift and a shift), small_tiles
+// 0 (32-row tiles), 1 (16-row tiles where 32-row ones leave under two a SM) or 2 (16-row tiles everywhere), prepass 0
+// (x staged in every CTA), 1 (once per launch from 2 rows) or 2 (at every row count). Tests and A/B runs.
 void set_trellis_gemv_options(int variant, int small_tiles, int prepass);
 // The encoder's Viterbi on the GPU (trellis_encode.cu): for each of `blocks` blocks of 256 targets (code
 // units, host memory, [blocks][256]) the tail-biting path quant::TrellisViterbi::encode_block chooses with

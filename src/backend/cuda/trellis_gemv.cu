@@ -426,21 +426,24 @@ __device__ __forceinline__ uint32_t ti_state(const uint32_t* W, int r) {
   const int rel = (63 - r) * K, w = rel >> 5, off = rel & 31;
   return off + 12 <= 32 ? ti_window<V>(W[w], off) : trellis_funnel(W[w], W[w + 1], off) & 0xfffu;
 }
-// The integer kernels' opt-in variants (trellis.h, set_trellis_gemv_options): variant 1 (ti_window's second mix),
-// small_tiles 1 (16-row tiles where 32-row ones leave under two a SM), prepass 1 (from 2 rows) or 2 (always). Read
-// from ARBOR_CUDA_TRELLIS_V / _MT / _PREPASS once (small_tiles 2: 16-row tiles everywhere: 68-95 registers, three
-// CTAs an SM, against two at 32-row tiles); set_trellis_gemv_options overrides each (-1: back to those).
+// The integer kernels' variants (trellis.h, set_trellis_gemv_options): variant 0 (shift and mask) or 1 (ti_window's
+// IMAD lift, the default), small_tiles 0 (32-row tiles), 1 (16-row tiles where 32-row ones leave under two a SM) or
+// 2 (16-row tiles everywhere, the default), prepass 0 (x staged per CTA), 1 (from 2 rows, the default) or 2 (always).
+// Read from ARBOR_CUDA_TRELLIS_V / _MT / _PREPASS once; set_trellis_gemv_options overrides each (-1: back to those).
 struct TiOptions {
   int variant, small_tiles, prepass;
 };
 TiOptions g_ti_set{-1, -1, -1};
 TiOptions ti_options() {
   static const TiOptions env = [] {
-    auto digit = [](const char* name, int most) {
+    auto digit = [](const char* name, int most, int dflt) {
       const char* e = std::getenv(name);
-      return e && e[0] >= '0' && e[0] <= '0' + most ? e[0] - '0' : 0;
+      return e && e[0] >= '0' && e[0] <= '0' + most ? e[0] - '0' : dflt;
     };
-    return TiOptions{digit("ARBOR_CUDA_TRELLIS_V", 1), digit("ARBOR_CUDA_TRELLIS_MT", 2), digit("ARBOR_CUDA_TRELLIS_PREPASS", 2)};
+    // The defaults, measured on an H100 (session 22, 8B at k = 2, b = 1/2/4/8 at ctx 512, one process each): the
+    // IMAD-lift window, 16-row tiles everywhere and the pre-pass from 2 rows: 322.9 / 613.6 / 1057.5 / 1444.8 tok/s
+    // against 289.4 / 526.1 / 871.3 / 982.5 with shift-and-mask, 32-row tiles and x staged in every CTA.
+    return TiOptions{digit("ARBOR_CUDA_TRELLIS_V", 1, 1), digit("ARBOR_CUDA_TRELLIS_MT", 2, 2), digit("ARBOR_CUDA_TRELLIS_PREPASS", 2, 1)};
   }();
   return {g_ti_set.variant >= 0 ? g_ti_set.variant : env.variant, g_ti_set.small_tiles >= 0 ? g_ti_set.small_tiles : env.small_tiles,
           g_ti_set.prepass >= 0 ? g_ti_set.prepass : env.prepass};
@@ -457,8 +460,9 @@ __host__ __device__ inline size_t ti_smem_bytes(int T, int64_t Kin) {
   const int64_t nb = Kin / 256;
   return size_t(2 * T) * size_t(trellis_im_col_stride(nb)) + size_t(T) * size_t(nb) * 16;
 }
-// The staged x one CTA may hold: 8 rows at kTiMaxK inputs (~130 KB), so 16 rows go to 4096 inputs.
-size_t ti_max_smem() { return ti_smem_bytes(8, kTiMaxK); }
+// The staged x one CTA may hold (the kernel's static shared memory, at most 16 KB, comes on top; 227 KB in all): 8
+// rows at kTiMaxK inputs (~169 KB) and 16 rows at 4096 (~170 KB: just past the first, so the bound is not that).
+size_t ti_max_smem() { return size_t(200) << 10; }
 
 // A warp's group of activations, E a lane (v), as 15-bit integers against the group's largest |v|: the lane's
 // q = 128·hi + lo packed as E hi bytes (hi[e / 4], byte e % 4) and E lo bytes, and the group's float4: its scale
@@ -869,7 +873,7 @@ __global__ void __launch_bounds__(kTrWarps * 32)
 }
 
 // Whether the integer axis-1 GEMV stages x once per launch in a pre-pass (trellis_xquant_kernel, into scratch) rather
-// than in every CTA. Opt-in until it has run on a GPU (written in session 21 while no device could be had).
+// than in every CTA: by default from 2 rows (at 1 row it measured level: 322.9 tok/s with it from 2 rows, 323.9 always).
 bool ti_prepass(int64_t T) {
   const int mode = ti_options().prepass;
   return mode == 2 || (mode == 1 && T >= 2);
@@ -887,9 +891,10 @@ void launch_axis1_any(const TrellisGemvOut* outs, int n, uint16_t* gated_y, int 
   const int t = int(T);
   if (ti_on(Kin, T) && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
     unsigned char* ximg = ti_prepass(T) && scratch ? reinterpret_cast<unsigned char*>(scratch) : nullptr;
-    // Two m-tiles a warp (32 rows; x's bytes replicated once for both). With ARBOR_CUDA_TRELLIS_MT=1 (opt-in until
-    // it has run on a GPU): one m-tile where 32-row tiles would leave fewer than two per SM (o and q/k/v of an 8B:
-    // 128 and 192 tiles of 32 rows), so that more CTAs fill the GPU.
+    // One m-tile a warp (16 rows) by default, and always past 8 rows (registers): fewer registers (68-95 at up to 8
+    // rows against 124-210 for two m-tiles), so more CTAs an SM, and more tiles for the small matrices. Two m-tiles
+    // (32 rows; x's bytes replicated once for both) with ARBOR_CUDA_TRELLIS_MT=0, or =1 where 32-row tiles still
+    // leave two a SM (A/B runs).
     int64_t rows = 0;
     for (int i = 0; i < (gated_y ? 1 : n); ++i) rows += outs[i].w.rows;
     const int st = ti_options().small_tiles;
