@@ -564,6 +564,9 @@ int cmd_bench(const std::vector<std::string>& args) {
   }
   const double bw = probe ? std::max(probe->best(), probe->pass()) : 0;
   const double decode_tps = 1.0 / best_decode;
+  CpuBackend::PhaseTimes ph;  // the timed run's (below): its prefill and its decode steps
+  double timed_decode_s = 0;
+  int64_t timed_steps = 0;
   if (bw > 0) std::printf("read bw    %.2f GB/s (best pass, measured now, %d threads)\n", bw * 1e-9, cpu_be->pool().size());
   std::printf("prefill    %lld tokens: %.1f tok/s (chunks of %lld)\n", (long long)prompt, double(prompt) / best_prefill, (long long)chunk);
   if (cpu_be && peak.flops > 0) {
@@ -573,15 +576,17 @@ int cmd_bench(const std::vector<std::string>& args) {
     std::printf("dot peak   %.1f GFLOP/s after the runs; fractions below use %.1f (the better)\n", again.flops * 1e-9,
                 std::max(peak.flops, again.flops) * 1e-9);
     peak.flops = std::max(peak.flops, again.flops);
-    // Where the prefill time goes: one more prefill (no decode) with the backend's phase timers on.
+    // Where the time goes: one more run with the backend's phase timers on (prompt chunks and decode steps are
+    // timed apart: CpuBackend::PhaseTimes).
     cpu_be->reset_phase_times();
     cpu_be->set_phase_timing(true);
     GenerateRequest req;
     req.prompt = ids;
-    req.max_tokens = 1;
+    req.max_tokens = decode + 1;
     GenerateResult res = generate(m, pool, req);
     cpu_be->set_phase_timing(false);
-    const CpuBackend::PhaseTimes& ph = cpu_be->phase_times();
+    ph = cpu_be->phase_times();
+    timed_decode_s = res.decode_seconds, timed_steps = res.decode_steps;
     const double flops = forward_flops(m, 0, prompt, 1);
     std::printf("prefill    %.1f GFLOP/s = %.1f%% of the dot peak (%.2f GFLOP per prompt: matmul weights + attention)\n",
                 flops / best_prefill * 1e-9, 100.0 * flops / best_prefill / peak.flops, flops * 1e-9);
@@ -599,6 +604,15 @@ int cmd_bench(const std::vector<std::string>& args) {
     std::printf("decode bw  %.2f GB/s = %.1f%% of the best bandwidth pass; %.1f%% paired (each run vs the pass before it); "
                 "roofline %.2f tok/s\n",
                 achieved * 1e-9, 100.0 * achieved / bw, 100.0 * paired, bw / bytes);
+  }
+  if (timed_steps > 0 && ph.gemv_linear_s > 0) {
+    const double n = double(timed_steps), step = timed_decode_s / n, lin = ph.gemv_linear_s / n, att = ph.gemv_attention_s / n;
+    const double lin_bw = ph.gemv_linear_bytes / ph.gemv_linear_s;
+    std::printf("decode     time %.2f ms a step (timed run, %lld steps): linears %.2f ms (%.0f%%, %.2f GB/s%s), attention %.2f ms "
+                "(%.0f%%), rest %.2f ms (%.0f%%)\n",
+                step * 1e3, (long long)timed_steps, lin * 1e3, 100.0 * lin / step, lin_bw * 1e-9,
+                bw > 0 ? fmt::format(" = {:.1f}% of the best bandwidth pass", 100.0 * lin_bw / bw).c_str() : "", att * 1e3, 100.0 * att / step,
+                std::max(0.0, step - lin - att) * 1e3, 100.0 * std::max(0.0, step - lin - att) / step);
   }
   return 0;
 }

@@ -347,12 +347,26 @@ struct PhaseTimer {
     if (acc) *acc += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 };
+// The bytes a linear reads from its weights in one call.
+double weight_bytes(const Linear& l) {
+  return double(l.data.nbytes() + l.scales.nbytes() + l.biases.nbytes() + l.bias.nbytes());
+}
 }  // namespace
+
+// The accumulator a linear over `rows` rows adds its time to (set_phase_timing), and its work.
+double* CpuBackend::linear_phase(int64_t rows, const Linear& l) {
+  if (!phase_timing_) return nullptr;
+  if (rows <= cpu::kLinearGemvMaxT) {
+    phases_.gemv_linear_bytes += weight_bytes(l);
+    return &phases_.gemv_linear_s;
+  }
+  phases_.linear_flops += 2.0 * double(rows) * double(l.cols()) * double(l.rows());
+  return &phases_.linear_s;
+}
 
 void CpuBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
   ARBOR_CHECK(x.cols() == l.cols(), "linear: input has {} columns, weight {} expects {}", x.cols(), l.describe(), l.cols());
-  PhaseTimer timer{phase_timing_ ? &phases_.linear_s : nullptr};
-  if (phase_timing_) phases_.linear_flops += 2.0 * double(x.rows()) * double(l.cols()) * double(l.rows());
+  PhaseTimer timer{linear_phase(x.rows(), l)};
   if (gemm_mode_ == cpu::GemmMode::Bf16)
     if (const uint8_t* kinds = row_kinds(x.rows())) return linear_by_kind(x, l, y, kinds);
   pick_linear(l, x.rows(), gemm_mode_)(pool_, x, l, y);
@@ -421,9 +435,9 @@ void CpuBackend::linear_multi(const Tensor& x, const LinearOut* outs, int n) {
     }
   }
   if (!fuse || !cpu::linear_affine_multi_fuses(ws, n, x.rows(), gemm_mode_)) return Backend::linear_multi(x, outs, n);
-  PhaseTimer timer{phase_timing_ ? &phases_.linear_s : nullptr};
-  for (int i = 0; i < n; ++i)
-    if (phase_timing_) phases_.linear_flops += 2.0 * double(x.rows()) * double(ws[i].K) * double(ws[i].N);
+  double* phase = nullptr;
+  for (int i = 0; i < n; ++i) phase = linear_phase(x.rows(), *outs[i].l);
+  PhaseTimer timer{phase};
   cpu::linear_affine_multi(pool_, x.as<float>(), x.rows(), ao, n, gemm_mode_);
 }
 
@@ -491,7 +505,7 @@ void CpuBackend::kv_write(int64_t layer, const Tensor& k, const Tensor& v) {
 }
 
 void CpuBackend::attention(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out) {
-  PhaseTimer timer{phase_timing_ ? &phases_.attention_s : nullptr};
+  PhaseTimer timer{!phase_timing_ ? nullptr : q.rows() <= cpu::kLinearGemvMaxT ? &phases_.gemv_attention_s : &phases_.attention_s};
   const auto& b = *batch_;
   const int64_t hd = p.head_dim, group = p.n_heads / p.n_kv_heads, bs = kv_.block_size;
   const KVCodecPair& codec = kv_.codec(layer);
