@@ -16,6 +16,9 @@
 #       (seconds a run, default 60). Each run's log is ab_rROUND_N.log; its tok/s lines go to the output.
 #   trellis: the CudaTrellis tests under memcheck and 8B trellis decode at 1/2/4/8 rows, CUDA-core GEMV
 #       against the tensor-core one (TRELLIS_BITS, TRELLIS_RUNS narrow it; ~5 min for k 2/3/4),
+#   wide: the trellis GEMV tests (every kernel family and variant) and memcheck on them, then the 8B at k 2/3/4
+#       (TRELLIS_BITS) over 1/8/12/16 rows with the GEMV to 16 rows (the default) against decode + cuBLASLt past 8
+#       (ARBOR_CUDA_TRELLIS_GEMV_ROWS=8): is the 16-row integer kernel the faster path? (~3 min)
 #   encoder: the GPU Viterbi's tests and its weights/s against the CPU encoder's (pack bench_trellis too),
 #   profile: per-kernel times of one decode step under ncu (PROFILE picks the runs; ~1-3 min each),
 #   sweep: compute-sanitizer over every CUDA test in one call (~460 s on an H200, estimated from its
@@ -208,6 +211,19 @@ for step in $STEPS; do
           "$D/arbor" bench --device cuda --dummy-weights --config bench/configs/llama-3.1-8b.json --decode-only --decode-tokens 2 --reps 1 \
           $args > "$OUT/detail_$n.txt" 2>&1
         summary+=("detail $n rc=$? $(grep -c "==PROF== Profiling" "$OUT/detail_$n.txt") kernels")
+      done
+      ;;
+    wide)
+      timeout 150 "$D/test_cuda" --gtest_filter='CudaTrellis*:TrellisCuda*' > "$OUT/wide_tests.log" 2>&1
+      summary+=("wide tests rc=$? $(grep -cE '^\[       OK' "$OUT/wide_tests.log") ok $(grep -cE '^\[  FAILED' "$OUT/wide_tests.log") failed")
+      timeout 200 compute-sanitizer --tool memcheck --error-exitcode 3 "$D/test_cuda" --gtest_filter='CudaTrellis.*' > "$OUT/wide_memcheck.log" 2>&1
+      summary+=("wide memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/wide_memcheck.log" | tail -1)")
+      for k in ${TRELLIS_BITS:-2 3 4}; do
+        for rows in 16 8; do
+          ARBOR_CUDA_TRELLIS_GEMV_ROWS=$rows timeout 90 "$D/arbor" bench --device cuda --dummy-weights --format trellis --bits $k \
+            --config bench/configs/llama-3.1-8b.json --decode-only --decode-runs 1@512,8@512,12@512,16@512 > "$OUT/wide_k${k}_gemv$rows.log" 2>&1
+          summary+=("wide k=$k gemv to $rows rows rc=$? $(grep -E '^ *decode b=' "$OUT/wide_k${k}_gemv$rows.log" | head -4 | awk '{print $2, $4, $5}' | tr '\n' '|')")
+        done
       done
       ;;
     encoder)
