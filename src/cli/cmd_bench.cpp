@@ -564,7 +564,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   }
   const double bw = probe ? std::max(probe->best(), probe->pass()) : 0;
   const double decode_tps = 1.0 / best_decode;
-  CpuBackend::PhaseTimes ph;  // the timed run's (below): its prefill and its decode steps
+  CpuBackend::PhaseTimes dph;  // the timed run's decode steps (below)
   double timed_decode_s = 0;
   int64_t timed_steps = 0;
   if (bw > 0) std::printf("read bw    %.2f GB/s (best pass, measured now, %d threads)\n", bw * 1e-9, cpu_be->pool().size());
@@ -576,16 +576,21 @@ int cmd_bench(const std::vector<std::string>& args) {
     std::printf("dot peak   %.1f GFLOP/s after the runs; fractions below use %.1f (the better)\n", again.flops * 1e-9,
                 std::max(peak.flops, again.flops) * 1e-9);
     peak.flops = std::max(peak.flops, again.flops);
-    // Where the time goes: one more run with the backend's phase timers on (prompt chunks and decode steps are
-    // timed apart: CpuBackend::PhaseTimes).
+    // Where the time goes: one more run with the backend's phase timers on, their totals taken at the first token
+    // (the prefill's) and again at the end (the decode steps').
     cpu_be->reset_phase_times();
     cpu_be->set_phase_timing(true);
     GenerateRequest req;
     req.prompt = ids;
     req.max_tokens = decode + 1;
-    GenerateResult res = generate(m, pool, req);
+    CpuBackend::PhaseTimes ph;
+    bool first = true;
+    GenerateResult res = generate(m, pool, req, [&](int32_t) {
+      if (first) ph = cpu_be->phase_times(), cpu_be->reset_phase_times(), first = false;
+      return true;
+    });
     cpu_be->set_phase_timing(false);
-    ph = cpu_be->phase_times();
+    dph = cpu_be->phase_times();
     timed_decode_s = res.decode_seconds, timed_steps = res.decode_steps;
     const double flops = forward_flops(m, 0, prompt, 1);
     std::printf("prefill    %.1f GFLOP/s = %.1f%% of the dot peak (%.2f GFLOP per prompt: matmul weights + attention)\n",
@@ -605,14 +610,14 @@ int cmd_bench(const std::vector<std::string>& args) {
                 "roofline %.2f tok/s\n",
                 achieved * 1e-9, 100.0 * achieved / bw, 100.0 * paired, bw / bytes);
   }
-  if (timed_steps > 0 && ph.gemv_linear_s > 0) {
-    const double n = double(timed_steps), step = timed_decode_s / n, lin = ph.gemv_linear_s / n, att = ph.gemv_attention_s / n;
-    const double lin_bw = ph.gemv_linear_bytes / ph.gemv_linear_s;
+  if (timed_steps > 0 && dph.linear_s > 0) {
+    const double n = double(timed_steps), step = timed_decode_s / n, lin = dph.linear_s / n, att = dph.attention_s / n;
+    const double rest = std::max(0.0, step - lin - att), lin_bw = dph.linear_bytes / dph.linear_s;
     std::printf("decode     time %.2f ms a step (timed run, %lld steps): linears %.2f ms (%.0f%%, %.2f GB/s%s), attention %.2f ms "
                 "(%.0f%%), rest %.2f ms (%.0f%%)\n",
                 step * 1e3, (long long)timed_steps, lin * 1e3, 100.0 * lin / step, lin_bw * 1e-9,
                 bw > 0 ? fmt::format(" = {:.1f}% of the best bandwidth pass", 100.0 * lin_bw / bw).c_str() : "", att * 1e3, 100.0 * att / step,
-                std::max(0.0, step - lin - att) * 1e3, 100.0 * std::max(0.0, step - lin - att) / step);
+                rest * 1e3, 100.0 * rest / step);
   }
   return 0;
 }

@@ -353,14 +353,12 @@ double weight_bytes(const Linear& l) {
 }
 }  // namespace
 
-// The accumulator a linear over `rows` rows adds its time to (set_phase_timing), and its work.
+// Adds a linear's work over `rows` rows to the phase totals (set_phase_timing) and returns the accumulator of its
+// time, or null when timing is off.
 double* CpuBackend::linear_phase(int64_t rows, const Linear& l) {
   if (!phase_timing_) return nullptr;
-  if (rows <= cpu::kLinearGemvMaxT) {
-    phases_.gemv_linear_bytes += weight_bytes(l);
-    return &phases_.gemv_linear_s;
-  }
   phases_.linear_flops += 2.0 * double(rows) * double(l.cols()) * double(l.rows());
+  phases_.linear_bytes += weight_bytes(l);
   return &phases_.linear_s;
 }
 
@@ -505,7 +503,7 @@ void CpuBackend::kv_write(int64_t layer, const Tensor& k, const Tensor& v) {
 }
 
 void CpuBackend::attention(int64_t layer, const Tensor& q, const AttentionParams& p, Tensor out) {
-  PhaseTimer timer{!phase_timing_ ? nullptr : q.rows() <= cpu::kLinearGemvMaxT ? &phases_.gemv_attention_s : &phases_.attention_s};
+  PhaseTimer timer{phase_timing_ ? &phases_.attention_s : nullptr};
   const auto& b = *batch_;
   const int64_t hd = p.head_dim, group = p.n_heads / p.n_kv_heads, bs = kv_.block_size;
   const KVCodecPair& codec = kv_.codec(layer);

@@ -27,14 +27,11 @@ class CpuBackend : public Backend {
   // bf16 activations (cpu/gemm_bf16.h; the CLI's default, --cpu-gemm). Decode GEMVs are always exact.
   void set_gemm_mode(cpu::GemmMode m) { gemm_mode_ = m; }
   cpu::GemmMode gemm_mode() const { return gemm_mode_; }
-  // Per-phase time accumulators for bench: off by default (then they cost one branch per op). Ops over more than
-  // cpu::kLinearGemvMaxT rows (prompt chunks: the GEMM) and over at most that many (decode steps: the GEMV) are
-  // kept apart, so that one generate() gives both splits.
+  // Per-phase time accumulators for bench: off by default (then they cost one branch per op).
   struct PhaseTimes {
     double linear_s = 0, attention_s = 0;
     double linear_flops = 0;  // 2 * T * K * N summed over the timed linears
-    double gemv_linear_s = 0, gemv_attention_s = 0;
-    double gemv_linear_bytes = 0;  // the weight bytes those linears read (codes, scales, biases, bias)
+    double linear_bytes = 0;  // the weight bytes they read (codes or values, scales, biases, bias)
   };
   void set_phase_timing(bool on) { phase_timing_ = on; }
   void reset_phase_times() { phases_ = {}; }
@@ -109,7 +106,7 @@ class CpuBackend : public Backend {
   cpu::GemmMode gemm_mode_ = cpu::GemmMode::Exact;
   bool phase_timing_ = false;
   PhaseTimes phases_;
-  double* linear_phase(int64_t rows, const Linear& l);  // the accumulator a timed linear adds to (null: off)
+  double* linear_phase(int64_t rows, const Linear& l);  // counts a timed linear's work; its time's accumulator (null: off)
   std::vector<std::vector<int32_t>> picks_;  // queued picks' ids, oldest first
   std::vector<int32_t> last_pick_;           // the last queued pick's ids (token_from_last_pick)
 };
