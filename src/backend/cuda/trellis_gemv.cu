@@ -455,6 +455,20 @@ __device__ __forceinline__ float ti_group_sum(const float4& md, int c_hi, int c_
   return fmaf(128.0f, float(c_hi - __float_as_int(md.y)), float(c_lo - __float_as_int(md.z)));
 }
 
+// A warp's walk over units first, first + step, ... (< end) with their words in two register buffers in turn, no
+// copies: unit u computes from one while u + step's words arrive in the other. wa already holds first's words.
+template <class Buf, class Load, class Work>
+__device__ __forceinline__ void ti_two_buffers(int64_t first, int64_t end, int64_t step, Buf& wa, Buf& wb, Load&& load, Work&& work) {
+#pragma unroll 1
+  for (int64_t u = first; u < end; u += 2 * step) {
+    if (u + step < end) load(wb, u + step);
+    work(wa, u);
+    if (u + step >= end) break;
+    if (u + 2 * step < end) load(wa, u + 2 * step);
+    work(wb, u + step);
+  }
+}
+
 // Bytes of staged x a launch needs: 2T columns, then a float4 per (row, block): scale, 510·Σhi, 510·Σlo (as int bits).
 __host__ __device__ inline size_t ti_smem_bytes(int T, int64_t Kin) {
   const int64_t nb = Kin / 256;
@@ -641,15 +655,7 @@ __global__ void __launch_bounds__(kTiWarps * 32)
       }
     }
   };
-  // Two word buffers in turn (no copies): block b computes from one while b + 1's words arrive in the other.
-#pragma unroll 1
-  for (int64_t b = bbeg; b < bend; b += 2) {
-    if (b + 1 < bend) load(wb, b + 1);
-    block(wa, b);
-    if (b + 1 >= bend) break;
-    if (b + 2 < bend) load(wa, b + 2);
-    block(wb, b + 1);
-  }
+  ti_two_buffers(bbeg, bend, 1, wa, wb, load, block);
 
   // The wpr warps of a tile add their partial sums; part 0 stores.
   if (wpr > 1)
@@ -837,15 +843,7 @@ __global__ void __launch_bounds__(kTrWarps * 32)
       }
     }
   };
-  // Two word buffers in turn (no copies): group G computes from one while G + 2's words arrive in the other.
-#pragma unroll 1
-  for (int64_t G = half; G < groups; G += 4) {
-    if (G + 2 < groups) load(wb, G + 2);
-    group(wa, G);
-    if (G + 2 >= groups) break;
-    if (G + 4 < groups) load(wa, G + 4);
-    group(wb, G + 2);
-  }
+  ti_two_buffers(half, groups, 2, wa, wb, load, group);  // this warp's groups: every other one from `half`
   if (half == 1) {
 #pragma unroll
     for (int nn = 0; nn < NN; ++nn) {
