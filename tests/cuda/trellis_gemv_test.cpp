@@ -95,8 +95,9 @@ TEST(CudaTrellis, DeviceLayoutIsThePlainWordsAndF32Scales) {
   EXPECT_THROW(cuda::trellis_weights(d), Error);
 }
 
-// k 2/3/4 x both axes x shapes: axis 1 [odd out, 256 | 768 | 4352 in] (4352: 17 blocks, K split over warps at
-// few rows); axis 0 [256 | 768 out, odd in] (1601 inputs: split over blocks, the partials reduced). T 1/3/5/8 (the GEMV's rows).
+// k 2/3/4 x both axes x shapes: axis 1 [odd out, 256 | 768 | 2048 | 4352 | 8192 in] (4352: 17 blocks, K split over warps at
+// few rows; 8192: 16 rows of x do not fit the integer kernel); axis 0 [256 | 768 out, odd in] (1601 inputs: split over
+// blocks, the partials reduced). T 1/3/5/8/12/16 (the GEMV's rows: four n-tiles past 8).
 // Picks the GEMV kernels for a scope (0: the FP32 ones; 1: the integer tensor-core ones as they run by default;
 // 2 and 3: those with the other variants, so that every variant runs: 2 shift-and-mask windows, 32-row tiles, x
 // staged per CTA; 3 32-row tiles where they fill the SMs, the pre-pass at every row count), then back to the
@@ -159,12 +160,12 @@ TEST(CudaTrellis, GemvMatchesTheReference) {
   };
   int case_no = 0;
   for (int k : {2, 3, 4})
-    for (const Shape& s : {Shape{1, 131, 256}, Shape{1, 37, 4352}, Shape{1, 5, 768}, Shape{1, 300, 2048}, Shape{0, 256, 77}, Shape{0, 768, 1601},
-                           Shape{0, 512, 3}}) {
+    for (const Shape& s : {Shape{1, 131, 256}, Shape{1, 37, 4352}, Shape{1, 5, 768}, Shape{1, 300, 2048}, Shape{1, 9, 8192}, Shape{0, 256, 77},
+                           Shape{0, 768, 1601}, Shape{0, 512, 3}}) {
       const bool with_bias = (case_no++ % 2) == 0;
       HostTrellis a(rng, s.out, s.in, k, s.axis, with_bias);
       const Linear l = gpu.load_linear(a.host_linear());
-      // 17+ rows: PrefillMatchesTheReference. [37, 4352] at 12 and 16 rows: x past the integer kernel's shared memory,
+      // 17+ rows: PrefillMatchesTheReference. [9, 8192] at 12 and 16 rows: x past the integer kernel's shared memory,
       // so the FP32 kernels in launches of 8 rows (also every shape in mode 0).
       for (int64_t T : {1, 3, 5, 8, 12, 16}) {
         const bool f32 = (T + k) % 2 == 0;
