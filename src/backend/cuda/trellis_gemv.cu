@@ -889,7 +889,7 @@ void launch_axis1_any(const TrellisGemvOut* outs, int n, uint16_t* gated_y, int 
   const int t = int(T);
   if (ti_on(Kin, T) && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
     unsigned char* ximg = ti_prepass(T) && scratch ? reinterpret_cast<unsigned char*>(scratch) : nullptr;
-    // One m-tile a warp (16 rows) by default, and always past 8 rows (registers): fewer registers (68-95 at up to 8
+    // One m-tile a warp (16 rows) by default, and always past 8 rows (registers): fewer registers (76-126 at up to 8
     // rows against 124-210 for two m-tiles), so more CTAs an SM, and more tiles for the small matrices. Two m-tiles
     // (32 rows; x's bytes replicated once for both) with ARBOR_CUDA_TRELLIS_MT=0, or =1 where 32-row tiles still
     // leave two a SM (A/B runs).
