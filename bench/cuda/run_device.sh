@@ -201,6 +201,8 @@ for step in $STEPS; do
       # (a regex) in a short 8B decode, per DETAIL spec (';'-separated NAME:ENV:bench-arguments, ENV a
       # space-free assignment or "-"): issue-slot and per-pipe utilisation, achieved occupancy, registers,
       # warp stall reasons per issued instruction, instructions and DRAM bytes. Logs detail_NAME.txt.
+      # DETAIL_MEM=1 adds a second ncu pass per spec (detail_NAME_mem.txt): L1/L2 throughput, global load
+      # requests and sectors, shared-memory wavefronts and bank conflicts.
       IFS=';' read -r -a specs <<< "${DETAIL:-tr2b1:-:--format trellis --bits 2 --decode-runs 1@512;tr2b8:-:--format trellis --bits 2 --decode-runs 8@512}"
       m="gpu__time_duration.sum,launch__registers_per_thread,launch__grid_size,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem,sm__warps_active.avg.pct_of_peak_sustained_active,sm__inst_issued.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fmaheavy.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_fmaheavy_cycles_active.avg.pct_of_peak_sustained_active,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct,smsp__warp_issue_stalled_short_scoreboard_per_warp_active.pct,smsp__warp_issue_stalled_wait_per_warp_active.pct,smsp__warp_issue_stalled_math_pipe_throttle_per_warp_active.pct,smsp__warp_issue_stalled_not_selected_per_warp_active.pct,smsp__warp_issue_stalled_selected_per_warp_active.pct,smsp__warp_issue_stalled_barrier_per_warp_active.pct,smsp__warp_issue_stalled_mio_throttle_per_warp_active.pct,smsp__warp_issue_stalled_lg_throttle_per_warp_active.pct,smsp__warp_issue_stalled_no_instruction_per_warp_active.pct,smsp__warp_issue_stalled_dispatch_stall_per_warp_active.pct,smsp__warp_issue_stalled_branch_resolving_per_warp_active.pct,smsp__warp_issue_stalled_drain_per_warp_active.pct,smsp__warp_issue_stalled_imc_miss_per_warp_active.pct,smsp__warp_issue_stalled_misc_per_warp_active.pct,smsp__warp_issue_stalled_tex_throttle_per_warp_active.pct,smsp__warp_issue_stalled_sleeping_per_warp_active.pct,smsp__warp_issue_stalled_membar_per_warp_active.pct"
       for spec in "${specs[@]}"; do
@@ -211,6 +213,14 @@ for step in $STEPS; do
           "$D/arbor" bench --device cuda --dummy-weights --config bench/configs/llama-3.1-8b.json --decode-only --decode-tokens 2 --reps 1 \
           $args > "$OUT/detail_$n.txt" 2>&1
         summary+=("detail $n rc=$? $(grep -c "==PROF== Profiling" "$OUT/detail_$n.txt") kernels")
+        if [ "${DETAIL_MEM:-0}" = 1 ]; then  # the memory side, its own pass (a metric this ncu lacks fails only this one)
+          mm="gpu__time_duration.sum,dram__bytes_read.sum,l1tex__throughput.avg.pct_of_peak_sustained_active,lts__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,smsp__inst_executed_op_global_ld.sum,smsp__inst_executed_op_shared_ld.sum"
+          env "${envs[@]}" timeout ${DETAIL_LIMIT:-150} ncu --clock-control none --kernel-name "regex:${DETAIL_KERNELS:-trellis_(gemv|mma|imma)}" \
+            --launch-count ${DETAIL_COUNT:-8} --metrics "$mm" \
+            "$D/arbor" bench --device cuda --dummy-weights --config bench/configs/llama-3.1-8b.json --decode-only --decode-tokens 2 --reps 1 \
+            $args > "$OUT/detail_${n}_mem.txt" 2>&1
+          summary+=("detail $n memory rc=$? $(grep -c "==PROF== Profiling" "$OUT/detail_${n}_mem.txt") kernels")
+        fi
       done
       ;;
     wide)
