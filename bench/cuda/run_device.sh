@@ -19,6 +19,7 @@
 #   wide: the trellis GEMV tests (every kernel family and variant) and memcheck on them, then the 8B at k 2/3/4
 #       (TRELLIS_BITS) over 1/8/12/16 rows with the GEMV to 16 rows (the default) against decode + cuBLASLt past 8
 #       (ARBOR_CUDA_TRELLIS_GEMV_ROWS=8): is the 16-row integer kernel the faster path? (~3 min)
+#   narrow: the affine tensor-core GEMV at 2/3 bits: CudaAffine tests, memcheck, the 8B at 1-8 rows against v1 (~4 min)
 #   encoder: the GPU Viterbi's tests and its weights/s against the CPU encoder's (pack bench_trellis too),
 #   profile: per-kernel times of one decode step under ncu (PROFILE picks the runs; ~1-3 min each),
 #   sweep: compute-sanitizer over every CUDA test in one call (~460 s on an H200, estimated from its
@@ -233,6 +234,22 @@ for step in $STEPS; do
           ARBOR_CUDA_TRELLIS_GEMV_ROWS=$rows timeout 90 "$D/arbor" bench --device cuda --dummy-weights --format trellis --bits $k \
             --config bench/configs/llama-3.1-8b.json --decode-only --decode-runs 1@512,8@512,12@512,16@512 > "$OUT/wide_k${k}_gemv$rows.log" 2>&1
           summary+=("wide k=$k gemv to $rows rows rc=$? $(grep -E '^ *decode b=' "$OUT/wide_k${k}_gemv$rows.log" | head -4 | awk '{print $2, $4, $5}' | tr '\n' '|')")
+        done
+      done
+      ;;
+    narrow)
+      # Issue 19: the tensor-core GEMV for 2- and 3-bit codes (v2's chunked widths): its tests and memcheck on them,
+      # then the 8B at 2/3-bit g64 (NARROW_BITS) at 1/2/4/8 rows with the defaults against v1 everywhere
+      # (ARBOR_CUDA_AFFINE_GEMV=1, the kernel these widths ran before). Logs narrow_*.log.
+      timeout 200 "$D/test_cuda" --gtest_filter='CudaAffine.*' > "$OUT/narrow_tests.log" 2>&1
+      summary+=("narrow tests rc=$? $(grep -cE '^\[       OK' "$OUT/narrow_tests.log") ok $(grep -cE '^\[  FAILED' "$OUT/narrow_tests.log") failed")
+      timeout 250 compute-sanitizer --tool memcheck --error-exitcode 3 "$D/test_cuda" --gtest_filter='CudaAffine.GemvV2*:CudaAffine.Fused*' > "$OUT/narrow_memcheck.log" 2>&1
+      summary+=("narrow memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/narrow_memcheck.log" | tail -1)")
+      for b in ${NARROW_BITS:-3 2}; do
+        for v in 0 1; do
+          ARBOR_CUDA_AFFINE_GEMV=$v timeout 90 "$D/arbor" bench --device cuda --dummy-weights --bits $b --group-size 64 \
+            --config bench/configs/llama-3.1-8b.json --decode-only --decode-runs 1@512,2@512,4@512,8@512 > "$OUT/narrow_b${b}_v$v.log" 2>&1
+          summary+=("narrow ${b}-bit gemv=$v rc=$? $(grep -E '^ *decode b=' "$OUT/narrow_b${b}_v$v.log" | head -4 | awk '{print $2, $4, $5}' | tr '\n' '|')")
         done
       done
       ;;

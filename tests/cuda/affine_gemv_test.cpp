@@ -162,16 +162,16 @@ TEST(CudaAffine, PickLinearNamesWhatItSupports) {
 }
 
 // q/k/v in one launch (linear_multi) and gate/up with the activation (gated_up), against the reference.
-// (Every GEMV kernel: v1, then v2 and v3 where they apply (4/8-bit), at every group size for those.)
+// (Every GEMV kernel: v1, then v2 and v3 where they apply (2/3/4/8-bit), at every group size for those.)
 TEST(CudaAffine, FusedMultiAndGatedMatchTheReference) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
   std::mt19937 rng(9);
   for (int variant : {1, 2, 3})
-  for (int bits : {3, 4, 6, 8})
+  for (int bits : {2, 3, 4, 6, 8})
     for (int gs_pick : {0, 1, 2})
     for (int64_t T : {1, 3, 8}) {
-      if (gs_pick > 0 && (variant == 1 || (bits != 4 && bits != 8))) continue;
+      if (gs_pick > 0 && (variant == 1 || bits == 6)) continue;
       GemvVariant chosen(variant);
       const int gs = gs_pick == 1 ? 32 : gs_pick == 2 ? (bits == 4 ? 128 : 64) : bits == 3 ? 32 : bits == 4 ? 64 : 128;
       const int64_t C = 4 * gs + 128;
@@ -200,8 +200,8 @@ TEST(CudaAffine, FusedMultiAndGatedMatchTheReference) {
     }
 }
 
-// The v2 (tensor-core) GEMV, ARBOR_CUDA_AFFINE_GEMV=2's kernel, and v3 (=3, its cp.async ring), against the same reference: 4- and 8-bit
-// (other widths fall back to v1 and run too), every group size, T 1..8, bf16/f16 pairs, shapes that give
+// The v2 (tensor-core) GEMV, ARBOR_CUDA_AFFINE_GEMV=2's kernel, and v3 (=3, its cp.async ring), against the same reference: 2/3/4/8-bit
+// (v3's ring: 4/8-bit; 2/3-bit run v2 under it, 6-bit falls back to v1), every group size, T 1..8, bf16/f16 pairs, shapes that give
 // one tile and a partial one, K splits over 1..8 warps, partial last steps (K not a multiple of 256), and a
 // matrix with more units than resident blocks (blocks walking several units, units past the end).
 TEST(CudaAffine, GemvV2MatchesTheReference) {
@@ -215,10 +215,10 @@ TEST(CudaAffine, GemvV2MatchesTheReference) {
     int64_t R, C;
   };
   int case_no = 0;
-  for (int bits : {4, 8, 3})
+  for (int bits : {4, 8, 3, 2, 6})
     for (int gs : {32, 64, 128})
       for (const Shape& sh : {Shape{131, int64_t(3 * gs)}, Shape{37, int64_t(8192 + gs)}, Shape{2000, 2048 + gs}, Shape{9, int64_t(gs)}}) {
-        if (bits == 3 && sh.R != 131) continue;
+        if (bits == 6 && sh.R != 131) continue;  // 6-bit: v1 runs (the fallback)
         const DType dt = (case_no % 3) == 1 ? DType::F16 : DType::BF16;
         const bool with_bias = (case_no++ % 2) == 0;
         HostAffine a(rng, sh.R, sh.C, bits, gs, dt, with_bias);
@@ -229,8 +229,8 @@ TEST(CudaAffine, GemvV2MatchesTheReference) {
           check_linear(gpu, l, a.w, a.bias, sh.R, sh.C, T, f32, rng, fmt::format("v2 {} T={} {}", a.name(), T, f32 ? "f32" : "bf16"));
         }
       }
-  // More tiles than resident blocks: 4-bit g64, 70001 rows x 256 columns (one step a row, no K split).
-  for (int bits : {4, 8}) {
+  // More tiles than resident blocks: g64, 70001 rows x 256 columns (one or two steps a row, no K split).
+  for (int bits : {4, 8, 3}) {
     HostAffine a(rng, 70001, 256, bits, 64, DType::BF16, true);
     const Linear l = upload(gpu, a);
     const int64_t T = 3;

@@ -416,7 +416,7 @@ void check_same(const AffineWeights& a, const AffineWeights& b, const char* what
                  a.group_size, a.sb_f16 ? "f16" : "bf16", (long long)b.cols, b.bits, b.group_size, b.sb_f16 ? "f16" : "bf16");
 }
 
-// ---- v2: the tensor-core decode GEMV (4- and 8-bit; the default for 2..8 activation rows) ---------------
+// ---- v2: the tensor-core decode GEMV (2/3/4/8-bit; the default for 2..8 activation rows) ---------------
 // Checked on an H100 (session 18: tests/cuda/affine_gemv_test.cpp's V2 cases, memcheck clean) and measured
 // on the 8B at 4-bit g64: batch 8 1334 tok/s against v1's 381 (v1 reads the weights once per row there),
 // batch 1 238 tok/s against v1's 307. So by default v2 runs 2..8 rows, and one row runs v4 (below) where it
@@ -440,6 +440,13 @@ void check_same(const AffineWeights& a, const AffineWeights& b, const char* what
 // 16 columns with an A of ones (the tensor cores are otherwise idle here; no table, no prologue, no shared
 // memory but the K split's).
 //
+// 2- and 3-bit codes (the file's bit stream, not repacked): 8 codes are 2 or 3 whole bytes (a "chunk"), so
+// a piece is 32 columns, lane j's the chunk at columns 8j..8j+7, which it reads as the aligned word (2-bit)
+// or two words (3-bit; neighbouring lanes' loads overlap and merge in L1) that hold it. A funnel shift
+// brings the chunk to bit 0, one SHF + LOP3 moves codes 4..7 to bit 16, and each pair (q_i, q_{i+4}) is then
+// one SHF + LOP3 as for nibbles (16 + q under the exponent of 16). The MMA's K sums run over a quad's 4
+// chunks, all in one group; the group's GS/32 pieces share c and Σx before its scale is applied.
+//
 // Pipelining: blocks of 8 warps, at most 2 per SM, each walking units (8/wpr tiles; wpr warps split a
 // tile's K steps and add their partial sums through shared memory at the unit's end) grid-stride. The loads
 // of a warp's next step (the next unit's first step across unit boundaries) are issued before the current
@@ -457,18 +464,42 @@ int g_v2_variant = -1;  // set_affine_gemv_variant; -1: from ARBOR_CUDA_AFFINE_G
 
 template <int BITS, int GS>
 struct V2Geo {
-  static constexpr int L = GS * BITS / 32 < 16 ? GS * BITS / 32 : 16;  // bytes per lane per piece
-  static constexpr int NP = kV2LaneRowBytes / L;                      // pieces per step
-  static constexpr int CPB = 8 / BITS;                                 // codes per byte
-  static constexpr int LANE_COLS = L * CPB;                            // a lane's columns in a piece
-  static constexpr int PIECE_COLS = 4 * LANE_COLS;                     // the quad's: the group, or 64 (8-bit g128)
-  static constexpr int STEP_COLS = NP * PIECE_COLS;                    // 256 (4-bit), 128 (8-bit)
-  static constexpr int STEP_ROW_BYTES = 4 * kV2LaneRowBytes;           // bytes of a row per step
-  static constexpr int WPP = L / 4;                                    // words per lane per piece
-  static constexpr float kM = BITS == 4 ? 16.0f : 272.0f;              // the codes' offset in the MMA sums
-  static_assert(BITS == 4 || BITS == 8, "v2: 4- and 8-bit codes");
-  static_assert(GS % PIECE_COLS == 0, "a piece lies inside one group");
+  // 2- and 3-bit codes ("chunked"): 8 codes are BITS whole bytes, so a piece is 32 columns, lane j's the 8
+  // codes at 8j..8j+7 of it, read as the one (2-bit) or two (3-bit) aligned 32-bit words that hold them; a
+  // group is GS/32 pieces whose MMA sums share its scale (PPG).
+  static constexpr bool CH = BITS == 2 || BITS == 3;
+  static constexpr int L = CH ? 4 : (GS * BITS / 32 < 16 ? GS * BITS / 32 : 16);  // bytes per lane per piece
+  static constexpr int NP = CH ? (BITS == 3 ? 4 : 8) : kV2LaneRowBytes / L;  // pieces per step (3-bit: 8 spill at g32/g64)
+  static constexpr int CPB = CH ? 1 : 8 / BITS;                        // codes per byte (4/8-bit)
+  static constexpr int LANE_COLS = CH ? 8 : L * CPB;                   // a lane's columns in a piece
+  static constexpr int PIECE_COLS = 4 * LANE_COLS;                     // the quad's: the group, 64 (8-bit g128), 32 (2/3-bit)
+  static constexpr int STEP_COLS = NP * PIECE_COLS;                    // 256 (2/4-bit), 128 (3/8-bit): v2_step_cols
+  static constexpr int STEP_ROW_BYTES = CH ? STEP_COLS * BITS / 8 : 4 * kV2LaneRowBytes;  // bytes of a row per step
+  static constexpr int WPP = CH ? (BITS == 3 ? 2 : 1) : L / 4;         // words per lane per piece
+  static constexpr int PPG = CH ? GS / 32 : 1;                         // pieces per group
+  static constexpr float kM = BITS == 8 ? 272.0f : 16.0f;              // the codes' offset in the MMA sums
+  static_assert(BITS == 2 || BITS == 3 || BITS == 4 || BITS == 8, "v2: 2-, 3-, 4- and 8-bit codes");
+  static_assert(CH ? STEP_COLS % GS == 0 : GS % PIECE_COLS == 0, "a piece lies inside one group, a group inside one step");
 };
+
+// Chunked widths: the bf16 pair (16 + q_i, 16 + q_{i+4}) of a chunk's codes q0..q7 once `spread` has put
+// q0..q3 at bits 0.. and q4..q7 at bits 16.. (BITS apart): the pair shifted to bits 3.. and 19.., masked,
+// under the exponent of 16 (one SHF + one LOP3, as nib_pair).
+template <int BITS, int I>
+__device__ __forceinline__ uint32_t chunk_pair(uint32_t spread) {
+  constexpr int SH = BITS * I - 3;
+  constexpr uint32_t kMask = BITS == 3 ? 0x00380038u : 0x00180018u;
+  const uint32_t v = SH >= 0 ? (spread >> (SH >= 0 ? SH : 0)) : (spread << (SH < 0 ? -SH : 0));
+  return (v & kMask) | 0x41804180u;
+}
+
+// Chunk bits (q0..q7 at bits 0.., BITS each; anything above) spread: the low four codes stay, the high four
+// move to bit 16 (one SHF, one LOP3).
+template <int BITS>
+__device__ __forceinline__ uint32_t chunk_spread(uint32_t v) {
+  constexpr uint32_t kLow = (1u << (4 * BITS)) - 1u;
+  return (v & kLow) | ((v << (16 - 4 * BITS)) & ~kLow);
+}
 
 template <int L>
 __device__ __forceinline__ void v2_load(const uint8_t* p, uint32_t* w) {
@@ -571,9 +602,23 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
       if (c0 >= K) break;  // the last step's pieces past K (K is whole pieces: group_size | K)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const uint8_t* base = reinterpret_cast<const uint8_t*>(r.c[h]) + s * G::STEP_ROW_BYTES + p * 4 * G::L + j * G::L;
-        v2_load<G::L>(base, b.w[h][p]);
-        b.sb[h][p] = __ldg(r.s[h] + c0 / GS);
+        if constexpr (G::CH) {
+          // Chunk j of piece P is bytes [BITS·(4P + j), +BITS): 3-bit words 3P + a0 and 3P + a1 (a1 = a0 past
+          // the piece's last word, so nothing past the row is read), 2-bit word 2P + j/2.
+          const int64_t P = c0 / 32;
+          if constexpr (BITS == 3) {
+            const int a0 = (3 * j) >> 2, a1 = a0 == 2 ? 2 : a0 + 1;
+            b.w[h][p][0] = __ldg(r.c[h] + 3 * P + a0);
+            b.w[h][p][1] = __ldg(r.c[h] + 3 * P + a1);
+          } else {
+            b.w[h][p][0] = __ldg(r.c[h] + 2 * P + (j >> 1));
+          }
+          if (p % G::PPG == 0) b.sb[h][p] = __ldg(r.s[h] + c0 / GS);
+        } else {
+          const uint8_t* base = reinterpret_cast<const uint8_t*>(r.c[h]) + s * G::STEP_ROW_BYTES + p * 4 * G::L + j * G::L;
+          v2_load<G::L>(base, b.w[h][p]);
+          b.sb[h][p] = __ldg(r.s[h] + c0 / GS);
+        }
       }
     }
   };
@@ -639,14 +684,36 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
   const bool x_row = g < T;                  // this lane's B column n = g is a real activation row
   const uint16_t* xrow = x + int64_t(x_row ? g : 0) * K;
 
+  // Chunked widths: where lane j's chunk starts in its first word (3-bit: bytes 0, 3, 6, 9 of the piece's 12).
+  const int chunk_shift = BITS == 3 ? ((3 * j) & 3) * 8 : (j & 1) * 16;
+  float c[4], sx[4];
   auto compute = [&](const V2Buf<BITS, GS>& b, int64_t s) {
 #pragma unroll
     for (int p = 0; p < G::NP; ++p) {
       const int64_t c0 = s * G::STEP_COLS + p * G::PIECE_COLS;
       if (c0 >= K) break;
       // c: Σ x·(M + q) of the piece, C-fragment order; sx: Σx of the piece (an A of ones), columns n = 2j, 2j+1.
-      float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sx[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      // Chunked widths: of the group's pieces so far.
       constexpr uint32_t kOnes = 0x3f803f80u;
+      if constexpr (G::CH) {
+        if (p % G::PPG == 0) c[0] = c[1] = c[2] = c[3] = sx[0] = sx[1] = sx[2] = sx[3] = 0.0f;
+        const int64_t col = c0 + j * 8;
+        const uint4 xv = x_row ? __ldg(reinterpret_cast<const uint4*>(xrow + col)) : make_uint4(0, 0, 0, 0);
+        const uint32_t x04 = __byte_perm(xv.x, xv.z, 0x5410), x15 = __byte_perm(xv.x, xv.z, 0x7632);
+        const uint32_t x26 = __byte_perm(xv.y, xv.w, 0x5410), x37 = __byte_perm(xv.y, xv.w, 0x7632);
+        uint32_t u[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t v = BITS == 3 ? __funnelshift_r(b.w[h][p][0], b.w[h][p][G::WPP - 1], chunk_shift) : b.w[h][p][0] >> chunk_shift;
+          u[h] = chunk_spread<BITS>(v);
+        }
+        mma_bf16(c, chunk_pair<BITS, 0>(u[0]), chunk_pair<BITS, 0>(u[1]), chunk_pair<BITS, 1>(u[0]), chunk_pair<BITS, 1>(u[1]), x04, x15);
+        mma_bf16(c, chunk_pair<BITS, 2>(u[0]), chunk_pair<BITS, 2>(u[1]), chunk_pair<BITS, 3>(u[0]), chunk_pair<BITS, 3>(u[1]), x26, x37);
+        mma_bf16(sx, kOnes, kOnes, kOnes, kOnes, x04, x15);
+        mma_bf16(sx, kOnes, kOnes, kOnes, kOnes, x26, x37);
+        if (p % G::PPG != G::PPG - 1) continue;  // the group's scale once its last piece is in
+      } else {
+      c[0] = c[1] = c[2] = c[3] = sx[0] = sx[1] = sx[2] = sx[3] = 0.0f;
 #pragma unroll
       for (int wi = 0; wi < G::WPP; ++wi) {
         const int64_t col = c0 + j * G::LANE_COLS + wi * 4 * G::CPB;  // the word's first column
@@ -669,7 +736,9 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
           mma_bf16(sx, kOnes, kOnes, kOnes, kOnes, x02, x13);
         }
       }
-      const float2 pa = sb_pair(b.sb[0][p], sb_f16), pb = sb_pair(b.sb[1][p], sb_f16);
+      }
+      const int pg = p - (G::PPG - 1);  // the group's first piece: where its (scale, bias) words are
+      const float2 pa = sb_pair(b.sb[0][pg], sb_f16), pb = sb_pair(b.sb[1][pg], sb_f16);
       const float oa = pa.y - pa.x * G::kM, ob = pb.y - pb.x * G::kM;
       acc[0] = fmaf(pa.x, c[0], fmaf(oa, sx[0], acc[0]));
       acc[1] = fmaf(pa.x, c[1], fmaf(oa, sx[1], acc[1]));
@@ -779,10 +848,14 @@ void launch_v2_s(unsigned grid, cudaStream_t s, const AffSegs& segs, const uint1
 template <int BITS, int GS>
 void launch_v2_t(int variant, unsigned grid, cudaStream_t s, const AffSegs& segs, const uint16_t* x, bool y_f32, int T, int64_t K,
                  bool sb_f16, int wpr, int64_t units, int gated_act) {
-  if (variant == 3)
-    launch_v2_s<BITS, GS, V2Ring<BITS, GS>::kStages>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
-  else
-    launch_v2_s<BITS, GS, 0>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
+  [[maybe_unused]] constexpr int kRing = V2Ring<BITS, GS>::kStages;
+  if constexpr (!V2Geo<BITS, GS>::CH) {  // v3's ring carries whole lane pieces: 4- and 8-bit only
+    if (variant == 3) {
+      launch_v2_s<BITS, GS, kRing>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
+      return;
+    }
+  }
+  launch_v2_s<BITS, GS, 0>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
 }
 
 int v2_variant() {
@@ -794,16 +867,19 @@ int v2_variant() {
   return g_v2_variant;
 }
 
-// The v2 kernel when it is chosen (forced, or by default for T >= 2) and applies (4/8-bit, aligned x and codes); false: the caller runs v1.
+// The v2 kernel when it is chosen (forced, or by default for T >= 2) and applies (2/3/4/8-bit, aligned x and codes); false: the caller runs v1.
 bool try_v2(const AffSegs& segs, const AffineWeights& w0, const uint16_t* x, bool y_f32, int64_t T, int n_sms, int gated_act, cudaStream_t s) {
-  const int chosen = v2_variant(), variant = chosen == 0 || chosen == 4 ? (T >= 2 ? 2 : 1) : chosen;
-  if (variant < 2 || (w0.bits != 4 && w0.bits != 8) || T < 1 || T > 8 || !aligned16(x)) return false;
+  // By default from 2 rows (4/8-bit) or 3 (2/3-bit: at 2 rows v1, reading the codes twice, was still faster on
+  // the 8B, H100: 3-bit 473 against 323 tok/s, 2-bit 508 against 372; at 4 rows v2 607 / 698 against 396 / 497).
+  const int chosen = v2_variant(), v2_from = w0.bits == 2 || w0.bits == 3 ? 3 : 2;
+  const int variant = chosen == 0 || chosen == 4 ? (T >= v2_from ? 2 : 1) : chosen;
+  if (variant < 2 || (w0.bits != 2 && w0.bits != 3 && w0.bits != 4 && w0.bits != 8) || T < 1 || T > 8 || !aligned16(x)) return false;
   for (int i = 0; i < segs.n; ++i)
     if (!aligned16(segs.codes[i])) return false;
   const int64_t K = w0.cols;
   const int gs = w0.group_size;
   if ((gs != 32 && gs != 64 && gs != 128) || K % gs != 0) return false;
-  const int64_t step_cols = w0.bits == 4 ? 256 : 128, steps = (K + step_cols - 1) / step_cols;
+  const int64_t step_cols = w0.bits == 8 || w0.bits == 3 ? 128 : 256, steps = (K + step_cols - 1) / step_cols;  // V2Geo::STEP_COLS
   // K split: until the tiles' warps fill the SMs' slots twice over, keeping two steps a warp.
   const int64_t warp_slots = int64_t(n_sms) * kV2BlocksPerSm * kV2Warps;
   // A/B knobs (device runs): ARBOR_CUDA_AFFINE_V2_WPR=1/2/4/8 forces the split (capped at one step a warp),
@@ -827,7 +903,15 @@ bool try_v2(const AffSegs& segs, const AffineWeights& w0, const uint16_t* x, boo
   const unsigned grid = unsigned(persistent ? std::min(units, resident) : (units + rounds - 1) / rounds);
   const int t = int(T);
 #define ARBOR_V2(B, G) launch_v2_t<B, G>(variant, grid, s, segs, x, y_f32, t, K, w0.sb_f16, wpr, units, gated_act)
-  if (w0.bits == 4) {
+  if (w0.bits == 2) {
+    if (gs == 32) ARBOR_V2(2, 32);
+    else if (gs == 64) ARBOR_V2(2, 64);
+    else ARBOR_V2(2, 128);
+  } else if (w0.bits == 3) {
+    if (gs == 32) ARBOR_V2(3, 32);
+    else if (gs == 64) ARBOR_V2(3, 64);
+    else ARBOR_V2(3, 128);
+  } else if (w0.bits == 4) {
     if (gs == 32) ARBOR_V2(4, 32);
     else if (gs == 64) ARBOR_V2(4, 64);
     else ARBOR_V2(4, 128);
