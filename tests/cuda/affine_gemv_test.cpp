@@ -82,6 +82,10 @@ struct GemvVariant {
   explicit GemvVariant(int v) { cuda::set_affine_gemv_variant(v); }
   ~GemvVariant() { cuda::set_affine_gemv_variant(0); }
 };
+struct XAhead {
+  explicit XAhead(int pieces) { cuda::set_affine_v2_x_ahead(pieces); }
+  ~XAhead() { cuda::set_affine_v2_x_ahead(0); }
+};
 
 TEST(CudaAffine, DeviceLayoutKeepsTheFileBytes) {
   ARBOR_REQUIRE_GPU();
@@ -207,9 +211,10 @@ TEST(CudaAffine, FusedMultiAndGatedMatchTheReference) {
 TEST(CudaAffine, GemvV2MatchesTheReference) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
-  for (int variant : {2, 3}) {
-  SCOPED_TRACE(fmt::format("variant {}", variant));
+  for (auto [variant, x_ahead] : {std::pair{2, 0}, std::pair{3, 0}, std::pair{2, 1}, std::pair{2, 2}}) {  // v2 with x loaded 0-2 pieces ahead, v3
+  SCOPED_TRACE(fmt::format("variant {} x ahead {}", variant, x_ahead));
   GemvVariant chosen(variant);
+  XAhead ahead(x_ahead);
   std::mt19937 rng(15);
   struct Shape {
     int64_t R, C;

@@ -57,6 +57,8 @@ void launch_affine_gemv_gated(const AffineGemvOut& gate, const AffineGemvOut& up
 // else 1, for 2..8 rows 2). Not thread-safe: set it
 // before launching (tests, benchmarks).
 void set_affine_gemv_variant(int v);
+// v2's x loads: 0 just before their MMAs, 1 or 2 pieces ahead (A/B; -1: ARBOR_CUDA_AFFINE_V2_XPF, unset 0).
+void set_affine_v2_x_ahead(int pieces);
 // Embedding gather from an affine table: out [T, cols] bf16 = (scale·code + bias) · mul for row tokens[t]
 // (an id < 0: picked[-1 - id], as launch_embed); scale·code and + bias rounded separately, as the
 // reference dequantization.

@@ -461,6 +461,7 @@ constexpr int kV2BlocksPerSm = 2;
 constexpr int kV2LaneRowBytes = 32;  // code bytes per lane per weight row per step
 
 int g_v2_variant = -1;  // set_affine_gemv_variant; -1: from ARBOR_CUDA_AFFINE_GEMV (unset: 0, by rows)
+int g_v2_xpf = -1;      // set_affine_v2_x_ahead; -1: from ARBOR_CUDA_AFFINE_V2_XPF (unset: 0)
 
 template <int BITS, int GS>
 struct V2Geo {
@@ -581,7 +582,7 @@ __device__ __forceinline__ void cp_async_n(uint32_t dst, const void* src) {
   else asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(src), "n"(L));
 }
 
-template <int BITS, int GS, int STAGES>
+template <int BITS, int GS, int STAGES, int XPF>
 __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
     affine_gemv_v2_kernel(AffSegs segs, const uint16_t* __restrict__ x, bool y_f32, int T, int64_t K, bool sb_f16, int wpr, int64_t units,
                           int gated_act) {
@@ -687,18 +688,41 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
   // Chunked widths: where lane j's chunk starts in its first word (3-bit: bytes 0, 3, 6, 9 of the piece's 12).
   const int chunk_shift = BITS == 3 ? ((3 * j) & 3) * 8 : (j & 1) * 16;
   float c[4], sx[4];
+  // x at word wi of piece p of step s_ (8-bit: 4 values in .x, .y); zeros past K and for rows past T.
+  constexpr int NXW = G::CH ? 1 : G::WPP;  // x loads per piece
+  auto x_at = [&](int64_t s_, int p, int wi) -> uint4 {
+    const int64_t c0 = s_ * G::STEP_COLS + p * G::PIECE_COLS;
+    const int64_t col = c0 + j * G::LANE_COLS + (G::CH ? 0 : wi * 4 * G::CPB);
+    if (!x_row || c0 >= K) return make_uint4(0, 0, 0, 0);
+    if constexpr (BITS == 8) {
+      const uint2 v = __ldg(reinterpret_cast<const uint2*>(xrow + col));
+      return make_uint4(v.x, v.y, 0, 0);
+    } else {
+      return __ldg(reinterpret_cast<const uint4*>(xrow + col));
+    }
+  };
   auto compute = [&](const V2Buf<BITS, GS>& b, int64_t s) {
+    // x of piece p is loaded XPF pieces ahead of its MMAs (XPF = 0: just before them).
+    uint4 xs[XPF + 1][NXW];
+#pragma unroll
+    for (int q = 0; q < XPF && q < G::NP; ++q)
+#pragma unroll
+      for (int wi = 0; wi < NXW; ++wi) xs[q][wi] = x_at(s, q, wi);
 #pragma unroll
     for (int p = 0; p < G::NP; ++p) {
       const int64_t c0 = s * G::STEP_COLS + p * G::PIECE_COLS;
       if (c0 >= K) break;
+      if (p + XPF < G::NP) {
+#pragma unroll
+        for (int wi = 0; wi < NXW; ++wi) xs[(p + XPF) % (XPF + 1)][wi] = x_at(s, p + XPF, wi);
+      }
+      const uint4* xp = xs[p % (XPF + 1)];
       // c: Σ x·(M + q) of the piece, C-fragment order; sx: Σx of the piece (an A of ones), columns n = 2j, 2j+1.
       // Chunked widths: of the group's pieces so far.
       constexpr uint32_t kOnes = 0x3f803f80u;
       if constexpr (G::CH) {
         if (p % G::PPG == 0) c[0] = c[1] = c[2] = c[3] = sx[0] = sx[1] = sx[2] = sx[3] = 0.0f;
-        const int64_t col = c0 + j * 8;
-        const uint4 xv = x_row ? __ldg(reinterpret_cast<const uint4*>(xrow + col)) : make_uint4(0, 0, 0, 0);
+        const uint4 xv = xp[0];
         const uint32_t x04 = __byte_perm(xv.x, xv.z, 0x5410), x15 = __byte_perm(xv.x, xv.z, 0x7632);
         const uint32_t x26 = __byte_perm(xv.y, xv.w, 0x5410), x37 = __byte_perm(xv.y, xv.w, 0x7632);
         uint32_t u[2];
@@ -716,10 +740,9 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
       c[0] = c[1] = c[2] = c[3] = sx[0] = sx[1] = sx[2] = sx[3] = 0.0f;
 #pragma unroll
       for (int wi = 0; wi < G::WPP; ++wi) {
-        const int64_t col = c0 + j * G::LANE_COLS + wi * 4 * G::CPB;  // the word's first column
         const uint32_t wa = b.w[0][p][wi], wb = b.w[1][p][wi];
         if constexpr (BITS == 4) {
-          const uint4 xv = x_row ? __ldg(reinterpret_cast<const uint4*>(xrow + col)) : make_uint4(0, 0, 0, 0);
+          const uint4 xv = xp[wi];
           const uint32_t x04 = __byte_perm(xv.x, xv.z, 0x5410), x15 = __byte_perm(xv.x, xv.z, 0x7632);
           const uint32_t x26 = __byte_perm(xv.y, xv.w, 0x5410), x37 = __byte_perm(xv.y, xv.w, 0x7632);
           constexpr uint32_t kMag = 0x41804180u;
@@ -728,7 +751,7 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
           mma_bf16(sx, kOnes, kOnes, kOnes, kOnes, x04, x15);
           mma_bf16(sx, kOnes, kOnes, kOnes, kOnes, x26, x37);
         } else {
-          const uint2 xv = x_row ? __ldg(reinterpret_cast<const uint2*>(xrow + col)) : make_uint2(0, 0);
+          const uint2 xv = make_uint2(xp[wi].x, xp[wi].y);
           const uint32_t x02 = __byte_perm(xv.x, xv.y, 0x5410), x13 = __byte_perm(xv.x, xv.y, 0x7632);
           constexpr uint32_t kLo = 0x41804180u, kHi = 0x43804380u;
           mma_bf16(c, nib_pair<-3>(wa, kLo), nib_pair<-3>(wb, kLo), nib_pair<5>(wa, kLo), nib_pair<5>(wb, kLo), x02, x13);
@@ -831,10 +854,10 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
   }
 }
 
-template <int BITS, int GS, int STAGES>
+template <int BITS, int GS, int STAGES, int XPF>
 void launch_v2_s(unsigned grid, cudaStream_t s, const AffSegs& segs, const uint16_t* x, bool y_f32, int T, int64_t K, bool sb_f16, int wpr,
                  int64_t units, int gated_act) {
-  auto* kernel = affine_gemv_v2_kernel<BITS, GS, STAGES>;
+  auto* kernel = affine_gemv_v2_kernel<BITS, GS, STAGES, XPF>;
   const size_t smem = size_t(kV2Warps) * STAGES * V2Ring<BITS, GS>::kBytes;
   static bool attr = false;
   if (STAGES > 0 && !attr) {
@@ -851,11 +874,19 @@ void launch_v2_t(int variant, unsigned grid, cudaStream_t s, const AffSegs& segs
   [[maybe_unused]] constexpr int kRing = V2Ring<BITS, GS>::kStages;
   if constexpr (!V2Geo<BITS, GS>::CH) {  // v3's ring carries whole lane pieces: 4- and 8-bit only
     if (variant == 3) {
-      launch_v2_s<BITS, GS, kRing>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
+      launch_v2_s<BITS, GS, kRing, 0>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
       return;
     }
   }
-  launch_v2_s<BITS, GS, 0>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
+  // A/B knob: ARBOR_CUDA_AFFINE_V2_XPF=1/2 (or set_affine_v2_x_ahead) loads x that many pieces ahead of its MMAs.
+  if (g_v2_xpf < 0) {
+    const char* e = std::getenv("ARBOR_CUDA_AFFINE_V2_XPF");
+    g_v2_xpf = e ? std::atoi(e) : 0;
+  }
+  const int xpf = g_v2_xpf;
+  if (xpf == 1) launch_v2_s<BITS, GS, 0, 1>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
+  else if (xpf == 2) launch_v2_s<BITS, GS, 0, 2>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
+  else launch_v2_s<BITS, GS, 0, 0>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
 }
 
 int v2_variant() {
@@ -1166,6 +1197,7 @@ void launch_affine_gemv_gated(const AffineGemvOut& gate, const AffineGemvOut& up
 }
 
 void set_affine_gemv_variant(int v) { g_v2_variant = v >= 1 && v <= 4 ? v : -1; }
+void set_affine_v2_x_ahead(int pieces) { g_v2_xpf = pieces >= 0 && pieces <= 2 ? pieces : -1; }
 
 void launch_affine_embed(const AffineWeights& w, const int32_t* tokens, const int32_t* picked, int64_t T, float mul, uint16_t* out,
                          CUstream_st* s) {
