@@ -86,6 +86,25 @@ struct XAhead {
   explicit XAhead(int pieces) { cuda::set_affine_v2_x_ahead(pieces); }
   ~XAhead() { cuda::set_affine_v2_x_ahead(0); }
 };
+struct StreamIntX {
+  explicit StreamIntX(int on) { cuda::set_affine_stream_int_x(on); }
+  ~StreamIntX() { cuda::set_affine_stream_int_x(0); }
+};
+
+// v4's integer x: every input rounded to a step of max|x| / 32767 over its 32-column piece (half a step at most),
+// so an output may differ from the float reference by Σ|w|·max/65534 more; added to mag in units of the
+// tolerance's 2e-5.
+void add_int_x_bound(const std::vector<float>& w, int64_t R, int64_t C, const std::vector<float>& x, int64_t T, std::vector<float>& mag) {
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<double> m(size_t((C + 31) / 32), 0.0);
+    for (int64_t k = 0; k < C; ++k) m[size_t(k / 32)] = std::max(m[size_t(k / 32)], double(std::fabs(x[size_t(t * C + k)])));
+    for (int64_t n = 0; n < R; ++n) {
+      double b = 0.0;
+      for (int64_t k = 0; k < C; ++k) b += std::fabs(double(w[size_t(n * C + k)])) * m[size_t(k / 32)] / 65534.0;
+      mag[size_t(t * R + n)] += float(b / 2e-5);
+    }
+  }
+}
 
 TEST(CudaAffine, DeviceLayoutKeepsTheFileBytes) {
   ARBOR_REQUIRE_GPU();
@@ -252,6 +271,9 @@ TEST(CudaAffine, GemvStreamMatchesTheReference) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
   GemvVariant chosen(4);
+  for (int intx : {0, 1}) {
+  SCOPED_TRACE(fmt::format("x as {}", intx ? "16-bit integers" : "bf16"));
+  StreamIntX mode(intx);
   std::mt19937 rng(21);
   struct Shape {
     int64_t R, C;
@@ -266,7 +288,15 @@ TEST(CudaAffine, GemvStreamMatchesTheReference) {
       for (int64_t T : {1, 3}) {
         if (T == 3 && sh.R > 2000) continue;
         const bool f32 = (case_no + T) % 2 == 0;
-        check_linear(gpu, l, a.w, a.bias, sh.R, sh.C, T, f32, rng, fmt::format("v4 {} T={} {}", a.name(), T, f32 ? "f32" : "bf16"));
+        std::vector<float> x = random_bf16(rng, size_t(T * sh.C));
+        if (case_no % 4 == 0) x[0] *= 2048.0f;  // a piece whose largest input dwarfs the rest (still a bf16)
+        Tensor xd = dev_bf16(gpu, x, {T, sh.C});
+        Tensor yd = gpu.alloc(f32 ? DType::F32 : DType::BF16, {T, sh.R});
+        gpu.linear(xd, l, yd);
+        std::vector<float> ref, mag;
+        reference_linear(a.w, a.bias, sh.R, sh.C, x, T, ref, mag);
+        if (intx) add_int_x_bound(a.w, sh.R, sh.C, x, T, mag);
+        expect_linear_close(host_f32(gpu, yd), ref, mag, !f32, fmt::format("v4 {} T={} {}", a.name(), T, f32 ? "f32" : "bf16"));
       }
     }
   for (int bits : {4, 8})
@@ -283,6 +313,7 @@ TEST(CudaAffine, GemvStreamMatchesTheReference) {
       for (auto [a, y] : {std::pair{&q, yq}, std::pair{&k, yk}, std::pair{&v, yv}}) {
         std::vector<float> ref, mag;
         reference(*a, x, T, ref, mag);
+        if (intx) add_int_x_bound(a->w, a->R, C, x, T, mag);
         expect_linear_close(host_f32(gpu, y), ref, mag, y.dtype == DType::BF16, fmt::format("v4 multi {} T={}", a->name(), T));
       }
       HostAffine g(rng, 91, C, bits, gs, dt, gs == 32), u(rng, 91, C, bits, gs, dt, gs == 128);
@@ -291,8 +322,10 @@ TEST(CudaAffine, GemvStreamMatchesTheReference) {
       gpu.gated_up(xd, lg, lu, ActOp::GeLUTanh, gate, up, out);
       std::vector<float> rg, mg, ru, mu;
       reference(g, x, T, rg, mg), reference(u, x, T, ru, mu);
+      if (intx) add_int_x_bound(g.w, 91, C, x, T, mg), add_int_x_bound(u.w, 91, C, x, T, mu);
       expect_gated_close(host_f32(gpu, out), rg, mg, ru, mu, ActOp::GeLUTanh, fmt::format("v4 gated {}", g.name()));
     }
+  }
 }
 
 BatchInfo token_batch(std::vector<int32_t> tokens) {

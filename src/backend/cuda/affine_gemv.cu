@@ -968,6 +968,12 @@ bool try_v2(const AffSegs& segs, const AffineWeights& w0, const uint16_t* x, boo
 // reads) with Σx per lane's 32 columns, so a code costs one PRMT (nib_f: 128 + code) and one FMA, and a
 // 32-code piece adds scale·S + (bias − 128·scale)·Σx. Takes T = 1, K a multiple of 1024, 16-byte aligned
 // codes and x, and x small enough for two blocks an SM (K <= 16384); otherwise v1 runs.
+// INTX (opt-in, ARBOR_CUDA_AFFINE_STREAM_INT=1; written in session 23, not yet run on a GPU): Nsight showed the lm_head
+// launch issue-bound (85 % of issue slots at 76 % of copy), so x is staged as 16-bit integers per 32-column piece
+// (round(x / d), d = max|x| / 32767; high and low bytes in separate byte lanes) and a word's 8 codes meet them in 4
+// __dp4a (low nibbles against the even columns' bytes, high nibbles against the odd ones'): ~57 lane ops a stage
+// against ~130, exact integer sums (|Σ| < 2^24), w·x = scale·d·Σ + bias·Σx. Predicted: lm_head ~88 % of copy,
+// gate/up ~80 %, the 8B b=1 +8–12 % on an H100 (more on an H200, whose bytes come 1.4x faster for the same issue rate).
 constexpr int kStrWarps = 16;
 constexpr int kStrStages = 4;
 constexpr int kStrBlocksPerSm = 2;
@@ -977,10 +983,10 @@ constexpr int64_t kStrMaxK = 16384;
 // x [K/32 pieces][4] uint4 (lane order: piece (c, lane)'s j-th 8 values at (c*4 + j)*32 + lane), Σx [K/32].
 template <int RPU>
 size_t str_smem_bytes(int64_t K) {
-  return size_t(kStrStages) * RPU * kStrWarps * 32 * (16 + 4) + size_t(K) * 2 + size_t(K / 32) * 4;
+  return size_t(kStrStages) * RPU * kStrWarps * 32 * (16 + 4) + size_t(K) * 2 + size_t(K / 32) * 8;  // + the pieces' x scales (INTX)
 }
 
-template <int RPU>
+template <int RPU, bool INTX>
 __global__ void __launch_bounds__(kStrWarps * 32, kStrBlocksPerSm) affine_stream_kernel(AffSegs segs, const uint16_t* __restrict__ x, bool y_f32,
                                                                                      int64_t K, int gshift, bool sb_f16, int64_t units,
                                                                                      int gated_act) {
@@ -1032,20 +1038,50 @@ __global__ void __launch_bounds__(kStrWarps * 32, kStrBlocksPerSm) affine_stream
   pdl_trigger();
   pdl_wait();
 
-  // x in the lanes' order, and Σx per 32-column piece.
+  // x in the lanes' order, and Σx per 32-column piece. INTX: each piece as 16-bit integers against its largest
+  // value (q = round(x / d), d = max|x| / 32767), word j's 8 values as 4 byte lanes: the high (signed) and low
+  // (unsigned) bytes of q at the even columns, then of the odd ones, so that a code word's low nibbles (codes
+  // 0, 2, 4, 6 as bytes) and high nibbles meet them in __dp4a; d per piece beside Σx.
   uint4* xs = reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(str_smem) + size_t(kStrStages) * (kStage + kSbStage));
   float* xsum = reinterpret_cast<float*>(xs + K / 8);
+  float* xd = xsum + K / 32;
   for (int64_t i = tid; i < K / 32; i += kThreads) {
     const int64_t c = i / 32, l = i % 32;
     float sum = 0.0f;
+    if constexpr (INTX) {
+      float amax = 0.0f;
+#pragma unroll 1
+      for (int j = 0; j < 4; ++j) {
+        float f[8];
+        bf16x8(__ldg(reinterpret_cast<const uint4*>(x + i * 32) + j), f);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + i * 32) + j);
-      float f[8];
-      bf16x8(v, f);
+        for (int e = 0; e < 8; ++e) sum += f[e], amax = fmaxf(amax, fabsf(f[e]));
+      }
+      const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+#pragma unroll 1
+      for (int j = 0; j < 4; ++j) {  // the piece again (from L1)
+        float f[8];
+        bf16x8(__ldg(reinterpret_cast<const uint4*>(x + i * 32) + j), f);
+        uint32_t hi[2] = {0, 0}, lo[2] = {0, 0};
 #pragma unroll
-      for (int e = 0; e < 8; ++e) sum += f[e];
-      xs[(c * 4 + j) * 32 + l] = v;
+        for (int e = 0; e < 8; ++e) {
+          const uint32_t q = uint32_t(__float2int_rn(f[e] * inv)) & 0xffffu;
+          hi[e & 1] |= (q >> 8) << (8 * (e >> 1));
+          lo[e & 1] |= (q & 0xffu) << (8 * (e >> 1));
+        }
+        xs[(c * 4 + j) * 32 + l] = make_uint4(hi[0], lo[0], hi[1], lo[1]);
+      }
+      xd[i] = amax / 32767.0f;
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + i * 32) + j);
+        float f[8];
+        bf16x8(v, f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) sum += f[e];
+        xs[(c * 4 + j) * 32 + l] = v;
+      }
     }
     xsum[i] = sum;
   }
@@ -1069,6 +1105,33 @@ __global__ void __launch_bounds__(kStrWarps * 32, kStrBlocksPerSm) affine_stream
       if (++cslot == kStrStages) cslot = 0;
       issue();  // the slot is free once read into registers
       const float sx = xsum[c * 32 + lane];
+      if constexpr (INTX) {
+        // Σ code·q over the piece in integers (4 __dp4a a word: high bytes signed, low bytes unsigned), exact:
+        // |Σ| <= 32·15·32767 < 2^24; then w·x = scale·d·Σ + bias·Σx.
+        int Sh[RPU];
+        unsigned Sl[RPU];
+#pragma unroll
+        for (int q = 0; q < RPU; ++q) Sh[q] = 0, Sl[q] = 0u;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint4 xv = xs[(c * 4 + j) * 32 + lane];
+#pragma unroll
+          for (int q = 0; q < RPU; ++q) {
+            const uint32_t w = j == 0 ? wq[q].x : j == 1 ? wq[q].y : j == 2 ? wq[q].z : wq[q].w;
+            const uint32_t lo = w & 0x0f0f0f0fu, hi = (w >> 4) & 0x0f0f0f0fu;  // codes 0,2,4,6 and 1,3,5,7 of the word
+            Sh[q] = __dp4a(int(lo), int(xv.x), Sh[q]);
+            Sl[q] = __dp4a(lo, xv.y, Sl[q]);
+            Sh[q] = __dp4a(int(hi), int(xv.z), Sh[q]);
+            Sl[q] = __dp4a(hi, xv.w, Sl[q]);
+          }
+        }
+        const float d = xd[c * 32 + lane];
+#pragma unroll
+        for (int q = 0; q < RPU; ++q) {
+          const float2 p = sb_pair(sbw[q], sb_f16);
+          acc[q] = fmaf(p.x * d, float(Sh[q] * 256 + int(Sl[q])), fmaf(p.y, sx, acc[q]));
+        }
+      } else {
       float S[RPU];
 #pragma unroll
       for (int q = 0; q < RPU; ++q) S[q] = 0.0f;
@@ -1091,6 +1154,7 @@ __global__ void __launch_bounds__(kStrWarps * 32, kStrBlocksPerSm) affine_stream
       for (int q = 0; q < RPU; ++q) {
         const float2 p = sb_pair(sbw[q], sb_f16);
         acc[q] = fmaf(p.x, S[q], fmaf(p.y - p.x * 128.0f, sx, acc[q]));
+      }
       }
     }
     // The unit's last chunk: reduce over the warp, lane 0 writes, start the next unit.
@@ -1119,17 +1183,31 @@ __global__ void __launch_bounds__(kStrWarps * 32, kStrBlocksPerSm) affine_stream
   cp_async_wait<0>();  // nothing may be in flight into shared memory when the block exits
 }
 
+template <int RPU, bool INTX>
+void launch_stream_x(dim3 grid, cudaStream_t s, const AffSegs& segs, const uint16_t* x, bool y_f32, int64_t K, int gshift, bool sb_f16,
+                     int gated_act) {
+  static bool attr = false;
+  if (!attr) {
+    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(affine_stream_kernel<RPU, INTX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          int(str_smem_bytes<RPU>(kStrMaxK))));
+    attr = true;
+  }
+  pdl_launch(affine_stream_kernel<RPU, INTX>, grid, dim3(kStrWarps * 32), str_smem_bytes<RPU>(K), s, segs, x, y_f32, K, gshift, sb_f16,
+             segs.units, gated_act);
+  ARBOR_LAUNCH_CHECK("affine_stream_kernel");
+}
+
+int g_stream_intx = -1;  // set_affine_stream_int_x; -1: from ARBOR_CUDA_AFFINE_STREAM_INT (unset: 0)
+
 template <int RPU>
 void launch_stream(dim3 grid, cudaStream_t s, const AffSegs& segs, const uint16_t* x, bool y_f32, int64_t K, int gshift, bool sb_f16,
                    int gated_act) {
-  static bool attr = false;
-  if (!attr) {
-    ARBOR_CUDA_CHECK(cudaFuncSetAttribute(affine_stream_kernel<RPU>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(str_smem_bytes<RPU>(kStrMaxK))));
-    attr = true;
+  if (g_stream_intx < 0) {
+    const char* e = std::getenv("ARBOR_CUDA_AFFINE_STREAM_INT");
+    g_stream_intx = e && std::atoi(e) == 1 ? 1 : 0;
   }
-  pdl_launch(affine_stream_kernel<RPU>, grid, dim3(kStrWarps * 32), str_smem_bytes<RPU>(K), s, segs, x, y_f32, K, gshift, sb_f16, segs.units,
-             gated_act);
-  ARBOR_LAUNCH_CHECK("affine_stream_kernel");
+  if (g_stream_intx == 1) launch_stream_x<RPU, true>(grid, s, segs, x, y_f32, K, gshift, sb_f16, gated_act);
+  else launch_stream_x<RPU, false>(grid, s, segs, x, y_f32, K, gshift, sb_f16, gated_act);
 }
 
 // The streaming kernel (segs in units of one row; gated: one row pair) where it applies; false: the caller
@@ -1198,6 +1276,7 @@ void launch_affine_gemv_gated(const AffineGemvOut& gate, const AffineGemvOut& up
 
 void set_affine_gemv_variant(int v) { g_v2_variant = v >= 1 && v <= 4 ? v : -1; }
 void set_affine_v2_x_ahead(int pieces) { g_v2_xpf = pieces >= 0 && pieces <= 2 ? pieces : -1; }
+void set_affine_stream_int_x(int on) { g_stream_intx = on == 0 || on == 1 ? on : -1; }
 
 void launch_affine_embed(const AffineWeights& w, const int32_t* tokens, const int32_t* picked, int64_t T, float mul, uint16_t* out,
                          CUstream_st* s) {
