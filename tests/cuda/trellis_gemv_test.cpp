@@ -100,15 +100,15 @@ TEST(CudaTrellis, DeviceLayoutIsThePlainWordsAndF32Scales) {
 // blocks, the partials reduced). T 1/3/5/8/12/16 (the GEMV's rows: four n-tiles past 8).
 // Picks the GEMV kernels for a scope (0: the FP32 ones; 1: the integer tensor-core ones as they run by default;
 // 2 and 3: those with the other variants, so that every variant runs: 2 shift-and-mask windows, 32-row tiles, x
-// staged per CTA; 3 32-row tiles where they fill the SMs, the pre-pass at every row count), then back to the
+// staged per CTA; 3 32-row tiles where they fill the SMs, the pre-pass at every row count, 16-warp CTAs at 9..16 rows), then back to the
 // environment's choice.
 struct MmaOn {
   explicit MmaOn(int mode) {
     cuda::set_trellis_gemv_mma(mode == 0 ? 0 : 1);
     if (mode == 2) cuda::set_trellis_gemv_options(0, 0, 0);  // the other instruction mix, 32-row tiles, x staged per CTA
-    if (mode == 3) cuda::set_trellis_gemv_options(1, 1, 2);  // 32-row tiles where they fill the SMs, the pre-pass at 1 row
+    if (mode == 3) cuda::set_trellis_gemv_options(1, 1, 2, 1);  // 32-row tiles where they fill the SMs, the pre-pass at 1 row, 16-warp CTAs past 8 rows
   }
-  ~MmaOn() { cuda::set_trellis_gemv_mma(-1), cuda::set_trellis_gemv_options(-1, -1, -1); }
+  ~MmaOn() { cuda::set_trellis_gemv_mma(-1), cuda::set_trellis_gemv_options(-1, -1, -1, -1); }
 };
 const char* kernel_name(int mode) {
   return mode == 0   ? "fp32 kernels"

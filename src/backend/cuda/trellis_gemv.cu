@@ -431,9 +431,9 @@ __device__ __forceinline__ uint32_t ti_state(const uint32_t* W, int r) {
 // 2 (16-row tiles everywhere, the default), prepass 0 (x staged per CTA), 1 (from 2 rows, the default) or 2 (always).
 // Read from ARBOR_CUDA_TRELLIS_V / _MT / _PREPASS once; set_trellis_gemv_options overrides each (-1: back to those).
 struct TiOptions {
-  int variant, small_tiles, prepass;
+  int variant, small_tiles, prepass, wide_ctas;  // wide_ctas: 1 runs 9..16 rows in CTAs of 16 warps (else 8)
 };
-TiOptions g_ti_set{-1, -1, -1};
+TiOptions g_ti_set{-1, -1, -1, -1};
 TiOptions ti_options() {
   static const TiOptions env = [] {
     auto digit = [](const char* name, int most, int dflt) {
@@ -443,10 +443,11 @@ TiOptions ti_options() {
     // The defaults, measured on an H100 (session 22, 8B at k = 2, b = 1/2/4/8 at ctx 512, one process each): the
     // IMAD-lift window, 16-row tiles everywhere and the pre-pass from 2 rows: 322.9 / 613.6 / 1057.5 / 1444.8 tok/s
     // against 289.4 / 526.1 / 871.3 / 982.5 with shift-and-mask, 32-row tiles and x staged in every CTA.
-    return TiOptions{digit("ARBOR_CUDA_TRELLIS_V", 1, 1), digit("ARBOR_CUDA_TRELLIS_MT", 2, 2), digit("ARBOR_CUDA_TRELLIS_PREPASS", 2, 1)};
+    return TiOptions{digit("ARBOR_CUDA_TRELLIS_V", 1, 1), digit("ARBOR_CUDA_TRELLIS_MT", 2, 2), digit("ARBOR_CUDA_TRELLIS_PREPASS", 2, 1),
+                     digit("ARBOR_CUDA_TRELLIS_W16", 1, 0)};
   }();
   return {g_ti_set.variant >= 0 ? g_ti_set.variant : env.variant, g_ti_set.small_tiles >= 0 ? g_ti_set.small_tiles : env.small_tiles,
-          g_ti_set.prepass >= 0 ? g_ti_set.prepass : env.prepass};
+          g_ti_set.prepass >= 0 ? g_ti_set.prepass : env.prepass, g_ti_set.wide_ctas >= 0 ? g_ti_set.wide_ctas : env.wide_ctas};
 }
 
 // Σ y·q of a group from its s32 sums of the hi and lo columns and the group's staged float4 (scale, 510·Σhi,
@@ -474,7 +475,7 @@ __host__ __device__ inline size_t ti_smem_bytes(int T, int64_t Kin) {
   const int64_t nb = Kin / 256;
   return size_t(2 * T) * size_t(trellis_im_col_stride(nb)) + size_t(T) * size_t(nb) * 16;
 }
-// The staged x one CTA may hold (the kernel's static shared memory, at most 16 KB, comes on top; 227 KB in all): 8
+// The staged x one CTA may hold (the partial sums reuse it; 227 KB in all): 8
 // rows at kTiMaxK inputs (~169 KB) and 16 rows at 4096 (~170 KB: just past the first, so the bound is not that).
 size_t ti_max_smem() { return size_t(200) << 10; }
 
@@ -533,15 +534,14 @@ __global__ void __launch_bounds__(256) trellis_xquant_kernel(const uint16_t* __r
   if (pi < int64_t(T) * nb) ti_stage_pair(x, T, Kin, int(pi / nb), pi % nb, threadIdx.x % 32, img);
 }
 
-template <int K, int NN, int MT, int V>
-__global__ void __launch_bounds__(kTiWarps * 32)
+template <int K, int NN, int MT, int V, int W>
+__global__ void __launch_bounds__(W * 32)
     trellis_imma_kernel(TrSegs segs, const uint16_t* __restrict__ x, const unsigned char* __restrict__ ximg, bool y_f32, int T, int64_t Kin,
                         int wpr, int gated_act) {
   constexpr int WPB = 8 * K, NW = 2 * K;
   extern __shared__ __align__(16) unsigned char ti_xs[];
-  __shared__ float4 red[kTiWarps][NN][32];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, j = lane % 4;
-  const int tpb = kTiWarps / wpr, part = warp % wpr;
+  const int tpb = W / wpr, part = warp % wpr;
   const int64_t tile = int64_t(blockIdx.x) * tpb + warp / wpr;
   const bool gated = gated_act >= 0, live = tile < segs.units;
   const int si = gated || !live ? 0 : unit_segment(segs.n, segs.first, tile);
@@ -577,9 +577,9 @@ __global__ void __launch_bounds__(kTiWarps * 32)
   const int64_t pairs = int64_t(T) * nb;
   if (ximg) {
     const int64_t n16 = int64_t(ti_smem_bytes(T, Kin)) / 16;
-    for (int64_t i = tid; i < n16; i += kTiWarps * 32) reinterpret_cast<uint4*>(ti_xs)[i] = __ldg(reinterpret_cast<const uint4*>(ximg) + i);
+    for (int64_t i = tid; i < n16; i += W * 32) reinterpret_cast<uint4*>(ti_xs)[i] = __ldg(reinterpret_cast<const uint4*>(ximg) + i);
   } else {
-    for (int64_t pi = warp; pi < pairs; pi += kTiWarps) ti_stage_pair(x, T, Kin, int(pi / nb), pi % nb, lane, ti_xs);
+    for (int64_t pi = warp; pi < pairs; pi += W) ti_stage_pair(x, T, Kin, int(pi / nb), pi % nb, lane, ti_xs);
   }
   const float4* meta = reinterpret_cast<const float4*>(ti_xs + 2 * T * cs);
   __syncthreads();
@@ -657,16 +657,21 @@ __global__ void __launch_bounds__(kTiWarps * 32)
   };
   ti_two_buffers(bbeg, bend, 1, wa, wb, load, block);
 
-  // The wpr warps of a tile add their partial sums; part 0 stores.
-  if (wpr > 1)
+  // The wpr warps of a tile add their partial sums (through the staged x's shared memory, read by no one now:
+  // ti_launch_smem leaves room); part 0 stores.
+  float4* red = reinterpret_cast<float4*>(ti_xs);  // [W][NN][32]
+  if (wpr > 1) {
+    __syncthreads();
 #pragma unroll
-    for (int nn = 0; nn < NN; ++nn) red[warp][nn][lane] = make_float4(acc[0][nn][0], acc[0][nn][1], acc[MT - 1][nn][0], acc[MT - 1][nn][1]);
-  __syncthreads();
+    for (int nn = 0; nn < NN; ++nn)
+      red[(warp * NN + nn) * 32 + lane] = make_float4(acc[0][nn][0], acc[0][nn][1], acc[MT - 1][nn][0], acc[MT - 1][nn][1]);
+    __syncthreads();
+  }
   if (part != 0 || !live) return;
   for (int q = 1; q < wpr; ++q)
 #pragma unroll
     for (int nn = 0; nn < NN; ++nn) {
-      const float4 v = red[warp + q][nn][lane];
+      const float4 v = red[((warp + q) * NN + nn) * 32 + lane];
       acc[0][nn][0] += v.x, acc[0][nn][1] += v.y;
       if (MT == 2) acc[MT - 1][nn][0] += v.z, acc[MT - 1][nn][1] += v.w;
     }
@@ -693,16 +698,21 @@ void launch_imma(const TrSegs& segs, int mt, int64_t Kin, const uint16_t* x, uns
                  cudaStream_t s) {
   const int64_t nb = Kin / 256, units = segs.units;
   // K split: until the tiles' warps fill the SMs' slots twice over, keeping at least one block a warp.
+  // Warps a CTA: 8; opt-in (ARBOR_CUDA_TRELLIS_W16=1, written in session 23, not yet measured) 16 at 9..16 rows, whose
+  // staged x (~170 KB at 4096 inputs) and registers (142-182 at 8 warps) leave one CTA an SM: the same CTA with twice
+  // the warps, capped at 128 registers (ptxas: 24-80 bytes of spills).
+  const int nn = T <= 4 ? 0 : T <= 8 ? 1 : 2, W = nn == 2 && ti_options().wide_ctas == 1 ? 16 : kTiWarps;
   int wpr = 1;
-  while (wpr < kTiWarps && units * wpr < int64_t(n_sms) * 2 * kTiWarps && nb / (wpr * 2) >= 1) wpr *= 2;
-  const int64_t per_block = kTiWarps / wpr;
+  while (wpr < W && units * wpr < int64_t(n_sms) * 2 * kTiWarps && nb / (wpr * 2) >= 1) wpr *= 2;
+  const int64_t per_block = W / wpr;
   const unsigned grid = unsigned((units + per_block - 1) / per_block);
   using Kern = void (*)(TrSegs, const uint16_t*, const unsigned char*, bool, int, int64_t, int, int);
-  // [variant][m-tiles - 1][n-tiles: 1 (T <= 4), 2 (T <= 8), 4 (T <= 16; one m-tile only, for registers)]
-  const Kern kerns[2][2][3] = {{{trellis_imma_kernel<K, 1, 1, 0>, trellis_imma_kernel<K, 2, 1, 0>, trellis_imma_kernel<K, 4, 1, 0>},
-                                {trellis_imma_kernel<K, 1, 2, 0>, trellis_imma_kernel<K, 2, 2, 0>, nullptr}},
-                               {{trellis_imma_kernel<K, 1, 1, 1>, trellis_imma_kernel<K, 2, 1, 1>, trellis_imma_kernel<K, 4, 1, 1>},
-                                {trellis_imma_kernel<K, 1, 2, 1>, trellis_imma_kernel<K, 2, 2, 1>, nullptr}}};
+  // [variant][m-tiles - 1][n-tiles: 1 (T <= 4), 2 (T <= 8), 4 (T <= 16; one m-tile only, for registers); then 4 with 16 warps]
+  const Kern kerns[2][2][4] = {
+      {{trellis_imma_kernel<K, 1, 1, 0, 8>, trellis_imma_kernel<K, 2, 1, 0, 8>, trellis_imma_kernel<K, 4, 1, 0, 8>, trellis_imma_kernel<K, 4, 1, 0, 16>},
+       {trellis_imma_kernel<K, 1, 2, 0, 8>, trellis_imma_kernel<K, 2, 2, 0, 8>, nullptr, nullptr}},
+      {{trellis_imma_kernel<K, 1, 1, 1, 8>, trellis_imma_kernel<K, 2, 1, 1, 8>, trellis_imma_kernel<K, 4, 1, 1, 8>, trellis_imma_kernel<K, 4, 1, 1, 16>},
+       {trellis_imma_kernel<K, 1, 2, 1, 8>, trellis_imma_kernel<K, 2, 2, 1, 8>, nullptr, nullptr}}};
   static bool attr = false;
   if (!attr) {
     for (auto& v : kerns)
@@ -711,15 +721,15 @@ void launch_imma(const TrSegs& segs, int mt, int64_t Kin, const uint16_t* x, uns
           if (k) ARBOR_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ti_max_smem())));
     attr = true;
   }
-  const size_t smem = ti_smem_bytes(T, Kin);
+  // The staged x, or the partial sums' exchange at the end where that is larger.
+  const size_t smem = std::max(ti_smem_bytes(T, Kin), size_t(W) * (size_t(1) << nn) * 32 * sizeof(float4));
   if (ximg) {
     pdl_launch(trellis_xquant_kernel, dim3(unsigned((T * nb + 7) / 8)), dim3(256), 0, s, x, T, Kin, ximg);
     ARBOR_LAUNCH_CHECK("trellis_xquant_kernel");
   }
-  const int nn = T <= 4 ? 0 : T <= 8 ? 1 : 2;
-  ARBOR_CU_CHECK(kerns[ti_options().variant][mt - 1][nn] && smem <= ti_max_smem(), "cuda: trellis gemv: no integer kernel for %d rows, %d m-tiles, K %lld",
-                 T, mt, (long long)Kin);
-  pdl_launch(kerns[ti_options().variant][mt - 1][nn], dim3(grid), dim3(kTiWarps * 32), smem, s, segs, x,
+  const Kern kern = kerns[ti_options().variant][mt - 1][nn + (W == 16 ? 1 : 0)];
+  ARBOR_CU_CHECK(kern && smem <= ti_max_smem(), "cuda: trellis gemv: no integer kernel for %d rows, %d m-tiles, K %lld", T, mt, (long long)Kin);
+  pdl_launch(kern, dim3(grid), dim3(W * 32), smem, s, segs, x,
              static_cast<const unsigned char*>(ximg), y_f32, T, Kin, wpr, gated_act);
   ARBOR_LAUNCH_CHECK("trellis_imma_kernel");
 }
@@ -1129,9 +1139,9 @@ int64_t trellis_gemv_fused_scratch_floats(int64_t cols, int64_t T) { return axis
 
 void set_trellis_gemv_mma(int mode) { g_trellis_mma = mode == 0 || mode == 1 ? mode : -1; }
 
-void set_trellis_gemv_options(int variant, int small_tiles, int prepass) {
+void set_trellis_gemv_options(int variant, int small_tiles, int prepass, int wide_ctas) {
   g_ti_set = {variant >= 0 && variant <= 1 ? variant : -1, small_tiles >= 0 && small_tiles <= 2 ? small_tiles : -1,
-              prepass >= 0 && prepass <= 2 ? prepass : -1};
+              prepass >= 0 && prepass <= 2 ? prepass : -1, wide_ctas >= 0 && wide_ctas <= 1 ? wide_ctas : -1};
 }
 
 }  // namespace arbor::cuda
