@@ -475,7 +475,7 @@ __host__ __device__ inline size_t ti_smem_bytes(int T, int64_t Kin) {
   const int64_t nb = Kin / 256;
   return size_t(2 * T) * size_t(trellis_im_col_stride(nb)) + size_t(T) * size_t(nb) * 16;
 }
-// The staged x one CTA may hold (the partial sums reuse it; 227 KB in all): 8
+// The staged x one CTA may hold (the kernel's static shared memory, at most 16 KB, comes on top; 227 KB in all): 8
 // rows at kTiMaxK inputs (~169 KB) and 16 rows at 4096 (~170 KB: just past the first, so the bound is not that).
 size_t ti_max_smem() { return size_t(200) << 10; }
 
@@ -657,16 +657,17 @@ __global__ void __launch_bounds__(W * 32)
   };
   ti_two_buffers(bbeg, bend, 1, wa, wb, load, block);
 
-  // The wpr warps of a tile add their partial sums (through the staged x's shared memory, read by no one now:
-  // ti_launch_smem leaves room); part 0 stores.
-  float4* red = reinterpret_cast<float4*>(ti_xs);  // [W][NN][32]
-  if (wpr > 1) {
-    __syncthreads();
+  // The wpr warps of a tile add their partial sums; part 0 stores. [W][NN][32]: static shared memory in 8-warp CTAs;
+  // 16-warp ones (whose 32 KB would not fit beside the staged x) reuse the staged x's, read by no one once every warp
+  // is past its loop (launch_imma's smem leaves room).
+  __shared__ float4 red_static[W == 16 ? 1 : W][NN][32];
+  float4* red = W == 16 ? reinterpret_cast<float4*>(ti_xs) : &red_static[0][0][0];
+  if (W == 16 && wpr > 1) __syncthreads();
+  if (wpr > 1)
 #pragma unroll
     for (int nn = 0; nn < NN; ++nn)
       red[(warp * NN + nn) * 32 + lane] = make_float4(acc[0][nn][0], acc[0][nn][1], acc[MT - 1][nn][0], acc[MT - 1][nn][1]);
-    __syncthreads();
-  }
+  __syncthreads();
   if (part != 0 || !live) return;
   for (int q = 1; q < wpr; ++q)
 #pragma unroll
@@ -721,8 +722,8 @@ void launch_imma(const TrSegs& segs, int mt, int64_t Kin, const uint16_t* x, uns
           if (k) ARBOR_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ti_max_smem())));
     attr = true;
   }
-  // The staged x, or the partial sums' exchange at the end where that is larger.
-  const size_t smem = std::max(ti_smem_bytes(T, Kin), size_t(W) * (size_t(1) << nn) * 32 * sizeof(float4));
+  // The staged x (16-warp CTAs: or the partial sums' exchange at the end where that is larger).
+  const size_t smem = W == 16 ? std::max(ti_smem_bytes(T, Kin), size_t(W) * (size_t(1) << nn) * 32 * sizeof(float4)) : ti_smem_bytes(T, Kin);
   if (ximg) {
     pdl_launch(trellis_xquant_kernel, dim3(unsigned((T * nb + 7) / 8)), dim3(256), 0, s, x, T, Kin, ximg);
     ARBOR_LAUNCH_CHECK("trellis_xquant_kernel");
