@@ -980,10 +980,10 @@ constexpr int kStrBlocksPerSm = 2;
 constexpr int64_t kStrMaxK = 16384;
 
 // Shared memory: codes ring [stages][RPU][threads] uint4, (scale, bias) ring [stages][RPU][threads] u32,
-// x [K/32 pieces][4] uint4 (lane order: piece (c, lane)'s j-th 8 values at (c*4 + j)*32 + lane), Σx [K/32].
+// x [K/32 pieces][4] uint4 (lane order: piece (c, lane)'s j-th 8 values at (c*4 + j)*32 + lane), Σx [K/32], INTX: d [K/32].
 template <int RPU>
-size_t str_smem_bytes(int64_t K) {
-  return size_t(kStrStages) * RPU * kStrWarps * 32 * (16 + 4) + size_t(K) * 2 + size_t(K / 32) * 8;  // + the pieces' x scales (INTX)
+size_t str_smem_bytes(int64_t K, bool intx) {
+  return size_t(kStrStages) * RPU * kStrWarps * 32 * (16 + 4) + size_t(K) * 2 + size_t(K / 32) * (intx ? 8 : 4);  // INTX: + the pieces' d
 }
 
 template <int RPU, bool INTX>
@@ -1189,10 +1189,10 @@ void launch_stream_x(dim3 grid, cudaStream_t s, const AffSegs& segs, const uint1
   static bool attr = false;
   if (!attr) {
     ARBOR_CUDA_CHECK(cudaFuncSetAttribute(affine_stream_kernel<RPU, INTX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          int(str_smem_bytes<RPU>(kStrMaxK))));
+                                          int(str_smem_bytes<RPU>(kStrMaxK, INTX))));
     attr = true;
   }
-  pdl_launch(affine_stream_kernel<RPU, INTX>, grid, dim3(kStrWarps * 32), str_smem_bytes<RPU>(K), s, segs, x, y_f32, K, gshift, sb_f16,
+  pdl_launch(affine_stream_kernel<RPU, INTX>, grid, dim3(kStrWarps * 32), str_smem_bytes<RPU>(K, INTX), s, segs, x, y_f32, K, gshift, sb_f16,
              segs.units, gated_act);
   ARBOR_LAUNCH_CHECK("affine_stream_kernel");
 }
