@@ -1,6 +1,6 @@
 // attention_block (attention_blocked.h) against a double-precision reference: paged K/V with a
 // shuffled block table, head_dims 16..256, GQA groups 1..8, runs of 1..16 tokens at positions that
-// start mid-block, sliding windows. Skips where the CPU has no AVX-512.
+// start mid-block, sliding windows; decode tokens through both kernels. Skips where the CPU has no AVX-512.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,11 +24,18 @@ TEST(CpuAttentionBlocked, MatchesReference) {
   if (!attention_block_applies(64, 4, 0.0f)) GTEST_SKIP() << "no AVX-512 here: " << cpu_features().summary();
   const std::vector<Case> cases = {{64, 32, 8, 16, 0, 0},  {64, 4, 1, 1, 0, 0},    {64, 4, 2, 7, 37, 0},   {128, 16, 8, 16, 100, 0},
                                    {16, 8, 1, 3, 5, 0},    {256, 2, 2, 16, 47, 0},  {80, 10, 5, 11, 200, 0}, {48, 16, 2, 16, 63, 24},
-                                   {64, 8, 8, 1, 300, 0},  {112, 8, 4, 5, 18, 5},   {32, 12, 4, 16, 16, 1}};
+                                   {64, 8, 8, 1, 300, 0},  {112, 8, 4, 5, 18, 5},   {32, 12, 4, 16, 16, 1},
+                                   // decode tokens (nt = 1): groups of 1..8 rows (not multiples of 4 too), hd past 4 vectors
+                                   // and not a multiple of 4 vectors, windows, a first block that starts mid-block
+                                   {64, 32, 8, 1, 159, 0}, {128, 32, 8, 1, 70, 0},  {80, 6, 1, 1, 45, 0},   {48, 21, 3, 1, 33, 9},
+                                   {256, 16, 2, 1, 17, 0}, {64, 5, 1, 1, 0, 0},     {16, 8, 4, 1, 100, 40}};
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> d(-1, 1);
   const int64_t bs = 16;
+  for (int decode_kernel : {1, 0})
   for (const Case& c : cases) {
+    if (decode_kernel == 0 && c.nt != 1) continue;  // the per-row kernel on decode tokens too
+    set_attention_block_decode(decode_kernel);
     const int64_t G = c.n_heads / c.n_kv, ctx = c.pos0 + c.nt, n_blocks = (ctx + bs - 1) / bs + 3;
     const int64_t kv_row = c.n_kv * c.hd, qrow = c.n_heads * c.hd;
     std::vector<int32_t> table(static_cast<size_t>(n_blocks));
@@ -68,8 +75,9 @@ TEST(CpuAttentionBlocked, MatchesReference) {
       }
     }
     EXPECT_LE(worst, 2e-6) << "hd " << c.hd << " heads " << c.n_heads << "/" << c.n_kv << " rows " << c.nt << " pos0 " << c.pos0
-                           << " window " << c.window;
+                           << " window " << c.window << " decode kernel " << decode_kernel;
   }
+  set_attention_block_decode(-1);
 }
 
 TEST(CpuAttentionBlocked, Applies) {

@@ -49,5 +49,8 @@ void attention_block_store(const AttnBlockArgs& a, int64_t t0, int64_t R, int64_
 void attention_block(const AttnBlockArgs& a, int64_t t0, int64_t nt, int64_t pos0, const int32_t* table, int64_t g,
                      float* scratch);
 int64_t attention_block_scratch_floats(int64_t hd, int64_t group);
+// A decode token (nt = 1) through the kernel that takes its query rows four at a time (1, the default), or through
+// the per-row one (0); -1: back to ARBOR_CPU_ATTN_DECODE (unset: 1). Tests and A/B runs.
+void set_attention_block_decode(int on);
 
 }  // namespace arbor::cpu
