@@ -20,6 +20,7 @@
 #       (TRELLIS_BITS) over 1/8/12/16 rows with the GEMV to 16 rows (the default) against decode + cuBLASLt past 8
 #       (ARBOR_CUDA_TRELLIS_GEMV_ROWS=8): is the 16-row integer kernel the faster path? (~3 min)
 #   narrow: the affine tensor-core GEMV at 2/3 bits: CudaAffine tests, memcheck, the 8B at 1-8 rows against v1 (~4 min)
+#   optins: session 23's three opt-in kernels (v4's integer x, v2's x ahead, trellis 16-warp CTAs) checked and measured
 #   encoder: the GPU Viterbi's tests and its weights/s against the CPU encoder's (pack bench_trellis too),
 #   profile: per-kernel times of one decode step under ncu (PROFILE picks the runs; ~1-3 min each),
 #   sweep: compute-sanitizer over every CUDA test in one call (~460 s on an H200, estimated from its
@@ -46,6 +47,26 @@ done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv 2>&1 | tee "$OUT/gpu.txt"
 git log -1 --format='commit %H' 2>/dev/null | tee -a "$OUT/gpu.txt"
 summary=()
+# Shared by the steps: a test_cuda filter run, memcheck on a filter, and one 8B decode bench; each adds a summary line.
+gtests() {  # NAME LIMIT FILTER
+  timeout "$2" "$D/test_cuda" --gtest_filter="$3" > "$OUT/$1.log" 2>&1
+  summary+=("$1 rc=$? $(grep -cE '^\[       OK' "$OUT/$1.log") ok $(grep -cE '^\[  FAILED' "$OUT/$1.log") failed")
+}
+memcheck_filter() {  # NAME LIMIT FILTER
+  timeout "$2" compute-sanitizer --tool memcheck --error-exitcode 3 "$D/test_cuda" --gtest_filter="$3" > "$OUT/$1.log" 2>&1
+  summary+=("$1 rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/$1.log" | tail -1)")
+}
+bench8b() {  # NAME RUNS [ENV=VALUE ...] -- [bench arguments...]: the 8B's decode at RUNS (--decode-runs), dummy weights
+  local name=$1 runs=$2 envs=()
+  shift 2
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  env "${envs[@]}" timeout 90 "$D/arbor" bench --device cuda --dummy-weights --config bench/configs/llama-3.1-8b.json --decode-only \
+    --decode-runs "$runs" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$? n
+  n=$(echo "$runs" | tr ',' '\n' | wc -l)  # bench prints each run twice (as it goes, then in its table)
+  summary+=("$name rc=$rc $(grep -E '^ *decode b=' "$OUT/$name.log" | head -"$n" | awk '{print $2, $4, $5}' | tr '\n' '|')")
+}
 for step in $STEPS; do
   case $step in
     tests)
@@ -225,15 +246,11 @@ for step in $STEPS; do
       done
       ;;
     wide)
-      timeout 150 "$D/test_cuda" --gtest_filter='CudaTrellis*:TrellisCuda*' > "$OUT/wide_tests.log" 2>&1
-      summary+=("wide tests rc=$? $(grep -cE '^\[       OK' "$OUT/wide_tests.log") ok $(grep -cE '^\[  FAILED' "$OUT/wide_tests.log") failed")
-      timeout 200 compute-sanitizer --tool memcheck --error-exitcode 3 "$D/test_cuda" --gtest_filter='CudaTrellis.*' > "$OUT/wide_memcheck.log" 2>&1
-      summary+=("wide memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/wide_memcheck.log" | tail -1)")
+      gtests wide_tests 150 'CudaTrellis*:TrellisCuda*'
+      memcheck_filter wide_memcheck 200 'CudaTrellis.*'
       for k in ${TRELLIS_BITS:-2 3 4}; do
         for rows in 16 8; do
-          ARBOR_CUDA_TRELLIS_GEMV_ROWS=$rows timeout 90 "$D/arbor" bench --device cuda --dummy-weights --format trellis --bits $k \
-            --config bench/configs/llama-3.1-8b.json --decode-only --decode-runs 1@512,8@512,12@512,16@512 > "$OUT/wide_k${k}_gemv$rows.log" 2>&1
-          summary+=("wide k=$k gemv to $rows rows rc=$? $(grep -E '^ *decode b=' "$OUT/wide_k${k}_gemv$rows.log" | head -4 | awk '{print $2, $4, $5}' | tr '\n' '|')")
+          bench8b wide_k${k}_gemv$rows 1@512,8@512,12@512,16@512 ARBOR_CUDA_TRELLIS_GEMV_ROWS=$rows -- --format trellis --bits $k
         done
       done
       ;;
@@ -241,16 +258,24 @@ for step in $STEPS; do
       # Issue 19: the tensor-core GEMV for 2- and 3-bit codes (v2's chunked widths): its tests and memcheck on them,
       # then the 8B at 2/3-bit g64 (NARROW_BITS) at 1/2/4/8 rows with the defaults against v1 everywhere
       # (ARBOR_CUDA_AFFINE_GEMV=1, the kernel these widths ran before). Logs narrow_*.log.
-      timeout 200 "$D/test_cuda" --gtest_filter='CudaAffine.*' > "$OUT/narrow_tests.log" 2>&1
-      summary+=("narrow tests rc=$? $(grep -cE '^\[       OK' "$OUT/narrow_tests.log") ok $(grep -cE '^\[  FAILED' "$OUT/narrow_tests.log") failed")
-      timeout 250 compute-sanitizer --tool memcheck --error-exitcode 3 "$D/test_cuda" --gtest_filter='CudaAffine.GemvV2*:CudaAffine.Fused*' > "$OUT/narrow_memcheck.log" 2>&1
-      summary+=("narrow memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/narrow_memcheck.log" | tail -1)")
+      gtests narrow_tests 200 'CudaAffine.*'
+      memcheck_filter narrow_memcheck 250 'CudaAffine.GemvV2*:CudaAffine.Fused*'
       for b in ${NARROW_BITS:-3 2}; do
-        for v in 0 1; do
-          ARBOR_CUDA_AFFINE_GEMV=$v timeout 90 "$D/arbor" bench --device cuda --dummy-weights --bits $b --group-size 64 \
-            --config bench/configs/llama-3.1-8b.json --decode-only --decode-runs 1@512,2@512,4@512,8@512 > "$OUT/narrow_b${b}_v$v.log" 2>&1
-          summary+=("narrow ${b}-bit gemv=$v rc=$? $(grep -E '^ *decode b=' "$OUT/narrow_b${b}_v$v.log" | head -4 | awk '{print $2, $4, $5}' | tr '\n' '|')")
+        for v in 0 1; do bench8b narrow_b${b}_v$v 1@512,2@512,4@512,8@512 ARBOR_CUDA_AFFINE_GEMV=$v -- --bits $b --group-size 64; done
+      done
+      ;;
+    optins)
+      # Session 23's three opt-ins, each against its default in the same call: v4 with x as 16-bit integers and __dp4a
+      # (ARBOR_CUDA_AFFINE_STREAM_INT=1), v2 with x loaded 1 or 2 pieces ahead (ARBOR_CUDA_AFFINE_V2_XPF), the 4-bit 8B at
+      # 1/3/8 rows, twice; trellis k = 2 at 8/12/16 rows in 16-warp CTAs (ARBOR_CUDA_TRELLIS_W16=1), twice. Their tests
+      # (every variant through the tests' setters) and memcheck first. Logs optins_*.log.
+      gtests optins_tests 200 'CudaAffine.*:CudaTrellis*:TrellisCuda*'
+      memcheck_filter optins_memcheck 250 'CudaAffine.GemvV2*:CudaAffine.GemvStream*:CudaTrellis.Gemv*'
+      for r in 1 2; do
+        for v in "STREAM_INT=0" "STREAM_INT=1" "V2_XPF=1" "V2_XPF=2"; do
+          bench8b optins_a4_${v}_r$r 1@512,3@512,8@512 ARBOR_CUDA_AFFINE_$v -- --bits 4 --group-size 64
         done
+        for w in 0 1; do bench8b optins_tr2_w16_${w}_r$r 8@512,12@512,16@512 ARBOR_CUDA_TRELLIS_W16=$w -- --format trellis --bits 2; done
       done
       ;;
     encoder)
@@ -258,8 +283,7 @@ for step in $STEPS; do
       # the whole encode (scales, targets and packing on the host's threads) on a [4096 x 4096] Gaussian matrix
       # (16.8M weights), k 2/3/4, its words checked against the CPU's. Needs bench_trellis in $D:
       # `bash bench/cuda/pack.sh bench_trellis`. Logs encoder_*.log.
-      timeout 120 "$D/test_cuda" --gtest_filter='CudaTrellisEncode.*' > "$OUT/encoder_test.log" 2>&1
-      summary+=("encoder tests rc=$? $(grep -cE '^\[       OK' "$OUT/encoder_test.log") ok $(grep -cE '^\[  FAILED' "$OUT/encoder_test.log") failed")
+      gtests encoder_test 120 'CudaTrellisEncode.*'
       timeout ${ENCODER_LIMIT:-300} "$D/bench_trellis" --rows ${ENCODER_ROWS:-4096} --cols 4096 --reps 2 --threads 16 --isa avx512,cuda > "$OUT/encoder_bench.log" 2>&1
       summary+=("encoder bench rc=$? $(grep -h 'k=' "$OUT/encoder_bench.log" | tr '\n' '|' | head -c 900)")
       ;;
