@@ -463,6 +463,10 @@ constexpr int kV2LaneRowBytes = 32;  // code bytes per lane per weight row per s
 int g_v2_variant = -1;  // set_affine_gemv_variant; -1: from ARBOR_CUDA_AFFINE_GEMV (unset: 0, by rows)
 int g_v2_xpf = -1;      // set_affine_v2_x_ahead; -1: from ARBOR_CUDA_AFFINE_V2_XPF (unset: 0)
 
+// Columns a v2 step covers (V2Geo::STEP_COLS, which the host needs for the K split): whole pieces of 32 bytes a
+// lane and row at 4/8 bits, 8 or 4 pieces of 32 columns at 2/3 bits (8 spill at 3 bits, g32/g64).
+constexpr int v2_step_cols(int bits) { return bits == 3 || bits == 8 ? 128 : 256; }
+
 template <int BITS, int GS>
 struct V2Geo {
   // 2- and 3-bit codes ("chunked"): 8 codes are BITS whole bytes, so a piece is 32 columns, lane j's the 8
@@ -470,17 +474,18 @@ struct V2Geo {
   // group is GS/32 pieces whose MMA sums share its scale (PPG).
   static constexpr bool CH = BITS == 2 || BITS == 3;
   static constexpr int L = CH ? 4 : (GS * BITS / 32 < 16 ? GS * BITS / 32 : 16);  // bytes per lane per piece
-  static constexpr int NP = CH ? (BITS == 3 ? 4 : 8) : kV2LaneRowBytes / L;  // pieces per step (3-bit: 8 spill at g32/g64)
+  static constexpr int NP = CH ? (BITS == 3 ? 4 : 8) : kV2LaneRowBytes / L;  // pieces per step
   static constexpr int CPB = CH ? 1 : 8 / BITS;                        // codes per byte (4/8-bit)
   static constexpr int LANE_COLS = CH ? 8 : L * CPB;                   // a lane's columns in a piece
   static constexpr int PIECE_COLS = 4 * LANE_COLS;                     // the quad's: the group, 64 (8-bit g128), 32 (2/3-bit)
-  static constexpr int STEP_COLS = NP * PIECE_COLS;                    // 256 (2/4-bit), 128 (3/8-bit): v2_step_cols
+  static constexpr int STEP_COLS = NP * PIECE_COLS;
   static constexpr int STEP_ROW_BYTES = CH ? STEP_COLS * BITS / 8 : 4 * kV2LaneRowBytes;  // bytes of a row per step
   static constexpr int WPP = CH ? (BITS == 3 ? 2 : 1) : L / 4;         // words per lane per piece
   static constexpr int PPG = CH ? GS / 32 : 1;                         // pieces per group
   static constexpr float kM = BITS == 8 ? 272.0f : 16.0f;              // the codes' offset in the MMA sums
   static_assert(BITS == 2 || BITS == 3 || BITS == 4 || BITS == 8, "v2: 2-, 3-, 4- and 8-bit codes");
   static_assert(CH ? STEP_COLS % GS == 0 : GS % PIECE_COLS == 0, "a piece lies inside one group, a group inside one step");
+  static_assert(STEP_COLS == v2_step_cols(BITS), "v2_step_cols says what a step covers");
 };
 
 // Chunked widths: the bf16 pair (16 + q_i, 16 + q_{i+4}) of a chunk's codes q0..q7 once `spread` has put
@@ -868,6 +873,16 @@ void launch_v2_s(unsigned grid, cudaStream_t s, const AffSegs& segs, const uint1
   ARBOR_LAUNCH_CHECK("affine_gemv_v2_kernel");
 }
 
+// A/B knob: ARBOR_CUDA_AFFINE_V2_XPF=1/2 (or set_affine_v2_x_ahead) loads x that many pieces ahead of its MMAs.
+int v2_x_ahead() {
+  if (g_v2_xpf < 0) {
+    const char* e = std::getenv("ARBOR_CUDA_AFFINE_V2_XPF");
+    const int v = e ? std::atoi(e) : 0;
+    g_v2_xpf = v >= 0 && v <= 2 ? v : 0;
+  }
+  return g_v2_xpf;
+}
+
 template <int BITS, int GS>
 void launch_v2_t(int variant, unsigned grid, cudaStream_t s, const AffSegs& segs, const uint16_t* x, bool y_f32, int T, int64_t K,
                  bool sb_f16, int wpr, int64_t units, int gated_act) {
@@ -878,12 +893,7 @@ void launch_v2_t(int variant, unsigned grid, cudaStream_t s, const AffSegs& segs
       return;
     }
   }
-  // A/B knob: ARBOR_CUDA_AFFINE_V2_XPF=1/2 (or set_affine_v2_x_ahead) loads x that many pieces ahead of its MMAs.
-  if (g_v2_xpf < 0) {
-    const char* e = std::getenv("ARBOR_CUDA_AFFINE_V2_XPF");
-    g_v2_xpf = e ? std::atoi(e) : 0;
-  }
-  const int xpf = g_v2_xpf;
+  const int xpf = v2_x_ahead();
   if (xpf == 1) launch_v2_s<BITS, GS, 0, 1>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
   else if (xpf == 2) launch_v2_s<BITS, GS, 0, 2>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
   else launch_v2_s<BITS, GS, 0, 0>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
@@ -910,7 +920,7 @@ bool try_v2(const AffSegs& segs, const AffineWeights& w0, const uint16_t* x, boo
   const int64_t K = w0.cols;
   const int gs = w0.group_size;
   if ((gs != 32 && gs != 64 && gs != 128) || K % gs != 0) return false;
-  const int64_t step_cols = w0.bits == 8 || w0.bits == 3 ? 128 : 256, steps = (K + step_cols - 1) / step_cols;  // V2Geo::STEP_COLS
+  const int64_t step_cols = v2_step_cols(w0.bits), steps = (K + step_cols - 1) / step_cols;
   // K split: until the tiles' warps fill the SMs' slots twice over, keeping two steps a warp.
   const int64_t warp_slots = int64_t(n_sms) * kV2BlocksPerSm * kV2Warps;
   // A/B knobs (device runs): ARBOR_CUDA_AFFINE_V2_WPR=1/2/4/8 forces the split (capped at one step a warp),
@@ -1199,14 +1209,18 @@ void launch_stream_x(dim3 grid, cudaStream_t s, const AffSegs& segs, const uint1
 
 int g_stream_intx = -1;  // set_affine_stream_int_x; -1: from ARBOR_CUDA_AFFINE_STREAM_INT (unset: 0)
 
-template <int RPU>
-void launch_stream(dim3 grid, cudaStream_t s, const AffSegs& segs, const uint16_t* x, bool y_f32, int64_t K, int gshift, bool sb_f16,
-                   int gated_act) {
+bool stream_int_x() {
   if (g_stream_intx < 0) {
     const char* e = std::getenv("ARBOR_CUDA_AFFINE_STREAM_INT");
     g_stream_intx = e && std::atoi(e) == 1 ? 1 : 0;
   }
-  if (g_stream_intx == 1) launch_stream_x<RPU, true>(grid, s, segs, x, y_f32, K, gshift, sb_f16, gated_act);
+  return g_stream_intx == 1;
+}
+
+template <int RPU>
+void launch_stream(dim3 grid, cudaStream_t s, const AffSegs& segs, const uint16_t* x, bool y_f32, int64_t K, int gshift, bool sb_f16,
+                   int gated_act) {
+  if (stream_int_x()) launch_stream_x<RPU, true>(grid, s, segs, x, y_f32, K, gshift, sb_f16, gated_act);
   else launch_stream_x<RPU, false>(grid, s, segs, x, y_f32, K, gshift, sb_f16, gated_act);
 }
 
