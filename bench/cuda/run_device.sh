@@ -268,15 +268,15 @@ for step in $STEPS; do
       # Session 23's three opt-ins, each against its default in the same call: v4 with x as 16-bit integers and __dp4a
       # (ARBOR_CUDA_AFFINE_STREAM_INT=1), v2 with x loaded 1 or 2 pieces ahead (ARBOR_CUDA_AFFINE_V2_XPF), the 4-bit 8B at
       # 1/3/8 rows, twice; trellis k = 2 at 8/12/16 rows in 16-warp CTAs (ARBOR_CUDA_TRELLIS_W16=1), twice. Their tests
-      # (every variant through the tests' setters) and memcheck first. Logs optins_*.log.
-      gtests optins_tests 200 'CudaAffine.*:CudaTrellis*:TrellisCuda*'
-      memcheck_filter optins_memcheck 250 'CudaAffine.GemvV2*:CudaAffine.GemvStream*:CudaTrellis.Gemv*'
+      # (every variant through the tests' setters) and memcheck after the benches (the call's 600 s may end them). Logs optins_*.log.
       for r in 1 2; do
         for v in "STREAM_INT=0" "STREAM_INT=1" "V2_XPF=1" "V2_XPF=2"; do
           bench8b optins_a4_${v}_r$r 1@512,3@512,8@512 ARBOR_CUDA_AFFINE_$v -- --bits 4 --group-size 64
         done
         for w in 0 1; do bench8b optins_tr2_w16_${w}_r$r 8@512,12@512,16@512 ARBOR_CUDA_TRELLIS_W16=$w -- --format trellis --bits 2; done
       done
+      gtests optins_tests 200 'CudaAffine.*:CudaTrellis*:TrellisCuda*'
+      memcheck_filter optins_memcheck 250 'CudaAffine.GemvV2*:CudaAffine.GemvStream*:CudaTrellis.Gemv*'
       ;;
     encoder)
       # Issue 20's GPU Viterbi: its tests (the paths state for state against the CPU encoder), then weights/s of
