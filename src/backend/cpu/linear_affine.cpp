@@ -58,6 +58,7 @@ constexpr int64_t kGemvGrain = 16;
 // vectors (xp[u + kLanes*k + i] = x[u + (32/kLanes)*i + k] per 32-column unit u), and Σx per group, summed
 // as 8 partial f32 sums of G/8 terms each.
 constexpr int64_t kPrepCols = 1024;  // a multiple of every group size
+constexpr int64_t kPrepInlineCols = 16384;  // q8 GEMV: T·K up to this prepared on the calling thread
 template <int kLanes>
 void prepare(const float* xr, int64_t c0, int64_t c1, int64_t G, float* xp, float* sx) {
   constexpr int c = 32 / kLanes;
@@ -205,12 +206,15 @@ void q8_run(LinearIsa isa, ThreadPool& pool, const float* x, int64_t T, const Af
   float* sx = thread_scratch<1>(size_t(T * groups));
   auto prep = vnni ? affine_detail::q8_prepare_avx512 : affine_detail::q8_prepare_avx2;
   const int64_t chunks = (K + kPrepCols - 1) / kPrepCols;
-  pool.parallel_for(T * chunks, 1, [&](int, int64_t i0, int64_t i1) {
+  auto prep_range = [&](int, int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t t = i / chunks, c0 = (i % chunks) * kPrepCols, c1 = std::min(K, c0 + kPrepCols);
       prep(x + t * K, K, G, w.bits, c0, c1, xq + t * Kp * xb, xd + t * spans * lanes, sx + t * groups);
     }
-  });
+  };
+  // A decode row's x is a few microseconds of work: on the caller, without a second fork and join.
+  if (T * K <= kPrepInlineCols) prep_range(0, 0, T * chunks);
+  else pool.parallel_for(T * chunks, 1, prep_range);
   constexpr int kMaxOuts = 8;
   ARBOR_CHECK(n >= 1 && n <= kMaxOuts, "linear_affine_multi: {} matrices (1..{})", n, kMaxOuts);
   affine_detail::Q8Args a[kMaxOuts];

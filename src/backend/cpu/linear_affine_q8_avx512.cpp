@@ -41,12 +41,12 @@ constexpr int64_t span_codes() { return 512 / B; }
 // ---- x: quantization ---------------------------------------------------------------------------------
 // One 32-column block: d = max|x| / 127 and q = round-to-nearest-even(x · (127 / max|x|)) (0 and d = 0 for an
 // all-zero block), the same f32 operations as linear_affine_q8_reference.
-ARBOR_VNNI_INLINE float quantize_block(const float* x, int8_t* q) {
+ARBOR_VNNI_INLINE float quantize_block(const float* x, __m256i* q) {
   const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
   const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
   const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, inv))));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, inv))));
+  *q = _mm256_set_m128i(_mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, inv))),
+                        _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, inv))));
   return amax / 127.0f;
 }
 
@@ -55,39 +55,51 @@ ARBOR_VNNI_INLINE float quantize_block(const float* x, int8_t* q) {
 // lanes' d), and Σx per group (8 partial f32 sums, as the exact path).
 template <int B>
 ARBOR_VNNI void prepare_bits(const float* xr, int64_t K, int64_t G, int64_t c0, int64_t c1, int8_t* xq, float* xd, float* sx) {
-  constexpr int64_t S = span_codes<B>(), c = 8 / B, L = S / 16;  // L: columns per s32 lane
+  constexpr int64_t S = span_codes<B>(), L = S / 16;  // L: columns per s32 lane
   if (c1 == K && K % S != 0) {
     const int64_t s = K / S;
     std::memset(xq + s * S, 0, S);
     std::memset(xd + s * 16, 0, 16 * sizeof(float));
   }
-  alignas(16) int8_t q[32];
+  __m256i v;  // the block's 32 int8 values in column order
   for (int64_t b0 = c0; b0 < c1; b0 += 32) {
-    const float d = quantize_block(xr + b0, q);
+    const float d = quantize_block(xr + b0, &v);
     const int64_t s = b0 / S, r0 = b0 % S;  // span, first column within it
     for (int64_t l = r0 / L; l < (r0 + 32) / L && l < 16; ++l) xd[s * 16 + l] = d;
     int8_t* o = xq + s * S;
+    // Column r of the span goes to o[64·(r % c) + r / c]; r0 is a multiple of 32, so the block's columns of
+    // each k are contiguous: 16 bytes at o + 64k + r0/2 (4 bits), 8 at o + 64k + r0/4 (2 bits).
     if constexpr (B == 8) {
-      std::memcpy(o + r0, q, 32);
-    } else {
-      for (int j = 0; j < 32; ++j) {
-        const int64_t r = r0 + j;
-        o[64 * (r % c) + r / c] = q[j];
-      }
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + r0), v);
+    } else if constexpr (B == 4) {  // each 16-byte lane to [evens, odds], then the qwords to [evens, odds]
+      const __m256i eo = _mm256_shuffle_epi8(v, _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8,
+                                                                 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
+      const __m256i w = _mm256_permute4x64_epi64(eo, 0xD8);  // qwords 0, 2, 1, 3
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + r0 / 2), _mm256_castsi256_si128(w));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 64 + r0 / 2), _mm256_extracti128_si256(w, 1));
+    } else {  // B == 2: each lane to [k0, k1, k2, k3] (4 bytes each), then the dwords to k-major qwords
+      const __m256i k4 = _mm256_shuffle_epi8(v, _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1,
+                                                                 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+      const __m256i w = _mm256_permutevar8x32_epi32(k4, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      alignas(32) int64_t part[4];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(part), w);
+      for (int k = 0; k < 4; ++k) std::memcpy(o + 64 * k + r0 / 4, &part[k], 8);
     }
   }
+  // Σx per group: eight partial sums (lane l sums columns ≡ l mod 8), combined in the reference's order.
   for (int64_t g0 = c0; g0 < c1; g0 += G) {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int64_t j = g0; j < g0 + G; j += 8)
-      for (int l = 0; l < 8; ++l) acc[l] += xr[j + l];
-    sx[g0 / G] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t j = g0; j < g0 + G; j += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(xr + j));
+    alignas(32) float a[8];
+    _mm256_store_ps(a, acc);
+    sx[g0 / G] = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
   }
 }
 
 // ---- GEMV --------------------------------------------------------------------------------------------
-// n scales from `t` to f32: 16 at a time, the rest under a mask.
-// Whole 16s with plain loads and stores: a masked store does not forward to the loads that read `out` right
-// after, so every span of the row would wait for it to reach the cache (measured on Zen 5: 39 -> 4x GB/s).
+// n scales from `t` to f32: 16 at a time, the rest loaded under a mask. Stored with plain stores (the zeros past
+// n included: the caller's buffer has 16 spare), since a masked store does not forward to the span loop's loads
+// that read `out` right after.
 ARBOR_VNNI_INLINE __m512 scales16(const void* p, DType t, int64_t i, __mmask16 m) {
   if (t == DType::BF16)
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i)), 16));
