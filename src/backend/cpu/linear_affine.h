@@ -103,6 +103,28 @@ struct Args {
   float* y;              // [T, N]
 };
 
+// The GEMVs read each weight row's codes with a software prefetch kPrefetchBytes ahead; a row's scales and
+// biases (one short row each) are left to this: called at the start of row n with the row that prefetch has
+// reached (n + rows_ahead), it prefetches that row's scales and biases. Left to the hardware prefetcher their
+// loads missed at the start and end of every row (on Zen 5, a q8 GEMV of 2048-column rows went from 51-59 to
+// 60-65 GB/s with this and plain stores for the converted scales).
+struct RowParamsPrefetch {
+  const char* scales;
+  const char* biases;
+  int64_t row_bytes, rows_ahead, N;  // of one scale (or bias) row; rows the codes' prefetch runs ahead
+  RowParamsPrefetch(const void* s, const void* b, DType t, int64_t K, int64_t G, int bits, int64_t N_, int64_t prefetch_bytes)
+      : scales(static_cast<const char*>(s)), biases(static_cast<const char*>(b)), row_bytes(K / G * int64_t(dtype_size(t))),
+        rows_ahead(prefetch_bytes / (K * bits / 8) + 1), N(N_) {}
+  void operator()(int64_t n) const {
+    const int64_t ahead = n + rows_ahead;
+    if (ahead >= N) return;
+    for (int64_t b = 0; b < row_bytes; b += 64) {
+      __builtin_prefetch(scales + ahead * row_bytes + b, 0, 3);
+      __builtin_prefetch(biases + ahead * row_bytes + b, 0, 3);
+    }
+  }
+};
+
 // GEMV: output rows [n0, n1) of y for all T (1..kLinearGemvMaxT).
 void gemv_avx2(const Args& a, int64_t n0, int64_t n1);
 void gemv_avx512(const Args& a, int64_t n0, int64_t n1);

@@ -95,7 +95,9 @@ ARBOR_AVX2 void gemv_rows(const Args& a, int64_t n0, int64_t n1) {
   const int64_t K = a.K, G = a.G, groups = K / G, row_bytes = K * B / 8, units = K / 32, upg = G / 32;
   const int64_t group_bytes = G * B / 8;
   alignas(32) uint8_t pad[64] = {};
+  const RowParamsPrefetch params_prefetch(a.scales, a.biases, a.sdtype, K, G, B, a.N, kPrefetchBytes);
   for (int64_t n = n0; n < n1; ++n) {
+    params_prefetch(n);
     const uint8_t* row = a.codes + n * row_bytes;
     const bool last_row = n == a.N - 1;
     __m256 total[TT];

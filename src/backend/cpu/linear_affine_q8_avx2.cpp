@@ -236,8 +236,10 @@ ARBOR_AVX2 void q8_row_block(const Q8Args& a, int64_t n, float* const (&sb)[R]) 
   const size_t ssize = dtype_size(a.sdtype);
   const uint8_t* row[R];
   const float* sbc[R];
+  const RowParamsPrefetch params_prefetch(a.scales, a.biases, a.sdtype, K, G, B, a.N, kPrefetchBytes);
 #pragma GCC unroll 2
   for (int r = 0; r < R; ++r) {
+    params_prefetch(n + r);
     row[r] = a.codes + (n + r) * row_bytes;
     to_f32(static_cast<const uint8_t*>(a.scales) + (n + r) * groups * ssize, a.sdtype, groups, sb[r]);
     sbc[r] = sb[r];

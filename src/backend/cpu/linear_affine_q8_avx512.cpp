@@ -196,10 +196,10 @@ ARBOR_VNNI_INLINE void span_step(const SpanCtx& x, int64_t sp, const __m512i (&v
 struct RowGeom {
   int64_t groups, row_bytes, full, rem;  // full spans of kSpanBytes and the bytes past them
   size_t ssize;                          // bytes of one scale or bias
-  int64_t srow_bytes, rows_ahead;        // a row's scales (or biases); the row kPrefetchBytes of codes ahead
+  RowParamsPrefetch params_prefetch;
   RowGeom(const Q8Args& a, int B)
       : groups(a.K / a.G), row_bytes(a.K * B / 8), full(row_bytes / kSpanBytes), rem(row_bytes % kSpanBytes),
-        ssize(dtype_size(a.sdtype)), srow_bytes(groups * int64_t(ssize)), rows_ahead(kPrefetchBytes / row_bytes + 1) {}
+        ssize(dtype_size(a.sdtype)), params_prefetch(a.scales, a.biases, a.sdtype, a.K, a.G, B, a.N, kPrefetchBytes) {}
 };
 
 template <int B, int TT, int R, bool WIDE>
@@ -209,16 +209,7 @@ ARBOR_VNNI_INLINE void row_block(const Q8Args& a, const SpanCtx& ctx, const RowG
   const size_t ssize = g.ssize;
   const uint8_t* row[R];
   const float* sbc[R];
-  // The scales and biases of the row the codes' prefetch has reached: left to the hardware, their loads at the
-  // start and end of each row missed the caches and held up the row (Zen 5: half the stalls of the loop).
-  if (const int64_t ahead = n + g.rows_ahead; ahead < a.N) {
-    const char* sp = static_cast<const char*>(a.scales) + ahead * g.srow_bytes;
-    const char* bp = static_cast<const char*>(a.biases) + ahead * g.srow_bytes;
-    for (int64_t b = 0; b < g.srow_bytes; b += 64) {
-      _mm_prefetch(sp + b, _MM_HINT_T0);
-      _mm_prefetch(bp + b, _MM_HINT_T0);
-    }
-  }
+  g.params_prefetch(n);
 #pragma GCC unroll 2
   for (int r = 0; r < R; ++r) {
     row[r] = a.codes + (n + r) * row_bytes;
