@@ -20,7 +20,8 @@
 #       (TRELLIS_BITS) over 1/8/12/16 rows with the GEMV to 16 rows (the default) against decode + cuBLASLt past 8
 #       (ARBOR_CUDA_TRELLIS_GEMV_ROWS=8): is the 16-row integer kernel the faster path? (~3 min)
 #   narrow: the affine tensor-core GEMV at 2/3 bits: CudaAffine tests, memcheck, the 8B at 1-8 rows against v1 (~4 min)
-#   optins: session 23's three opt-in kernels (v4's integer x, v2's x ahead, trellis 16-warp CTAs) checked and measured
+#   optins: session 23's three opt-in kernels (v4's integer x, v2's x ahead, trellis 16-warp CTAs) and session 24's
+#       5/6-bit v2 checked and measured
 #   encoder: the GPU Viterbi's tests and its weights/s against the CPU encoder's (pack bench_trellis too),
 #   profile: per-kernel times of one decode step under ncu (PROFILE picks the runs; ~1-3 min each),
 #   sweep: compute-sanitizer over every CUDA test in one call (~460 s on an H200, estimated from its
@@ -268,14 +269,19 @@ for step in $STEPS; do
       # Session 23's three opt-ins, each against its default in the same call: v4 with x as 16-bit integers and __dp4a
       # (ARBOR_CUDA_AFFINE_STREAM_INT=1), v2 with x loaded 1 or 2 pieces ahead (ARBOR_CUDA_AFFINE_V2_XPF), the 4-bit 8B at
       # 1/3/8 rows, twice; trellis k = 2 at 8/12/16 rows in 16-warp CTAs (ARBOR_CUDA_TRELLIS_W16=1), twice. Their tests
-      # (every variant through the tests' setters) and memcheck after the benches (the call's 600 s may end them). Logs optins_*.log.
+      # (every variant through the tests' setters) first, memcheck after the benches (the call's 600 s may end it). Logs optins_*.log.
+      gtests optins_tests 200 'CudaAffine.*:CudaTrellis*:TrellisCuda*'
       for r in 1 2; do
         for v in "STREAM_INT=0" "STREAM_INT=1" "V2_XPF=1" "V2_XPF=2"; do
           bench8b optins_a4_${v}_r$r 1@512,3@512,8@512 ARBOR_CUDA_AFFINE_$v -- --bits 4 --group-size 64
         done
         for w in 0 1; do bench8b optins_tr2_w16_${w}_r$r 8@512,12@512,16@512 ARBOR_CUDA_TRELLIS_W16=$w -- --format trellis --bits 2; done
       done
-      gtests optins_tests 200 'CudaAffine.*:CudaTrellis*:TrellisCuda*'
+      # 5/6-bit codes on v2 (session 24; opt-in by ARBOR_CUDA_AFFINE_GEMV=2) against the default (v1).
+      for b in 6 5; do
+        bench8b optins_a${b}_v2 2@512,3@512,8@512 ARBOR_CUDA_AFFINE_GEMV=2 -- --bits $b --group-size 64
+        bench8b optins_a${b}_v1 2@512,3@512,8@512 ARBOR_CUDA_AFFINE_GEMV=0 -- --bits $b --group-size 64
+      done
       memcheck_filter optins_memcheck 250 'CudaAffine.GemvV2*:CudaAffine.GemvStream*:CudaTrellis.Gemv*'
       ;;
     encoder)

@@ -226,8 +226,8 @@ TEST(CudaAffine, FusedMultiAndGatedMatchTheReference) {
     }
 }
 
-// The v2 (tensor-core) GEMV, ARBOR_CUDA_AFFINE_GEMV=2's kernel, and v3 (=3, its cp.async ring), against the same reference: 2/3/4/8-bit
-// (v3's ring: 4/8-bit; 2/3-bit run v2 under it, 6-bit falls back to v1), every group size, T 1..8, bf16/f16 pairs, shapes that give
+// The v2 (tensor-core) GEMV, ARBOR_CUDA_AFFINE_GEMV=2's kernel, and v3 (=3, its cp.async ring), against the same reference: 2/3/4/5/6/8-bit
+// (v3's ring: 4/8-bit; the chunked widths 2/3/5/6 run v2 under it), every group size, T 1..8, bf16/f16 pairs, shapes that give
 // one tile and a partial one, K splits over 1..8 warps, partial last steps (K not a multiple of 256), and a
 // matrix with more units than resident blocks (blocks walking several units, units past the end).
 TEST(CudaAffine, GemvV2MatchesTheReference) {
@@ -242,10 +242,9 @@ TEST(CudaAffine, GemvV2MatchesTheReference) {
     int64_t R, C;
   };
   int case_no = 0;
-  for (int bits : {4, 8, 3, 2, 6})
+  for (int bits : {4, 8, 3, 2, 6, 5})
     for (int gs : {32, 64, 128})
       for (const Shape& sh : {Shape{131, int64_t(3 * gs)}, Shape{37, int64_t(8192 + gs)}, Shape{2000, 2048 + gs}, Shape{9, int64_t(gs)}}) {
-        if (bits == 6 && sh.R != 131) continue;  // 6-bit: v1 runs (the fallback)
         const DType dt = (case_no % 3) == 1 ? DType::F16 : DType::BF16;
         const bool with_bias = (case_no++ % 2) == 0;
         HostAffine a(rng, sh.R, sh.C, bits, gs, dt, with_bias);
@@ -257,7 +256,7 @@ TEST(CudaAffine, GemvV2MatchesTheReference) {
         }
       }
   // More tiles than resident blocks: g64, 70001 rows x 256 columns (one or two steps a row, no K split).
-  for (int bits : {4, 8, 3}) {
+  for (int bits : {4, 8, 3, 6}) {
     HostAffine a(rng, 70001, 256, bits, 64, DType::BF16, true);
     const Linear l = upload(gpu, a);
     const int64_t T = 3;

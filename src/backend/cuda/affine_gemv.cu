@@ -464,26 +464,28 @@ int g_v2_variant = -1;  // set_affine_gemv_variant; -1: from ARBOR_CUDA_AFFINE_G
 int g_v2_xpf = -1;      // set_affine_v2_x_ahead; -1: from ARBOR_CUDA_AFFINE_V2_XPF (unset: 0)
 
 // Columns a v2 step covers (V2Geo::STEP_COLS, which the host needs for the K split): whole pieces of 32 bytes a
-// lane and row at 4/8 bits, 8 or 4 pieces of 32 columns at 2/3 bits (8 spill at 3 bits, g32/g64).
-constexpr int v2_step_cols(int bits) { return bits == 3 || bits == 8 ? 128 : 256; }
+// lane and row at 4/8 bits, 8 or 4 pieces of 32 columns at 2 and 3/5/6 bits (8 spill at 3 bits, g32/g64).
+constexpr int v2_step_cols(int bits) { return bits == 2 || bits == 4 ? 256 : 128; }
 
 template <int BITS, int GS>
 struct V2Geo {
-  // 2- and 3-bit codes ("chunked"): 8 codes are BITS whole bytes, so a piece is 32 columns, lane j's the 8
-  // codes at 8j..8j+7 of it, read as the one (2-bit) or two (3-bit) aligned 32-bit words that hold them; a
-  // group is GS/32 pieces whose MMA sums share its scale (PPG).
-  static constexpr bool CH = BITS == 2 || BITS == 3;
+  // 2-, 3-, 5- and 6-bit codes ("chunked"): 8 codes are BITS whole bytes, so a piece is 32 columns, lane j's
+  // the 8 codes at 8j..8j+7 of it, read as the one (2-bit) or two (3/5/6-bit) aligned 32-bit words that hold
+  // them; a group is GS/32 pieces whose MMA sums share its scale (PPG).
+  static constexpr bool CH = BITS == 2 || BITS == 3 || BITS == 5 || BITS == 6;
   static constexpr int L = CH ? 4 : (GS * BITS / 32 < 16 ? GS * BITS / 32 : 16);  // bytes per lane per piece
-  static constexpr int NP = CH ? (BITS == 3 ? 4 : 8) : kV2LaneRowBytes / L;  // pieces per step
+  static constexpr int NP = CH ? (BITS == 2 ? 8 : 4) : kV2LaneRowBytes / L;  // pieces per step
   static constexpr int CPB = CH ? 1 : 8 / BITS;                        // codes per byte (4/8-bit)
   static constexpr int LANE_COLS = CH ? 8 : L * CPB;                   // a lane's columns in a piece
   static constexpr int PIECE_COLS = 4 * LANE_COLS;                     // the quad's: the group, 64 (8-bit g128), 32 (2/3-bit)
   static constexpr int STEP_COLS = NP * PIECE_COLS;
   static constexpr int STEP_ROW_BYTES = CH ? STEP_COLS * BITS / 8 : 4 * kV2LaneRowBytes;  // bytes of a row per step
-  static constexpr int WPP = CH ? (BITS == 3 ? 2 : 1) : L / 4;         // words per lane per piece
+  static constexpr int WPP = CH ? (BITS == 2 ? 1 : 2) : L / 4;         // words per lane per piece
   static constexpr int PPG = CH ? GS / 32 : 1;                         // pieces per group
-  static constexpr float kM = BITS == 8 ? 272.0f : 16.0f;              // the codes' offset in the MMA sums
-  static_assert(BITS == 2 || BITS == 3 || BITS == 4 || BITS == 8, "v2: 2-, 3-, 4- and 8-bit codes");
+  // The codes' offset in the MMA sums: the bf16 exponent a code sits under (16 + q to 4 bits, 32 + q at 5, 64 + q
+  // at 6; 8-bit: 256 + 16·hi and 16 + lo).
+  static constexpr float kM = BITS == 8 ? 272.0f : BITS == 6 ? 64.0f : BITS == 5 ? 32.0f : 16.0f;
+  static_assert(BITS >= 2 && BITS <= 8 && BITS != 7, "v2: 2-, 3-, 4-, 5-, 6- and 8-bit codes");
   static_assert(CH ? STEP_COLS % GS == 0 : GS % PIECE_COLS == 0, "a piece lies inside one group, a group inside one step");
   static_assert(STEP_COLS == v2_step_cols(BITS), "v2_step_cols says what a step covers");
 };
@@ -497,6 +499,18 @@ __device__ __forceinline__ uint32_t chunk_pair(uint32_t spread) {
   constexpr uint32_t kMask = BITS == 3 ? 0x00380038u : 0x00180018u;
   const uint32_t v = SH >= 0 ? (spread >> (SH >= 0 ? SH : 0)) : (spread << (SH < 0 ? -SH : 0));
   return (v & kMask) | 0x41804180u;
+}
+
+// 5- and 6-bit chunks (40 or 48 bits): lo holds q0..q3 at bits 0.. and hi q4..q7 at bits 0.. (BITS apart; anything
+// above). The bf16 pair (E + q_i, E + q_{i+4}) with q at mantissa bits 7 - BITS.. under the exponent E = 32 (5-bit)
+// or 64 (6-bit): two shifts and two LOP3.
+template <int BITS, int I>
+__device__ __forceinline__ uint32_t wide_chunk_pair(uint32_t lo, uint32_t hi) {
+  constexpr int P = 7 - BITS, SL = BITS * I - P, SH = 16 + P - BITS * I;  // right shift of lo, left shift of hi
+  constexpr uint32_t kHalf = ((1u << BITS) - 1u) << P, kMagic = BITS == 5 ? 0x42004200u : 0x42804280u;
+  const uint32_t a = SL >= 0 ? lo >> (SL >= 0 ? SL : 0) : lo << (SL < 0 ? -SL : 0);
+  const uint32_t b = SH >= 0 ? hi << (SH >= 0 ? SH : 0) : hi >> (SH < 0 ? -SH : 0);
+  return (a & kHalf) | (b & (kHalf << 16)) | kMagic;
 }
 
 // Chunk bits (q0..q7 at bits 0.., BITS each; anything above) spread: the low four codes stay, the high four
@@ -609,13 +623,13 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if constexpr (G::CH) {
-          // Chunk j of piece P is bytes [BITS·(4P + j), +BITS): 3-bit words 3P + a0 and 3P + a1 (a1 = a0 past
-          // the piece's last word, so nothing past the row is read), 2-bit word 2P + j/2.
+          // Chunk j of piece P is bytes [BITS·(4P + j), +BITS): words BITS·P + a0 and BITS·P + a1 (a1 = a0 past
+          // the piece's last word, so nothing past the row is read; 3/5/6 bits), 2-bit word 2P + j/2.
           const int64_t P = c0 / 32;
-          if constexpr (BITS == 3) {
-            const int a0 = (3 * j) >> 2, a1 = a0 == 2 ? 2 : a0 + 1;
-            b.w[h][p][0] = __ldg(r.c[h] + 3 * P + a0);
-            b.w[h][p][1] = __ldg(r.c[h] + 3 * P + a1);
+          if constexpr (BITS != 2) {
+            const int a0 = (BITS * j) >> 2, a1 = a0 == BITS - 1 ? a0 : a0 + 1;
+            b.w[h][p][0] = __ldg(r.c[h] + BITS * P + a0);
+            b.w[h][p][1] = __ldg(r.c[h] + BITS * P + a1);
           } else {
             b.w[h][p][0] = __ldg(r.c[h] + 2 * P + (j >> 1));
           }
@@ -691,7 +705,7 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
   const uint16_t* xrow = x + int64_t(x_row ? g : 0) * K;
 
   // Chunked widths: where lane j's chunk starts in its first word (3-bit: bytes 0, 3, 6, 9 of the piece's 12).
-  const int chunk_shift = BITS == 3 ? ((3 * j) & 3) * 8 : (j & 1) * 16;
+  const int chunk_shift = BITS == 2 ? (j & 1) * 16 : ((BITS * j) & 3) * 8;
   float c[4], sx[4];
   // x at word wi of piece p of step s_ (8-bit: 4 values in .x, .y); zeros past K and for rows past T.
   constexpr int NXW = G::CH ? 1 : G::WPP;  // x loads per piece
@@ -730,14 +744,28 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
         const uint4 xv = xp[0];
         const uint32_t x04 = __byte_perm(xv.x, xv.z, 0x5410), x15 = __byte_perm(xv.x, xv.z, 0x7632);
         const uint32_t x26 = __byte_perm(xv.y, xv.w, 0x5410), x37 = __byte_perm(xv.y, xv.w, 0x7632);
-        uint32_t u[2];
+        if constexpr (BITS >= 5) {
+          // The chunk's 40 or 48 bits from the 64 of its two words: q0..q3 (lo), q4..q7 (hi).
+          uint32_t lo[2], hi[2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint32_t v = BITS == 3 ? __funnelshift_r(b.w[h][p][0], b.w[h][p][G::WPP - 1], chunk_shift) : b.w[h][p][0] >> chunk_shift;
-          u[h] = chunk_spread<BITS>(v);
+          for (int h = 0; h < 2; ++h) {
+            const uint64_t v = (uint64_t(b.w[h][p][1]) << 32 | b.w[h][p][0]) >> chunk_shift;
+            lo[h] = uint32_t(v), hi[h] = uint32_t(v >> (4 * BITS));
+          }
+          mma_bf16(c, wide_chunk_pair<BITS, 0>(lo[0], hi[0]), wide_chunk_pair<BITS, 0>(lo[1], hi[1]), wide_chunk_pair<BITS, 1>(lo[0], hi[0]),
+                   wide_chunk_pair<BITS, 1>(lo[1], hi[1]), x04, x15);
+          mma_bf16(c, wide_chunk_pair<BITS, 2>(lo[0], hi[0]), wide_chunk_pair<BITS, 2>(lo[1], hi[1]), wide_chunk_pair<BITS, 3>(lo[0], hi[0]),
+                   wide_chunk_pair<BITS, 3>(lo[1], hi[1]), x26, x37);
+        } else {
+          uint32_t u[2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const uint32_t v = BITS == 3 ? __funnelshift_r(b.w[h][p][0], b.w[h][p][G::WPP - 1], chunk_shift) : b.w[h][p][0] >> chunk_shift;
+            u[h] = chunk_spread<BITS>(v);
+          }
+          mma_bf16(c, chunk_pair<BITS, 0>(u[0]), chunk_pair<BITS, 0>(u[1]), chunk_pair<BITS, 1>(u[0]), chunk_pair<BITS, 1>(u[1]), x04, x15);
+          mma_bf16(c, chunk_pair<BITS, 2>(u[0]), chunk_pair<BITS, 2>(u[1]), chunk_pair<BITS, 3>(u[0]), chunk_pair<BITS, 3>(u[1]), x26, x37);
         }
-        mma_bf16(c, chunk_pair<BITS, 0>(u[0]), chunk_pair<BITS, 0>(u[1]), chunk_pair<BITS, 1>(u[0]), chunk_pair<BITS, 1>(u[1]), x04, x15);
-        mma_bf16(c, chunk_pair<BITS, 2>(u[0]), chunk_pair<BITS, 2>(u[1]), chunk_pair<BITS, 3>(u[0]), chunk_pair<BITS, 3>(u[1]), x26, x37);
         mma_bf16(sx, kOnes, kOnes, kOnes, kOnes, x04, x15);
         mma_bf16(sx, kOnes, kOnes, kOnes, kOnes, x26, x37);
         if (p % G::PPG != G::PPG - 1) continue;  // the group's scale once its last piece is in
@@ -908,13 +936,15 @@ int v2_variant() {
   return g_v2_variant;
 }
 
-// The v2 kernel when it is chosen (forced, or by default for T >= 2) and applies (2/3/4/8-bit, aligned x and codes); false: the caller runs v1.
+// The v2 kernel when it is chosen (forced, or by default for T >= 2) and applies (2/3/4/5/6/8-bit, aligned x and codes); false: the caller runs v1.
 bool try_v2(const AffSegs& segs, const AffineWeights& w0, const uint16_t* x, bool y_f32, int64_t T, int n_sms, int gated_act, cudaStream_t s) {
   // By default from 2 rows (4/8-bit) or 3 (2/3-bit: at 2 rows v1, reading the codes twice, was still faster on
   // the 8B, H100: 3-bit 473 against 323 tok/s, 2-bit 508 against 372; at 4 rows v2 607 / 698 against 396 / 497).
-  const int chosen = v2_variant(), v2_from = w0.bits == 2 || w0.bits == 3 ? 3 : 2;
+  // 5/6-bit (chunked as 3-bit; written in session 24, not yet run on a GPU): only where v2 is forced
+  // (ARBOR_CUDA_AFFINE_GEMV=2) until measured; v1 by default.
+  const int chosen = v2_variant(), v2_from = w0.bits == 4 || w0.bits == 8 ? 2 : w0.bits == 5 || w0.bits == 6 ? 9 : 3;
   const int variant = chosen == 0 || chosen == 4 ? (T >= v2_from ? 2 : 1) : chosen;
-  if (variant < 2 || (w0.bits != 2 && w0.bits != 3 && w0.bits != 4 && w0.bits != 8) || T < 1 || T > 8 || !aligned16(x)) return false;
+  if (variant < 2 || w0.bits < 2 || w0.bits > 8 || w0.bits == 7 || T < 1 || T > 8 || !aligned16(x)) return false;
   for (int i = 0; i < segs.n; ++i)
     if (!aligned16(segs.codes[i])) return false;
   const int64_t K = w0.cols;
@@ -952,6 +982,14 @@ bool try_v2(const AffSegs& segs, const AffineWeights& w0, const uint16_t* x, boo
     if (gs == 32) ARBOR_V2(3, 32);
     else if (gs == 64) ARBOR_V2(3, 64);
     else ARBOR_V2(3, 128);
+  } else if (w0.bits == 5) {
+    if (gs == 32) ARBOR_V2(5, 32);
+    else if (gs == 64) ARBOR_V2(5, 64);
+    else ARBOR_V2(5, 128);
+  } else if (w0.bits == 6) {
+    if (gs == 32) ARBOR_V2(6, 32);
+    else if (gs == 64) ARBOR_V2(6, 64);
+    else ARBOR_V2(6, 128);
   } else if (w0.bits == 4) {
     if (gs == 32) ARBOR_V2(4, 32);
     else if (gs == 64) ARBOR_V2(4, 64);
