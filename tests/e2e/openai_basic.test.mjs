@@ -103,12 +103,22 @@ test('a lone request gives exactly what `arbor generate` gives', async () => {
 });
 
 test('two concurrent streams interleave', async () => {
+  // b starts once a has streamed its first piece, and a is long (ignore_eos), so that on a loaded machine a cannot
+  // finish before b is admitted (two 24-token streams started together once ran one after the other there).
   const order = [];
-  const run = async (tag) => {
-    const s = await client.chat.completions.create({ messages, max_tokens: 24, temperature: 0, stream: true });
-    for await (const c of s) if (c.choices[0]?.delta?.content) order.push(tag);
+  let aStarted;
+  const aFirst = new Promise((resolve) => { aStarted = resolve; });
+  const run = async (tag, max_tokens) => {
+    const s = await client.chat.completions.create({ messages, max_tokens, temperature: 0, stream: true, ignore_eos: true });
+    for await (const c of s)
+      if (c.choices[0]?.delta?.content) {
+        order.push(tag);
+        if (tag === 'a') aStarted();
+      }
   };
-  await Promise.all([run('a'), run('b')]);
+  const a = run('a', 400);
+  await aFirst;
+  await Promise.all([a, run('b', 24)]);
   const lastA = order.lastIndexOf('a'), firstB = order.indexOf('b'), lastB = order.lastIndexOf('b'), firstA = order.indexOf('a');
   assert.ok(firstB < lastA && firstA < lastB, `streams ran one after the other: ${order.join('')}`);
 });
