@@ -21,7 +21,7 @@
 #       (ARBOR_CUDA_TRELLIS_GEMV_ROWS=8): is the 16-row integer kernel the faster path? (~3 min)
 #   narrow: the affine tensor-core GEMV at 2/3 bits: CudaAffine tests, memcheck, the 8B at 1-8 rows against v1 (~4 min)
 #   optins: session 23's three opt-in kernels (v4's integer x, v2's x ahead, trellis 16-warp CTAs) and session 24's
-#       5/6-bit v2 checked and measured
+#       5/6-bit v2 and affine dequant kernel (4-bit prefill) checked and measured
 #   encoder: the GPU Viterbi's tests and its weights/s against the CPU encoder's (pack bench_trellis too),
 #   profile: per-kernel times of one decode step under ncu (PROFILE picks the runs; ~1-3 min each),
 #   sweep: compute-sanitizer over every CUDA test in one call (~460 s on an H200, estimated from its
@@ -268,21 +268,28 @@ for step in $STEPS; do
     optins)
       # Session 23's three opt-ins, each against its default in the same call: v4 with x as 16-bit integers and __dp4a
       # (ARBOR_CUDA_AFFINE_STREAM_INT=1), v2 with x loaded 1 or 2 pieces ahead (ARBOR_CUDA_AFFINE_V2_XPF), the 4-bit 8B at
-      # 1/3/8 rows, twice; trellis k = 2 at 8/12/16 rows in 16-warp CTAs (ARBOR_CUDA_TRELLIS_W16=1), twice. Their tests
-      # (every variant through the tests' setters) first, memcheck after the benches (the call's 600 s may end it). Logs optins_*.log.
-      gtests optins_tests 200 'CudaAffine.*:CudaTrellis*:TrellisCuda*'
+      # 1/3/8 rows; trellis k = 2 at 8/12/16 rows in 16-warp CTAs (ARBOR_CUDA_TRELLIS_W16=1). Session 24's: 5/6-bit codes
+      # on v2 (ARBOR_CUDA_AFFINE_GEMV=2 against the default v1) at 2/3/8 rows, and the 4-bit prefill 512/2048/8192 with the
+      # new dequant kernel against the one before it (ARBOR_CUDA_AFFINE_DEQUANT_OLD=1). Their tests first, then one round
+      # of every bench, a second round of the session-23 ones, memcheck last (the call's 600 s may end the tail).
+      gtests optins_tests 200 'CudaAffine.GemvV2*:CudaAffine.GemvStream*:CudaAffineGemm.Dequant*:CudaAffineLinear.*:CudaTrellis.Gemv*'
       for r in 1 2; do
         for v in "STREAM_INT=0" "STREAM_INT=1" "V2_XPF=1" "V2_XPF=2"; do
           bench8b optins_a4_${v}_r$r 1@512,3@512,8@512 ARBOR_CUDA_AFFINE_$v -- --bits 4 --group-size 64
         done
         for w in 0 1; do bench8b optins_tr2_w16_${w}_r$r 8@512,12@512,16@512 ARBOR_CUDA_TRELLIS_W16=$w -- --format trellis --bits 2; done
+        [ $r = 2 ] && break
+        for b in 6 5; do
+          bench8b optins_a${b}_v2 2@512,3@512,8@512 ARBOR_CUDA_AFFINE_GEMV=2 -- --bits $b --group-size 64
+          bench8b optins_a${b}_v1 2@512,3@512,8@512 ARBOR_CUDA_AFFINE_GEMV=0 -- --bits $b --group-size 64
+        done
+        for o in 0 1 0 1; do
+          timeout 120 env ARBOR_CUDA_AFFINE_DEQUANT_OLD=$o "$D/arbor" bench --device cuda --dummy-weights --config bench/configs/llama-3.1-8b.json \
+            --bits 4 --group-size 64 --prefill-only 512,2048,8192 >> "$OUT/optins_prefill_old$o.log" 2>&1
+          summary+=("optins_prefill_old$o rc=$? $(grep -E '^ *prefill [0-9]+ ' "$OUT/optins_prefill_old$o.log" | tail -3 | awk '{print $2, $3, $5}' | tr '\n' '|')")
+        done
       done
-      # 5/6-bit codes on v2 (session 24; opt-in by ARBOR_CUDA_AFFINE_GEMV=2) against the default (v1).
-      for b in 6 5; do
-        bench8b optins_a${b}_v2 2@512,3@512,8@512 ARBOR_CUDA_AFFINE_GEMV=2 -- --bits $b --group-size 64
-        bench8b optins_a${b}_v1 2@512,3@512,8@512 ARBOR_CUDA_AFFINE_GEMV=0 -- --bits $b --group-size 64
-      done
-      memcheck_filter optins_memcheck 250 'CudaAffine.GemvV2*:CudaAffine.GemvStream*:CudaTrellis.Gemv*'
+      memcheck_filter optins_memcheck 250 'CudaAffine.GemvV2*:CudaAffine.GemvStream*:CudaAffineGemm.Dequant*:CudaTrellis.Gemv*'
       ;;
     encoder)
       # Issue 20's GPU Viterbi: its tests (the paths state for state against the CPU encoder), then weights/s of

@@ -192,11 +192,17 @@ TEST(CudaAffineGemm, DequantIsBitExact) {
   ARBOR_REQUIRE_GPU();
   std::mt19937 rng(23);
   const int n_sms = sm_count();
+  // Codes at a 16-byte aligned address (the kernel's vector loads) and one word past it (word loads); a small
+  // matrix, and one whose slice takes several of the grid's passes.
   for (int bits : quant::kAffineBits)
     for (int gs : quant::kAffineGroupSizes)
-      for (bool f16 : {false, true}) {
-        SCOPED_TRACE(::testing::Message() << "bits " << bits << " g" << gs << (f16 ? " f16" : " bf16"));
-        const int64_t rows = 37, cols = int64_t(gs) * 3, row0 = 5, n = 29;
+      for (int shape_no = 0; shape_no < 3; ++shape_no) {
+        const bool f16 = shape_no == 1, big = shape_no == 2;
+        const int64_t off = shape_no == 1 ? 1 : 0;
+        if (big && gs != 64) continue;
+        SCOPED_TRACE(::testing::Message() << "bits " << bits << " g" << gs << (f16 ? " f16" : " bf16") << " codes +" << off << " words"
+                                          << (big ? " big" : ""));
+        const int64_t rows = big ? 6001 : 37, cols = big ? 4096 + 64 : int64_t(gs) * 3, row0 = 5, n = big ? 5990 : 29;
         const quant::AffineShape shape = quant::affine_shape(rows, cols, {gs, bits}, "test");
         const int64_t W = shape.words_per_row(), G = shape.groups_per_row();
         std::vector<uint32_t> codes(size_t(rows * W), 0);
@@ -213,10 +219,12 @@ TEST(CudaAffineGemm, DequantIsBitExact) {
         }
         std::vector<float> w(size_t(rows * cols));
         quant::affine_dequantize(codes.data(), scales.data(), biases.data(), f16 ? DType::F16 : DType::BF16, shape, w.data());
-        DevBuf<uint32_t> dcodes(codes), dsb(sb);
+        std::vector<uint32_t> placed(size_t(off), 0u);
+        placed.insert(placed.end(), codes.begin(), codes.end());
+        DevBuf<uint32_t> dcodes(placed), dsb(sb);
         DevBuf<uint16_t> dout(size_t(n * cols));
         ASSERT_EQ(cudaMemset(dout.p, 0xff, size_t(n * cols) * 2), cudaSuccess);
-        cuda::launch_affine_dequant({dcodes.p, dsb.p, f16, rows, cols, bits, gs}, row0, n, dout.p, n_sms, nullptr);
+        cuda::launch_affine_dequant({dcodes.p + off, dsb.p, f16, rows, cols, bits, gs}, row0, n, dout.p, n_sms, nullptr);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         std::vector<uint16_t> got(size_t(n * cols));
         ASSERT_EQ(cudaMemcpy(got.data(), dout.p, got.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
