@@ -418,7 +418,7 @@ ARBOR_VERB("bench-linear", "benchmark the linear kernels at model shapes (GB/s, 
            "                        bf16 scales/biases; --decode-tokens may list rows, 1,8)\n"
            "  --group-size G        affine group size (32, 64, 128; default 64)\n"
            "  --cpu-gemm exact|bf16 prefill as the CPU backend runs it in that mode (default exact); with --bits\n"
-           "                        2/4/8 and bf16, decode too (the int8-activation GEMV)\n"
+           "                        2/4/8 (3/5/6 with AVX-512 VBMI) and bf16, decode too (the int8-activation GEMV)\n"
            "  --threads N           threads (default: every CPU this process may run on)\n"
            "  --reps N              passes per shape, the best reported (default 5)\n"
            "  --decode-tokens N     rows of the decode (GEMV) calls (default 1)\n"

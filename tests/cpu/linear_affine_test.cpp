@@ -372,7 +372,8 @@ Q8Bounds q8_bounds(const AffineCase& c, const std::vector<float>& x, int64_t T, 
 // groups (the kernel's per-row scale buffer then leaves the stack), T 1..8 (1, 3, 8 for the long rows; rows in
 // pairs up to T 4 (AVX2; VNNI: one row at a time), one at a time above; the last span of a row short of
 // the kernel's span: K of 1, 3, 5 groups), with and without bias, one pool thread and three; every ISA
-// level (on an AVX512_VNNI CPU the AVX-512 levels run the VNNI kernel, AVX2 the AVX2 one).
+// level (on an AVX512_VNNI CPU the AVX-512 levels run the VNNI kernel, AVX2 the AVX2 one); 3, 5 and 6 bits on
+// the levels that take them (the VBMI form: AVX-512 with VNNI and VBMI; their last span short at K of odd 32s).
 TEST(CpuLinearAffine, Q8GemvMatchesItsReferenceAndTheExactProductWithinInt8Rounding) {
   std::vector<cpu::LinearIsa> isas;
   for (cpu::LinearIsa isa : cpu::linear_isas_supported())
@@ -382,7 +383,7 @@ TEST(CpuLinearAffine, Q8GemvMatchesItsReferenceAndTheExactProductWithinInt8Round
   uint32_t seed = 5000;
   int cases = 0;
   double worst_ref = 0, worst_exact = 0;  // kernel vs reference / mag; kernel vs exact / (rounding bound + tol)
-  for (int bits : {2, 4, 8})
+  for (int bits : {2, 4, 8, 3, 5, 6})
     for (int G : {32, 64, 128})
       for (DType dt : {DType::F32, DType::BF16, DType::F16})
         for (int64_t N : {1, 7, 67, 300})
@@ -404,12 +405,15 @@ TEST(CpuLinearAffine, Q8GemvMatchesItsReferenceAndTheExactProductWithinInt8Round
                 ASSERT_LE(std::fabs(double(ref[i]) - exact[i]), e.rounding[i] + kAffineTol * e.mag[i]) << "reference, output " << i;
               for (cpu::LinearIsa isa : isas)
                 for (ThreadPool* pool : {&p1, &p3}) {
+                  if (!cpu::linear_affine_q8_applies(isa, bits)) continue;  // 3/5/6 bits: VBMI levels only
                   SCOPED_TRACE(::testing::Message() << cpu::linear_affine_kernel_name(isa, T, cpu::GemmMode::Bf16, bits) << " " << bits
                                                     << "-bit g" << G << " " << dtype_name(dt) << " T " << T << " N " << N << " K " << K
                                                     << " bias " << with_bias << " threads " << pool->size());
                   const bool vnni = isa != cpu::LinearIsa::Avx2 && cpu::cpu_features().avx512_vnni;
                   ASSERT_EQ(cpu::linear_affine_kernel_name(isa, T, cpu::GemmMode::Bf16, bits),
-                            vnni ? "avx512vnni-affine-gemv-q8" : "avx2-affine-gemv-q8");
+                            bits == 3 || bits == 5 || bits == 6 ? "avx512vbmi-affine-gemv-q8"
+                            : vnni                             ? "avx512vnni-affine-gemv-q8"
+                                                               : "avx2-affine-gemv-q8");
                   std::vector<float> y(size_t(T * N), NAN);
                   cpu::linear_affine_with_isa(isa, *pool, x.data(), T, w, b, y.data(), cpu::GemmMode::Bf16);
                   for (size_t i = 0; i < y.size(); ++i) {
@@ -428,20 +432,25 @@ TEST(CpuLinearAffine, Q8GemvMatchesItsReferenceAndTheExactProductWithinInt8Round
               cases, worst_ref, kAffineTol, worst_exact);
 }
 
-// 3, 5 and 6 bits in the fast mode still run the exact GEMV (to the exact tolerance); the CpuBackend in bf16
-// mode sends 2/4/8-bit decode rows to the q8 GEMV and prompt chunks elsewhere.
+// 3, 5 and 6 bits in the fast mode run the q8 GEMV where VBMI is there (AVX-512 with VNNI and VBMI: within x's int8
+// rounding of the exact product) and the exact GEMV elsewhere (to the exact tolerance); the CpuBackend in bf16 mode
+// sends q8 decode rows to the q8 GEMV and prompt chunks elsewhere.
 TEST(CpuLinearAffine, FastModeDecodeDispatch) {
   ThreadPool pool(2);
+  const bool vbmi = cpu::cpu_features().avx512 && cpu::cpu_features().avx512_vnni && cpu::cpu_features().avx512_vbmi;
   for (int bits : {3, 5, 6}) {
     SCOPED_TRACE(bits);
-    EXPECT_FALSE(cpu::linear_affine_q8_applies(bits));
+    EXPECT_EQ(cpu::linear_affine_q8_applies(bits), vbmi);
     const AffineCase c = make_case(37, 192, bits, 64, uint32_t(bits));
     const std::vector<float> x = activations(3, 192, 4);
     std::vector<float> y(3 * 37);
     cpu::linear_affine(pool, x.data(), 3, matrix_16(c), nullptr, y.data(), cpu::GemmMode::Bf16);
     const Expected e = expected(c, x, 3, nullptr);
-    for (size_t i = 0; i < y.size(); ++i) ASSERT_LE(std::fabs(double(y[i]) - e.y[i]), kAffineTol * e.mag[i]) << i;
-    EXPECT_EQ(cpu::linear_affine_kernel_name(3, cpu::GemmMode::Bf16, bits), cpu::linear_affine_kernel_name(3, cpu::GemmMode::Exact, bits));
+    const Q8Bounds b = q8_bounds(c, x, 3, nullptr);
+    for (size_t i = 0; i < y.size(); ++i)
+      ASSERT_LE(std::fabs(double(y[i]) - e.y[i]), (vbmi ? b.rounding[i] : 0.0) + kAffineTol * e.mag[i]) << i;
+    if (vbmi) EXPECT_EQ(cpu::linear_affine_kernel_name(3, cpu::GemmMode::Bf16, bits), "avx512vbmi-affine-gemv-q8");
+    else EXPECT_EQ(cpu::linear_affine_kernel_name(3, cpu::GemmMode::Bf16, bits), cpu::linear_affine_kernel_name(3, cpu::GemmMode::Exact, bits));
   }
   if (!cpu::cpu_features().avx2) GTEST_SKIP() << "no AVX2: the fast mode runs the exact kernels";
   for (int bits : {2, 4, 8}) EXPECT_TRUE(cpu::linear_affine_q8_applies(bits));
@@ -466,7 +475,7 @@ TEST(CpuLinearAffine, FastModeDecodeDispatch) {
       const std::vector<float> x = activations(T, K, 31);
       std::vector<float> y(size_t(T * N)), ref(y.size());
       be.linear(Tensor(const_cast<float*>(x.data()), DType::F32, {T, K}), l, Tensor(y.data(), DType::F32, {T, N}));
-      const bool q8 = T <= cpu::kLinearGemvMaxT && bits != 6;
+      const bool q8 = T <= cpu::kLinearGemvMaxT && cpu::linear_affine_q8_applies(bits);
       if (q8)
         cpu::linear_affine_q8_reference(pool, x.data(), T, matrix_16(c), nullptr, ref.data());
       else if (T > cpu::kLinearGemvMaxT && cpu::cpu_features().avx512_bf16)

@@ -115,7 +115,8 @@ void affine_linear(ThreadPool& pool, const Tensor& x, const Linear& l, Tensor y)
 }
 
 // Affine weights in bf16 (fast) mode: prompt chunks on AVX-512 BF16 (panels dequantized to bf16, x rounded once:
-// gemm_bf16), and decode rows of 2/4/8-bit weights on AVX2 (x quantized to int8 per 32 columns: the q8 GEMV).
+// gemm_bf16), and decode rows of 2/4/8-bit weights on AVX2 (3/5/6-bit with AVX-512 VBMI; x quantized to int8 per 32
+// columns: the q8 GEMV).
 void affine_bf16_linear(ThreadPool& pool, const Tensor& x, const Linear& l, Tensor y) {
   cpu::linear_affine(pool, x.as<float>(), x.rows(), affine_matrix(l), l.bias.empty() ? nullptr : l.bias.as<float>(), y.as<float>(),
                      cpu::GemmMode::Bf16);
@@ -172,7 +173,7 @@ bool format_supported(const Linear& l) {
 
 CpuBackend::LinearKernel CpuBackend::pick_linear(const Linear& l, int64_t rows, cpu::GemmMode mode) {
   // Prompt chunks in bf16 mode: activations rounded to bf16 once (cpu/gemm_bf16); dense decode rows stay exact,
-  // affine 2/4/8-bit decode rows take the int8-activation GEMV (cpu/linear_affine.h). Bf16Prompt: rows known
+  // affine 2/4/8-bit (3/5/6 with VBMI) decode rows take the int8-activation GEMV (cpu/linear_affine.h). Bf16Prompt: rows known
   // to be prompt tokens, the bf16 GEMM at any count.
   if (mode == cpu::GemmMode::Bf16Prompt && l.format == WeightFormat::Dense && cpu::gemm_bf16_applies(l.data.dtype)) return bf16_gemm_linear;
   if (mode == cpu::GemmMode::Bf16Prompt && l.format == WeightFormat::Affine && cpu::cpu_features().avx512_bf16 && variant_supported(l))

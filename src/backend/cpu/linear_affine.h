@@ -7,14 +7,16 @@
 //     dequantized once (w = s·q + b in f32) and reused across every token row of the chunk; in GemmMode::Bf16
 //     on an AVX-512 BF16 CPU, gemm_bf16's kernel with panels dequantized and rounded to bf16 (x rounded to
 //     bf16 once per call, as for dense bf16 weights in that mode).
-//   T <= kLinearGemvMaxT in GemmMode::Bf16 (the fast mode), 2, 4 or 8 bits: the int8-activation GEMV:
+//   T <= kLinearGemvMaxT in GemmMode::Bf16 (the fast mode), 2, 4 or 8 bits (and 3, 5, 6 with VBMI): the int8-activation GEMV:
 //     x quantized once per call per 32 columns to int8 with d = max|x|/127 (round to nearest even), codes
 //     times int8 x summed exactly in integers, then per 32 columns f32 d·s_group, plus Σ_g b_g·Σx_g with the
 //     exact f32 Σx. Its error against the exact product is at most Σ_j |s_g·q_j|·d_j/2 (x's rounding).
 //     On AVX-512 levels of a CPU with AVX512_VNNI: vpdpbusd on 64-byte spans (linear_affine_q8_avx512.cpp);
 //     else on AVX2 (and AVX-512 without VNNI): vpmaddubsw on 32-byte spans (8 bits: vpmaddwd on s16;
 //     linear_affine_q8_avx2.cpp). Both compute the same product (linear_affine_q8_reference) up to f32
-//     summation order. 3, 5 and 6 bits still run the exact GEMV in that mode.
+//     summation order. 3, 5 and 6 bits on AVX-512 levels with VNNI and VBMI: 64 codes a span (8·bits bytes)
+//     brought to u8 in column order by vpermb + vpmultishiftqb + and, x int8 in column order (same file); without
+//     VBMI they run the exact GEMV in that mode.
 //   Scalar CPUs: the reference kernel.
 // Both fast paths read x with each 32-column unit permuted into the order the codes are decoded in (a copy
 // of x made once per call), so no code is ever shuffled back into column order.
@@ -55,7 +57,7 @@ void linear_affine_with_isa(LinearIsa isa, ThreadPool& pool, const float* x, int
                             const float* bias, float* y, GemmMode mode = GemmMode::Exact);
 // Several matrices over the same x (q/k/v, gate/up): y_i = x · W_iᵀ (+ bias_i). Where the q8 GEMV runs for
 // all of them at one K, bits and group size (linear_affine_multi_fuses: GemmMode::Bf16, T <= kLinearGemvMaxT,
-// 2/4/8 bits, at most 8 matrices), x is quantized once and the rows of all the matrices are split over the
+// 2/4/8 bits, 3/5/6 with VBMI, at most 8 matrices), x is quantized once and the rows of all the matrices are split over the
 // pool in one pass (the same numbers as one call each); otherwise one linear_affine each.
 struct AffineOut {
   AffineMatrix w;
@@ -65,7 +67,8 @@ struct AffineOut {
 bool linear_affine_multi_fuses(const AffineMatrix* ws, int n, int64_t T, GemmMode mode);
 void linear_affine_multi(ThreadPool& pool, const float* x, int64_t T, const AffineOut* outs, int n, GemmMode mode);
 // Whether GemmMode::Bf16 decode rows (T <= kLinearGemvMaxT) of `bits`-bit weights run the int8-activation
-// GEMV at this ISA level (any level from AVX2 up, bits 2, 4, 8); the second form at the best level here.
+// GEMV at this ISA level (any level from AVX2 up for bits 2, 4, 8; AVX-512 with VNNI and VBMI for 3, 5, 6); the
+// second form at the best level here.
 bool linear_affine_q8_applies(LinearIsa isa, int bits);
 bool linear_affine_q8_applies(int bits);
 // "avx2-affine-gemv", "avx2-affine-gemv-q8", "avx512vnni-affine-gemv-q8", "avx512-affine-gemm",

@@ -314,9 +314,117 @@ ARBOR_VNNI void bits(const Q8Args& a, int64_t n0, int64_t n1) {
   return bits_groups<B, false>(a, n0, n1);
 }
 
+// ---- 3, 5 and 6 bits (AVX-512 VBMI) ------------------------------------------------------------------
+// A span is 64 codes (8·B bytes: 24, 40 or 48), read with a masked load. vpermb puts the B bytes of codes 8i..8i+7
+// at the bottom of qword i, vpmultishiftqb takes the 8 bit fields at offsets 0, B, ..., 7B of each qword into its 8
+// bytes, and an AND leaves the 64 codes as u8 in column order. x is int8 in column order too, so vpdpbusd's lane l
+// sums columns 4l..4l+3 of the span: lanes 0-7 lie in the span's first 32-column block of x, 8-15 in its second
+// (xd holds their d), and each lane in one group of W (4l / G of the span's first group).
+#define ARBOR_VBMI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi")))
+
+template <int B>
+ARBOR_VBMI void prepare_wide(const float* xr, int64_t K, int64_t G, int64_t c0, int64_t c1, int8_t* xq, float* xd, float* sx) {
+  if (c1 == K && K % 64 != 0) {  // the last span's second half: zeros, d 0
+    std::memset(xq + K, 0, 32);
+    std::memset(xd + (K / 64) * 16 + 8, 0, 8 * sizeof(float));
+  }
+  __m256i v;
+  for (int64_t b0 = c0; b0 < c1; b0 += 32) {
+    const float d = quantize_block(xr + b0, &v);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + b0), v);
+    _mm256_storeu_ps(xd + (b0 / 64) * 16 + ((b0 / 32) % 2) * 8, _mm256_set1_ps(d));
+  }
+  for (int64_t g0 = c0; g0 < c1; g0 += G) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t j = g0; j < g0 + G; j += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(xr + j));
+    alignas(32) float a[8];
+    _mm256_store_ps(a, acc);
+    sx[g0 / G] = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+  }
+}
+
+// The 64 codes of one span (its 8·B bytes at p, `m` masking a short last span) as u8 in column order.
+template <int B>
+ARBOR_VBMI inline __attribute__((always_inline)) __m512i wide_codes(const uint8_t* p, __mmask64 m, __m512i perm, __m512i shifts) {
+  const __m512i raw = _mm512_maskz_loadu_epi8(m, p);
+  return _mm512_and_si512(_mm512_multishift_epi64_epi8(shifts, _mm512_permutexvar_epi8(perm, raw)), _mm512_set1_epi8(char((1 << B) - 1)));
+}
+
+template <int B, int TT>
+ARBOR_VBMI void wide_rows(const Q8Args& a, int64_t n0, int64_t n1) {
+  constexpr int64_t kBytes = 8 * B;  // a span's codes
+  constexpr int AC = TT == 1 ? 2 : 1;
+  const int64_t K = a.K, G = a.G, groups = K / G, row_bytes = K * B / 8, spans = (K + 63) / 64, full = K / 64;
+  const int gshift = __builtin_ctzll(uint64_t(G));
+  alignas(64) uint8_t perm_b[64], shift_b[64];
+  for (int i = 0; i < 8; ++i)
+    for (int j = 0; j < 8; ++j) perm_b[8 * i + j] = uint8_t(j < B ? B * i + j : 0), shift_b[8 * i + j] = uint8_t(B * j);
+  alignas(64) int lane_group[16];
+  for (int l = 0; l < 16; ++l) lane_group[l] = int((4 * l) >> gshift);
+  const __m512i perm = _mm512_load_si512(perm_b), shifts = _mm512_load_si512(shift_b), lg = _mm512_load_si512(lane_group);
+  const __mmask64 all = (uint64_t(1) << kBytes) - 1, tail = (uint64_t(1) << (row_bytes - full * kBytes)) - 1;
+  const int8_t* xq = static_cast<const int8_t*>(a.xq);
+  const int64_t Kp = spans * 64;
+  // Scales of a row in f32, plus 16 spare zeros (a span's 8-lane vector may run past the last group).
+  constexpr int64_t kMaxGroupsOnStack = 1024;
+  alignas(64) float sb_stack[kMaxGroupsOnStack + 16];
+  std::vector<float> sb_heap;
+  float* sb = sb_stack;
+  if (groups > kMaxGroupsOnStack) sb_heap.resize(size_t(groups + 16)), sb = sb_heap.data();
+  std::memset(sb + groups, 0, 16 * sizeof(float));
+  const size_t ssize = dtype_size(a.sdtype);
+  const RowParamsPrefetch params_prefetch(a.scales, a.biases, a.sdtype, K, G, B, a.N, kPrefetchBytes);
+  for (int64_t n = n0; n < n1; ++n) {
+    params_prefetch(n);
+    const uint8_t* row = a.codes + n * row_bytes;
+    to_f32(static_cast<const uint8_t*>(a.scales) + n * groups * ssize, a.sdtype, groups, sb);
+    __m512 total[TT][AC];
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; ++t)
+#pragma GCC unroll 2
+      for (int c = 0; c < AC; ++c) total[t][c] = _mm512_setzero_ps();
+    for (int64_t sp = 0; sp < spans; ++sp) {
+      const uint8_t* p = row + sp * kBytes;
+      _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes, _MM_HINT_T0);
+      const __m512i q = wide_codes<B>(p, sp < full ? all : tail, perm, shifts);
+      const __m512 s = _mm512_permutexvar_ps(lg, _mm512_castps256_ps512(_mm256_loadu_ps(sb + ((sp * 64) >> gshift))));
+#pragma GCC unroll 8
+      for (int t = 0; t < TT; ++t) {
+        const __m512i xv = _mm512_loadu_si512(xq + t * Kp + sp * 64);
+        const __m512 isum = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q, xv));
+        const __m512 d = _mm512_loadu_ps(a.xd + (t * spans + sp) * 16);
+        total[t][sp % AC] = _mm512_fmadd_ps(isum, _mm512_mul_ps(s, d), total[t][sp % AC]);
+      }
+    }
+    const void* biases = static_cast<const uint8_t*>(a.biases) + n * groups * ssize;
+#pragma GCC unroll 8
+    for (int t = 0; t < TT; ++t) {
+      __m512 sum = bias_dot(biases, a.sdtype, a.sx + t * groups, groups);
+#pragma GCC unroll 2
+      for (int c = 0; c < AC; ++c) sum = _mm512_add_ps(sum, total[t][c]);
+      const float v = _mm512_reduce_add_ps(sum);
+      a.y[t * a.N + n] = a.bias ? v + a.bias[n] : v;
+    }
+  }
+}
+
+template <int B>
+ARBOR_VBMI void wide_bits(const Q8Args& a, int64_t n0, int64_t n1) {
+  switch (a.T) {
+    case 1: return wide_rows<B, 1>(a, n0, n1);
+    case 2: return wide_rows<B, 2>(a, n0, n1);
+    case 3: return wide_rows<B, 3>(a, n0, n1);
+    case 4: return wide_rows<B, 4>(a, n0, n1);
+    case 5: return wide_rows<B, 5>(a, n0, n1);
+    case 6: return wide_rows<B, 6>(a, n0, n1);
+    case 7: return wide_rows<B, 7>(a, n0, n1);
+    case 8: return wide_rows<B, 8>(a, n0, n1);
+  }
+}
+
 }  // namespace
 
-int64_t q8_span_codes_avx512(int bits) { return 512 / bits; }
+int64_t q8_span_codes_avx512(int bits) { return bits == 2 || bits == 4 || bits == 8 ? 512 / bits : 64; }
 
 ARBOR_VNNI void q8_prepare_avx512(const float* xr, int64_t K, int64_t G, int bits, int64_t c0, int64_t c1, void* xq, float* xd, float* sx) {
   auto* q = static_cast<int8_t*>(xq);
@@ -324,7 +432,10 @@ ARBOR_VNNI void q8_prepare_avx512(const float* xr, int64_t K, int64_t G, int bit
     case 2: return prepare_bits<2>(xr, K, G, c0, c1, q, xd, sx);
     case 4: return prepare_bits<4>(xr, K, G, c0, c1, q, xd, sx);
     case 8: return prepare_bits<8>(xr, K, G, c0, c1, q, xd, sx);
-    default: fail("linear_affine: q8 gemv (avx512 vnni): {} bits not supported (2, 4, 8)", bits);
+    case 3: return prepare_wide<3>(xr, K, G, c0, c1, q, xd, sx);
+    case 5: return prepare_wide<5>(xr, K, G, c0, c1, q, xd, sx);
+    case 6: return prepare_wide<6>(xr, K, G, c0, c1, q, xd, sx);
+    default: fail("linear_affine: q8 gemv (avx512 vnni): {} bits not supported (2, 3, 4, 5, 6, 8)", bits);
   }
 }
 
@@ -334,7 +445,10 @@ ARBOR_VNNI void q8_gemv_avx512vnni(const Q8Args& a, int64_t n0, int64_t n1) {
     case 2: return bits<2>(a, n0, n1);
     case 4: return bits<4>(a, n0, n1);
     case 8: return bits<8>(a, n0, n1);
-    default: fail("linear_affine: q8 gemv (avx512 vnni): {} bits not supported (2, 4, 8)", a.bits);
+    case 3: return wide_bits<3>(a, n0, n1);  // the callers check VBMI (linear_affine_q8_applies)
+    case 5: return wide_bits<5>(a, n0, n1);
+    case 6: return wide_bits<6>(a, n0, n1);
+    default: fail("linear_affine: q8 gemv (avx512 vnni): {} bits not supported (2, 3, 4, 5, 6, 8)", a.bits);
   }
 }
 
