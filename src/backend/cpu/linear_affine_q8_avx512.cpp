@@ -345,12 +345,11 @@ ARBOR_VBMI void prepare_wide(const float* xr, int64_t K, int64_t G, int64_t c0, 
 
 // The 64 codes of one span (its 8·B bytes at p, `m` masking a short last span) as u8 in column order.
 template <int B>
-ARBOR_VBMI inline __attribute__((always_inline)) __m512i wide_codes(const uint8_t* p, __mmask64 m, __m512i perm, __m512i shifts) {
-  const __m512i raw = _mm512_maskz_loadu_epi8(m, p);
+ARBOR_VBMI inline __attribute__((always_inline)) __m512i wide_codes(__m512i raw, __m512i perm, __m512i shifts) {
   return _mm512_and_si512(_mm512_multishift_epi64_epi8(shifts, _mm512_permutexvar_epi8(perm, raw)), _mm512_set1_epi8(char((1 << B) - 1)));
 }
 
-template <int B, int TT>
+template <int B, int TT, bool G64>
 ARBOR_VBMI void wide_rows(const Q8Args& a, int64_t n0, int64_t n1) {
   constexpr int64_t kBytes = 8 * B;  // a span's codes
   constexpr int AC = TT == 1 ? 2 : 1;
@@ -363,6 +362,7 @@ ARBOR_VBMI void wide_rows(const Q8Args& a, int64_t n0, int64_t n1) {
   for (int l = 0; l < 16; ++l) lane_group[l] = int((4 * l) >> gshift);
   const __m512i perm = _mm512_load_si512(perm_b), shifts = _mm512_load_si512(shift_b), lg = _mm512_load_si512(lane_group);
   const __mmask64 all = (uint64_t(1) << kBytes) - 1, tail = (uint64_t(1) << (row_bytes - full * kBytes)) - 1;
+  const int64_t safe = row_bytes >= 64 ? (row_bytes - 64) / kBytes + 1 : 0;  // spans whose 64-byte load stays in the row
   const int8_t* xq = static_cast<const int8_t*>(a.xq);
   const int64_t Kp = spans * 64;
   // Scales of a row in f32, plus 16 spare zeros (a span's 8-lane vector may run past the last group).
@@ -386,8 +386,12 @@ ARBOR_VBMI void wide_rows(const Q8Args& a, int64_t n0, int64_t n1) {
     for (int64_t sp = 0; sp < spans; ++sp) {
       const uint8_t* p = row + sp * kBytes;
       _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes, _MM_HINT_T0);
-      const __m512i q = wide_codes<B>(p, sp < full ? all : tail, perm, shifts);
-      const __m512 s = _mm512_permutexvar_ps(lg, _mm512_castps256_ps512(_mm256_loadu_ps(sb + ((sp * 64) >> gshift))));
+      // A plain 64-byte load while it stays inside the row; the row's last spans under a mask.
+      const __m512i raw = sp < safe ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(sp < full ? all : tail, p);
+      const __m512i q = wide_codes<B>(raw, perm, shifts);
+      // G >= 64: the span lies in one group (a broadcast); G = 32: two, by lane.
+      const __m512 s = G64 ? _mm512_set1_ps(sb[(sp * 64) >> gshift])
+                           : _mm512_permutexvar_ps(lg, _mm512_castps256_ps512(_mm256_loadu_ps(sb + ((sp * 64) >> gshift))));
 #pragma GCC unroll 8
       for (int t = 0; t < TT; ++t) {
         const __m512i xv = _mm512_loadu_si512(xq + t * Kp + sp * 64);
@@ -408,18 +412,24 @@ ARBOR_VBMI void wide_rows(const Q8Args& a, int64_t n0, int64_t n1) {
   }
 }
 
+template <int B, bool G64>
+ARBOR_VBMI void wide_bits_groups(const Q8Args& a, int64_t n0, int64_t n1) {
+  switch (a.T) {
+    case 1: return wide_rows<B, 1, G64>(a, n0, n1);
+    case 2: return wide_rows<B, 2, G64>(a, n0, n1);
+    case 3: return wide_rows<B, 3, G64>(a, n0, n1);
+    case 4: return wide_rows<B, 4, G64>(a, n0, n1);
+    case 5: return wide_rows<B, 5, G64>(a, n0, n1);
+    case 6: return wide_rows<B, 6, G64>(a, n0, n1);
+    case 7: return wide_rows<B, 7, G64>(a, n0, n1);
+    case 8: return wide_rows<B, 8, G64>(a, n0, n1);
+  }
+}
+
 template <int B>
 ARBOR_VBMI void wide_bits(const Q8Args& a, int64_t n0, int64_t n1) {
-  switch (a.T) {
-    case 1: return wide_rows<B, 1>(a, n0, n1);
-    case 2: return wide_rows<B, 2>(a, n0, n1);
-    case 3: return wide_rows<B, 3>(a, n0, n1);
-    case 4: return wide_rows<B, 4>(a, n0, n1);
-    case 5: return wide_rows<B, 5>(a, n0, n1);
-    case 6: return wide_rows<B, 6>(a, n0, n1);
-    case 7: return wide_rows<B, 7>(a, n0, n1);
-    case 8: return wide_rows<B, 8>(a, n0, n1);
-  }
+  if (a.G >= 64) return wide_bits_groups<B, true>(a, n0, n1);
+  return wide_bits_groups<B, false>(a, n0, n1);
 }
 
 }  // namespace
