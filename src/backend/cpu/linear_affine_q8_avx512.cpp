@@ -50,6 +50,17 @@ ARBOR_VNNI_INLINE float quantize_block(const float* x, __m256i* q) {
   return amax / 127.0f;
 }
 
+// Σx per group of columns [c0, c1): eight partial sums (lane l sums columns ≡ l mod 8), combined in the reference's order.
+ARBOR_VNNI_INLINE void group_sums(const float* xr, int64_t G, int64_t c0, int64_t c1, float* sx) {
+  for (int64_t g0 = c0; g0 < c1; g0 += G) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t j = g0; j < g0 + G; j += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(xr + j));
+    alignas(32) float a[8];
+    _mm256_store_ps(a, acc);
+    sx[g0 / G] = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+  }
+}
+
 // Columns [c0, c1) of one row of x (c0 a multiple of kPrepCols, a multiple of every S; c1 = min(K, c0 +
 // kPrepCols)): xq (int8 in the decode order above; the last span zero-padded past K), xd (per span, the 16
 // lanes' d), and Σx per group (8 partial f32 sums, as the exact path).
@@ -86,14 +97,7 @@ ARBOR_VNNI void prepare_bits(const float* xr, int64_t K, int64_t G, int64_t c0, 
       for (int k = 0; k < 4; ++k) std::memcpy(o + 64 * k + r0 / 4, &part[k], 8);
     }
   }
-  // Σx per group: eight partial sums (lane l sums columns ≡ l mod 8), combined in the reference's order.
-  for (int64_t g0 = c0; g0 < c1; g0 += G) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t j = g0; j < g0 + G; j += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(xr + j));
-    alignas(32) float a[8];
-    _mm256_store_ps(a, acc);
-    sx[g0 / G] = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-  }
+  group_sums(xr, G, c0, c1, sx);
 }
 
 // ---- GEMV --------------------------------------------------------------------------------------------
@@ -334,13 +338,7 @@ ARBOR_VBMI void prepare_wide(const float* xr, int64_t K, int64_t G, int64_t c0, 
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + b0), v);
     _mm256_storeu_ps(xd + (b0 / 64) * 16 + ((b0 / 32) % 2) * 8, _mm256_set1_ps(d));
   }
-  for (int64_t g0 = c0; g0 < c1; g0 += G) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t j = g0; j < g0 + G; j += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(xr + j));
-    alignas(32) float a[8];
-    _mm256_store_ps(a, acc);
-    sx[g0 / G] = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-  }
+  group_sums(xr, G, c0, c1, sx);
 }
 
 // The 64 codes of one span (its 8·B bytes at p, `m` masking a short last span) as u8 in column order.
