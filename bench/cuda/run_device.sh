@@ -272,7 +272,7 @@ for step in $STEPS; do
       # on v2 (ARBOR_CUDA_AFFINE_GEMV=2 against the default v1) at 2/3/8 rows, and the 4-bit prefill 512/2048/8192 with the
       # new dequant kernel against the one before it (ARBOR_CUDA_AFFINE_DEQUANT_OLD=1). Their tests first, then one round
       # of every bench, a second round of the session-23 ones, memcheck last (the call's 600 s may end the tail).
-      gtests optins_tests 200 'CudaAffine.GemvV2*:CudaAffine.GemvStream*:CudaAffineGemm.Dequant*:CudaAffineLinear.*:CudaTrellis.Gemv*'
+      gtests optins_tests 150 'CudaAffine.GemvV2*:CudaAffine.GemvStream*:CudaAffineGemm.Dequant*:CudaAffineLinear.*:CudaTrellis.Gemv*'
       for r in 1 2; do
         for v in "STREAM_INT=0" "STREAM_INT=1" "V2_XPF=1" "V2_XPF=2"; do
           bench8b optins_a4_${v}_r$r 1@512,3@512,8@512 ARBOR_CUDA_AFFINE_$v -- --bits 4 --group-size 64
