@@ -270,24 +270,28 @@ for step in $STEPS; do
       # (ARBOR_CUDA_AFFINE_STREAM_INT=1), v2 with x loaded 1 or 2 pieces ahead (ARBOR_CUDA_AFFINE_V2_XPF), the 4-bit 8B at
       # 1/3/8 rows; trellis k = 2 at 8/12/16 rows in 16-warp CTAs (ARBOR_CUDA_TRELLIS_W16=1). Session 24's: 5/6-bit codes
       # on v2 (ARBOR_CUDA_AFFINE_GEMV=2 against the default v1) at 2/3/8 rows, and the 4-bit prefill 512/2048/8192 with the
-      # new dequant kernel against the one before it (ARBOR_CUDA_AFFINE_DEQUANT_OLD=1). Their tests first, then one round
-      # of every bench, a second round of the session-23 ones, memcheck last (the call's 600 s may end the tail).
+      # new dequant kernel against the one before it (ARBOR_CUDA_AFFINE_DEQUANT_OLD=1). Their tests first, then the benches
+      # in order of need (below), memcheck last: a call shorter than the whole still keeps the first measurements.
       gtests optins_tests 150 'CudaAffine.GemvV2*:CudaAffine.GemvStream*:CudaAffineGemm.Dequant*:CudaAffineLinear.*:CudaTrellis.Gemv*'
+      prefill_ab() {  # the 4-bit 8B's prefill with the old dequant kernel ($1 = 1) or the new one (0)
+        timeout 120 env ARBOR_CUDA_AFFINE_DEQUANT_OLD=$1 "$D/arbor" bench --device cuda --dummy-weights --config bench/configs/llama-3.1-8b.json \
+          --bits 4 --group-size 64 --prefill-only 512,2048,8192 >> "$OUT/optins_prefill_old$1.log" 2>&1
+        summary+=("optins_prefill_old$1 rc=$? $(grep -E '^ *prefill [0-9]+ ' "$OUT/optins_prefill_old$1.log" | tail -3 | awk '{print $2, $3, $5}' | tr '\n' '|')")
+      }
+      # In order of what a short call most needs: the prefill pair, the 4-bit opt-ins, 6-bit v2, trellis W16, 5-bit,
+      # then a second round.
+      prefill_ab 1; prefill_ab 0
       for r in 1 2; do
         for v in "STREAM_INT=0" "STREAM_INT=1" "V2_XPF=1" "V2_XPF=2"; do
           bench8b optins_a4_${v}_r$r 1@512,3@512,8@512 ARBOR_CUDA_AFFINE_$v -- --bits 4 --group-size 64
         done
+        [ $r = 1 ] && bench8b optins_a6_v2 2@512,3@512,8@512 ARBOR_CUDA_AFFINE_GEMV=2 -- --bits 6 --group-size 64
+        [ $r = 1 ] && bench8b optins_a6_v1 2@512,3@512,8@512 ARBOR_CUDA_AFFINE_GEMV=0 -- --bits 6 --group-size 64
         for w in 0 1; do bench8b optins_tr2_w16_${w}_r$r 8@512,12@512,16@512 ARBOR_CUDA_TRELLIS_W16=$w -- --format trellis --bits 2; done
         [ $r = 2 ] && break
-        for b in 6 5; do
-          bench8b optins_a${b}_v2 2@512,3@512,8@512 ARBOR_CUDA_AFFINE_GEMV=2 -- --bits $b --group-size 64
-          bench8b optins_a${b}_v1 2@512,3@512,8@512 ARBOR_CUDA_AFFINE_GEMV=0 -- --bits $b --group-size 64
-        done
-        for o in 0 1 0 1; do
-          timeout 120 env ARBOR_CUDA_AFFINE_DEQUANT_OLD=$o "$D/arbor" bench --device cuda --dummy-weights --config bench/configs/llama-3.1-8b.json \
-            --bits 4 --group-size 64 --prefill-only 512,2048,8192 >> "$OUT/optins_prefill_old$o.log" 2>&1
-          summary+=("optins_prefill_old$o rc=$? $(grep -E '^ *prefill [0-9]+ ' "$OUT/optins_prefill_old$o.log" | tail -3 | awk '{print $2, $3, $5}' | tr '\n' '|')")
-        done
+        bench8b optins_a5_v2 2@512,3@512,8@512 ARBOR_CUDA_AFFINE_GEMV=2 -- --bits 5 --group-size 64
+        bench8b optins_a5_v1 2@512,3@512,8@512 ARBOR_CUDA_AFFINE_GEMV=0 -- --bits 5 --group-size 64
+        prefill_ab 1; prefill_ab 0
       done
       memcheck_filter optins_memcheck 250 'CudaAffine.GemvV2*:CudaAffine.GemvStream*:CudaAffineGemm.Dequant*:CudaTrellis.Gemv*'
       ;;
