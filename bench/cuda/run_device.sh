@@ -20,8 +20,7 @@
 #       (TRELLIS_BITS) over 1/8/12/16 rows with the GEMV to 16 rows (the default) against decode + cuBLASLt past 8
 #       (ARBOR_CUDA_TRELLIS_GEMV_ROWS=8): is the 16-row integer kernel the faster path? (~3 min)
 #   narrow: the affine tensor-core GEMV at 2/3 bits: CudaAffine tests, memcheck, the 8B at 1-8 rows against v1 (~4 min)
-#   optins: session 23's three opt-in kernels (v4's integer x, v2's x ahead, trellis 16-warp CTAs) and session 24's
-#       5/6-bit v2 and affine dequant kernel (4-bit prefill) checked and measured
+#   optins: session 23's affine opt-ins (v4's integer x, v2's x ahead) checked and measured against the defaults
 #   encoder: the GPU Viterbi's tests and its weights/s against the CPU encoder's (pack bench_trellis too),
 #   profile: per-kernel times of one decode step under ncu (PROFILE picks the runs; ~1-3 min each),
 #   sweep: compute-sanitizer over every CUDA test in one call (~460 s on an H200, estimated from its
@@ -266,32 +265,17 @@ for step in $STEPS; do
       done
       ;;
     optins)
-      # Session 23's three opt-ins, each against its default in the same call: v4 with x as 16-bit integers and __dp4a
-      # (ARBOR_CUDA_AFFINE_STREAM_INT=1), v2 with x loaded 1 or 2 pieces ahead (ARBOR_CUDA_AFFINE_V2_XPF), the 4-bit 8B at
-      # 1/3/8 rows; trellis k = 2 at 8/12/16 rows in 16-warp CTAs (ARBOR_CUDA_TRELLIS_W16=1). Session 24's: 5/6-bit codes
-      # on v2 (ARBOR_CUDA_AFFINE_GEMV=2 against the default v1) at 2/3/8 rows, and the 4-bit prefill 512/2048/8192 with the
-      # new dequant kernel against the one before it (ARBOR_CUDA_AFFINE_DEQUANT_OLD=1). Their tests first, then the benches
-      # in order of need (below), memcheck last: a call shorter than the whole still keeps the first measurements.
+      # Session 23's affine opt-ins, each against its default in the same call, the 4-bit 8B at 1/3/8 rows, twice: v4 with x
+      # as 16-bit integers and __dp4a (ARBOR_CUDA_AFFINE_STREAM_INT=1; session 24 measured one pair on an H100, +9 % at b=1),
+      # v2 with x loaded 1 or 2 pieces ahead (ARBOR_CUDA_AFFINE_V2_XPF). Their tests first, memcheck last. (Session 24's
+      # other items were decided by its run: trellis 16-warp CTAs and 5/6-bit v2 are defaults, the new dequant kernel was
+      # slower and was dropped; docs/benchmarks.md.) Log names carry no '=' (the device tool does not return such files).
       gtests optins_tests 150 'CudaAffine.GemvV2*:CudaAffine.GemvStream*:CudaAffineGemm.Dequant*:CudaAffineLinear.*:CudaTrellis.Gemv*'
-      prefill_ab() {  # the 4-bit 8B's prefill with the old dequant kernel ($1 = 1) or the new one (0)
-        timeout 120 env ARBOR_CUDA_AFFINE_DEQUANT_OLD=$1 "$D/arbor" bench --device cuda --dummy-weights --config bench/configs/llama-3.1-8b.json \
-          --bits 4 --group-size 64 --prefill-only 512,2048,8192 >> "$OUT/optins_prefill_old$1.log" 2>&1
-        summary+=("optins_prefill_old$1 rc=$? $(grep -E '^ *prefill [0-9]+ ' "$OUT/optins_prefill_old$1.log" | tail -3 | awk '{print $2, $3, $5}' | tr '\n' '|')")
-      }
-      # In order of what a short call most needs: the prefill pair, the 4-bit opt-ins, 6-bit v2, trellis W16, 5-bit,
-      # then a second round.
-      prefill_ab 1; prefill_ab 0
       for r in 1 2; do
-        for v in "STREAM_INT=0" "STREAM_INT=1" "V2_XPF=1" "V2_XPF=2"; do
-          bench8b optins_a4_${v}_r$r 1@512,3@512,8@512 ARBOR_CUDA_AFFINE_$v -- --bits 4 --group-size 64
+        for v in STREAM_INT=0 STREAM_INT=1 V2_XPF=1 V2_XPF=2; do
+          n=$(echo "$v" | tr 'A-Z=' 'a-z_')
+          bench8b optins_a4_${n}_r$r 1@512,3@512,8@512 ARBOR_CUDA_AFFINE_$v -- --bits 4 --group-size 64
         done
-        [ $r = 1 ] && bench8b optins_a6_v2 2@512,3@512,8@512 ARBOR_CUDA_AFFINE_GEMV=2 -- --bits 6 --group-size 64
-        [ $r = 1 ] && bench8b optins_a6_v1 2@512,3@512,8@512 ARBOR_CUDA_AFFINE_GEMV=0 -- --bits 6 --group-size 64
-        for w in 0 1; do bench8b optins_tr2_w16_${w}_r$r 8@512,12@512,16@512 ARBOR_CUDA_TRELLIS_W16=$w -- --format trellis --bits 2; done
-        [ $r = 2 ] && break
-        bench8b optins_a5_v2 2@512,3@512,8@512 ARBOR_CUDA_AFFINE_GEMV=2 -- --bits 5 --group-size 64
-        bench8b optins_a5_v1 2@512,3@512,8@512 ARBOR_CUDA_AFFINE_GEMV=0 -- --bits 5 --group-size 64
-        prefill_ab 1; prefill_ab 0
       done
       memcheck_filter optins_memcheck 250 'CudaAffine.GemvV2*:CudaAffine.GemvStream*:CudaAffineGemm.Dequant*:CudaTrellis.Gemv*'
       ;;

@@ -20,7 +20,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 
 #include "backend/cuda/affine_gemm.h"
 #include "backend/cuda/cp_async.h"
@@ -354,72 +353,9 @@ void launch_bits(const Params& p, dim3 grid, cudaStream_t s) {
 }
 
 // Rows [row0, row0 + n) of W dequantized to bf16 [n, cols] (the prefill path for many activation rows: this,
-// then cuBLASLt). Thread i takes a piece of 32 codes of one row (inside one group: 32 divides the group size),
-// its BITS words read with the widest loads their alignment allows (VEC: 16 or 8 bytes at 4/8 and 2/6 bits when
-// the codes are 16-byte aligned; else words), and writes 64 bytes; 32-bit indices (the launcher checks the
-// count). The arithmetic is dequant_chunk's: bf16(float(scale) · q + float(bias)), multiply then add.
-// Session 24 (not yet measured on a GPU): it took 8 codes a thread with a 64-bit division each.
-template <int BITS, bool VEC>
-__global__ void affine_dequant_kernel(const uint32_t* __restrict__ codes, const uint32_t* __restrict__ sb, bool sb_f16, int64_t row0,
-                                      int64_t n, int64_t cols, int gs_shift, uint16_t* __restrict__ out) {
-  constexpr uint32_t kMask = (1u << BITS) - 1;
-  const uint32_t pieces = uint32_t(cols / 32), total = uint32_t(n) * pieces;
-  const int64_t row_words = cols * BITS / 32, groups = cols >> gs_shift;
-  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-    const uint32_t r = i / pieces, c = i - r * pieces;
-    const int64_t row = row0 + r;
-    const uint32_t* wp = codes + row * row_words + int64_t(c) * BITS;
-    uint32_t w[BITS + 1];
-    if constexpr (VEC && BITS % 4 == 0) {
-#pragma unroll
-      for (int k = 0; k < BITS / 4; ++k) {
-        const uint4 v = __ldg(reinterpret_cast<const uint4*>(wp) + k);
-        w[4 * k] = v.x, w[4 * k + 1] = v.y, w[4 * k + 2] = v.z, w[4 * k + 3] = v.w;
-      }
-    } else if constexpr (VEC && BITS % 2 == 0) {
-#pragma unroll
-      for (int k = 0; k < BITS / 2; ++k) {
-        const uint2 v = __ldg(reinterpret_cast<const uint2*>(wp) + k);
-        w[2 * k] = v.x, w[2 * k + 1] = v.y;
-      }
-    } else {
-#pragma unroll
-      for (int k = 0; k < BITS; ++k) w[k] = __ldg(wp + k);
-    }
-    w[BITS] = 0u;
-    const uint32_t s = __ldg(sb + row * groups + ((int64_t(c) * 32) >> gs_shift));
-    float scale, bias;
-    if (sb_f16) {
-      scale = __half2float(__ushort_as_half(uint16_t(s & 0xffffu)));
-      bias = __half2float(__ushort_as_half(uint16_t(s >> 16)));
-    } else {
-      scale = __uint_as_float(s << 16);
-      bias = __uint_as_float(s & 0xffff0000u);
-    }
-    // Code m of the piece is bits [m·BITS, +BITS) of its words (straddling two at 3/5/6 bits).
-    auto code = [&](int m) -> uint32_t {
-      const int bit = m * BITS, wi = bit / 32, sh = bit % 32;
-      const uint32_t v = sh + BITS <= 32 ? w[wi] >> sh : __funnelshift_r(w[wi], w[wi + 1], sh);
-      return v & kMask;
-    };
-    uint32_t o[16];
-#pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      const uint32_t q0 = code(2 * k), q1 = code(2 * k + 1);
-      const float f0 = __uint_as_float(0x4B000000u | q0) - 8388608.0f, f1 = __uint_as_float(0x4B000000u | q1) - 8388608.0f;
-      __nv_bfloat162 h = __floats2bfloat162_rn(__fadd_rn(__fmul_rn(scale, f0), bias), __fadd_rn(__fmul_rn(scale, f1), bias));
-      o[k] = *reinterpret_cast<uint32_t*>(&h);
-    }
-    uint4* dst = reinterpret_cast<uint4*>(out + int64_t(r) * cols + int64_t(c) * 32);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) dst[k] = make_uint4(o[4 * k], o[4 * k + 1], o[4 * k + 2], o[4 * k + 3]);
-  }
-}
-
-// The kernel before affine_dequant_kernel (8 codes a thread, a 64-bit division each), kept for one A/B run on a GPU
-// (ARBOR_CUDA_AFFINE_DEQUANT_OLD=1): the same bytes out.
+// then cuBLASLt). Thread i takes 8 codes (one 16-byte store); the arithmetic is dequant_chunk's.
 template <int BITS>
-__global__ void affine_dequant8_kernel(const uint32_t* __restrict__ codes, const uint32_t* __restrict__ sb, bool sb_f16, int64_t row0,
+__global__ void affine_dequant_kernel(const uint32_t* __restrict__ codes, const uint32_t* __restrict__ sb, bool sb_f16, int64_t row0,
                                       int64_t n, int64_t cols, int gs_shift, uint16_t* __restrict__ out) {
   constexpr uint32_t kMask = (1u << BITS) - 1;
   const int64_t chunks_per_row = cols / 8, total = n * chunks_per_row, row_words = cols * BITS / 32, groups = cols >> gs_shift;
@@ -523,32 +459,11 @@ void launch_affine_dequant(const AffineWeights& w, int64_t row0, int64_t n, uint
   if ((reinterpret_cast<uintptr_t>(out) & 15) != 0) fail_printf("affine dequant: the output must be 16-byte aligned");
   if (n == 0) return;
   const int gs_shift = w.group_size == 32 ? 5 : w.group_size == 64 ? 6 : 7;
-  const int64_t total = n * (w.cols / 32);  // pieces of 32 codes, one a thread
-  if (total >= (int64_t(1) << 32) - 1) fail_printf("affine dequant: %lld rows of %lld columns at once are too many", (long long)n, (long long)w.cols);
+  const int64_t total = n * (w.cols / 8);
   const int blocks = int(std::min<int64_t>((total + 255) / 256, int64_t(n_sms) * 16));
-  const bool vec = (reinterpret_cast<uintptr_t>(w.codes) & 15) == 0;
-  static const bool old_kernel = [] {
-    const char* e = std::getenv("ARBOR_CUDA_AFFINE_DEQUANT_OLD");
-    return e && std::atoi(e) == 1;
-  }();
-  if (old_kernel) {
-    const int64_t total8 = n * (w.cols / 8);
-    const int blocks8 = int(std::min<int64_t>((total8 + 255) / 256, int64_t(n_sms) * 16));
-    switch (w.bits) {
-#define ARBOR_AFF_DEQ8(B) \
-  case B: affine_dequant8_kernel<B><<<blocks8, 256, 0, s>>>(w.codes, w.sb, w.sb_f16, row0, n, w.cols, gs_shift, out); break;
-      ARBOR_AFF_DEQ8(2) ARBOR_AFF_DEQ8(3) ARBOR_AFF_DEQ8(4) ARBOR_AFF_DEQ8(5) ARBOR_AFF_DEQ8(6) ARBOR_AFF_DEQ8(8)
-#undef ARBOR_AFF_DEQ8
-    }
-    ARBOR_LAUNCH_CHECK("affine_dequant8_kernel");
-    return;
-  }
   switch (w.bits) {
-#define ARBOR_AFF_DEQ(B)                                                                                           \
-  case B:                                                                                                          \
-    if (vec) affine_dequant_kernel<B, true><<<blocks, 256, 0, s>>>(w.codes, w.sb, w.sb_f16, row0, n, w.cols, gs_shift, out); \
-    else affine_dequant_kernel<B, false><<<blocks, 256, 0, s>>>(w.codes, w.sb, w.sb_f16, row0, n, w.cols, gs_shift, out);   \
-    break;
+#define ARBOR_AFF_DEQ(B) \
+  case B: affine_dequant_kernel<B><<<blocks, 256, 0, s>>>(w.codes, w.sb, w.sb_f16, row0, n, w.cols, gs_shift, out); break;
     ARBOR_AFF_DEQ(2) ARBOR_AFF_DEQ(3) ARBOR_AFF_DEQ(4) ARBOR_AFF_DEQ(5) ARBOR_AFF_DEQ(6) ARBOR_AFF_DEQ(8)
 #undef ARBOR_AFF_DEQ
   }

@@ -940,9 +940,9 @@ int v2_variant() {
 bool try_v2(const AffSegs& segs, const AffineWeights& w0, const uint16_t* x, bool y_f32, int64_t T, int n_sms, int gated_act, cudaStream_t s) {
   // By default from 2 rows (4/8-bit) or 3 (2/3-bit: at 2 rows v1, reading the codes twice, was still faster on
   // the 8B, H100: 3-bit 473 against 323 tok/s, 2-bit 508 against 372; at 4 rows v2 607 / 698 against 396 / 497).
-  // 5/6-bit (chunked as 3-bit; written in session 24, not yet run on a GPU): only where v2 is forced
-  // (ARBOR_CUDA_AFFINE_GEMV=2) until measured; v1 by default.
-  const int chosen = v2_variant(), v2_from = w0.bits == 4 || w0.bits == 8 ? 2 : w0.bits == 5 || w0.bits == 6 ? 9 : 3;
+  // 5/6-bit the same (session 24, H100: 6-bit 391 / 946 against v1's 285 / 367 tok/s at 3 / 8 rows, 274 against 307
+  // at 2; 5-bit 418 / 1004 against 307 / 356, 286 against 334).
+  const int chosen = v2_variant(), v2_from = w0.bits == 4 || w0.bits == 8 ? 2 : 3;
   const int variant = chosen == 0 || chosen == 4 ? (T >= v2_from ? 2 : 1) : chosen;
   if (variant < 2 || w0.bits < 2 || w0.bits > 8 || w0.bits == 7 || T < 1 || T > 8 || !aligned16(x)) return false;
   for (int i = 0; i < segs.n; ++i)

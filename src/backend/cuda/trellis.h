@@ -176,7 +176,7 @@ void set_trellis_gemv_mma(int mode);
 // unset, the defaults: 1, 2, 1): variant 0 (window by shift and mask) or 1 (by an IMAD lift and a shift), small_tiles
 // 0 (32-row tiles), 1 (16-row tiles where 32-row ones leave under two a SM) or 2 (16-row tiles everywhere), prepass 0
 // (x staged in every CTA), 1 (once per launch from 2 rows) or 2 (at every row count); wide_ctas (ARBOR_CUDA_TRELLIS_W16,
-// unset 0) 1 runs 9..16 rows in CTAs of 16 warps. Tests and A/B runs.
+// unset 1) 1 runs 9..16 rows in CTAs of 16 warps, 0 in CTAs of 8. Tests and A/B runs.
 void set_trellis_gemv_options(int variant, int small_tiles, int prepass, int wide_ctas = -1);
 // The encoder's Viterbi on the GPU (trellis_encode.cu): for each of `blocks` blocks of 256 targets (code
 // units, host memory, [blocks][256]) the tail-biting path quant::TrellisViterbi::encode_block chooses with

@@ -444,7 +444,7 @@ TiOptions ti_options() {
     // IMAD-lift window, 16-row tiles everywhere and the pre-pass from 2 rows: 322.9 / 613.6 / 1057.5 / 1444.8 tok/s
     // against 289.4 / 526.1 / 871.3 / 982.5 with shift-and-mask, 32-row tiles and x staged in every CTA.
     return TiOptions{digit("ARBOR_CUDA_TRELLIS_V", 1, 1), digit("ARBOR_CUDA_TRELLIS_MT", 2, 2), digit("ARBOR_CUDA_TRELLIS_PREPASS", 2, 1),
-                     digit("ARBOR_CUDA_TRELLIS_W16", 1, 0)};
+                     digit("ARBOR_CUDA_TRELLIS_W16", 1, 1)};
   }();
   return {g_ti_set.variant >= 0 ? g_ti_set.variant : env.variant, g_ti_set.small_tiles >= 0 ? g_ti_set.small_tiles : env.small_tiles,
           g_ti_set.prepass >= 0 ? g_ti_set.prepass : env.prepass, g_ti_set.wide_ctas >= 0 ? g_ti_set.wide_ctas : env.wide_ctas};
@@ -699,9 +699,10 @@ void launch_imma(const TrSegs& segs, int mt, int64_t Kin, const uint16_t* x, uns
                  cudaStream_t s) {
   const int64_t nb = Kin / 256, units = segs.units;
   // K split: until the tiles' warps fill the SMs' slots twice over, keeping at least one block a warp.
-  // Warps a CTA: 8; opt-in (ARBOR_CUDA_TRELLIS_W16=1, written in session 23, not yet measured) 16 at 9..16 rows, whose
-  // staged x (~170 KB at 4096 inputs) and registers (142-182 at 8 warps) leave one CTA an SM: the same CTA with twice
-  // the warps, capped at 128 registers (ptxas: 24-80 bytes of spills).
+  // Warps a CTA: 8; 16 at 9..16 rows (ARBOR_CUDA_TRELLIS_W16=0 keeps 8 there), whose staged x (~170 KB at 4096
+  // inputs) and registers (142-182 at 8 warps) leave one CTA an SM: the same CTA with twice the warps, capped at 128
+  // registers (ptxas: 24-80 bytes of spills). Session 24, H100, the 8B at k = 2: 12 rows 1334 -> 1433 tok/s, 16 rows
+  // 1759 -> 1886 (+7 %, two rounds each; the prediction was ~1.3x).
   const int nn = T <= 4 ? 0 : T <= 8 ? 1 : 2, W = nn == 2 && ti_options().wide_ctas == 1 ? 16 : kTiWarps;
   int wpr = 1;
   while (wpr < W && units * wpr < int64_t(n_sms) * 2 * kTiWarps && nb / (wpr * 2) >= 1) wpr *= 2;
