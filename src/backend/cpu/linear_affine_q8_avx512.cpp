@@ -191,6 +191,54 @@ ARBOR_VNNI_INLINE void span_step(const SpanCtx& x, int64_t sp, const __m512i (&v
   }
 }
 
+// A row's scales in f32 for the span loops (to_f32 writes them): on the stack up to kMaxGroupsOnStack groups, else
+// on the heap, with 16 spare zeros past the last group (a span's lane vector may read past it).
+class RowScales {
+ public:
+  explicit RowScales(int64_t groups) : p_(stack_) {
+    if (groups > kMaxGroupsOnStack) heap_.resize(size_t(groups + 16)), p_ = heap_.data();
+    std::memset(p_ + groups, 0, 16 * sizeof(float));
+  }
+  float* get() { return p_; }
+
+ private:
+  static constexpr int64_t kMaxGroupsOnStack = 1024;
+  alignas(64) float stack_[kMaxGroupsOnStack + 16];
+  std::vector<float> heap_;
+  float* p_;
+};
+
+// Row n's outputs for every token row: the span sums (AC accumulators) plus Σ_g b_g·Σx_g, plus the layer's bias.
+template <int TT, int AC>
+ARBOR_VNNI_INLINE void finish_row(const Q8Args& a, int64_t n, size_t ssize, const __m512 (&total)[TT][AC]) {
+  const int64_t groups = a.K / a.G;
+  const void* biases = static_cast<const uint8_t*>(a.biases) + n * groups * int64_t(ssize);
+#pragma GCC unroll 8
+  for (int t = 0; t < TT; ++t) {
+    __m512 sum = bias_dot(biases, a.sdtype, a.sx + t * groups, groups);
+#pragma GCC unroll 2
+    for (int c = 0; c < AC; ++c) sum = _mm512_add_ps(sum, total[t][c]);
+    const float v = _mm512_reduce_add_ps(sum);
+    a.y[t * a.N + n] = a.bias ? v + a.bias[n] : v;
+  }
+}
+
+// f.template operator()<TT>() for TT = a.T (1..kLinearGemvMaxT): the row loops are compiled per token-row count.
+template <typename F>
+inline void with_token_rows(int64_t T, F&& f) {
+  static_assert(kLinearGemvMaxT == 8, "one case per token-row count");
+  switch (T) {
+    case 1: return f.template operator()<1>();
+    case 2: return f.template operator()<2>();
+    case 3: return f.template operator()<3>();
+    case 4: return f.template operator()<4>();
+    case 5: return f.template operator()<5>();
+    case 6: return f.template operator()<6>();
+    case 7: return f.template operator()<7>();
+    case 8: return f.template operator()<8>();
+  }
+}
+
 // R weight rows at a time (R sequential streams per thread), all TT token rows per decoded span. Each row's
 // scales are first converted to f32 (sb); per span and token row, total += float(isum)·(s_lane·d_lane), in AC
 // independent accumulators per row and token row when TT is small (the FMA's latency would otherwise bound
@@ -255,33 +303,13 @@ ARBOR_VNNI_INLINE void row_block(const Q8Args& a, const SpanCtx& ctx, const RowG
     span_step<B, TT, R, AC, WIDE>(ctx, full, v, sbc, total, 0);
   }
 #pragma GCC unroll 2
-  for (int r = 0; r < R; ++r) {
-    const void* biases = static_cast<const uint8_t*>(a.biases) + (n + r) * groups * ssize;
-#pragma GCC unroll 8
-    for (int t = 0; t < TT; ++t) {
-      __m512 sum = bias_dot(biases, a.sdtype, a.sx + t * groups, groups);
-#pragma GCC unroll 2
-      for (int c = 0; c < AC; ++c) sum = _mm512_add_ps(sum, total[r][t][c]);
-      const float v = _mm512_reduce_add_ps(sum);
-      a.y[t * a.N + n + r] = a.bias ? v + a.bias[n + r] : v;
-    }
-  }
+  for (int r = 0; r < R; ++r) finish_row<TT, AC>(a, n + r, ssize, total[r]);
 }
 
 // Rows [n0, n1), one at a time (row_block takes R rows; R = 1 is what runs, see below).
 template <int B, int TT, bool WIDE>
 ARBOR_VNNI void rows(const Q8Args& a, int64_t n0, int64_t n1) {
-  const int64_t groups = a.K / a.G;
-  // Scales of a row in f32, plus 8 zeros read by the last span's lane vector (a span past the row's last group).
-  constexpr int64_t kMaxGroupsOnStack = 1024;
-  alignas(64) float sb_stack[kMaxGroupsOnStack + 16];
-  std::vector<float> sb_heap;
-  float* sb[1] = {sb_stack};
-  if (groups > kMaxGroupsOnStack) {
-    sb_heap.resize(size_t(groups + 16));
-    sb[0] = sb_heap.data();
-  }
-  std::memset(sb[0] + groups, 0, 8 * sizeof(float));
+  RowScales sb(a.K / a.G);
   constexpr int64_t S = span_codes<B>();
   const int64_t spans = (a.K + S - 1) / S;
   alignas(64) int lane_group[16] = {};
@@ -294,28 +322,14 @@ ARBOR_VNNI void rows(const Q8Args& a, int64_t n0, int64_t n1) {
   // measured slower here when streaming from memory (2048 x 8192, T=1, 2 threads: 26-28 GB/s against 35-40
   // for single rows; the two streams a row apart put one row's prefetch on the other row's lines).
   const RowGeom geom(a, B);
-  for (int64_t n = n0; n < n1; ++n) row_block<B, TT, 1, WIDE>(a, ctx, geom, n, {sb[0]});
-}
-
-template <int B, bool WIDE>
-ARBOR_VNNI void bits_groups(const Q8Args& a, int64_t n0, int64_t n1) {
-  switch (a.T) {
-    case 1: return rows<B, 1, WIDE>(a, n0, n1);
-    case 2: return rows<B, 2, WIDE>(a, n0, n1);
-    case 3: return rows<B, 3, WIDE>(a, n0, n1);
-    case 4: return rows<B, 4, WIDE>(a, n0, n1);
-    case 5: return rows<B, 5, WIDE>(a, n0, n1);
-    case 6: return rows<B, 6, WIDE>(a, n0, n1);
-    case 7: return rows<B, 7, WIDE>(a, n0, n1);
-    case 8: return rows<B, 8, WIDE>(a, n0, n1);
-  }
+  for (int64_t n = n0; n < n1; ++n) row_block<B, TT, 1, WIDE>(a, ctx, geom, n, {sb.get()});
 }
 
 // WIDE: a group covers whole spans (G >= S), one scale per span; else a span holds S/G groups.
 template <int B>
 ARBOR_VNNI void bits(const Q8Args& a, int64_t n0, int64_t n1) {
-  if (a.G >= span_codes<B>()) return bits_groups<B, true>(a, n0, n1);
-  return bits_groups<B, false>(a, n0, n1);
+  const bool wide = a.G >= span_codes<B>();
+  with_token_rows(a.T, [&]<int TT>() { wide ? rows<B, TT, true>(a, n0, n1) : rows<B, TT, false>(a, n0, n1); });
 }
 
 // ---- 3, 5 and 6 bits (AVX-512 VBMI) ------------------------------------------------------------------
@@ -363,13 +377,8 @@ ARBOR_VBMI void wide_rows(const Q8Args& a, int64_t n0, int64_t n1) {
   const int64_t safe = row_bytes >= 64 ? (row_bytes - 64) / kBytes + 1 : 0;  // spans whose 64-byte load stays in the row
   const int8_t* xq = static_cast<const int8_t*>(a.xq);
   const int64_t Kp = spans * 64;
-  // Scales of a row in f32, plus 16 spare zeros (a span's 8-lane vector may run past the last group).
-  constexpr int64_t kMaxGroupsOnStack = 1024;
-  alignas(64) float sb_stack[kMaxGroupsOnStack + 16];
-  std::vector<float> sb_heap;
-  float* sb = sb_stack;
-  if (groups > kMaxGroupsOnStack) sb_heap.resize(size_t(groups + 16)), sb = sb_heap.data();
-  std::memset(sb + groups, 0, 16 * sizeof(float));
+  RowScales scales(groups);
+  float* sb = scales.get();
   const size_t ssize = dtype_size(a.sdtype);
   const RowParamsPrefetch params_prefetch(a.scales, a.biases, a.sdtype, K, G, B, a.N, kPrefetchBytes);
   for (int64_t n = n0; n < n1; ++n) {
@@ -398,36 +407,14 @@ ARBOR_VBMI void wide_rows(const Q8Args& a, int64_t n0, int64_t n1) {
         total[t][sp % AC] = _mm512_fmadd_ps(isum, _mm512_mul_ps(s, d), total[t][sp % AC]);
       }
     }
-    const void* biases = static_cast<const uint8_t*>(a.biases) + n * groups * ssize;
-#pragma GCC unroll 8
-    for (int t = 0; t < TT; ++t) {
-      __m512 sum = bias_dot(biases, a.sdtype, a.sx + t * groups, groups);
-#pragma GCC unroll 2
-      for (int c = 0; c < AC; ++c) sum = _mm512_add_ps(sum, total[t][c]);
-      const float v = _mm512_reduce_add_ps(sum);
-      a.y[t * a.N + n] = a.bias ? v + a.bias[n] : v;
-    }
-  }
-}
-
-template <int B, bool G64>
-ARBOR_VBMI void wide_bits_groups(const Q8Args& a, int64_t n0, int64_t n1) {
-  switch (a.T) {
-    case 1: return wide_rows<B, 1, G64>(a, n0, n1);
-    case 2: return wide_rows<B, 2, G64>(a, n0, n1);
-    case 3: return wide_rows<B, 3, G64>(a, n0, n1);
-    case 4: return wide_rows<B, 4, G64>(a, n0, n1);
-    case 5: return wide_rows<B, 5, G64>(a, n0, n1);
-    case 6: return wide_rows<B, 6, G64>(a, n0, n1);
-    case 7: return wide_rows<B, 7, G64>(a, n0, n1);
-    case 8: return wide_rows<B, 8, G64>(a, n0, n1);
+    finish_row<TT, AC>(a, n, ssize, total);
   }
 }
 
 template <int B>
 ARBOR_VBMI void wide_bits(const Q8Args& a, int64_t n0, int64_t n1) {
-  if (a.G >= 64) return wide_bits_groups<B, true>(a, n0, n1);
-  return wide_bits_groups<B, false>(a, n0, n1);
+  const bool g64 = a.G >= 64;
+  with_token_rows(a.T, [&]<int TT>() { g64 ? wide_rows<B, TT, true>(a, n0, n1) : wide_rows<B, TT, false>(a, n0, n1); });
 }
 
 }  // namespace
