@@ -192,8 +192,8 @@ TEST(CudaAffineGemm, DequantIsBitExact) {
   ARBOR_REQUIRE_GPU();
   std::mt19937 rng(23);
   const int n_sms = sm_count();
-  // Codes at a 16-byte aligned address (the kernel's vector loads) and one word past it (word loads); a small
-  // matrix, and one whose slice takes several of the grid's passes.
+  // Codes at a 16-byte aligned address and one word past it; a small matrix, and one whose slice takes several of the
+  // grid's passes.
   for (int bits : quant::kAffineBits)
     for (int gs : quant::kAffineGroupSizes)
       for (int shape_no = 0; shape_no < 3; ++shape_no) {

@@ -173,10 +173,11 @@ bool q8_vnni(LinearIsa isa) {
 }
 // 3, 5 and 6 bits: the VNNI form with VBMI's byte permute and bit-field extraction (no AVX2 form).
 bool q8_vbmi(LinearIsa isa) { return q8_vnni(isa) && cpu_features().avx512_vbmi; }
+bool q8_vbmi_bits(int bits) { return bits == 3 || bits == 5 || bits == 6; }
 }  // namespace
 
 bool linear_affine_q8_applies(LinearIsa isa, int bits) {
-  if (bits == 3 || bits == 5 || bits == 6) return q8_vbmi(isa);  // the VBMI form's bit-field extraction
+  if (q8_vbmi_bits(bits)) return q8_vbmi(isa);
   return isa != LinearIsa::Scalar && (bits == 2 || bits == 4 || bits == 8);
 }
 
@@ -186,7 +187,7 @@ std::string linear_affine_kernel_name(LinearIsa isa, int64_t T, GemmMode mode, i
   if (isa == LinearIsa::Scalar) return "scalar-affine-reference";
   if (bf16_gemm(isa, T, mode)) return "avx512bf16-affine-gemm-bf16";
   if (q8_gemv(isa, T, mode, bits))
-    return bits == 3 || bits == 5 || bits == 6 ? "avx512vbmi-affine-gemv-q8" : q8_vnni(isa) ? "avx512vnni-affine-gemv-q8" : "avx2-affine-gemv-q8";
+    return q8_vbmi_bits(bits) ? "avx512vbmi-affine-gemv-q8" : q8_vnni(isa) ? "avx512vnni-affine-gemv-q8" : "avx2-affine-gemv-q8";
   if (isa == LinearIsa::Avx512Bf16) isa = LinearIsa::Avx512;  // the exact paths use no bf16 instructions
   return fmt::format("{}-affine-{}", linear_isa_name(isa), T <= kLinearGemvMaxT ? "gemv" : "gemm");
 }

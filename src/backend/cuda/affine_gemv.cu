@@ -901,15 +901,19 @@ void launch_v2_s(unsigned grid, cudaStream_t s, const AffSegs& segs, const uint1
   ARBOR_LAUNCH_CHECK("affine_gemv_v2_kernel");
 }
 
-// A/B knob: ARBOR_CUDA_AFFINE_V2_XPF=1/2 (or set_affine_v2_x_ahead) loads x that many pieces ahead of its MMAs.
-int v2_x_ahead() {
-  if (g_v2_xpf < 0) {
-    const char* e = std::getenv("ARBOR_CUDA_AFFINE_V2_XPF");
+// The kernel choices' A/B knobs: `cached` (a setter's value, or -1) else the environment variable `name`, read once;
+// anything outside 0..hi (or unset) is 0, the default.
+int env_choice(int& cached, const char* name, int hi) {
+  if (cached < 0) {
+    const char* e = std::getenv(name);
     const int v = e ? std::atoi(e) : 0;
-    g_v2_xpf = v >= 0 && v <= 2 ? v : 0;
+    cached = v >= 0 && v <= hi ? v : 0;
   }
-  return g_v2_xpf;
+  return cached;
 }
+
+// ARBOR_CUDA_AFFINE_V2_XPF=1/2 (or set_affine_v2_x_ahead) loads x that many pieces ahead of its MMAs.
+int v2_x_ahead() { return env_choice(g_v2_xpf, "ARBOR_CUDA_AFFINE_V2_XPF", 2); }
 
 template <int BITS, int GS>
 void launch_v2_t(int variant, unsigned grid, cudaStream_t s, const AffSegs& segs, const uint16_t* x, bool y_f32, int T, int64_t K,
@@ -927,14 +931,7 @@ void launch_v2_t(int variant, unsigned grid, cudaStream_t s, const AffSegs& segs
   else launch_v2_s<BITS, GS, 0, 0>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
 }
 
-int v2_variant() {
-  if (g_v2_variant < 0) {
-    const char* e = std::getenv("ARBOR_CUDA_AFFINE_GEMV");
-    const int v = e ? std::atoi(e) : 0;
-    g_v2_variant = v >= 1 && v <= 4 ? v : 0;
-  }
-  return g_v2_variant;
-}
+int v2_variant() { return env_choice(g_v2_variant, "ARBOR_CUDA_AFFINE_GEMV", 4); }
 
 // The v2 kernel when it is chosen (forced, or by default for T >= 2) and applies (2/3/4/5/6/8-bit, aligned x and codes); false: the caller runs v1.
 bool try_v2(const AffSegs& segs, const AffineWeights& w0, const uint16_t* x, bool y_f32, int64_t T, int n_sms, int gated_act, cudaStream_t s) {
@@ -1016,7 +1013,9 @@ bool try_v2(const AffSegs& segs, const AffineWeights& w0, const uint16_t* x, boo
 // reads) with Σx per lane's 32 columns, so a code costs one PRMT (nib_f: 128 + code) and one FMA, and a
 // 32-code piece adds scale·S + (bias − 128·scale)·Σx. Takes T = 1, K a multiple of 1024, 16-byte aligned
 // codes and x, and x small enough for two blocks an SM (K <= 16384); otherwise v1 runs.
-// INTX (opt-in, ARBOR_CUDA_AFFINE_STREAM_INT=1; written in session 23, not yet run on a GPU): Nsight showed the lm_head
+// INTX (opt-in, ARBOR_CUDA_AFFINE_STREAM_INT=1; session 24, one pair on an H100: the 8B b=1 437 -> 477 tok/s, to be
+// confirmed by a second round before it becomes the default; its error grows with an outlier in a piece, as the
+// plain path's does, docs/cuda-notes.md session 24): Nsight showed the lm_head
 // launch issue-bound (85 % of issue slots at 76 % of copy), so x is staged as 16-bit integers per 32-column piece
 // (round(x / d), d = max|x| / 32767; high and low bytes in separate byte lanes) and a word's 8 codes meet them in 4
 // __dp4a (low nibbles against the even columns' bytes, high nibbles against the odd ones'): ~57 lane ops a stage
@@ -1247,13 +1246,7 @@ void launch_stream_x(dim3 grid, cudaStream_t s, const AffSegs& segs, const uint1
 
 int g_stream_intx = -1;  // set_affine_stream_int_x; -1: from ARBOR_CUDA_AFFINE_STREAM_INT (unset: 0)
 
-bool stream_int_x() {
-  if (g_stream_intx < 0) {
-    const char* e = std::getenv("ARBOR_CUDA_AFFINE_STREAM_INT");
-    g_stream_intx = e && std::atoi(e) == 1 ? 1 : 0;
-  }
-  return g_stream_intx == 1;
-}
+bool stream_int_x() { return env_choice(g_stream_intx, "ARBOR_CUDA_AFFINE_STREAM_INT", 1) == 1; }
 
 template <int RPU>
 void launch_stream(dim3 grid, cudaStream_t s, const AffSegs& segs, const uint16_t* x, bool y_f32, int64_t K, int gshift, bool sb_f16,
