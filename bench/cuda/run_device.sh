@@ -19,6 +19,8 @@
 #   wide: the trellis GEMV tests (every kernel family and variant) and memcheck on them, then the 8B at k 2/3/4
 #       (TRELLIS_BITS) over 1/8/12/16 rows with the GEMV to 16 rows (the default) against decode + cuBLASLt past 8
 #       (ARBOR_CUDA_TRELLIS_GEMV_ROWS=8): is the 16-row integer kernel the faster path? (~3 min)
+#   prefill: quantized prefill with one or two decoded slices in flight and 16/32 MiB slices (affine 4-bit, trellis 2),
+#       its tests and memcheck (~5 min)
 #   narrow: the affine tensor-core GEMV at 2/3 bits: CudaAffine tests, memcheck, the 8B at 1-8 rows against v1 (~4 min)
 #   optins: session 23's affine opt-ins (v4's integer x, v2's x ahead) checked and measured against the defaults
 #   encoder: the GPU Viterbi's tests and its weights/s against the CPU encoder's (pack bench_trellis too),
@@ -278,6 +280,27 @@ for step in $STEPS; do
         done
       done
       memcheck_filter optins_memcheck 250 'CudaAffine.GemvV2*:CudaAffine.GemvStream*:CudaAffineGemm.Dequant*:CudaTrellis.Gemv*'
+      ;;
+    prefill)
+      # Quantized prefill (decoded slices + cuBLASLt): one slice in flight against two (ARBOR_CUDA_DQ_STREAMS=1/2; one is
+      # the default until measured) and 16 against 32 MiB slices (ARBOR_CUDA_DQ_SLICE_MIB), 8B at 4-bit g64 and trellis
+      # k=2, prefill 512/2048/8192, twice in turn. The decoded-slice tests first (both stream counts), memcheck on them.
+      gtests prefill_tests 120 'CudaAffineLinear.*:CudaTrellis.Prefill*:CudaTrellis.PickLinear*'
+      for r in 1 2; do
+        for v in "DQ_STREAMS=1" "DQ_STREAMS=2" "DQ_SLICE_MIB=32 ARBOR_CUDA_DQ_STREAMS=2"; do
+          n=$(echo "$v" | tr 'A-Z= ' 'a-z__')
+          for f in "a4:--bits 4 --group-size 64" "t2:--format trellis --bits 2"; do
+            env ARBOR_CUDA_$v timeout 120 "$D/arbor" bench --device cuda --dummy-weights --config bench/configs/llama-3.1-8b.json \
+              --prefill-only 512,2048,8192 ${f#*:} > "$OUT/prefill_${f%%:*}_${n}_r$r.log" 2>&1
+            summary+=("prefill ${f%%:*} $v r$r rc=$? $(grep -E '^ *prefill [0-9]' "$OUT/prefill_${f%%:*}_${n}_r$r.log" | tail -3 | awk '{print $2, $3, $5}' | tr '\n' '|')")
+          done
+        done
+      done
+      # The in-loop dequantizing GEMM (GemmAffine, 9-64 rows by default) at prefill sizes: how far is it from the slices?
+      ARBOR_CUDA_AFFINE_DEQUANT_ROWS=100000 timeout 120 "$D/arbor" bench --device cuda --dummy-weights --config bench/configs/llama-3.1-8b.json \
+        --prefill-only 512,2048 --bits 4 --group-size 64 > "$OUT/prefill_a4_gemm_affine.log" 2>&1
+      summary+=("prefill a4 GemmAffine rc=$? $(grep -E '^ *prefill [0-9]' "$OUT/prefill_a4_gemm_affine.log" | tail -2 | awk '{print $2, $3, $5}' | tr '\n' '|')")
+      memcheck_filter prefill_memcheck 200 'CudaAffineLinear.*:CudaTrellis.Prefill*'
       ;;
     encoder)
       # Issue 20's GPU Viterbi: its tests (the paths state for state against the CPU encoder), then weights/s of

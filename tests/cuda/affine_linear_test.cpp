@@ -59,6 +59,7 @@ TEST(CudaAffineLinear, PrefillKernelsMatchTheReference) {
       const int gs = bits == 3 ? 32 : bits == 4 ? 64 : 128;
       const int64_t R = 300, C = 320 / gs * gs + (gs == 32 ? 32 : 0);
       const bool with_bias = case_no % 2 == 0, f32 = case_no % 3 == 0;
+      gpu.set_dq_streams(1 + (case_no / 4) % 2);  // the slices on one stream, or alternating over two
       ++case_no;
       HostMatrix a(rng, R, C, bits, gs, with_bias);
       const Linear l = gpu.load_linear(a.host_linear());

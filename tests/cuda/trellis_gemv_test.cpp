@@ -295,6 +295,7 @@ TEST(CudaTrellis, PrefillMatchesTheReference) {
         const bool with_bias = case_no % 2 == 0, f32 = case_no % 3 == 0;
         ++case_no;
         gpu.set_affine_dequant(65, size_t(256) * 2 * size_t(s.in));  // slices of 256 rows
+        gpu.set_dq_streams(1 + (case_no / 4) % 2);                       // on one stream, or two
         HostTrellis a(rng, s.out, s.in, k, s.axis, with_bias);
         const Linear l = gpu.load_linear(a.host_linear());
         ASSERT_EQ(gpu.pick_linear(l, T), CudaBackend::LinearKernel::DequantTrellisLt);

@@ -153,6 +153,15 @@ CudaBackend::CudaBackend(int device)
   if (const char* env = std::getenv("ARBOR_CUDA_GEMV_STREAM")) set_gemv_stream(std::atoi(env) != 0);
   if (const char* env = std::getenv("ARBOR_CUDA_GEMV_MMA")) set_gemv_mma(std::atoi(env) != 0);
   if (const char* env = std::getenv("ARBOR_CUDA_AFFINE_DEQUANT_ROWS")) affine_dequant_min_rows_ = std::max(9, std::atoi(env));
+  if (const char* env = std::getenv("ARBOR_CUDA_DQ_STREAMS")) {
+    dq_streams_ = std::atoi(env);
+    ARBOR_CHECK(dq_streams_ == 1 || dq_streams_ == 2, "ARBOR_CUDA_DQ_STREAMS={}: 1 or 2 decoded slices in flight", env);
+  }
+  if (const char* env = std::getenv("ARBOR_CUDA_DQ_SLICE_MIB")) {
+    const int mib = std::atoi(env);
+    ARBOR_CHECK(mib >= 1 && mib <= 4096, "ARBOR_CUDA_DQ_SLICE_MIB={}: 1..4096 MiB per decoded slice", env);
+    dq_slice_bytes_ = size_t(mib) << 20;
+  }
   trellis_gemv_max_rows_ = cuda::kTrellisGemvMaxRows;
   if (const char* env = std::getenv("ARBOR_CUDA_TRELLIS_GEMV_ROWS"))
     trellis_gemv_max_rows_ = std::clamp<int64_t>(std::atoi(env), 1, cuda::kTrellisGemvMaxRows);
@@ -188,6 +197,14 @@ CudaBackend::CudaBackend(int device)
   lt_ = lt;
   workspace_ = device_alloc(kWorkspaceBytes);
   workspace_bytes_ = kWorkspaceBytes;
+  ARBOR_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  dq_side_ = s;
+  dq_side_workspace_ = device_alloc(kWorkspaceBytes);
+  for (void** e : {&dq_fork_, &dq_join_}) {
+    cudaEvent_t ev;
+    ARBOR_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    *e = ev;
+  }
   for (int i = 0; i < kStageSlots; ++i) {
     ARBOR_CUDA_CHECK(cudaMallocHost(&staging_->weight[i], kStageBytes));
     ARBOR_CUDA_CHECK(cudaEventCreateWithFlags(&staging_->weight_done[i], cudaEventDisableTiming));
@@ -214,6 +231,9 @@ CudaBackend::~CudaBackend() {
     if (e) cudaEventDestroy(static_cast<cudaEvent_t>(e));
   owned_.clear();
   if (lt_) cublasLtDestroy(lt_);
+  for (void* e : {dq_fork_, dq_join_})
+    if (e) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+  if (dq_side_) cudaStreamSynchronize(dq_side_), cudaStreamDestroy(dq_side_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -613,22 +633,36 @@ void CudaBackend::head_norm(NormOp op, Tensor x, int64_t head_dim, const Tensor&
 
 // Many activation rows: W decoded to bf16 a slice of whole 256-row tiles at a time (at most
 // dq_slice_bytes_; trellis axis 0 decodes 256 outputs per block), each slice's columns of y from
-// cuBLASLt; then the bias.
+// cuBLASLt; then the bias. With dq_streams_ == 2 the odd slices go to a second buffer and stream
+// (dq_side_, forked from stream_ and joined back before the bias), so two slices are in flight.
 void CudaBackend::decoded_lt(const Tensor& x, const Linear& l, Tensor y, const float* bias, LinearKernel kernel) {
   const int64_t T = x.rows(), K = l.cols(), N = l.rows();
   const int64_t slice = std::min<int64_t>(N, std::max<int64_t>(256, int64_t(dq_slice_bytes_ / size_t(K * 2)) / 256 * 256));
+  const bool two = dq_streams_ == 2 && slice < N;
   ensure(dq_slice_, dq_slice_cap_, size_t(slice * K) * 2);
+  if (two) ensure(dq_slice2_, dq_slice2_cap_, size_t(slice * K) * 2);
   const size_t ysize = dtype_size(y.dtype);
-  uint16_t* dq = static_cast<uint16_t*>(dq_slice_);
   const bool trellis = kernel == LinearKernel::DequantTrellisLt;
   const TrellisWeights tw = trellis ? trellis_weights(l) : TrellisWeights{};
   const AffineWeights aw = trellis ? AffineWeights{} : affine_weights(l);
-  for (int64_t n0 = 0; n0 < N; n0 += slice) {
+  if (two) {
+    ARBOR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(dq_fork_), st(stream_)));
+    ARBOR_CUDA_CHECK(cudaStreamWaitEvent(st(dq_side_), static_cast<cudaEvent_t>(dq_fork_), 0));
+  }
+  int64_t i = 0;
+  for (int64_t n0 = 0; n0 < N; n0 += slice, ++i) {
     const int64_t n = std::min(slice, N - n0);
-    if (trellis) launch_trellis_decode(tw, n0, n, dq, n_sms_, stream_);
-    else launch_affine_dequant(aw, n0, n, dq, n_sms_, st(stream_));
-    lt_gemm(lt_, dq, x.data, DType::BF16, static_cast<char*>(y.data) + size_t(n0) * ysize, y.dtype, T, n, K, workspace_, workspace_bytes_,
-            st(stream_), N);
+    const bool side = two && (i & 1);
+    CUstream_st* s = side ? dq_side_ : stream_;
+    uint16_t* dq = static_cast<uint16_t*>(side ? dq_slice2_ : dq_slice_);
+    if (trellis) launch_trellis_decode(tw, n0, n, dq, n_sms_, s);
+    else launch_affine_dequant(aw, n0, n, dq, n_sms_, st(s));
+    lt_gemm(lt_, dq, x.data, DType::BF16, static_cast<char*>(y.data) + size_t(n0) * ysize, y.dtype, T, n, K,
+            side ? dq_side_workspace_ : workspace_, workspace_bytes_, st(s), N);
+  }
+  if (two) {
+    ARBOR_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(dq_join_), st(dq_side_)));
+    ARBOR_CUDA_CHECK(cudaStreamWaitEvent(st(stream_), static_cast<cudaEvent_t>(dq_join_), 0));
   }
   if (bias) launch_add_bias(y.data, y.dtype, bias, T, N, st(stream_));
 }

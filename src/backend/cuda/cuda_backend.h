@@ -117,6 +117,8 @@ class CudaBackend : public Backend {
   void set_affine_dequant(int64_t min_rows, size_t slice_bytes) {
     affine_dequant_min_rows_ = std::max<int64_t>(9, min_rows), dq_slice_bytes_ = std::max<size_t>(1, slice_bytes);
   }
+  // Decoded slices in flight in decoded_lt: 1 (one stream, the default) or 2. Tests and A/B runs.
+  void set_dq_streams(int n) { dq_streams_ = std::clamp(n, 1, 2); }
   int64_t gemv_max_rows() const { return gemv_max_rows_; }
   // GEMVs of 1-2 rows with K % 256 == 0 stream through shared memory (gemv.cu); off: the register
   // kernel for every GEMV. Process-wide; ARBOR_CUDA_GEMV_STREAM=0 turns it off (A/B runs, tests).
@@ -226,6 +228,17 @@ class CudaBackend : public Backend {
   size_t dq_slice_bytes_ = size_t(16) << 20;
   void* dq_slice_ = nullptr;
   size_t dq_slice_cap_ = 0;
+  // Two slices in flight (dq_streams_ == 2, opt-in until measured: ARBOR_CUDA_DQ_STREAMS=2): odd slices are
+  // decoded into dq_slice2_ and multiplied on dq_side_ (its own cuBLASLt workspace), so one slice's decode
+  // runs beside the other's GEMM, and two slice GEMMs share the SMs where one leaves half idle (at 512 tokens
+  // a 2048-row slice is 64 output tiles of 128 x 128 for 132 SMs). ARBOR_CUDA_DQ_SLICE_MIB sets the slice.
+  int dq_streams_ = 1;
+  CUstream_st* dq_side_ = nullptr;
+  void* dq_side_workspace_ = nullptr;
+  void* dq_slice2_ = nullptr;
+  size_t dq_slice2_cap_ = 0;
+  void* dq_fork_ = nullptr;  // cudaEvent_t: stream_ -> dq_side_ before the slices
+  void* dq_join_ = nullptr;  // cudaEvent_t: dq_side_ -> stream_ after them
   // y = x · Wᵀ (+ bias) for a quantized W through dq_slice_ and cuBLASLt (the Dequant*Lt kernels).
   void decoded_lt(const Tensor& x, const Linear& l, Tensor y, const float* bias, LinearKernel kernel);
   int64_t affine_dequant_min_rows_ = 65;           // ARBOR_CUDA_AFFINE_DEQUANT_ROWS overrides (A/B runs)
