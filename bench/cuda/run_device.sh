@@ -21,6 +21,7 @@
 #       (ARBOR_CUDA_TRELLIS_GEMV_ROWS=8): is the 16-row integer kernel the faster path? (~3 min)
 #   prefill: quantized prefill with one or two decoded slices in flight and 16/32 MiB slices (affine 4-bit, trellis 2),
 #       its tests and memcheck (~5 min)
+#   kvsplit: k8v3 and bf16 KV at 32@4096 and 1@32768 with 1 (auto), 2, 4 splits of the coded decode attention (~3 min)
 #   narrow: the affine tensor-core GEMV at 2/3 bits: CudaAffine tests, memcheck, the 8B at 1-8 rows against v1 (~4 min)
 #   optins: session 23's affine opt-ins (v4's integer x, v2's x ahead) checked and measured against the defaults
 #   encoder: the GPU Viterbi's tests and its weights/s against the CPU encoder's (pack bench_trellis too),
@@ -65,9 +66,8 @@ bench8b() {  # NAME RUNS [ENV=VALUE ...] -- [bench arguments...]: the 8B's decod
   shift
   env "${envs[@]}" timeout 90 "$D/arbor" bench --device cuda --dummy-weights --config bench/configs/llama-3.1-8b.json --decode-only \
     --decode-runs "$runs" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$? n
-  n=$(echo "$runs" | tr ',' '\n' | wc -l)  # bench prints each run twice (as it goes, then in its table)
-  summary+=("$name rc=$rc $(grep -E '^ *decode b=' "$OUT/$name.log" | head -"$n" | awk '{print $2, $4, $5}' | tr '\n' '|')")
+  local rc=$?
+  summary+=("$name rc=$rc $(grep -E '^ *decode b=' "$OUT/$name.log" | awk '!seen[$0]++ {print $2, $3, $4, $5, $6, $7}' | tr '\n' '|')")
 }
 for step in $STEPS; do
   case $step in
@@ -301,6 +301,16 @@ for step in $STEPS; do
         --prefill-only 512,2048 --bits 4 --group-size 64 > "$OUT/prefill_a4_gemm_affine.log" 2>&1
       summary+=("prefill a4 GemmAffine rc=$? $(grep -E '^ *prefill [0-9]' "$OUT/prefill_a4_gemm_affine.log" | tail -2 | awk '{print $2, $3, $5}' | tr '\n' '|')")
       memcheck_filter prefill_memcheck 200 'CudaAffineLinear.*:CudaTrellis.Prefill*'
+      ;;
+    kvsplit)
+      # Issue 21's batch-32 point (k8v3 1.52x bf16 at 32@4096, target 1.6x): the tensor-core coded decode runs one split a
+      # (kv head, sequence) there (2 blocks an SM x 132 SMs >= 256 blocks); more splits (ARBOR_CUDA_KV_MMA_SPLITS=2/4) for
+      # shorter serial walks, twice in turn, bf16 weights.
+      for r in 1 2; do
+        for v in 0 2 4; do
+          bench8b kvsplit_s${v}_r$r 32@4096,1@32768 ARBOR_CUDA_KV_MMA_SPLITS=$v -- --decode-tokens 32 --kv-sweep k8v3/bf16
+        done
+      done
       ;;
     encoder)
       # Issue 20's GPU Viterbi: its tests (the paths state for state against the CPU encoder), then weights/s of
