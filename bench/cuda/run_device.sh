@@ -296,10 +296,6 @@ for step in $STEPS; do
           done
         done
       done
-      # The in-loop dequantizing GEMM (GemmAffine, 9-64 rows by default) at prefill sizes: how far is it from the slices?
-      ARBOR_CUDA_AFFINE_DEQUANT_ROWS=100000 timeout 120 "$D/arbor" bench --device cuda --dummy-weights --config bench/configs/llama-3.1-8b.json \
-        --prefill-only 512,2048 --bits 4 --group-size 64 > "$OUT/prefill_a4_gemm_affine.log" 2>&1
-      summary+=("prefill a4 GemmAffine rc=$? $(grep -E '^ *prefill [0-9]' "$OUT/prefill_a4_gemm_affine.log" | tail -2 | awk '{print $2, $3, $5}' | tr '\n' '|')")
       memcheck_filter prefill_memcheck 200 'CudaAffineLinear.*:CudaTrellis.Prefill*'
       ;;
     kvsplit)
