@@ -57,10 +57,10 @@ void launch_affine_gemv_gated(const AffineGemvOut& gate, const AffineGemvOut& up
 // else 1, for 2..8 rows 2). Not thread-safe: set it
 // before launching (tests, benchmarks).
 void set_affine_gemv_variant(int v);
-// v2's x loads: 0 just before their MMAs, 1 or 2 pieces ahead (A/B; -1: ARBOR_CUDA_AFFINE_V2_XPF, unset 0).
+// v2's x loads: 0 just before their MMAs, 1 or 2 pieces ahead (A/B; -1: ARBOR_CUDA_AFFINE_V2_XPF, unset 2).
 void set_affine_v2_x_ahead(int pieces);
 // v4 (the streaming GEMV): 1 stages x as 16-bit integers per 32 columns and sums code·x with __dp4a, 0 as bf16
-// with float FMAs (A/B; -1: ARBOR_CUDA_AFFINE_STREAM_INT, unset 0).
+// with float FMAs (A/B; -1: ARBOR_CUDA_AFFINE_STREAM_INT, unset 1).
 void set_affine_stream_int_x(int on);
 // Embedding gather from an affine table: out [T, cols] bf16 = (scale·code + bias) · mul for row tokens[t]
 // (an id < 0: picked[-1 - id], as launch_embed); scale·code and + bias rounded separately, as the

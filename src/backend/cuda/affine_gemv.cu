@@ -461,7 +461,7 @@ constexpr int kV2BlocksPerSm = 2;
 constexpr int kV2LaneRowBytes = 32;  // code bytes per lane per weight row per step
 
 int g_v2_variant = -1;  // set_affine_gemv_variant; -1: from ARBOR_CUDA_AFFINE_GEMV (unset: 0, by rows)
-int g_v2_xpf = -1;      // set_affine_v2_x_ahead; -1: from ARBOR_CUDA_AFFINE_V2_XPF (unset: 0)
+int g_v2_xpf = -1;      // set_affine_v2_x_ahead; -1: from ARBOR_CUDA_AFFINE_V2_XPF (unset: 2)
 
 // Columns a v2 step covers (V2Geo::STEP_COLS, which the host needs for the K split): whole pieces of 32 bytes a
 // lane and row at 4/8 bits, 8 or 4 pieces of 32 columns at 2 and 3/5/6 bits (8 spill at 3 bits, g32/g64).
@@ -902,18 +902,20 @@ void launch_v2_s(unsigned grid, cudaStream_t s, const AffSegs& segs, const uint1
 }
 
 // The kernel choices' A/B knobs: `cached` (a setter's value, or -1) else the environment variable `name`, read once;
-// anything outside 0..hi (or unset) is 0, the default.
-int env_choice(int& cached, const char* name, int hi) {
+// anything outside 0..hi (or unset) is `def`, the default.
+int env_choice(int& cached, const char* name, int hi, int def = 0) {
   if (cached < 0) {
     const char* e = std::getenv(name);
-    const int v = e ? std::atoi(e) : 0;
-    cached = v >= 0 && v <= hi ? v : 0;
+    const int v = e ? std::atoi(e) : def;
+    cached = v >= 0 && v <= hi ? v : def;
   }
   return cached;
 }
 
-// ARBOR_CUDA_AFFINE_V2_XPF=1/2 (or set_affine_v2_x_ahead) loads x that many pieces ahead of its MMAs.
-int v2_x_ahead() { return env_choice(g_v2_xpf, "ARBOR_CUDA_AFFINE_V2_XPF", 2); }
+// v2 loads x that many pieces ahead of its MMAs (ARBOR_CUDA_AFFINE_V2_XPF=0/1/2 or set_affine_v2_x_ahead). Default 2:
+// session 26 on an H100, the 8B 4-bit in two rounds, b=8 1380 -> 1440 tok/s (+4.3 % both), b=3 596 -> 622 (+4.4 %); 1
+// gave +2.2-2.5 % at b=8.
+int v2_x_ahead() { return env_choice(g_v2_xpf, "ARBOR_CUDA_AFFINE_V2_XPF", 2, 2); }
 
 template <int BITS, int GS>
 void launch_v2_t(int variant, unsigned grid, cudaStream_t s, const AffSegs& segs, const uint16_t* x, bool y_f32, int T, int64_t K,
@@ -1013,9 +1015,9 @@ bool try_v2(const AffSegs& segs, const AffineWeights& w0, const uint16_t* x, boo
 // reads) with Σx per lane's 32 columns, so a code costs one PRMT (nib_f: 128 + code) and one FMA, and a
 // 32-code piece adds scale·S + (bias − 128·scale)·Σx. Takes T = 1, K a multiple of 1024, 16-byte aligned
 // codes and x, and x small enough for two blocks an SM (K <= 16384); otherwise v1 runs.
-// INTX (opt-in, ARBOR_CUDA_AFFINE_STREAM_INT=1; session 24, one pair on an H100: the 8B b=1 437 -> 477 tok/s, to be
-// confirmed by a second round before it becomes the default; its error grows with an outlier in a piece, as the
-// plain path's does, docs/cuda-notes.md session 24): Nsight showed the lm_head
+// INTX (the default; ARBOR_CUDA_AFFINE_STREAM_INT=0 for the bf16-x path. Session 26 on an H100, two rounds: the 8B b=1
+// 428.7 -> 477.7 and 437.0 -> 478.1 tok/s, +9-11 %; its error grows with an outlier in a piece, as the plain path's
+// does, docs/cuda-notes.md session 24): Nsight showed the lm_head
 // launch issue-bound (85 % of issue slots at 76 % of copy), so x is staged as 16-bit integers per 32-column piece
 // (round(x / d), d = max|x| / 32767; high and low bytes in separate byte lanes) and a word's 8 codes meet them in 4
 // __dp4a (low nibbles against the even columns' bytes, high nibbles against the odd ones'): ~57 lane ops a stage
@@ -1244,9 +1246,9 @@ void launch_stream_x(dim3 grid, cudaStream_t s, const AffSegs& segs, const uint1
   ARBOR_LAUNCH_CHECK("affine_stream_kernel");
 }
 
-int g_stream_intx = -1;  // set_affine_stream_int_x; -1: from ARBOR_CUDA_AFFINE_STREAM_INT (unset: 0)
+int g_stream_intx = -1;  // set_affine_stream_int_x; -1: from ARBOR_CUDA_AFFINE_STREAM_INT (unset: 1)
 
-bool stream_int_x() { return env_choice(g_stream_intx, "ARBOR_CUDA_AFFINE_STREAM_INT", 1) == 1; }
+bool stream_int_x() { return env_choice(g_stream_intx, "ARBOR_CUDA_AFFINE_STREAM_INT", 1, 1) == 1; }
 
 template <int RPU>
 void launch_stream(dim3 grid, cudaStream_t s, const AffSegs& segs, const uint16_t* x, bool y_f32, int64_t K, int gshift, bool sb_f16,

@@ -222,16 +222,19 @@ class CudaBackend : public Backend {
   void* scratch_ = nullptr;                        // split-K partials, f16-GEMM operands
   size_t scratch_cap_ = 0;
   // Quantized prefill (DequantAffineLt, DequantTrellisLt): a slice of W decoded to bf16, at most
-  // dq_slice_bytes_: 16 MiB (2048 rows of a 4096-column matrix) stays in the 50 MB L2 between the
-  // decode kernel writing it and cuBLASLt reading it, so there is never a full-size bf16 copy of a weight,
-  // in memory or in traffic.
-  size_t dq_slice_bytes_ = size_t(16) << 20;
+  // dq_slice_bytes_ (ARBOR_CUDA_DQ_SLICE_MIB), then cuBLASLt on it. 128 MiB: 16384 rows of a 4096-column
+  // matrix, so q/k/v, o and down are one slice and gate/up two; the scratch is bounded by that, never the
+  // model's size in bf16. Session 26 on an H100 (8B, two rounds, docs/benchmarks.md): 16 MiB slices (L2-sized, so
+  // the decoded bf16 never reached HBM) gave prefill 512 / 2048 / 8192 at 33.4-33.7 / 63.9-64.0 / 71.1-71.9 % of cuBLAS at 4-bit;
+  // 128 MiB 45.5-46.1 / 69.5-71.5 / 70.9-72.0 % (4 runs), 64 MiB 45.0-45.3 / 68.9-69.3 / 70.0-71.6 %, 256-512 MiB no better: fewer, larger GEMMs (at
+  // 512 tokens a 2048-row slice is 64 output tiles for 132 SMs) outweigh the decoded slice's trip through HBM.
+  size_t dq_slice_bytes_ = size_t(128) << 20;
   void* dq_slice_ = nullptr;
   size_t dq_slice_cap_ = 0;
-  // Two slices in flight (dq_streams_ == 2, opt-in until measured: ARBOR_CUDA_DQ_STREAMS=2): odd slices are
-  // decoded into dq_slice2_ and multiplied on dq_side_ (its own cuBLASLt workspace), so one slice's decode
-  // runs beside the other's GEMM, and two slice GEMMs share the SMs where one leaves half idle (at 512 tokens
-  // a 2048-row slice is 64 output tiles of 128 x 128 for 132 SMs). ARBOR_CUDA_DQ_SLICE_MIB sets the slice.
+  // Two slices in flight (dq_streams_ == 2, opt-in: ARBOR_CUDA_DQ_STREAMS=2): odd slices are decoded into
+  // dq_slice2_ and multiplied on dq_side_ (its own cuBLASLt workspace), so one slice's decode runs beside the
+  // other's GEMM. Measured in session 26 (H100, 8B 4-bit and trellis k=2, two rounds): within 1 % of one stream at
+  // 32-256 MiB slices, +2-5 % at 16 MiB only; it stays an option, not the default.
   int dq_streams_ = 1;
   CUstream_st* dq_side_ = nullptr;
   void* dq_side_workspace_ = nullptr;
