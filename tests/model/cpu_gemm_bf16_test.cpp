@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -18,6 +19,7 @@
 #include "backend/cpu/linear.h"
 #include "core/json.h"
 #include "engine/generate.h"
+#include "io/safetensors.h"
 
 using namespace arbor;
 namespace fs = std::filesystem;
@@ -55,6 +57,107 @@ std::vector<float> teacher_forced(Model& m, Backend& be, const std::vector<int32
   return all;
 }
 
+// max|got - ref| and the greedy id on every row whose reference top-2 gap exceeds 2e-2 max|ref|.
+struct Agreement {
+  float diff = 0;
+  int64_t decisive = 0, agree = 0;
+};
+Agreement compare_logits(const std::vector<float>& got, const std::vector<float>& ref, int64_t rows, int64_t V, float ref_max) {
+  Agreement a;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = got.data() + r * V;
+    const float* e = ref.data() + r * V;
+    for (int64_t i = 0; i < V; ++i) a.diff = std::max(a.diff, std::fabs(g[i] - e[i]));
+    const int64_t ie = std::max_element(e, e + V) - e;
+    float second = -INFINITY;
+    for (int64_t i = 0; i < V; ++i)
+      if (i != ie) second = std::max(second, e[i]);
+    if (e[ie] - second > 2e-2f * ref_max) {
+      ++a.decisive;
+      a.agree += (std::max_element(g, g + V) - g) == ie;
+    }
+  }
+  return a;
+}
+
+// A fixture's golden: the token ids fed (prompt, then the generated ids teacher-forced) and transformers' logits.
+struct Golden {
+  std::vector<int32_t> tokens;
+  int64_t prompt = 0, rows = 0, V = 0;
+  std::vector<float> logits;
+  float max_abs = 0;
+};
+Golden read_golden(const std::string& dir) {
+  Golden out;
+  json g = read_json_file(dir + "/golden.json");
+  out.tokens = g["prompt_ids"].get<std::vector<int32_t>>();
+  out.prompt = int64_t(out.tokens.size());
+  const auto gen = g["generated_ids"].get<std::vector<int32_t>>();
+  out.tokens.insert(out.tokens.end(), gen.begin(), gen.end() - 1);
+  out.rows = g["rows"].get<int64_t>(), out.V = g["vocab"].get<int64_t>();
+  out.logits.resize(size_t(out.rows * out.V));
+  std::ifstream in(dir + "/logits.bin", std::ios::binary);
+  in.read(reinterpret_cast<char*>(out.logits.data()), std::streamsize(out.logits.size() * sizeof(float)));
+  EXPECT_TRUE(in.good()) << dir << "/logits.bin shorter than " << out.rows << " x " << out.V;
+  for (float v : out.logits) out.max_abs = std::max(out.max_abs, std::fabs(v));
+  return out;
+}
+
+std::vector<float> run_fixture(const std::string& model_dir, cpu::GemmMode mode, const Golden& g) {
+  CpuBackend be(2, WeightPlacement::Mapped);
+  be.set_gemm_mode(mode);
+  LoadOptions opt;
+  opt.model_dir = model_dir;
+  opt.ctx_size = 128, opt.max_step_tokens = 64, opt.show_progress = false;
+  Model m(opt, be);
+  return teacher_forced(m, be, g.tokens, g.prompt);
+}
+
+// A copy of fixture `dir` with every bf16 tensor stored as f16 (exact for bf16 values in f16's normal range).
+std::string f16_copy(const std::string& dir) {
+  const fs::path out = fs::path(testing::TempDir()) / ("arbor_cpu_gemm_f16_" + fs::path(dir).filename().string());
+  fs::create_directories(out);
+  fs::copy_file(fs::path(dir) / "config.json", out / "config.json", fs::copy_options::overwrite_existing);
+  SafetensorsFile f((fs::path(dir) / "model.safetensors").string());
+  std::vector<std::vector<uint16_t>> bufs;
+  std::vector<TensorToWrite> tw;
+  bufs.reserve(f.tensors().size());
+  for (const TensorInfo& t : f.tensors()) {
+    TensorToWrite w{t.name, t.dtype, t.shape, t.data, t.nbytes};
+    if (t.dtype == DType::BF16) {
+      std::vector<uint16_t>& b = bufs.emplace_back(size_t(t.numel()));
+      std::memcpy(b.data(), t.data, t.nbytes);
+      for (uint16_t& v : b) v = f32_to_f16(bf16_to_f32(v));
+      w.dtype = DType::F16, w.data = b.data();
+    }
+    tw.push_back(w);
+  }
+  write_safetensors((out / "model.safetensors").string(), tw);
+  return out.string();
+}
+
+// An f16 checkpoint in bf16 mode runs the bf16 GEMM with its weights rounded to bf16 (gemm_bf16.h): on an f16
+// copy of two fixtures, transformers' criterion as below, and within 1e-3 max|ref| of the bf16 checkpoint's
+// own bf16-mode logits (the same weights but for f16's subnormals).
+TEST(CpuGemmBf16Model, F16CheckpointsRunTheBf16Gemm) {
+  if (!cpu::gemm_bf16_applies(DType::F16)) GTEST_SKIP() << "no AVX-512 BF16 here: f16 prompts run the exact kernels";
+  for (const char* name : {"llama3", "qwen3"}) {
+    const std::string dir = (fs::path(ARBOR_SOURCE_DIR) / "tests/fixtures/models" / name).string();
+    SCOPED_TRACE(dir);
+    const Golden g = read_golden(dir);
+    const std::vector<float> bf16 = run_fixture(dir, cpu::GemmMode::Bf16, g);
+    const std::vector<float> f16 = run_fixture(f16_copy(dir), cpu::GemmMode::Bf16, g);
+    ASSERT_EQ(f16.size(), g.logits.size());
+    const Agreement vs_ref = compare_logits(f16, g.logits, g.rows, g.V, g.max_abs);
+    EXPECT_LE(vs_ref.diff, 2e-2 * g.max_abs);
+    EXPECT_EQ(vs_ref.agree, vs_ref.decisive);
+    const Agreement vs_bf16 = compare_logits(f16, bf16, g.rows, g.V, g.max_abs);
+    EXPECT_LE(vs_bf16.diff, 1e-3 * g.max_abs);
+    std::printf("[ %s f16 ] max|Δ| vs transformers %.3g, vs the bf16 checkpoint %.3g, of max|ref| %.3g\n", name,
+                double(vs_ref.diff), double(vs_bf16.diff), double(g.max_abs));
+  }
+}
+
 TEST(CpuGemmBf16Model, FixturesMatchTransformersWithinBf16Tolerance) {
   const auto dirs = fixture_dirs();
   ASSERT_GE(dirs.size(), 12u) << "tests/fixtures/models/ should hold the parity fixtures";
@@ -63,50 +166,19 @@ TEST(CpuGemmBf16Model, FixturesMatchTransformersWithinBf16Tolerance) {
     std::printf("note: no AVX-512 BF16 here (%s); bf16 mode runs the exact kernels\n", cpu::cpu_features().summary().c_str());
   for (const std::string& dir : dirs) {
     SCOPED_TRACE(dir);
-    json g = read_json_file(dir + "/golden.json");
-    std::vector<int32_t> tokens = g["prompt_ids"].get<std::vector<int32_t>>();
-    const int64_t prompt = int64_t(tokens.size());
-    ASSERT_GT(prompt, cpu::kLinearGemvMaxT) << "the prompt must take the GEMM path";
-    const auto gen = g["generated_ids"].get<std::vector<int32_t>>();
-    tokens.insert(tokens.end(), gen.begin(), gen.end() - 1);
-    const int64_t rows = g["rows"].get<int64_t>(), V = g["vocab"].get<int64_t>();
-    ASSERT_EQ(int64_t(tokens.size()), rows);
-    std::vector<float> ref(size_t(rows * V));
-    std::ifstream in(dir + "/logits.bin", std::ios::binary);
-    in.read(reinterpret_cast<char*>(ref.data()), std::streamsize(ref.size() * sizeof(float)));
-    ASSERT_TRUE(in.good()) << "logits.bin shorter than " << rows << " x " << V;
-    float ref_max = 0;
-    for (float v : ref) ref_max = std::max(ref_max, std::fabs(v));
+    const Golden g = read_golden(dir);
+    ASSERT_GT(g.prompt, cpu::kLinearGemvMaxT) << "the prompt must take the GEMM path";
+    ASSERT_EQ(int64_t(g.tokens.size()), g.rows);
     for (cpu::GemmMode mode : {cpu::GemmMode::Bf16, cpu::GemmMode::Exact}) {
-      CpuBackend be(2, WeightPlacement::Mapped);
-      be.set_gemm_mode(mode);
-      LoadOptions opt;
-      opt.model_dir = dir;
-      opt.ctx_size = 128, opt.max_step_tokens = 64, opt.show_progress = false;
-      Model m(opt, be);
-      const std::vector<float> got = teacher_forced(m, be, tokens, prompt);
-      ASSERT_EQ(got.size(), ref.size());
-      float diff = 0;
-      int64_t decisive = 0, agree = 0;
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* a = got.data() + r * V;
-        const float* e = ref.data() + r * V;
-        for (int64_t i = 0; i < V; ++i) diff = std::max(diff, std::fabs(a[i] - e[i]));
-        const int64_t ie = std::max_element(e, e + V) - e;
-        float second = -INFINITY;
-        for (int64_t i = 0; i < V; ++i)
-          if (i != ie) second = std::max(second, e[i]);
-        if (e[ie] - second > 2e-2f * ref_max) {
-          ++decisive;
-          agree += (std::max_element(a, a + V) - a) == ie;
-        }
-      }
+      const std::vector<float> got = run_fixture(dir, mode, g);
+      ASSERT_EQ(got.size(), g.logits.size());
+      const Agreement a = compare_logits(got, g.logits, g.rows, g.V, g.max_abs);
       const double tol = mode == cpu::GemmMode::Exact ? 1e-3 : 2e-2;
-      EXPECT_LE(diff, tol * ref_max) << cpu::gemm_mode_name(mode) << ": max|ref| " << ref_max;
-      EXPECT_EQ(agree, decisive) << cpu::gemm_mode_name(mode) << ": greedy ids on the decisive rows";
+      EXPECT_LE(a.diff, tol * g.max_abs) << cpu::gemm_mode_name(mode) << ": max|ref| " << g.max_abs;
+      EXPECT_EQ(a.agree, a.decisive) << cpu::gemm_mode_name(mode) << ": greedy ids on the decisive rows";
       std::printf("[ %s %s ] max|Δ| %.3g of max|ref| %.3g (%.3f%%), greedy on decisive rows %lld/%lld\n",
-                  fs::path(dir).filename().string().c_str(), std::string(cpu::gemm_mode_name(mode)).c_str(), double(diff),
-                  double(ref_max), 100.0 * double(diff) / double(ref_max), (long long)agree, (long long)decisive);
+                  fs::path(dir).filename().string().c_str(), std::string(cpu::gemm_mode_name(mode)).c_str(), double(a.diff),
+                  double(g.max_abs), 100.0 * double(a.diff) / double(g.max_abs), (long long)a.agree, (long long)a.decisive);
     }
   }
 }

@@ -1,5 +1,5 @@
 // The bf16-activation prefill GEMM (gemm_bf16.h): x rounded to bf16 pairs once per call, bf16 weights
-// packed into 32-column panels of k pairs (one 16x16 transpose of 32-bit words per 16 pairs x 16
+// (f16 ones rounded to bf16 on the way) packed into 32-column panels of k pairs (one 16x16 transpose of 32-bit words per 16 pairs x 16
 // rows), a 12 x 32 register tile of f32 accumulators fed by one vdpbf16ps per weight vector and token
 // row (the token's pair broadcast from memory). Blocking, outermost first, per thread's column range:
 // 256 tokens x 256 columns, finished one k block (kKCP pairs) at a time, so that block's x slice
@@ -31,7 +31,8 @@ struct Job {
   const uint32_t* xb;  // [T, ldx] bf16 pairs of x (zero past K; the pad past Kh is never read)
   int64_t T, K, Kh;    // Kh = ceil(K / 2)
   int64_t ldx;         // xb's row stride in words: x_row_stride(Kh)
-  const uint16_t* W;   // [N, K] bf16
+  const uint16_t* W;   // [N, K] bf16, or f16 when f16 (rounded to bf16 as panels are packed)
+  bool f16;
   int64_t N;
   const float* bias;
   float* y;            // [T, N]
@@ -59,6 +60,11 @@ ARBOR_BF16 void pack_panel(const Job& J, int64_t nb, int64_t nw, int64_t pb, int
       for (int i = 0; i < 16; ++i) {
         const int64_t j = 16 * h + i;
         r[i] = j < nw ? _mm512_maskz_loadu_epi16(m, J.W + (nb + j) * J.K + k0) : _mm512_setzero_si512();
+        if (J.f16) {  // 32 f16 -> f32 -> 32 bf16 (round to nearest even), in order; masked-off zeros stay zero
+          const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(r[i]));
+          const __m512 hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(r[i], 1));
+          r[i] = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+        }
       }
       transpose16x16_epi32(r);
 #pragma GCC unroll 16
@@ -258,18 +264,18 @@ GemmMode parse_gemm_mode(std::string_view s, const char* what) {
   fail("arguments: {} must be 'exact' or 'bf16', got '{}'", what, s);
 }
 
-bool gemm_bf16_applies(DType wtype) { return wtype == DType::BF16 && cpu_features().avx512_bf16; }
+bool gemm_bf16_applies(DType wtype) { return (wtype == DType::BF16 || wtype == DType::F16) && cpu_features().avx512_bf16; }
 
 namespace {
 
 // x rounded to bf16 pairs once, then the blocked GEMM with `pack`'s panels (ctx == nullptr: the dense
 // weights of the Job).
-void run_gemm(ThreadPool& pool, const float* x, int64_t T, int64_t K, const uint16_t* W, int64_t N, const float* bias, float* y,
-              Bf16PanelPacker pack, const void* ctx) {
+void run_gemm(ThreadPool& pool, const float* x, int64_t T, int64_t K, const uint16_t* W, bool w_f16, int64_t N, const float* bias,
+              float* y, Bf16PanelPacker pack, const void* ctx) {
   const int64_t Kh = (K + 1) / 2, ldx = x_row_stride(Kh);
   uint32_t* xb = thread_scratch<0, uint32_t>(size_t(T * ldx));  // the caller's: kept for the workers
   pool.parallel_for(T, 1, [&](int, int64_t t0, int64_t t1) { round_rows(x, K, Kh, ldx, t0, t1, xb); });
-  const Job J{xb, T, K, Kh, ldx, W, N, bias, y};
+  const Job J{xb, T, K, Kh, ldx, W, w_f16, N, bias, y};
   if (!ctx) ctx = &J;
   const int64_t threads = pool.size(), panels = (N + kNR - 1) / kNR;
   // By column panels when there are enough of them (each thread streams its own weights once per
@@ -289,12 +295,12 @@ void run_gemm(ThreadPool& pool, const float* x, int64_t T, int64_t K, const uint
 
 void gemm_bf16(ThreadPool& pool, const float* x, int64_t T, int64_t K, const void* W, DType wtype, int64_t N,
                const float* bias, float* y) {
-  ARBOR_CHECK(gemm_bf16_applies(wtype), "gemm_bf16: needs bf16 weights and an AVX-512 BF16 CPU (weights {}, CPU {}: {})",
+  ARBOR_CHECK(gemm_bf16_applies(wtype), "gemm_bf16: needs bf16 or f16 weights and an AVX-512 BF16 CPU (weights {}, CPU {}: {})",
               dtype_name(wtype), cpu_features().brand, cpu_features().summary());
   ARBOR_CHECK(T >= 0 && K >= 1 && N >= 1, "gemm_bf16: bad shape x [{}, {}], W [{}, {}]", T, K, N, K);
   ARBOR_CHECK(T == 0 || (x && W && y), "gemm_bf16: null pointer (x={}, W={}, y={})", fmt::ptr(x), fmt::ptr(W), fmt::ptr(y));
   if (T == 0) return;
-  run_gemm(pool, x, T, K, static_cast<const uint16_t*>(W), N, bias, y, pack_dense, nullptr);
+  run_gemm(pool, x, T, K, static_cast<const uint16_t*>(W), wtype == DType::F16, N, bias, y, pack_dense, nullptr);
 }
 
 void gemm_bf16_panels(ThreadPool& pool, const float* x, int64_t T, int64_t K, int64_t N, const float* bias, float* y,
@@ -303,7 +309,7 @@ void gemm_bf16_panels(ThreadPool& pool, const float* x, int64_t T, int64_t K, in
               cpu_features().summary());
   ARBOR_CHECK(T >= 0 && K >= 1 && N >= 1 && pack && ctx, "gemm_bf16_panels: bad shape x [{}, {}], W [{}, {}] or no packer", T, K, N, K);
   if (T == 0) return;
-  run_gemm(pool, x, T, K, nullptr, N, bias, y, pack, ctx);
+  run_gemm(pool, x, T, K, nullptr, false, N, bias, y, pack, ctx);
 }
 
 void gemm_bf16_reference(const float* x, int64_t T, int64_t K, const void* W, int64_t N, const float* bias, float* y) {
