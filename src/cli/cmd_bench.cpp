@@ -152,6 +152,17 @@ int bench_cuda(const Args& a) {
               opt.dummy_weights ? " (dummy weights generated on the host)" : "");
   std::printf("matrices   %s; %llu parameters\n", m.weight_formats().c_str(), (unsigned long long)m.parameter_count());
   std::printf("kernels    prefill attention %s (ARBOR_CUDA_ATTN_PREFILL)\n", CudaBackend::prefill_kernel(int(c.head_dim)));
+  // What the device holds, as the driver counts it (every process; the CUDA context and library handles
+  // included): after the load, and after the runs (the KV pool, activations, graphs, scratch such as the
+  // quantized prefill's decoded slices).
+  auto device_memory = [&](const char* when) {
+    const CudaMemory mem = cuda_device_memory();
+    std::printf("device mem %.2f GB in use of %.2f GB %s (weights %.3f GB, KV pool %.3f GB)\n", double(mem.used) * 1e-9,
+                double(mem.total) * 1e-9, when, double(m.weight_bytes()) * 1e-9,
+                double(backend->kv_layout().n_blocks) * double(backend->kv_layout().block_size) *
+                    double(backend->kv_layout().bytes_per_token(backend->kv_dtype())) * 1e-9);
+  };
+  device_memory("after the load");
   const double bw = cuda_measure_copy_bandwidth(), gemm = cuda_measure_bf16_gemm_rate(8192);
   std::printf("ceilings   copy %.1f GB/s (read + write, measured now); cuBLAS bf16 GEMM 8192^3 %.1f TFLOP/s (random data)\n", bw * 1e-9,
               gemm * 1e-12);
@@ -348,6 +359,7 @@ int bench_cuda(const Args& a) {
     }
   }
 
+  device_memory("after the runs");
   std::printf("\n%-22s %12s %9s  %s\n", "measurement", "value", "roofline", "detail (decode: fraction of copy bw; prefill: of cuBLAS rate)");
   for (auto& r : rows)
     std::printf("%-22s %8.1f %-5s %7.1f%%  %s\n", r.what.c_str(), r.value, r.unit.c_str(), 100.0 * r.fraction, r.note.c_str());

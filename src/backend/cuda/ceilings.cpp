@@ -54,6 +54,12 @@ struct Timing {
 
 }  // namespace
 
+CudaMemory cuda_device_memory() {
+  size_t free_b = 0, total_b = 0;
+  ARBOR_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return {uint64_t(total_b - free_b), uint64_t(total_b)};
+}
+
 double cuda_measure_copy_bandwidth(uint64_t bytes, int reps) {
   ARBOR_CHECK(bytes >= 2 && reps >= 1, "cuda: copy bandwidth: {} bytes, {} reps", bytes, reps);
   Timing tm;
