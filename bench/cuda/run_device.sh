@@ -19,11 +19,11 @@
 #   wide: the trellis GEMV tests (every kernel family and variant) and memcheck on them, then the 8B at k 2/3/4
 #       (TRELLIS_BITS) over 1/8/12/16 rows with the GEMV to 16 rows (the default) against decode + cuBLASLt past 8
 #       (ARBOR_CUDA_TRELLIS_GEMV_ROWS=8): is the 16-row integer kernel the faster path? (~3 min)
-#   prefill: quantized prefill with one or two decoded slices in flight and 16/32 MiB slices (affine 4-bit, trellis 2),
+#   prefill: quantized prefill at the default decoded slices (128 MiB, one in flight), 16 MiB ones and two in flight (affine 4-bit, trellis 2),
 #       its tests and memcheck (~5 min)
 #   kvsplit: k8v3 and bf16 KV at 32@4096 and 1@32768 with 1 (auto), 2, 4 splits of the coded decode attention (~3 min)
 #   narrow: the affine tensor-core GEMV at 2/3 bits: CudaAffine tests, memcheck, the 8B at 1-8 rows against v1 (~4 min)
-#   optins: session 23's affine opt-ins (v4's integer x, v2's x ahead) checked and measured against the defaults
+#   optins: session 23's affine kernels (v4's integer x, v2's x ahead; defaults since session 26) against the paths before
 #   encoder: the GPU Viterbi's tests and its weights/s against the CPU encoder's (pack bench_trellis too),
 #   profile: per-kernel times of one decode step under ncu (PROFILE picks the runs; ~1-3 min each),
 #   sweep: compute-sanitizer over every CUDA test in one call (~460 s on an H200, estimated from its
@@ -267,14 +267,14 @@ for step in $STEPS; do
       done
       ;;
     optins)
-      # Session 23's affine opt-ins, each against its default in the same call, the 4-bit 8B at 1/3/8 rows, twice: v4 with x
-      # as 16-bit integers and __dp4a (ARBOR_CUDA_AFFINE_STREAM_INT=1; session 24 measured one pair on an H100, +9 % at b=1),
-      # v2 with x loaded 1 or 2 pieces ahead (ARBOR_CUDA_AFFINE_V2_XPF). Their tests first, memcheck last. (Session 24's
+      # Session 23's affine opt-ins, the defaults since session 26 (H100, two rounds), against the paths before them in the
+      # same call, the 4-bit 8B at 1/3/8 rows, twice: v4 with x as 16-bit integers and __dp4a (ARBOR_CUDA_AFFINE_STREAM_INT=1
+      # against 0), v2 with x loaded 1 or 2 pieces ahead (ARBOR_CUDA_AFFINE_V2_XPF; 0 is the path before). Their tests first, memcheck last. (Session 24's
       # other items were decided by its run: trellis 16-warp CTAs and 5/6-bit v2 are defaults, the new dequant kernel was
       # slower and was dropped; docs/benchmarks.md.) Log names carry no '=' (the device tool does not return such files).
       gtests optins_tests 150 'CudaAffine.GemvV2*:CudaAffine.GemvStream*:CudaAffineGemm.Dequant*:CudaAffineLinear.*:CudaTrellis.Gemv*'
       for r in 1 2; do
-        for v in STREAM_INT=0 STREAM_INT=1 V2_XPF=1 V2_XPF=2; do
+        for v in STREAM_INT=0 STREAM_INT=1 V2_XPF=0 V2_XPF=2; do
           n=$(echo "$v" | tr 'A-Z=' 'a-z_')
           bench8b optins_a4_${n}_r$r 1@512,3@512,8@512 ARBOR_CUDA_AFFINE_$v -- --bits 4 --group-size 64
         done
@@ -282,12 +282,12 @@ for step in $STEPS; do
       memcheck_filter optins_memcheck 250 'CudaAffine.GemvV2*:CudaAffine.GemvStream*:CudaAffineGemm.Dequant*:CudaTrellis.Gemv*'
       ;;
     prefill)
-      # Quantized prefill (decoded slices + cuBLASLt): one slice in flight against two (ARBOR_CUDA_DQ_STREAMS=1/2; one is
-      # the default until measured) and 16 against 32 MiB slices (ARBOR_CUDA_DQ_SLICE_MIB), 8B at 4-bit g64 and trellis
-      # k=2, prefill 512/2048/8192, twice in turn. The decoded-slice tests first (both stream counts), memcheck on them.
+      # Quantized prefill (decoded slices + cuBLASLt): the default (128 MiB slices, one in flight; session 26) against
+      # 16 MiB slices (the default before) and two slices in flight (ARBOR_CUDA_DQ_STREAMS=2, opt-in), 8B at 4-bit g64 and
+      # trellis k=2, prefill 512/2048/8192, twice in turn. The decoded-slice tests first (both stream counts), memcheck on them.
       gtests prefill_tests 120 'CudaAffineLinear.*:CudaTrellis.Prefill*:CudaTrellis.PickLinear*'
       for r in 1 2; do
-        for v in "DQ_STREAMS=1" "DQ_STREAMS=2" "DQ_SLICE_MIB=32 ARBOR_CUDA_DQ_STREAMS=2"; do
+        for v in "DQ_STREAMS=1" "DQ_SLICE_MIB=16" "DQ_STREAMS=2"; do
           n=$(echo "$v" | tr 'A-Z= ' 'a-z__')
           for f in "a4:--bits 4 --group-size 64" "t2:--format trellis --bits 2"; do
             env ARBOR_CUDA_$v timeout 120 "$D/arbor" bench --device cuda --dummy-weights --config bench/configs/llama-3.1-8b.json \
