@@ -12,29 +12,18 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/linear.h"
-#include "core/json.h"
 #include "engine/generate.h"
+#include "golden_logits.h"
 #include "io/safetensors.h"
 
 using namespace arbor;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::vector<std::string> fixture_dirs() {
-  std::vector<std::string> out;
-  fs::path root = fs::path(ARBOR_SOURCE_DIR) / "tests/fixtures/models";
-  if (!fs::exists(root)) return out;
-  for (const auto& e : fs::directory_iterator(root))
-    if (fs::exists(e.path() / "golden.json")) out.push_back(e.path().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
 
 std::vector<float> teacher_forced(Model& m, Backend& be, const std::vector<int32_t>& tokens, int64_t prefill) {
   BlockPool pool(be.kv_layout().n_blocks, be.kv_layout().block_size);
@@ -80,37 +69,15 @@ Agreement compare_logits(const std::vector<float>& got, const std::vector<float>
   return a;
 }
 
-// A fixture's golden: the token ids fed (prompt, then the generated ids teacher-forced) and transformers' logits.
-struct Golden {
-  std::vector<int32_t> tokens;
-  int64_t prompt = 0, rows = 0, V = 0;
-  std::vector<float> logits;
-  float max_abs = 0;
-};
-Golden read_golden(const std::string& dir) {
-  Golden out;
-  json g = read_json_file(dir + "/golden.json");
-  out.tokens = g["prompt_ids"].get<std::vector<int32_t>>();
-  out.prompt = int64_t(out.tokens.size());
-  const auto gen = g["generated_ids"].get<std::vector<int32_t>>();
-  out.tokens.insert(out.tokens.end(), gen.begin(), gen.end() - 1);
-  out.rows = g["rows"].get<int64_t>(), out.V = g["vocab"].get<int64_t>();
-  out.logits.resize(size_t(out.rows * out.V));
-  std::ifstream in(dir + "/logits.bin", std::ios::binary);
-  in.read(reinterpret_cast<char*>(out.logits.data()), std::streamsize(out.logits.size() * sizeof(float)));
-  EXPECT_TRUE(in.good()) << dir << "/logits.bin shorter than " << out.rows << " x " << out.V;
-  for (float v : out.logits) out.max_abs = std::max(out.max_abs, std::fabs(v));
-  return out;
-}
-
-std::vector<float> run_fixture(const std::string& model_dir, cpu::GemmMode mode, const Golden& g) {
+// The fixture's fed rows teacher-forced through `model_dir` (the fixture itself or a copy) in `mode`.
+std::vector<float> run_fixture(const std::string& model_dir, cpu::GemmMode mode, const test::ModelFixture& g) {
   CpuBackend be(2, WeightPlacement::Mapped);
   be.set_gemm_mode(mode);
   LoadOptions opt;
   opt.model_dir = model_dir;
   opt.ctx_size = 128, opt.max_step_tokens = 64, opt.show_progress = false;
   Model m(opt, be);
-  return teacher_forced(m, be, g.tokens, g.prompt);
+  return teacher_forced(m, be, g.fed(), int64_t(g.prompt.size()));
 }
 
 // A copy of fixture `dir` with every bf16 tensor stored as f16 (exact for bf16 values in f16's normal range).
@@ -142,16 +109,15 @@ std::string f16_copy(const std::string& dir) {
 TEST(CpuGemmBf16Model, F16CheckpointsRunTheBf16Gemm) {
   if (!cpu::gemm_bf16_applies(DType::F16)) GTEST_SKIP() << "no AVX-512 BF16 here: f16 prompts run the exact kernels";
   for (const char* name : {"llama3", "qwen3"}) {
-    const std::string dir = (fs::path(ARBOR_SOURCE_DIR) / "tests/fixtures/models" / name).string();
-    SCOPED_TRACE(dir);
-    const Golden g = read_golden(dir);
-    const std::vector<float> bf16 = run_fixture(dir, cpu::GemmMode::Bf16, g);
-    const std::vector<float> f16 = run_fixture(f16_copy(dir), cpu::GemmMode::Bf16, g);
+    SCOPED_TRACE(name);
+    const test::ModelFixture g = test::load_model_fixture(ARBOR_SOURCE_DIR, name);
+    const std::vector<float> bf16 = run_fixture(g.dir, cpu::GemmMode::Bf16, g);
+    const std::vector<float> f16 = run_fixture(f16_copy(g.dir), cpu::GemmMode::Bf16, g);
     ASSERT_EQ(f16.size(), g.logits.size());
-    const Agreement vs_ref = compare_logits(f16, g.logits, g.rows, g.V, g.max_abs);
+    const Agreement vs_ref = compare_logits(f16, g.logits, g.rows, g.vocab, g.max_abs);
     EXPECT_LE(vs_ref.diff, 2e-2 * g.max_abs);
     EXPECT_EQ(vs_ref.agree, vs_ref.decisive);
-    const Agreement vs_bf16 = compare_logits(f16, bf16, g.rows, g.V, g.max_abs);
+    const Agreement vs_bf16 = compare_logits(f16, bf16, g.rows, g.vocab, g.max_abs);
     EXPECT_LE(vs_bf16.diff, 1e-3 * g.max_abs);
     std::printf("[ %s f16 ] max|Δ| vs transformers %.3g, vs the bf16 checkpoint %.3g, of max|ref| %.3g\n", name,
                 double(vs_ref.diff), double(vs_bf16.diff), double(g.max_abs));
@@ -159,25 +125,25 @@ TEST(CpuGemmBf16Model, F16CheckpointsRunTheBf16Gemm) {
 }
 
 TEST(CpuGemmBf16Model, FixturesMatchTransformersWithinBf16Tolerance) {
-  const auto dirs = fixture_dirs();
-  ASSERT_GE(dirs.size(), 12u) << "tests/fixtures/models/ should hold the parity fixtures";
+  const auto names = test::model_fixture_names(ARBOR_SOURCE_DIR);
+  ASSERT_GE(names.size(), 12u) << "tests/fixtures/models/ should hold the parity fixtures";
   const bool bf16_runs = cpu::gemm_bf16_applies(DType::BF16);
   if (!bf16_runs)
     std::printf("note: no AVX-512 BF16 here (%s); bf16 mode runs the exact kernels\n", cpu::cpu_features().summary().c_str());
-  for (const std::string& dir : dirs) {
-    SCOPED_TRACE(dir);
-    const Golden g = read_golden(dir);
-    ASSERT_GT(g.prompt, cpu::kLinearGemvMaxT) << "the prompt must take the GEMM path";
-    ASSERT_EQ(int64_t(g.tokens.size()), g.rows);
+  for (const std::string& name : names) {
+    SCOPED_TRACE(name);
+    const test::ModelFixture g = test::load_model_fixture(ARBOR_SOURCE_DIR, name);
+    ASSERT_GT(int64_t(g.prompt.size()), cpu::kLinearGemvMaxT) << "the prompt must take the GEMM path";
+    ASSERT_EQ(int64_t(g.fed().size()), g.rows);
     for (cpu::GemmMode mode : {cpu::GemmMode::Bf16, cpu::GemmMode::Exact}) {
-      const std::vector<float> got = run_fixture(dir, mode, g);
+      const std::vector<float> got = run_fixture(g.dir, mode, g);
       ASSERT_EQ(got.size(), g.logits.size());
-      const Agreement a = compare_logits(got, g.logits, g.rows, g.V, g.max_abs);
+      const Agreement a = compare_logits(got, g.logits, g.rows, g.vocab, g.max_abs);
       const double tol = mode == cpu::GemmMode::Exact ? 1e-3 : 2e-2;
       EXPECT_LE(a.diff, tol * g.max_abs) << cpu::gemm_mode_name(mode) << ": max|ref| " << g.max_abs;
       EXPECT_EQ(a.agree, a.decisive) << cpu::gemm_mode_name(mode) << ": greedy ids on the decisive rows";
       std::printf("[ %s %s ] max|Δ| %.3g of max|ref| %.3g (%.3f%%), greedy on decisive rows %lld/%lld\n",
-                  fs::path(dir).filename().string().c_str(), std::string(cpu::gemm_mode_name(mode)).c_str(), double(a.diff),
+                  name.c_str(), std::string(cpu::gemm_mode_name(mode)).c_str(), double(a.diff),
                   double(g.max_abs), 100.0 * double(a.diff) / double(g.max_abs), (long long)a.agree, (long long)a.decisive);
     }
   }
@@ -189,12 +155,12 @@ TEST(CpuGemmBf16Model, FixturesMatchTransformersWithinBf16Tolerance) {
 // taken the GEMM), against each run on its own. Bitwise: the kernels' per-row arithmetic does not
 // depend on how many rows they are given.
 TEST(CpuGemmBf16Model, ATokensLogitsDoNotDependOnWhatSharesItsStep) {
-  const auto dirs = fixture_dirs();
-  ASSERT_FALSE(dirs.empty());
+  const auto names = test::model_fixture_names(ARBOR_SOURCE_DIR);
+  ASSERT_FALSE(names.empty());
   CpuBackend be(2, WeightPlacement::Mapped);
   be.set_gemm_mode(cpu::GemmMode::Bf16);
   LoadOptions opt;
-  opt.model_dir = dirs.front();
+  opt.model_dir = (fs::path(ARBOR_SOURCE_DIR) / "tests/fixtures/models" / names.front()).string();
   opt.ctx_size = 128, opt.max_step_tokens = 64, opt.show_progress = false;
   Model m(opt, be);
   const int64_t V = m.config().vocab_size;

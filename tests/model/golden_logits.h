@@ -1,15 +1,66 @@
-// What the transformers-parity tests (parity_test.cpp, affine_fixture_test.cpp, tests/cuda/affine_fixture_test.cpp)
-// share: greedy generation that keeps every fed row's logits, and the error of logits against golden ones.
+// What the transformers-parity tests (parity_test.cpp, cpu_gemm_bf16_test.cpp, affine_fixture_test.cpp,
+// tests/cuda/affine_fixture_test.cpp) share: the architecture fixtures' goldens, greedy generation that keeps every
+// fed row's logits, and the error of logits against golden ones.
 #pragma once
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
 #include <vector>
 
+#include "core/json.h"
 #include "engine/generate.h"
 #include "model/model.h"
 
 namespace arbor::test {
+
+// An architecture fixture (tests/fixtures/models/<name>/, tools/parity/make_fixtures.py): the prompt and
+// transformers' greedy ids (golden.json) and its float32 logits of every row fed (logits.bin).
+struct ModelFixture {
+  std::string name, dir;
+  std::vector<int32_t> prompt, generated;
+  int64_t rows = 0, vocab = 0;
+  std::vector<float> logits;  // [rows, vocab]
+  float max_abs = 0;
+  // The rows the logits belong to: the prompt, then the generated ids but the last (teacher-forced).
+  std::vector<int32_t> fed() const {
+    std::vector<int32_t> t = prompt;
+    if (!generated.empty()) t.insert(t.end(), generated.begin(), generated.end() - 1);
+    return t;
+  }
+};
+
+inline std::vector<std::string> model_fixture_names(const std::string& source_dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> out;
+  const fs::path root = fs::path(source_dir) / "tests/fixtures/models";
+  if (!fs::exists(root)) return out;
+  for (const auto& e : fs::directory_iterator(root))
+    if (fs::exists(e.path() / "golden.json")) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+inline ModelFixture load_model_fixture(const std::string& source_dir, const std::string& name) {
+  ModelFixture f;
+  f.name = name;
+  f.dir = (std::filesystem::path(source_dir) / "tests/fixtures/models" / name).string();
+  const json g = read_json_file(f.dir + "/golden.json");
+  f.prompt = g["prompt_ids"].get<std::vector<int32_t>>();
+  f.generated = g["generated_ids"].get<std::vector<int32_t>>();
+  f.rows = g["rows"].get<int64_t>();
+  f.vocab = g["vocab"].get<int64_t>();
+  f.logits.resize(size_t(f.rows * f.vocab));
+  std::ifstream in(f.dir + "/logits.bin", std::ios::binary);
+  in.read(reinterpret_cast<char*>(f.logits.data()), std::streamsize(f.logits.size() * sizeof(float)));
+  EXPECT_TRUE(in.good()) << f.dir << "/logits.bin is shorter than " << f.rows << " x " << f.vocab << " floats";
+  for (float v : f.logits) f.max_abs = std::max(f.max_abs, std::fabs(v));
+  return f;
+}
 
 // max |a - ref| over a row of n logits, relative to the golden logits' max |ref|.
 inline double logit_row_error(const float* a, const float* ref, int64_t n, float max_abs) {

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/json.h"
@@ -21,40 +20,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Fixture {
-  std::string name, dir;
-  std::vector<int32_t> prompt, generated;
-  int64_t rows = 0, vocab = 0;
-  std::vector<float> logits;  // [rows, vocab]
-  float max_abs = 0;
-};
+using Fixture = test::ModelFixture;
 
-std::vector<std::string> fixture_names() {
-  std::vector<std::string> out;
-  fs::path root = fs::path(ARBOR_SOURCE_DIR) / "tests/fixtures/models";
-  if (!fs::exists(root)) return out;
-  for (const auto& e : fs::directory_iterator(root))
-    if (fs::exists(e.path() / "golden.json")) out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
+std::vector<std::string> fixture_names() { return test::model_fixture_names(ARBOR_SOURCE_DIR); }
 
-Fixture load_fixture(const std::string& name) {
-  Fixture f;
-  f.name = name;
-  f.dir = (fs::path(ARBOR_SOURCE_DIR) / "tests/fixtures/models" / name).string();
-  json g = read_json_file(f.dir + "/golden.json");
-  f.prompt = g["prompt_ids"].get<std::vector<int32_t>>();
-  f.generated = g["generated_ids"].get<std::vector<int32_t>>();
-  f.rows = g["rows"].get<int64_t>();
-  f.vocab = g["vocab"].get<int64_t>();
-  f.logits.resize(size_t(f.rows * f.vocab));
-  std::ifstream in(f.dir + "/logits.bin", std::ios::binary);
-  in.read(reinterpret_cast<char*>(f.logits.data()), std::streamsize(f.logits.size() * sizeof(float)));
-  EXPECT_TRUE(in.good()) << f.dir << "/logits.bin is shorter than " << f.rows << " x " << f.vocab << " floats";
-  for (float v : f.logits) f.max_abs = std::max(f.max_abs, std::fabs(v));
-  return f;
-}
+Fixture load_fixture(const std::string& name) { return test::load_model_fixture(ARBOR_SOURCE_DIR, name); }
 
 class Parity : public testing::TestWithParam<std::string> {};
 
@@ -87,8 +57,7 @@ TEST_P(Parity, MixedBatchesMatchSingleSequence) {
   opt.kv_blocks = 32;
   Model m(opt, be);
   BlockPool pool(be.kv_layout().n_blocks, be.kv_layout().block_size);
-  std::vector<int32_t> stream = f.prompt;
-  stream.insert(stream.end(), f.generated.begin(), f.generated.end() - 1);  // the rows fed
+  const std::vector<int32_t> stream = f.fed();
   ASSERT_EQ(int64_t(stream.size()), f.rows);
   // Three sequences over prefixes of the stream; each has its own chunking schedule. Each is the
   // fixture's sequence cut short, so each takes the rope regime the fixture's prompt gave it.
