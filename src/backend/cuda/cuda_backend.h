@@ -233,8 +233,9 @@ class CudaBackend : public Backend {
   size_t dq_slice_cap_ = 0;
   // Two slices in flight (dq_streams_ == 2, opt-in: ARBOR_CUDA_DQ_STREAMS=2): odd slices are decoded into
   // dq_slice2_ and multiplied on dq_side_ (its own cuBLASLt workspace), so one slice's decode runs beside the
-  // other's GEMM. Measured in session 26 (H100, 8B 4-bit and trellis k=2, two rounds): within 1 % of one stream at
-  // 32-256 MiB slices, +2-5 % at 16 MiB only; it stays an option, not the default.
+  // other's GEMM. Measured in session 26 (H100, 8B 4-bit and trellis k=2, two rounds): -3 to +2 % against one stream
+  // at 32-256 MiB slices, in no consistent direction; +4.5-6 % only at 512 tokens with 16 MiB slices. An option, not
+  // the default.
   int dq_streams_ = 1;
   CUstream_st* dq_side_ = nullptr;
   void* dq_side_workspace_ = nullptr;
