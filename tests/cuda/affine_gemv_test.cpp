@@ -97,13 +97,15 @@ bool stream_takes(int bits, int64_t C) { return bits == 4 && C % 1024 == 0 && C 
 // v4's integer x: every input rounded to a step of max|x| / 32767 over its 32-column piece (half a step at most),
 // so an output may differ from the float reference by Σ|w|·max/65534 more; added to mag in units of the
 // tolerance's 2e-5.
-void add_int_x_bound(const std::vector<float>& w, int64_t R, int64_t C, const std::vector<float>& x, int64_t T, std::vector<float>& mag) {
+// (v5: the same with groups of `piece` columns and steps of max|x| / 16256, so half a step is max / 32512.)
+void add_int_x_bound(const std::vector<float>& w, int64_t R, int64_t C, const std::vector<float>& x, int64_t T, std::vector<float>& mag,
+                     int64_t piece = 32, double half_steps = 65534.0) {
   for (int64_t t = 0; t < T; ++t) {
-    std::vector<double> m(size_t((C + 31) / 32), 0.0);
-    for (int64_t k = 0; k < C; ++k) m[size_t(k / 32)] = std::max(m[size_t(k / 32)], double(std::fabs(x[size_t(t * C + k)])));
+    std::vector<double> m(size_t((C + piece - 1) / piece), 0.0);
+    for (int64_t k = 0; k < C; ++k) m[size_t(k / piece)] = std::max(m[size_t(k / piece)], double(std::fabs(x[size_t(t * C + k)])));
     for (int64_t n = 0; n < R; ++n) {
       double b = 0.0;
-      for (int64_t k = 0; k < C; ++k) b += std::fabs(double(w[size_t(n * C + k)])) * m[size_t(k / 32)] / 65534.0;
+      for (int64_t k = 0; k < C; ++k) b += std::fabs(double(w[size_t(n * C + k)])) * m[size_t(k / piece)] / half_steps;
       mag[size_t(t * R + n)] += float(b / 2e-5);
     }
   }
@@ -347,6 +349,81 @@ TEST(CudaAffine, GemvStreamMatchesTheReference) {
       expect_gated_close(host_f32(gpu, out), rg, mg, ru, mu, ActOp::GeLUTanh, fmt::format("v4 gated {}", g.name()));
     }
   }
+}
+
+// v5 (ARBOR_CUDA_AFFINE_GEMV=5: 4-bit codes on integer tensor cores, x as 15-bit integers per group from a pre-pass
+// image in the backend's scratch) against the reference with its rounding of x in the bound: every group size, T 1..8,
+// bf16/f16 pairs, one tile and a partial one, K splits, partial last steps, an input that dwarfs its group, more tiles
+// than resident blocks; fused q/k/v and gate/up.
+TEST(CudaAffine, GemvV5MatchesTheReference) {
+  ARBOR_REQUIRE_GPU();
+  CudaBackend gpu(0);
+  GemvVariant chosen(5);
+  std::mt19937 rng(25);
+  struct Shape {
+    int64_t R, C;
+  };
+  int case_no = 0;
+  for (int gs : {32, 64, 128})
+    for (const Shape& sh : {Shape{131, int64_t(3 * gs)}, Shape{37, int64_t(8192 + gs)}, Shape{2000, 2048 + gs}, Shape{9, int64_t(gs)},
+                            Shape{4096, 4096}}) {
+      const DType dt = (case_no % 3) == 1 ? DType::F16 : DType::BF16;
+      const bool with_bias = (case_no++ % 2) == 0;
+      HostAffine a(rng, sh.R, sh.C, 4, gs, dt, with_bias);
+      const Linear l = upload(gpu, a);
+      for (int64_t T : {1, 2, 3, 5, 8}) {
+        if (sh.R >= 2000 && T != 1 && T != 8) continue;
+        const bool f32 = (T + gs / 32 + case_no) % 2 == 0;
+        std::vector<float> x = random_bf16(rng, size_t(T * sh.C));
+        if ((case_no + T) % 3 == 0) x[size_t(T - 1) * size_t(sh.C)] *= 2048.0f;  // the last row's first group: one input dwarfs the rest
+        Tensor xd = dev_bf16(gpu, x, {T, sh.C});
+        Tensor yd = gpu.alloc(f32 ? DType::F32 : DType::BF16, {T, sh.R});
+        gpu.linear(xd, l, yd);
+        std::vector<float> ref, mag;
+        reference_linear(a.w, a.bias, sh.R, sh.C, x, T, ref, mag);
+        add_int_x_bound(a.w, sh.R, sh.C, x, T, mag, gs, 32512.0);
+        expect_linear_close(host_f32(gpu, yd), ref, mag, !f32, fmt::format("v5 {} T={} {}", a.name(), T, f32 ? "f32" : "bf16"));
+      }
+    }
+  {  // more tiles than resident blocks
+    HostAffine a(rng, 70001, 256, 4, 64, DType::BF16, true);
+    const Linear l = upload(gpu, a);
+    const int64_t T = 3;
+    std::vector<float> x = random_bf16(rng, size_t(T * 256));
+    Tensor xd = dev_bf16(gpu, x, {T, 256});
+    Tensor yd = gpu.alloc(DType::F32, {T, 70001});
+    gpu.linear(xd, l, yd);
+    std::vector<float> ref, mag;
+    reference_linear(a.w, a.bias, 70001, 256, x, T, ref, mag);
+    add_int_x_bound(a.w, 70001, 256, x, T, mag, 64, 32512.0);
+    expect_linear_close(host_f32(gpu, yd), ref, mag, false, fmt::format("v5 {} T={}", a.name(), T));
+  }
+  for (int gs : {32, 64, 128})
+    for (int64_t T : {1, 4, 8}) {
+      const int64_t C = 2048 + gs;
+      const DType dt = gs == 64 ? DType::F16 : DType::BF16;
+      HostAffine q(rng, 75, C, 4, gs, dt, true), k(rng, 33, C, 4, gs, dt, false), v(rng, 17, C, 4, gs, dt, true);
+      const Linear lq = upload(gpu, q), lk = upload(gpu, k), lv = upload(gpu, v);
+      std::vector<float> x = random_bf16(rng, size_t(T * C));
+      Tensor xd = dev_bf16(gpu, x, {T, C});
+      Tensor yq = gpu.alloc(DType::BF16, {T, 75}), yk = gpu.alloc(DType::BF16, {T, 33}), yv = gpu.alloc(DType::BF16, {T, 17});
+      const Backend::LinearOut outs[3] = {{&lq, yq}, {&lk, yk}, {&lv, yv}};
+      gpu.linear_multi(xd, outs, 3);
+      for (auto [a, y] : {std::pair{&q, yq}, std::pair{&k, yk}, std::pair{&v, yv}}) {
+        std::vector<float> ref, mag;
+        reference(*a, x, T, ref, mag);
+        add_int_x_bound(a->w, a->R, C, x, T, mag, gs, 32512.0);
+        expect_linear_close(host_f32(gpu, y), ref, mag, true, fmt::format("v5 multi {} T={}", a->name(), T));
+      }
+      HostAffine g(rng, 91, C, 4, gs, dt, gs == 32), u(rng, 91, C, 4, gs, dt, gs == 128);
+      const Linear lg = upload(gpu, g), lu = upload(gpu, u);
+      Tensor gate = gpu.alloc(DType::BF16, {T, 91}), up = gpu.alloc(DType::BF16, {T, 91}), out = gpu.alloc(DType::BF16, {T, 91});
+      gpu.gated_up(xd, lg, lu, ActOp::SiLU, gate, up, out);
+      std::vector<float> rg, mg, ru, mu;
+      reference(g, x, T, rg, mg), reference(u, x, T, ru, mu);
+      add_int_x_bound(g.w, 91, C, x, T, mg, gs, 32512.0), add_int_x_bound(u.w, 91, C, x, T, mu, gs, 32512.0);
+      expect_gated_close(host_f32(gpu, out), rg, mg, ru, mu, ActOp::SiLU, fmt::format("v5 gated {} T={}", g.name(), T));
+    }
 }
 
 BatchInfo token_batch(std::vector<int32_t> tokens) {

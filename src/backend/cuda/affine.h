@@ -45,13 +45,19 @@ struct AffineGemvOut {
 // Up to kAffineGemvMaxSegments matrices over the same x (fused q/k/v) in one launch. They must agree on
 // cols, bits, group_size and sb_f16 (the launcher checks).
 constexpr int kAffineGemvMaxSegments = 3;
-void launch_affine_gemv_multi(const AffineGemvOut* outs, int n, const uint16_t* x, bool y_f32, int64_t T, int n_sms, CUstream_st* s);
+// scratch: affine_gemv_scratch_floats(w, T) floats for the v5 kernel's x image (null or none asked: v5 does not run).
+void launch_affine_gemv_multi(const AffineGemvOut* outs, int n, const uint16_t* x, bool y_f32, int64_t T, int n_sms, CUstream_st* s,
+                              float* scratch = nullptr);
+// Floats of scratch a launch of the two launchers here over w's shape and T rows can use (v5's x image; 0 where v5
+// does not run): 16·cols bytes plus 64 per group.
+int64_t affine_gemv_scratch_floats(const AffineWeights& w, int64_t T);
 // Gated MLP input in one launch: y [T, rows] bf16 = act(x · gateᵀ + b) * (x · upᵀ + b), each rounded to
 // bf16 before the product (as the unfused ops store them); act: ActOp's order (SiLU, GeLU, GeLUTanh).
 void launch_affine_gemv_gated(const AffineGemvOut& gate, const AffineGemvOut& up, int act, const uint16_t* x, uint16_t* y, int64_t T,
-                              int n_sms, CUstream_st* s);
+                              int n_sms, CUstream_st* s, float* scratch = nullptr);
 // Which GEMV kernel the two launchers above run: 1 the register kernel, 2 the tensor-core kernel for 4-
-// and 8-bit codes (others still run 1), 3 the same with a cp.async ring of steps in shared memory; 0 back
+// and 8-bit codes (others still run 1), 3 the same with a cp.async ring of steps in shared memory, 5 the
+// integer tensor-core kernel (4-bit codes, x as 15-bit integers; needs scratch), 6 the default but 5 from 2 rows; 0 back
 // to the environment (ARBOR_CUDA_AFFINE_GEMV=1/2/3 forces one; unset or 4, the default as measured on an
 // H100: for one activation row the streaming kernel (4-bit codes, K a multiple of 1024 up to 16384) or
 // else 1, for 2..8 rows 2). Not thread-safe: set it

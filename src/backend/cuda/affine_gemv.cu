@@ -601,10 +601,11 @@ __device__ __forceinline__ void cp_async_n(uint32_t dst, const void* src) {
   else asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(src), "n"(L));
 }
 
-template <int BITS, int GS, int STAGES, int XPF>
+template <int BITS, int GS, int STAGES, int XPF, bool IM>
 __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
     affine_gemv_v2_kernel(AffSegs segs, const uint16_t* __restrict__ x, bool y_f32, int T, int64_t K, bool sb_f16, int wpr, int64_t units,
-                          int gated_act) {
+                          int gated_act, const unsigned char* __restrict__ ximg) {
+  static_assert(!IM || (BITS == 4 && STAGES == 0), "v5: 4-bit codes, register buffers");
   using G = V2Geo<BITS, GS>;
   __shared__ float4 red[2][kV2Warps][32];           // partial sums of the wpr warps of a tile, by unit parity
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, j = lane % 4;
@@ -720,7 +721,7 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
       return __ldg(reinterpret_cast<const uint4*>(xrow + col));
     }
   };
-  auto compute = [&](const V2Buf<BITS, GS>& b, int64_t s) {
+  auto compute_f = [&](const V2Buf<BITS, GS>& b, int64_t s) {
     // x of piece p is loaded XPF pieces ahead of its MMAs (XPF = 0: just before them).
     uint4 xs[XPF + 1][NXW];
 #pragma unroll
@@ -801,6 +802,74 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
       acc[2] = fmaf(pb.x, c[2], fmaf(ob, sx[0], acc[2]));
       acc[3] = fmaf(pb.x, c[3], fmaf(ob, sx[1], acc[3]));
     }
+  };
+
+  // v5 (IM): the image's B fragments and group sums for piece p of step s_ (affine_ximg_kernel's layout: hi plane of
+  // activation row t at byte t·K, lo plane at (8 + t)·K, a column's byte at its index, each 8 columns' bytes even
+  // columns first; then per group float2 (d, Σx) for rows 0..7). Lane (g, j): B column g = activation row g, its
+  // bytes for the columns of lane j's words; meta for rows 2j, 2j + 1 (the C columns it holds).
+  struct XIm {
+    uint32_t h[2 * G::WPP], l[2 * G::WPP];
+    float4 md;
+  };
+  const unsigned char* xim_hi = IM ? ximg + int64_t(x_row ? g : 0) * K : nullptr;
+  const unsigned char* xim_lo = IM ? xim_hi + 8 * K : nullptr;
+  const float4* xim_meta = IM ? reinterpret_cast<const float4*>(ximg + 16 * K) : nullptr;
+  auto xim_at = [&](XIm& v, int64_t s_, int p) {
+    const int64_t c0 = s_ * G::STEP_COLS + p * G::PIECE_COLS;
+    if (c0 >= K) return;
+    const int64_t col = c0 + j * G::LANE_COLS;
+    if (x_row) {
+#pragma unroll
+      for (int q = 0; q < (2 * G::WPP + 3) / 4; ++q) {
+        if constexpr (G::WPP == 1) {
+          const uint2 a = __ldg(reinterpret_cast<const uint2*>(xim_hi + col)), b2 = __ldg(reinterpret_cast<const uint2*>(xim_lo + col));
+          v.h[0] = a.x, v.h[1] = a.y, v.l[0] = b2.x, v.l[1] = b2.y;
+        } else {
+          const uint4 a = __ldg(reinterpret_cast<const uint4*>(xim_hi + col) + q), b2 = __ldg(reinterpret_cast<const uint4*>(xim_lo + col) + q);
+          v.h[4 * q] = a.x, v.h[4 * q + 1] = a.y, v.h[4 * q + 2] = a.z, v.h[4 * q + 3] = a.w;
+          v.l[4 * q] = b2.x, v.l[4 * q + 1] = b2.y, v.l[4 * q + 2] = b2.z, v.l[4 * q + 3] = b2.w;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < 2 * G::WPP; ++e) v.h[e] = v.l[e] = 0u;
+    }
+    v.md = __ldg(xim_meta + (c0 / GS) * 4 + j);
+  };
+  // v5's step: per piece (a group: 4-bit pieces are whole groups) and word, one m16n8k32 u8 x s8 MMA against the hi
+  // plane and one against the lo plane; A is the word's low nibbles (codes 0, 2, 4, 6 as bytes: k slots 4j..) and high
+  // nibbles (codes 1, 3, 5, 7: k slots 16 + 4j..) of rows g and g + 8, so a code costs a share of one LOP3 (and of
+  // one SHF), none of the FMA pipe. The group's exact sum S = 128·C_hi + C_lo (|S| <= GS·15·16256 < 2^31) then adds
+  // scale·d·S + bias·Σx. The next piece's image is loaded before this one's MMAs.
+  auto compute_im = [&](const V2Buf<BITS, GS>& b, int64_t s) {
+    XIm xv[2];
+    xim_at(xv[0], s, 0);
+#pragma unroll
+    for (int p = 0; p < G::NP; ++p) {
+      const int64_t c0 = s * G::STEP_COLS + p * G::PIECE_COLS;
+      if (c0 >= K) break;
+      if (p + 1 < G::NP) xim_at(xv[(p + 1) & 1], s, p + 1);
+      const XIm& v = xv[p & 1];
+      int ch[4] = {0, 0, 0, 0}, cl[4] = {0, 0, 0, 0};
+#pragma unroll
+      for (int wi = 0; wi < G::WPP; ++wi) {
+        const uint32_t wa = b.w[0][p][wi], wb = b.w[1][p][wi];
+        const uint32_t a0 = wa & 0x0f0f0f0fu, a1 = wb & 0x0f0f0f0fu, a2 = (wa >> 4) & 0x0f0f0f0fu, a3 = (wb >> 4) & 0x0f0f0f0fu;
+        mma_u8s8(ch, a0, a1, a2, a3, v.h[2 * wi], v.h[2 * wi + 1]);
+        mma_u8s8(cl, a0, a1, a2, a3, v.l[2 * wi], v.l[2 * wi + 1]);
+      }
+      const float2 pa = sb_pair(b.sb[0][p], sb_f16), pb = sb_pair(b.sb[1][p], sb_f16);
+      const float4 md = v.md;
+      acc[0] = fmaf(pa.x * md.x, float(128 * ch[0] + cl[0]), fmaf(pa.y, md.y, acc[0]));
+      acc[1] = fmaf(pa.x * md.z, float(128 * ch[1] + cl[1]), fmaf(pa.y, md.w, acc[1]));
+      acc[2] = fmaf(pb.x * md.x, float(128 * ch[2] + cl[2]), fmaf(pb.y, md.y, acc[2]));
+      acc[3] = fmaf(pb.x * md.z, float(128 * ch[3] + cl[3]), fmaf(pb.y, md.w, acc[3]));
+    }
+  };
+  auto compute = [&](const V2Buf<BITS, GS>& b, int64_t s) {
+    if constexpr (IM) compute_im(b, s);
+    else compute_f(b, s);
   };
 
   // The unit's end: the wpr warps of each tile add their sums (in part order), the first one stores.
@@ -887,18 +956,87 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
   }
 }
 
-template <int BITS, int GS, int STAGES, int XPF>
+template <int BITS, int GS, int STAGES, int XPF, bool IM = false>
 void launch_v2_s(unsigned grid, cudaStream_t s, const AffSegs& segs, const uint16_t* x, bool y_f32, int T, int64_t K, bool sb_f16, int wpr,
-                 int64_t units, int gated_act) {
-  auto* kernel = affine_gemv_v2_kernel<BITS, GS, STAGES, XPF>;
+                 int64_t units, int gated_act, const unsigned char* ximg = nullptr) {
+  auto* kernel = affine_gemv_v2_kernel<BITS, GS, STAGES, XPF, IM>;
   const size_t smem = size_t(kV2Warps) * STAGES * V2Ring<BITS, GS>::kBytes;
   static bool attr = false;
   if (STAGES > 0 && !attr) {
     ARBOR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     attr = true;
   }
-  pdl_launch(kernel, dim3(grid), dim3(kV2Warps * 32), smem, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
+  pdl_launch(kernel, dim3(grid), dim3(kV2Warps * 32), smem, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act, ximg);
   ARBOR_LAUNCH_CHECK("affine_gemv_v2_kernel");
+}
+
+// ---- v5: v2's walk with x as 15-bit integers and the codes on integer tensor cores (4-bit) ------------------
+// A pre-pass (affine_ximg_kernel) writes x once per launch into the scratch image that v2's warps read their B
+// fragments from (L1/L2: at most 16·K bytes plus 64 per group), instead of converting bf16 pairs per MMA. Each
+// group of GS inputs of activation row t is quantized against its largest |x|: q = round(x / d), d = max|x| / 16256,
+// split as q = 128·hi + lo (hi in -127..127, lo in 0..127: two s8 values), so an output's error from it is at most
+// Σ|w|·d/2 over the groups, ~3e-5 of max|x| a group (bf16 x itself carries 2^-9 of each value).
+// Why: v2 spends per 16 codes of a lane 8 SHF/LOP3 to make bf16 pairs and two bf16 MMAs, plus two more MMAs for Σx
+// (an A of ones); here two LOP3 and one SHF per 8 codes, and two m16n8k32 MMAs (at twice the bf16 rate) per 32.
+constexpr float kAffXq = 16256.0f;  // 127·128: |q| <= this, hi = q >> 7 in -127..127
+
+// Bytes of the image for K inputs, group size gs: the 16 planes (hi, lo for rows 0..7), then float2 (d, Σx) per group
+// and row.
+int64_t ximg_bytes(int64_t K, int gs) { return 16 * K + (K / gs) * 8 * 8; }
+
+// One warp per (activation row t in 0..7, 256 columns): lane l quantizes columns 8l..8l+7 of the span (whole groups
+// of GS / 8 lanes: GS divides K and 256); rows t >= T write only zero meta.
+__global__ void __launch_bounds__(256) affine_ximg_kernel(const uint16_t* __restrict__ x, int T, int64_t K, int gs, unsigned char* img) {
+  pdl_trigger();  // the GEMV may fetch its first weights; it waits for this grid before reading img
+  pdl_wait();
+  const int lane = threadIdx.x % 32;
+  const int64_t spans = (K + 255) / 256, wi = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
+  if (wi >= 8 * spans) return;  // warp-uniform
+  const int t = int(wi / spans);
+  const int64_t col = (wi % spans) * 256 + lane * 8;
+  const bool in = col < K, live = in && t < T;
+  float v[8];
+  if (live) {
+    bf16x8(__ldg(reinterpret_cast<const uint4*>(x + t * K + col)), v);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = 0.0f;
+  }
+  float m = 0.0f, sum = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) m = fmaxf(m, fabsf(v[e])), sum += v[e];
+  // fmaxf drops a NaN: a group holding one must still give NaN outputs, as the float kernels would
+  bool bad = false;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) bad = bad || !(fabsf(v[e]) <= 3.4e38f);
+  for (int o = 1; o < gs / 8; o <<= 1) {
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    bad = bad || __shfl_xor_sync(0xffffffffu, int(bad), o) != 0;
+  }
+  const float inv = !bad && m > 0.0f ? kAffXq / m : 0.0f, d = bad ? __int_as_float(0x7fc00000) : m / kAffXq;
+  uint32_t h[2] = {0u, 0u}, l[2] = {0u, 0u};
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {  // even columns into word 0, odd into word 1 (the k slots of a code word's nibbles)
+    const int q = __float2int_rn(v[e] * inv), hi = q >> 7, lo = q & 127;
+    h[e & 1] |= uint32_t(hi & 0xff) << (8 * (e >> 1));
+    l[e & 1] |= uint32_t(lo) << (8 * (e >> 1));
+  }
+  if (live) {
+    *reinterpret_cast<uint2*>(img + t * K + col) = make_uint2(h[0], h[1]);
+    *reinterpret_cast<uint2*>(img + (8 + t) * K + col) = make_uint2(l[0], l[1]);
+  }
+  if (in && lane % (gs / 8) == 0)
+    reinterpret_cast<float2*>(img + 16 * K)[(col / gs) * 8 + t] = live ? make_float2(d, sum) : make_float2(0.0f, 0.0f);
+}
+
+template <int GS>
+void launch_v5(unsigned grid, cudaStream_t s, const AffSegs& segs, const uint16_t* x, bool y_f32, int T, int64_t K, bool sb_f16, int wpr,
+               int64_t units, int gated_act, unsigned char* ximg) {
+  const int64_t spans = (K + 255) / 256;
+  pdl_launch(affine_ximg_kernel, dim3(unsigned(spans)), dim3(256), 0, s, x, T, K, GS, ximg);
+  ARBOR_LAUNCH_CHECK("affine_ximg_kernel");
+  launch_v2_s<4, GS, 0, 0, true>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act, ximg);
 }
 
 // The kernel choices' A/B knobs: `cached` (a setter's value, or -1) else the environment variable `name`, read once;
@@ -933,16 +1071,28 @@ void launch_v2_t(int variant, unsigned grid, cudaStream_t s, const AffSegs& segs
   else launch_v2_s<BITS, GS, 0, 0>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
 }
 
-int v2_variant() { return env_choice(g_v2_variant, "ARBOR_CUDA_AFFINE_GEMV", 4); }
+// ARBOR_CUDA_AFFINE_GEMV (or set_affine_gemv_variant): 0 or 4 the default (v4 at one row where it applies, v2 from 2),
+// 1/2/3 force v1/v2/v3, 5 forces v5 (4-bit; others as the default), 6 is v4 at one row and v5 from 2 (4-bit).
+int v2_variant() { return env_choice(g_v2_variant, "ARBOR_CUDA_AFFINE_GEMV", 6); }
 
-// The v2 kernel when it is chosen (forced, or by default for T >= 2) and applies (2/3/4/5/6/8-bit, aligned x and codes); false: the caller runs v1.
-bool try_v2(const AffSegs& segs, const AffineWeights& w0, const uint16_t* x, bool y_f32, int64_t T, int n_sms, int gated_act, cudaStream_t s) {
+// Whether a launch of 4-bit codes over T rows runs v5 (and so needs affine_ximg_kernel's image in scratch).
+bool v5_takes(const AffineWeights& w0, int64_t T) {
+  const int chosen = v2_variant();
+  return w0.bits == 4 && T >= 1 && T <= 8 && (chosen == 5 || (chosen == 6 && T >= 2)) && w0.cols % w0.group_size == 0 &&
+         (w0.group_size == 32 || w0.group_size == 64 || w0.group_size == 128);
+}
+
+// The v2 kernel (or v5 with scratch for its image) when it is chosen (forced, or by default for T >= 2) and applies
+// (2/3/4/5/6/8-bit, aligned x and codes); false: the caller runs v1.
+bool try_v2(const AffSegs& segs, const AffineWeights& w0, const uint16_t* x, bool y_f32, int64_t T, int n_sms, int gated_act, cudaStream_t s,
+            float* scratch) {
   // By default from 2 rows (4/8-bit) or 3 (2/3-bit: at 2 rows v1, reading the codes twice, was still faster on
   // the 8B, H100: 3-bit 473 against 323 tok/s, 2-bit 508 against 372; at 4 rows v2 607 / 698 against 396 / 497).
   // 5/6-bit the same (session 24, H100: 6-bit 391 / 946 against v1's 285 / 367 tok/s at 3 / 8 rows, 274 against 307
   // at 2; 5-bit 418 / 1004 against 307 / 356, 286 against 334).
   const int chosen = v2_variant(), v2_from = w0.bits == 4 || w0.bits == 8 ? 2 : 3;
-  const int variant = chosen == 0 || chosen == 4 ? (T >= v2_from ? 2 : 1) : chosen;
+  const bool v5 = scratch && v5_takes(w0, T);
+  const int variant = v5 ? 5 : chosen == 0 || chosen >= 4 ? (T >= v2_from ? 2 : 1) : chosen;
   if (variant < 2 || w0.bits < 2 || w0.bits > 8 || w0.bits == 7 || T < 1 || T > 8 || !aligned16(x)) return false;
   for (int i = 0; i < segs.n; ++i)
     if (!aligned16(segs.codes[i])) return false;
@@ -972,6 +1122,13 @@ bool try_v2(const AffSegs& segs, const AffineWeights& w0, const uint16_t* x, boo
   const int64_t resident = int64_t(n_sms) * kV2BlocksPerSm, rounds = (units + resident - 1) / resident;
   const unsigned grid = unsigned(persistent ? std::min(units, resident) : (units + rounds - 1) / rounds);
   const int t = int(T);
+  if (variant == 5) {
+    unsigned char* img = reinterpret_cast<unsigned char*>(scratch);
+    if (gs == 32) launch_v5<32>(grid, s, segs, x, y_f32, t, K, w0.sb_f16, wpr, units, gated_act, img);
+    else if (gs == 64) launch_v5<64>(grid, s, segs, x, y_f32, t, K, w0.sb_f16, wpr, units, gated_act, img);
+    else launch_v5<128>(grid, s, segs, x, y_f32, t, K, w0.sb_f16, wpr, units, gated_act, img);
+    return true;
+  }
 #define ARBOR_V2(B, G) launch_v2_t<B, G>(variant, grid, s, segs, x, y_f32, t, K, w0.sb_f16, wpr, units, gated_act)
   if (w0.bits == 2) {
     if (gs == 32) ARBOR_V2(2, 32);
@@ -1301,27 +1458,32 @@ __global__ void affine_embed_kernel(AffineWeights w, const int32_t* tokens, cons
 
 // Each launch's kernel: v4 for one row where it applies (by default, or forced with 4), else v2 where it
 // applies (by default for 2..8 rows, or forced with 2/3), else v1.
-void launch_affine_gemv_multi(const AffineGemvOut* outs, int n, const uint16_t* x, bool y_f32, int64_t T, int n_sms, CUstream_st* s) {
+int64_t affine_gemv_scratch_floats(const AffineWeights& w, int64_t T) {
+  return v5_takes(w, T) ? (ximg_bytes(w.cols, w.group_size) + 3) / 4 : 0;
+}
+
+void launch_affine_gemv_multi(const AffineGemvOut* outs, int n, const uint16_t* x, bool y_f32, int64_t T, int n_sms, CUstream_st* s,
+                              float* scratch) {
   ARBOR_CU_CHECK(n >= 1 && n <= kAffineGemvMaxSegments, "cuda: affine gemv: %d matrices in one launch (1..%d)", n, kAffineGemvMaxSegments);
   for (int i = 1; i < n; ++i) check_same(outs[0].w, outs[i].w, "gemv");
   const int chosen = v2_variant();
-  if ((chosen == 0 || chosen == 4) && try_stream(plain_segments(outs, n, 1), outs[0].w, x, y_f32, T, n_sms, -1, s)) return;
-  if (try_v2(plain_segments(outs, n, 16), outs[0].w, x, y_f32, T, n_sms, -1, s)) return;
+  if ((chosen == 0 || chosen == 4 || chosen == 6) && try_stream(plain_segments(outs, n, 1), outs[0].w, x, y_f32, T, n_sms, -1, s)) return;
+  if (try_v2(plain_segments(outs, n, 16), outs[0].w, x, y_f32, T, n_sms, -1, s, scratch)) return;
   launch(plain_segments(outs, n, 2), outs[0].w, x, y_f32, T, n_sms, -1, s);
 }
 
 void launch_affine_gemv_gated(const AffineGemvOut& gate, const AffineGemvOut& up, int act, const uint16_t* x, uint16_t* y, int64_t T,
-                              int n_sms, CUstream_st* s) {
+                              int n_sms, CUstream_st* s, float* scratch) {
   check_same(gate.w, up.w, "gated gemv");
   ARBOR_CU_CHECK(gate.w.rows == up.w.rows, "cuda: affine gated gemv: gate has %lld rows, up %lld", (long long)gate.w.rows,
                  (long long)up.w.rows);
   const int chosen = v2_variant();
-  if ((chosen == 0 || chosen == 4) && try_stream(gated_segments(gate, up, y, 1), gate.w, x, false, T, n_sms, act, s)) return;
-  if (try_v2(gated_segments(gate, up, y, 8), gate.w, x, false, T, n_sms, act, s)) return;
+  if ((chosen == 0 || chosen == 4 || chosen == 6) && try_stream(gated_segments(gate, up, y, 1), gate.w, x, false, T, n_sms, act, s)) return;
+  if (try_v2(gated_segments(gate, up, y, 8), gate.w, x, false, T, n_sms, act, s, scratch)) return;
   launch(gated_segments(gate, up, y, 1), gate.w, x, false, T, n_sms, act, s);
 }
 
-void set_affine_gemv_variant(int v) { g_v2_variant = v >= 1 && v <= 4 ? v : -1; }
+void set_affine_gemv_variant(int v) { g_v2_variant = v >= 1 && v <= 6 ? v : -1; }
 void set_affine_v2_x_ahead(int pieces) { g_v2_xpf = pieces >= 0 && pieces <= 2 ? pieces : -1; }
 void set_affine_stream_int_x(int on) { g_stream_intx = on == 0 || on == 1 ? on : -1; }
 

@@ -679,7 +679,8 @@ void CudaBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
   switch (kernel) {
     case LinearKernel::GemvAffine: {
       const AffineGemvOut o{affine_weights(l), bias, y.data};
-      launch_affine_gemv_multi(&o, 1, x.as<uint16_t>(), y.dtype == DType::F32, T, n_sms_, stream_);
+      launch_affine_gemv_multi(&o, 1, x.as<uint16_t>(), y.dtype == DType::F32, T, n_sms_, stream_,
+                               optional_scratch(affine_gemv_scratch_floats(o.w, T)));
       return;
     }
     case LinearKernel::GemmAffine: {
@@ -759,7 +760,8 @@ void CudaBackend::linear_multi(const Tensor& x, const LinearOut* outs, int n) {
     if (one) {
       AffineGemvOut a[kAffineGemvMaxSegments];
       for (int i = 0; i < n; ++i) a[i] = affine_out(*outs[i].l, outs[i].y.data);
-      launch_affine_gemv_multi(a, n, x.as<uint16_t>(), outs[0].y.dtype == DType::F32, x.rows(), n_sms_, stream_);
+      launch_affine_gemv_multi(a, n, x.as<uint16_t>(), outs[0].y.dtype == DType::F32, x.rows(), n_sms_, stream_,
+                               optional_scratch(affine_gemv_scratch_floats(a[0].w, x.rows())));
       return;
     }
   }
@@ -902,8 +904,9 @@ void CudaBackend::gated_up(const Tensor& x, const Linear& wg, const Linear& wu, 
     one = is_gemv(k) && pick_linear(wu, x.rows()) == k;
   }
   if (one && pick_linear(wg, x.rows()) == LinearKernel::GemvAffine && affine_fusable(wg, wu)) {
-    launch_affine_gemv_gated(affine_out(wg, nullptr), affine_out(wu, nullptr), int(op), x.as<uint16_t>(), out.as<uint16_t>(), x.rows(),
-                             n_sms_, stream_);
+    const AffineGemvOut g = affine_out(wg, nullptr);
+    launch_affine_gemv_gated(g, affine_out(wu, nullptr), int(op), x.as<uint16_t>(), out.as<uint16_t>(), x.rows(), n_sms_, stream_,
+                             optional_scratch(affine_gemv_scratch_floats(g.w, x.rows())));
     return;
   }
   if (one && pick_linear(wg, x.rows()) == LinearKernel::GemvTrellis && trellis_fusable(wg, wu)) {
