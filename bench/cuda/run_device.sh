@@ -24,7 +24,7 @@
 #   kvsplit: k8v3 and bf16 KV at 32@4096 and 1@32768 with 1 (auto), 2, 4 splits of the coded decode attention (~3 min)
 #   narrow: the affine tensor-core GEMV at 2/3 bits: CudaAffine tests, memcheck, the 8B at 1-8 rows against v1 (~4 min)
 #   optins: session 23's affine kernels (v4's integer x, v2's x ahead; defaults since session 26) against the paths before
-#   v5: the affine integer tensor-core GEMV (issue 19, 2..8 rows): tests, memcheck, the 8B against the default (~4 min)
+#   v5: the affine integer tensor-core GEMV (issue 19, 2..8 rows): tests, memcheck, the 8B against the default (~5 min)
 #   encoder: the GPU Viterbi's tests and its weights/s against the CPU encoder's (pack bench_trellis too),
 #   profile: per-kernel times of one decode step under ncu (PROFILE picks the runs; ~1-3 min each),
 #   sweep: compute-sanitizer over every CUDA test in one call (~460 s on an H200, estimated from its
@@ -132,13 +132,15 @@ for step in $STEPS; do
       ;;
     v5)
       # Issue 19's 2..8-row decode on integer tensor cores (affine v5, ARBOR_CUDA_AFFINE_GEMV=5/6): its tests, memcheck on
-      # them, then the 8B at 4-bit g64 over 1/2/4/8 rows: the default (v4 at 1 row, v2 from 2) against 6 (v5 from 2 rows)
-      # and 5 (v5 at every row count), twice in turn (~4 min). Logs v5_*.log.
+      # them, then the 8B at 4-bit g64 over 1/2/4/8 rows: the default (v4 at 1 row, v2 from 2) against 6 (v5 from 2 rows),
+      # 5 (v5 at every row count) and 5r (the same, codes through a cp.async ring), twice in turn (~5 min). Logs v5_*.log.
       gtests v5_tests 300 'CudaAffine.GemvV5*:CudaAffine.AffineCheckpoints*'
       memcheck_filter v5_memcheck 400 'CudaAffine.GemvV5*'
       for round in 1 2; do
-        for v in 0 6 5; do
-          bench8b "v5_r${round}_gemv$v" "${V5_RUNS:-1@512,2@512,4@512,8@512}" ARBOR_CUDA_AFFINE_GEMV=$v -- --bits 4 --group-size 64
+        for v in 0 6 5 5r; do
+          ring=0; [ "$v" = 5r ] && ring=1
+          bench8b "v5_r${round}_gemv$v" "${V5_RUNS:-1@512,2@512,4@512,8@512}" ARBOR_CUDA_AFFINE_GEMV=${v%r} ARBOR_CUDA_AFFINE_V5_RING=$ring -- \
+            --bits 4 --group-size 64
         done
       done
       ;;

@@ -359,6 +359,9 @@ TEST(CudaAffine, GemvV5MatchesTheReference) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
   GemvVariant chosen(5);
+  for (int ring : {0, 1}) {
+  SCOPED_TRACE(fmt::format("codes through {}", ring ? "a cp.async ring" : "register buffers"));
+  cuda::set_affine_v5_ring(ring);
   std::mt19937 rng(25);
   struct Shape {
     int64_t R, C;
@@ -424,6 +427,8 @@ TEST(CudaAffine, GemvV5MatchesTheReference) {
       add_int_x_bound(g.w, 91, C, x, T, mg, gs, 32512.0), add_int_x_bound(u.w, 91, C, x, T, mu, gs, 32512.0);
       expect_gated_close(host_f32(gpu, out), rg, mg, ru, mu, ActOp::SiLU, fmt::format("v5 gated {} T={}", g.name(), T));
     }
+  }
+  cuda::set_affine_v5_ring(-1);
 }
 
 BatchInfo token_batch(std::vector<int32_t> tokens) {

@@ -68,6 +68,8 @@ void set_affine_v2_x_ahead(int pieces);
 // v4 (the streaming GEMV): 1 stages x as 16-bit integers per 32 columns and sums code·x with __dp4a, 0 as bf16
 // with float FMAs (A/B; -1: ARBOR_CUDA_AFFINE_STREAM_INT, unset 1).
 void set_affine_stream_int_x(int on);
+// v5's codes: 1 through a cp.async ring in shared memory, 0 two register buffers (A/B; -1: ARBOR_CUDA_AFFINE_V5_RING, unset 0).
+void set_affine_v5_ring(int on);
 // Embedding gather from an affine table: out [T, cols] bf16 = (scale·code + bias) · mul for row tokens[t]
 // (an id < 0: picked[-1 - id], as launch_embed); scale·code and + bias rounded separately, as the
 // reference dequantization.

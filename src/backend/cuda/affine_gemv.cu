@@ -605,7 +605,7 @@ template <int BITS, int GS, int STAGES, int XPF, bool IM>
 __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
     affine_gemv_v2_kernel(AffSegs segs, const uint16_t* __restrict__ x, bool y_f32, int T, int64_t K, bool sb_f16, int wpr, int64_t units,
                           int gated_act, const unsigned char* __restrict__ ximg) {
-  static_assert(!IM || (BITS == 4 && STAGES == 0), "v5: 4-bit codes, register buffers");
+  static_assert(!IM || BITS == 4, "v5: 4-bit codes");
   using G = V2Geo<BITS, GS>;
   __shared__ float4 red[2][kV2Warps][32];           // partial sums of the wpr warps of a tile, by unit parity
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, j = lane % 4;
@@ -1030,15 +1030,6 @@ __global__ void __launch_bounds__(256) affine_ximg_kernel(const uint16_t* __rest
     reinterpret_cast<float2*>(img + 16 * K)[(col / gs) * 8 + t] = live ? make_float2(d, sum) : make_float2(0.0f, 0.0f);
 }
 
-template <int GS>
-void launch_v5(unsigned grid, cudaStream_t s, const AffSegs& segs, const uint16_t* x, bool y_f32, int T, int64_t K, bool sb_f16, int wpr,
-               int64_t units, int gated_act, unsigned char* ximg) {
-  const int64_t spans = (K + 255) / 256;
-  pdl_launch(affine_ximg_kernel, dim3(unsigned(spans)), dim3(256), 0, s, x, T, K, GS, ximg);
-  ARBOR_LAUNCH_CHECK("affine_ximg_kernel");
-  launch_v2_s<4, GS, 0, 0, true>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act, ximg);
-}
-
 // The kernel choices' A/B knobs: `cached` (a setter's value, or -1) else the environment variable `name`, read once;
 // anything outside 0..hi (or unset) is `def`, the default.
 int env_choice(int& cached, const char* name, int hi, int def = 0) {
@@ -1053,6 +1044,22 @@ int env_choice(int& cached, const char* name, int hi, int def = 0) {
 // v2 loads x that many pieces ahead of its MMAs (ARBOR_CUDA_AFFINE_V2_XPF=0/1/2 or set_affine_v2_x_ahead). Default 2:
 // session 26 on an H100, the 8B 4-bit in two rounds, b=8 1380 -> 1440 tok/s (+4.3 % both), b=3 596 -> 622 (+4.4 %); 1
 // gave +2.2-2.5 % at b=8.
+// v5's codes through v3's cp.async ring of steps in shared memory instead of two register buffers
+// (ARBOR_CUDA_AFFINE_V5_RING=1; A/B).
+int g_v5_ring = -1;
+
+template <int GS>
+void launch_v5(unsigned grid, cudaStream_t s, const AffSegs& segs, const uint16_t* x, bool y_f32, int T, int64_t K, bool sb_f16, int wpr,
+               int64_t units, int gated_act, unsigned char* ximg) {
+  const int64_t spans = (K + 255) / 256;
+  pdl_launch(affine_ximg_kernel, dim3(unsigned(spans)), dim3(256), 0, s, x, T, K, GS, ximg);
+  ARBOR_LAUNCH_CHECK("affine_ximg_kernel");
+  if (env_choice(g_v5_ring, "ARBOR_CUDA_AFFINE_V5_RING", 1, 0) == 1)
+    launch_v2_s<4, GS, V2Ring<4, GS>::kStages, 0, true>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act, ximg);
+  else
+    launch_v2_s<4, GS, 0, 0, true>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act, ximg);
+}
+
 int v2_x_ahead() { return env_choice(g_v2_xpf, "ARBOR_CUDA_AFFINE_V2_XPF", 2, 2); }
 
 template <int BITS, int GS>
@@ -1486,6 +1493,7 @@ void launch_affine_gemv_gated(const AffineGemvOut& gate, const AffineGemvOut& up
 void set_affine_gemv_variant(int v) { g_v2_variant = v >= 1 && v <= 6 ? v : -1; }
 void set_affine_v2_x_ahead(int pieces) { g_v2_xpf = pieces >= 0 && pieces <= 2 ? pieces : -1; }
 void set_affine_stream_int_x(int on) { g_stream_intx = on == 0 || on == 1 ? on : -1; }
+void set_affine_v5_ring(int on) { g_v5_ring = on == 0 || on == 1 ? on : -1; }
 
 void launch_affine_embed(const AffineWeights& w, const int32_t* tokens, const int32_t* picked, int64_t T, float mul, uint16_t* out,
                          CUstream_st* s) {
