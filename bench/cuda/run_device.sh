@@ -135,7 +135,7 @@ for step in $STEPS; do
       # them, then the 8B at 4-bit g64 over 1/2/4/8 rows: the default (v4 at 1 row, v2 from 2) against 6 (v5 from 2 rows),
       # 5 (v5 at every row count) and 5r (the same, codes through a cp.async ring), twice in turn (~5 min). Logs v5_*.log.
       gtests v5_tests 300 'CudaAffine.GemvV5*:CudaAffine.AffineCheckpoints*'
-      memcheck_filter v5_memcheck 400 'CudaAffine.GemvV5*'
+      memcheck_filter v5_memcheck 200 'CudaAffine.GemvV5*'
       for round in 1 2; do
         for v in 0 6 5 5r; do
           ring=0; [ "$v" = 5r ] && ring=1
