@@ -136,11 +136,13 @@ for step in $STEPS; do
       # 5 (v5 at every row count) and 5r (the same, codes through a cp.async ring), twice in turn (~5 min). Logs v5_*.log.
       gtests v5_tests 300 'CudaAffine.GemvV5*:CudaAffine.AffineCheckpoints*'
       memcheck_filter v5_memcheck 200 'CudaAffine.GemvV5*'
+      # V5_SET: the settings (GEMV variant, then pPF for ARBOR_CUDA_AFFINE_V2_PF, r for the ring), e.g. "0 0p4 5p4".
       for round in 1 2; do
-        for v in 0 6 5 5r; do
-          ring=0; [ "$v" = 5r ] && ring=1
-          bench8b "v5_r${round}_gemv$v" "${V5_RUNS:-1@512,2@512,4@512,8@512}" ARBOR_CUDA_AFFINE_GEMV=${v%r} ARBOR_CUDA_AFFINE_V5_RING=$ring -- \
-            --bits 4 --group-size 64
+        for v in ${V5_SET:-0 6 5 5r}; do
+          ring=0; [ "${v%r}" != "$v" ] && ring=1
+          base=${v%r}; pf=0; [ "${base#*p}" != "$base" ] && pf=${base#*p}
+          bench8b "v5_r${round}_gemv$v" "${V5_RUNS:-1@512,2@512,4@512,8@512}" ARBOR_CUDA_AFFINE_GEMV=${base%%p*} ARBOR_CUDA_AFFINE_V5_RING=$ring \
+            ARBOR_CUDA_AFFINE_V2_PF=$pf -- --bits 4 --group-size 64
         done
       done
       ;;

@@ -254,10 +254,12 @@ TEST(CudaAffine, FusedMultiAndGatedMatchTheReference) {
 TEST(CudaAffine, GemvV2MatchesTheReference) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
-  for (auto [variant, x_ahead] : {std::pair{2, 0}, std::pair{3, 0}, std::pair{2, 1}, std::pair{2, 2}}) {  // v2 with x loaded 0-2 pieces ahead, v3
-  SCOPED_TRACE(fmt::format("variant {} x ahead {}", variant, x_ahead));
+  // v2 with x loaded 0-2 pieces ahead, v3; the last with an L2 prefetch 5 steps ahead
+  for (auto [variant, x_ahead, pf] : {std::tuple{2, 0, 0}, std::tuple{3, 0, 0}, std::tuple{2, 1, 0}, std::tuple{2, 2, 0}, std::tuple{2, 2, 5}}) {
+  SCOPED_TRACE(fmt::format("variant {} x ahead {} prefetch {}", variant, x_ahead, pf));
   GemvVariant chosen(variant);
   XAhead ahead(x_ahead);
+  cuda::set_affine_v2_prefetch(pf);
   std::mt19937 rng(15);
   struct Shape {
     int64_t R, C;
@@ -284,6 +286,7 @@ TEST(CudaAffine, GemvV2MatchesTheReference) {
     check_linear(gpu, l, a.w, a.bias, 70001, 256, T, true, rng, fmt::format("v2 {} T={}", a.name(), T));
   }
   }
+  cuda::set_affine_v2_prefetch(-1);
 }
 
 // The v4 streaming GEMV (ARBOR_CUDA_AFFINE_GEMV=4: one activation row of 4-bit codes, K a multiple of 1024)
@@ -359,9 +362,10 @@ TEST(CudaAffine, GemvV5MatchesTheReference) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
   GemvVariant chosen(5);
-  for (int ring : {0, 1}) {
-  SCOPED_TRACE(fmt::format("codes through {}", ring ? "a cp.async ring" : "register buffers"));
+  for (auto [ring, pf] : {std::pair{0, 0}, std::pair{1, 0}, std::pair{0, 3}}) {
+  SCOPED_TRACE(fmt::format("codes through {}, L2 prefetch {} steps ahead", ring ? "a cp.async ring" : "register buffers", pf));
   cuda::set_affine_v5_ring(ring);
+  cuda::set_affine_v2_prefetch(pf);
   std::mt19937 rng(25);
   struct Shape {
     int64_t R, C;
@@ -429,6 +433,7 @@ TEST(CudaAffine, GemvV5MatchesTheReference) {
     }
   }
   cuda::set_affine_v5_ring(-1);
+  cuda::set_affine_v2_prefetch(-1);
 }
 
 BatchInfo token_batch(std::vector<int32_t> tokens) {

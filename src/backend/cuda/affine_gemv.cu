@@ -604,7 +604,7 @@ __device__ __forceinline__ void cp_async_n(uint32_t dst, const void* src) {
 template <int BITS, int GS, int STAGES, int XPF, bool IM>
 __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
     affine_gemv_v2_kernel(AffSegs segs, const uint16_t* __restrict__ x, bool y_f32, int T, int64_t K, bool sb_f16, int wpr, int64_t units,
-                          int gated_act, const unsigned char* __restrict__ ximg) {
+                          int gated_act, const unsigned char* __restrict__ ximg, int pf) {
   static_assert(!IM || BITS == 4, "v5: 4-bit codes");
   using G = V2Geo<BITS, GS>;
   __shared__ float4 red[2][kV2Warps][32];           // partial sums of the wpr warps of a tile, by unit parity
@@ -614,8 +614,23 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
   const int64_t steps = (K + G::STEP_COLS - 1) / G::STEP_COLS;
   const int64_t sbeg = steps * part / wpr, send = steps * (part + 1) / wpr;
 
+  // L2 prefetch pf steps ahead of the loads (pf > 0): the step the walk reaches pf steps after (u, s) (across unit
+  // boundaries), one 128-byte line a lane: lane j = 0/1 the codes of M-row g / g + 8, j = 2/3 their (scale, bias) words.
+  // The register buffers hold one step in flight a warp (2 KB at 4-bit; 16 warps an SM); the prefetches let DRAM see
+  // pf + 1 steps a warp while the loads then wait on L2 only.
+  const int64_t nsteps = send - sbeg;
+  auto prefetch = [&](int64_t u, int64_t s) {
+    const int64_t ahead = s - sbeg + pf, up = u + int64_t(gridDim.x) * (ahead / nsteps), sp = sbeg + ahead % nsteps;
+    if (up >= units) return;
+    const V2Rows r = v2_rows<BITS, GS>(segs, up * tpu + slot, g, gated, K);
+    const int h = j & 1;
+    const char* a = j < 2 ? reinterpret_cast<const char*>(r.c[h]) + sp * G::STEP_ROW_BYTES
+                          : reinterpret_cast<const char*>(r.s[h] + (sp * G::STEP_COLS) / GS);
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+  };
   auto load = [&](V2Buf<BITS, GS>& b, int64_t u, int64_t s) {
     if (u >= units) return;
+    if (pf > 0) prefetch(u, s);
     const V2Rows r = v2_rows<BITS, GS>(segs, u * tpu + slot, g, gated, K);
 #pragma unroll
     for (int p = 0; p < G::NP; ++p) {
@@ -956,6 +971,11 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
   }
 }
 
+int env_choice(int& cached, const char* name, int hi, int def = 0);
+int g_v2_pf = -1;  // set_affine_v2_prefetch; -1: from ARBOR_CUDA_AFFINE_V2_PF (unset: 0)
+// v2/v5's L2 prefetch distance in steps (0: none).
+int v2_prefetch() { return env_choice(g_v2_pf, "ARBOR_CUDA_AFFINE_V2_PF", 16, 0); }
+
 template <int BITS, int GS, int STAGES, int XPF, bool IM = false>
 void launch_v2_s(unsigned grid, cudaStream_t s, const AffSegs& segs, const uint16_t* x, bool y_f32, int T, int64_t K, bool sb_f16, int wpr,
                  int64_t units, int gated_act, const unsigned char* ximg = nullptr) {
@@ -966,7 +986,7 @@ void launch_v2_s(unsigned grid, cudaStream_t s, const AffSegs& segs, const uint1
     ARBOR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     attr = true;
   }
-  pdl_launch(kernel, dim3(grid), dim3(kV2Warps * 32), smem, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act, ximg);
+  pdl_launch(kernel, dim3(grid), dim3(kV2Warps * 32), smem, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act, ximg, v2_prefetch());
   ARBOR_LAUNCH_CHECK("affine_gemv_v2_kernel");
 }
 
@@ -1032,7 +1052,7 @@ __global__ void __launch_bounds__(256) affine_ximg_kernel(const uint16_t* __rest
 
 // The kernel choices' A/B knobs: `cached` (a setter's value, or -1) else the environment variable `name`, read once;
 // anything outside 0..hi (or unset) is `def`, the default.
-int env_choice(int& cached, const char* name, int hi, int def = 0) {
+int env_choice(int& cached, const char* name, int hi, int def) {
   if (cached < 0) {
     const char* e = std::getenv(name);
     const int v = e ? std::atoi(e) : def;
@@ -1494,6 +1514,7 @@ void set_affine_gemv_variant(int v) { g_v2_variant = v >= 1 && v <= 6 ? v : -1; 
 void set_affine_v2_x_ahead(int pieces) { g_v2_xpf = pieces >= 0 && pieces <= 2 ? pieces : -1; }
 void set_affine_stream_int_x(int on) { g_stream_intx = on == 0 || on == 1 ? on : -1; }
 void set_affine_v5_ring(int on) { g_v5_ring = on == 0 || on == 1 ? on : -1; }
+void set_affine_v2_prefetch(int steps) { g_v2_pf = steps >= 0 && steps <= 16 ? steps : -1; }
 
 void launch_affine_embed(const AffineWeights& w, const int32_t* tokens, const int32_t* picked, int64_t T, float mul, uint16_t* out,
                          CUstream_st* s) {
