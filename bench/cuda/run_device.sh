@@ -134,8 +134,10 @@ for step in $STEPS; do
       # Issue 19's 2..8-row decode on integer tensor cores (affine v5, ARBOR_CUDA_AFFINE_GEMV=5/6): its tests, memcheck on
       # them, then the 8B at 4-bit g64 over 1/2/4/8 rows: the default (v4 at 1 row, v2 from 2) against 6 (v5 from 2 rows),
       # 5 (v5 at every row count) and 5r (the same, codes through a cp.async ring), twice in turn (~5 min). Logs v5_*.log.
-      gtests v5_tests 300 'CudaAffine.GemvV5*:CudaAffine.AffineCheckpoints*'
-      memcheck_filter v5_memcheck 200 'CudaAffine.GemvV5*'
+      if [ "${V5_TESTS:-1}" = 1 ]; then  # V5_TESTS=0: the benchmarks only
+        gtests v5_tests 300 'CudaAffine.GemvV5*:CudaAffine.GemvV2*:CudaAffine.AffineCheckpoints*'
+        memcheck_filter v5_memcheck 200 'CudaAffine.GemvV5*'
+      fi
       # V5_SET: the settings (GEMV variant, then pPF for ARBOR_CUDA_AFFINE_V2_PF, r for the ring), e.g. "0 0p4 5p4".
       for round in 1 2; do
         for v in ${V5_SET:-0 6 5 5r}; do
