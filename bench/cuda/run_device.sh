@@ -138,13 +138,16 @@ for step in $STEPS; do
         gtests v5_tests 300 'CudaAffine.GemvV5*:CudaAffine.GemvV2*:CudaAffine.AffineCheckpoints*'
         memcheck_filter v5_memcheck 200 'CudaAffine.GemvV5*'
       fi
-      # V5_SET: the settings (GEMV variant, then pPF for ARBOR_CUDA_AFFINE_V2_PF, r for the ring), e.g. "0 0p4 5p4".
+      # V5_SET: the settings (GEMV variant, then pPF for ARBOR_CUDA_AFFINE_V2_PF, f for ARBOR_CUDA_AFFINE_V2_FULL=0, r for the
+      # ring), e.g. "0 0f 0p4 5p4".
       for round in 1 2; do
         for v in ${V5_SET:-0 6 5 5r}; do
           ring=0; [ "${v%r}" != "$v" ] && ring=1
-          base=${v%r}; pf=0; [ "${base#*p}" != "$base" ] && pf=${base#*p}
+          base=${v%r}
+          full=1; [ "${base%f}" != "$base" ] && full=0 && base=${base%f}  # a trailing f: ARBOR_CUDA_AFFINE_V2_FULL=0
+          pf=0; [ "${base#*p}" != "$base" ] && pf=${base#*p}
           bench8b "v5_r${round}_gemv$v" "${V5_RUNS:-1@512,2@512,4@512,8@512}" ARBOR_CUDA_AFFINE_GEMV=${base%%p*} ARBOR_CUDA_AFFINE_V5_RING=$ring \
-            ARBOR_CUDA_AFFINE_V2_PF=$pf -- --bits 4 --group-size 64
+            ARBOR_CUDA_AFFINE_V2_PF=$pf ARBOR_CUDA_AFFINE_V2_FULL=$full -- --bits 4 --group-size 64
         done
       done
       ;;

@@ -267,13 +267,14 @@ TEST(CudaAffine, GemvV2MatchesTheReference) {
   int case_no = 0;
   for (int bits : {4, 8, 3, 2, 6, 5})
     for (int gs : {32, 64, 128})
-      for (const Shape& sh : {Shape{131, int64_t(3 * gs)}, Shape{37, int64_t(8192 + gs)}, Shape{2000, 2048 + gs}, Shape{9, int64_t(gs)}}) {
+      for (const Shape& sh : {Shape{131, int64_t(3 * gs)}, Shape{37, int64_t(8192 + gs)}, Shape{2000, 2048 + gs}, Shape{9, int64_t(gs)},
+                              Shape{77, 2048}}) {  // the last: whole steps (the kernel without the per-piece test against K)
         const DType dt = (case_no % 3) == 1 ? DType::F16 : DType::BF16;
         const bool with_bias = (case_no++ % 2) == 0;
         HostAffine a(rng, sh.R, sh.C, bits, gs, dt, with_bias);
         const Linear l = upload(gpu, a);
         for (int64_t T : {1, 2, 3, 5, 8}) {
-          if (sh.R == 2000 && T != 1 && T != 8) continue;
+          if ((sh.R == 2000 || sh.R == 77) && T != 1 && T != 8) continue;
           const bool f32 = (T + bits + gs / 32) % 2 == 0;
           check_linear(gpu, l, a.w, a.bias, sh.R, sh.C, T, f32, rng, fmt::format("v2 {} T={} {}", a.name(), T, f32 ? "f32" : "bf16"));
         }

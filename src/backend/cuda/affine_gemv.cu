@@ -601,7 +601,7 @@ __device__ __forceinline__ void cp_async_n(uint32_t dst, const void* src) {
   else asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(src), "n"(L));
 }
 
-template <int BITS, int GS, int STAGES, int XPF, bool IM>
+template <int BITS, int GS, int STAGES, int XPF, bool IM, bool FULL>
 __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
     affine_gemv_v2_kernel(AffSegs segs, const uint16_t* __restrict__ x, bool y_f32, int T, int64_t K, bool sb_f16, int wpr, int64_t units,
                           int gated_act, const unsigned char* __restrict__ ximg, int pf) {
@@ -623,19 +623,30 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
     const int64_t ahead = s - sbeg + pf, up = u + int64_t(gridDim.x) * (ahead / nsteps), sp = sbeg + ahead % nsteps;
     if (up >= units) return;
     const V2Rows r = v2_rows<BITS, GS>(segs, up * tpu + slot, g, gated, K);
-    const int h = j & 1;
-    const char* a = j < 2 ? reinterpret_cast<const char*>(r.c[h]) + sp * G::STEP_ROW_BYTES
-                          : reinterpret_cast<const char*>(r.s[h] + (sp * G::STEP_COLS) / GS);
+    const bool h = j & 1;  // selects, not r.c[j & 1]: a runtime index would put r in local memory
+    const char* a = j < 2 ? reinterpret_cast<const char*>(h ? r.c[1] : r.c[0]) + sp * G::STEP_ROW_BYTES
+                          : reinterpret_cast<const char*>((h ? r.s[1] : r.s[0]) + (sp * G::STEP_COLS) / GS);
     asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
   };
+  // The rows of the unit load() last saw: looked up once a unit, not once a step.
+  // (Four scalars, not a V2Rows: a struct kept across iterations went to local memory.)
+  int64_t lr_u = -1;
+  const uint32_t *lc0 = nullptr, *lc1 = nullptr, *ls0 = nullptr, *ls1 = nullptr;
   auto load = [&](V2Buf<BITS, GS>& b, int64_t u, int64_t s) {
     if (u >= units) return;
     if (pf > 0) prefetch(u, s);
-    const V2Rows r = v2_rows<BITS, GS>(segs, u * tpu + slot, g, gated, K);
+    if (u != lr_u) {
+      const V2Rows n = v2_rows<BITS, GS>(segs, u * tpu + slot, g, gated, K);
+      lc0 = n.c[0], lc1 = n.c[1], ls0 = n.s[0], ls1 = n.s[1], lr_u = u;
+    }
+    struct {
+      const uint32_t* c[2];
+      const uint32_t* s[2];
+    } r{{lc0, lc1}, {ls0, ls1}};
 #pragma unroll
     for (int p = 0; p < G::NP; ++p) {
       const int64_t c0 = s * G::STEP_COLS + p * G::PIECE_COLS;
-      if (c0 >= K) break;  // the last step's pieces past K (K is whole pieces: group_size | K)
+      if (!FULL && c0 >= K) break;  // the last step's pieces past K (K is whole pieces: group_size | K; FULL: whole steps)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if constexpr (G::CH) {
@@ -672,7 +683,7 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
 #pragma unroll
       for (int p = 0; p < G::NP; ++p) {
         const int64_t c0 = ss * G::STEP_COLS + p * G::PIECE_COLS;
-        if (c0 >= K) break;
+        if (!FULL && c0 >= K) break;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int slotw = (h * G::NP + p) * 32 + lane;
@@ -728,7 +739,7 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
   auto x_at = [&](int64_t s_, int p, int wi) -> uint4 {
     const int64_t c0 = s_ * G::STEP_COLS + p * G::PIECE_COLS;
     const int64_t col = c0 + j * G::LANE_COLS + (G::CH ? 0 : wi * 4 * G::CPB);
-    if (!x_row || c0 >= K) return make_uint4(0, 0, 0, 0);
+    if (!x_row || (!FULL && c0 >= K)) return make_uint4(0, 0, 0, 0);
     if constexpr (BITS == 8) {
       const uint2 v = __ldg(reinterpret_cast<const uint2*>(xrow + col));
       return make_uint4(v.x, v.y, 0, 0);
@@ -746,7 +757,7 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
 #pragma unroll
     for (int p = 0; p < G::NP; ++p) {
       const int64_t c0 = s * G::STEP_COLS + p * G::PIECE_COLS;
-      if (c0 >= K) break;
+      if (!FULL && c0 >= K) break;
       if (p + XPF < G::NP) {
 #pragma unroll
         for (int wi = 0; wi < NXW; ++wi) xs[(p + XPF) % (XPF + 1)][wi] = x_at(s, p + XPF, wi);
@@ -832,7 +843,7 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
   const float4* xim_meta = IM ? reinterpret_cast<const float4*>(ximg + 16 * K) : nullptr;
   auto xim_at = [&](XIm& v, int64_t s_, int p) {
     const int64_t c0 = s_ * G::STEP_COLS + p * G::PIECE_COLS;
-    if (c0 >= K) return;
+    if (!FULL && c0 >= K) return;
     const int64_t col = c0 + j * G::LANE_COLS;
     if (x_row) {
 #pragma unroll
@@ -863,7 +874,7 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
 #pragma unroll
     for (int p = 0; p < G::NP; ++p) {
       const int64_t c0 = s * G::STEP_COLS + p * G::PIECE_COLS;
-      if (c0 >= K) break;
+      if (!FULL && c0 >= K) break;
       if (p + 1 < G::NP) xim_at(xv[(p + 1) & 1], s, p + 1);
       const XIm& v = xv[p & 1];
       int ch[4] = {0, 0, 0, 0}, cl[4] = {0, 0, 0, 0};
@@ -975,11 +986,14 @@ int env_choice(int& cached, const char* name, int hi, int def = 0);
 int g_v2_pf = -1;  // set_affine_v2_prefetch; -1: from ARBOR_CUDA_AFFINE_V2_PF (unset: 0)
 // v2/v5's L2 prefetch distance in steps (0: none).
 int v2_prefetch() { return env_choice(g_v2_pf, "ARBOR_CUDA_AFFINE_V2_PF", 16, 0); }
+// v2/v5 without the per-piece tests against K where K is whole steps (ARBOR_CUDA_AFFINE_V2_FULL=0: always with them; A/B).
+int g_v2_full = -1;
+bool v2_full() { return env_choice(g_v2_full, "ARBOR_CUDA_AFFINE_V2_FULL", 1, 1) == 1; }
 
-template <int BITS, int GS, int STAGES, int XPF, bool IM = false>
+template <int BITS, int GS, int STAGES, int XPF, bool IM = false, bool FULL = false>
 void launch_v2_s(unsigned grid, cudaStream_t s, const AffSegs& segs, const uint16_t* x, bool y_f32, int T, int64_t K, bool sb_f16, int wpr,
                  int64_t units, int gated_act, const unsigned char* ximg = nullptr) {
-  auto* kernel = affine_gemv_v2_kernel<BITS, GS, STAGES, XPF, IM>;
+  auto* kernel = affine_gemv_v2_kernel<BITS, GS, STAGES, XPF, IM, FULL>;
   const size_t smem = size_t(kV2Warps) * STAGES * V2Ring<BITS, GS>::kBytes;
   static bool attr = false;
   if (STAGES > 0 && !attr) {
@@ -1076,6 +1090,8 @@ void launch_v5(unsigned grid, cudaStream_t s, const AffSegs& segs, const uint16_
   ARBOR_LAUNCH_CHECK("affine_ximg_kernel");
   if (env_choice(g_v5_ring, "ARBOR_CUDA_AFFINE_V5_RING", 1, 0) == 1)
     launch_v2_s<4, GS, V2Ring<4, GS>::kStages, 0, true>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act, ximg);
+  else if (K % v2_step_cols(4) == 0 && v2_full())
+    launch_v2_s<4, GS, 0, 0, true, true>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act, ximg);
   else
     launch_v2_s<4, GS, 0, 0, true>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act, ximg);
 }
@@ -1094,6 +1110,8 @@ void launch_v2_t(int variant, unsigned grid, cudaStream_t s, const AffSegs& segs
   }
   const int xpf = v2_x_ahead();
   if (xpf == 1) launch_v2_s<BITS, GS, 0, 1>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
+  else if (xpf == 2 && K % v2_step_cols(BITS) == 0 && v2_full())  // whole steps: no per-piece test against K
+    launch_v2_s<BITS, GS, 0, 2, false, true>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
   else if (xpf == 2) launch_v2_s<BITS, GS, 0, 2>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
   else launch_v2_s<BITS, GS, 0, 0>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
 }
