@@ -1110,9 +1110,15 @@ void launch_v2_t(int variant, unsigned grid, cudaStream_t s, const AffSegs& segs
   }
   const int xpf = v2_x_ahead();
   if (xpf == 1) launch_v2_s<BITS, GS, 0, 1>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
-  else if (xpf == 2 && K % v2_step_cols(BITS) == 0 && v2_full())  // whole steps: no per-piece test against K
-    launch_v2_s<BITS, GS, 0, 2, false, true>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
-  else if (xpf == 2) launch_v2_s<BITS, GS, 0, 2>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
+  else if (xpf == 2) {
+    if constexpr (BITS == 4 || BITS == 8) {  // whole steps: no per-piece test against K (4/8-bit only: binary size)
+      if (K % v2_step_cols(BITS) == 0 && v2_full()) {
+        launch_v2_s<BITS, GS, 0, 2, false, true>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
+        return;
+      }
+    }
+    launch_v2_s<BITS, GS, 0, 2>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
+  }
   else launch_v2_s<BITS, GS, 0, 0>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
 }
 
