@@ -983,9 +983,20 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
 }
 
 int env_choice(int& cached, const char* name, int hi, int def = 0);
-int g_v2_pf = -1;  // set_affine_v2_prefetch; -1: from ARBOR_CUDA_AFFINE_V2_PF (unset: 0)
-// v2/v5's L2 prefetch distance in steps (0: none).
-int v2_prefetch() { return env_choice(g_v2_pf, "ARBOR_CUDA_AFFINE_V2_PF", 16, 0); }
+int g_v2_pf = -1;  // set_affine_v2_prefetch; -1: from ARBOR_CUDA_AFFINE_V2_PF (unset: 1 for 4-bit codes, else 0)
+// v2/v5's L2 prefetch distance in steps (0: none). Default 1: session 27 on an H100, the 8B 4-bit g64 at ctx 512, two
+// rounds each: b=2 442.6 / 443.6 tok/s without, 497.4 / 497.4 at 1 step, 487-491 at 2, 474-476 at 3 (4 and 8 lost
+// more); b=8 1443 -> 1616 / 1617 (+12 %).
+// Other widths keep 0 unless it is set (not yet measured there).
+int v2_prefetch(int bits) {
+  static const int env = [] {
+    const char* e = std::getenv("ARBOR_CUDA_AFFINE_V2_PF");
+    const int v = e ? std::atoi(e) : -1;
+    return v >= 0 && v <= 16 ? v : -1;
+  }();
+  const int v = g_v2_pf >= 0 ? g_v2_pf : env;
+  return v >= 0 ? v : bits == 4 ? 1 : 0;
+}
 // v2/v5 without the per-piece tests against K where K is whole steps (ARBOR_CUDA_AFFINE_V2_FULL=0: always with them; A/B).
 int g_v2_full = -1;
 bool v2_full() { return env_choice(g_v2_full, "ARBOR_CUDA_AFFINE_V2_FULL", 1, 1) == 1; }
@@ -1000,7 +1011,7 @@ void launch_v2_s(unsigned grid, cudaStream_t s, const AffSegs& segs, const uint1
     ARBOR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     attr = true;
   }
-  pdl_launch(kernel, dim3(grid), dim3(kV2Warps * 32), smem, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act, ximg, v2_prefetch());
+  pdl_launch(kernel, dim3(grid), dim3(kV2Warps * 32), smem, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act, ximg, v2_prefetch(BITS));
   ARBOR_LAUNCH_CHECK("affine_gemv_v2_kernel");
 }
 
