@@ -71,7 +71,7 @@ void set_affine_stream_int_x(int on);
 // v5's codes: 1 through a cp.async ring in shared memory, 0 two register buffers (A/B; -1: ARBOR_CUDA_AFFINE_V5_RING, unset 0).
 void set_affine_v5_ring(int on);
 // v2/v5's L2 prefetch of the codes and scale/bias words that many steps ahead, 0 none (A/B; -1: ARBOR_CUDA_AFFINE_V2_PF,
-// unset: 1 for 4-bit codes, 0 for the others, as measured at 4 bits only).
+// unset: 1 for 4- and 8-bit codes, 0 for the others, as measured).
 void set_affine_v2_prefetch(int steps);
 // Embedding gather from an affine table: out [T, cols] bf16 = (scale·code + bias) · mul for row tokens[t]
 // (an id < 0: picked[-1 - id], as launch_embed); scale·code and + bias rounded separately, as the

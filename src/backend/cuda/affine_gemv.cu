@@ -983,11 +983,12 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
 }
 
 int env_choice(int& cached, const char* name, int hi, int def = 0);
-int g_v2_pf = -1;  // set_affine_v2_prefetch; -1: from ARBOR_CUDA_AFFINE_V2_PF (unset: 1 for 4-bit codes, else 0)
-// v2/v5's L2 prefetch distance in steps (0: none). Default 1: session 27 on an H100, the 8B 4-bit g64 at ctx 512, two
-// rounds each: b=2 442.6 / 443.6 tok/s without, 497.4 / 497.4 at 1 step, 487-491 at 2, 474-476 at 3 (4 and 8 lost
-// more); b=8 1443 -> 1616 / 1617 (+12 %).
-// Other widths keep 0 unless it is set (not yet measured there).
+int g_v2_pf = -1;  // set_affine_v2_prefetch; -1: from ARBOR_CUDA_AFFINE_V2_PF (unset: 1 for 4/8-bit codes, else 0)
+// v2/v5's L2 prefetch distance in steps (0: none). Default 1 for 4- and 8-bit codes: session 27 on an H100, the 8B at
+// g64, ctx 512, two rounds each: 4-bit b=2 442.6 / 443.6 tok/s without, 497.4 / 497.4 at 1 step, 487-491 at 2, 474-476
+// at 3 (4 and 8 lost more), b=8 1443 -> 1616 / 1617 (+12 %); 8-bit b=2 375.9 / 375.3 -> 389.7 / 394.2, b=8 1228.4 /
+// 1229.6 -> 1341.6 / 1347.7 (+9 %). 3-bit lost at b=8 (1237.5 / 1227.1 -> 1172.2 / 1171.0): off there and at the
+// widths not measured.
 int v2_prefetch(int bits) {
   static const int env = [] {
     const char* e = std::getenv("ARBOR_CUDA_AFFINE_V2_PF");
@@ -995,7 +996,7 @@ int v2_prefetch(int bits) {
     return v >= 0 && v <= 16 ? v : -1;
   }();
   const int v = g_v2_pf >= 0 ? g_v2_pf : env;
-  return v >= 0 ? v : bits == 4 ? 1 : 0;
+  return v >= 0 ? v : bits == 4 || bits == 8 ? 1 : 0;
 }
 // v2/v5 without the per-piece tests against K where K is whole steps (ARBOR_CUDA_AFFINE_V2_FULL=0: always with them; A/B).
 int g_v2_full = -1;

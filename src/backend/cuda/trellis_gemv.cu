@@ -736,7 +736,10 @@ void launch_imma(const TrSegs& segs, int mt, int64_t Kin, const uint16_t* x, uns
   }
   const Kern kern = kerns[ti_options().variant][mt - 1][nn + (W == 16 ? 1 : 0)];
   ARBOR_CU_CHECK(kern && smem <= ti_max_smem(), "cuda: trellis gemv: no integer kernel for %d rows, %d m-tiles, K %lld", T, mt, (long long)Kin);
-  static const int pf = [] {  // ARBOR_CUDA_TRELLIS_PF: L2 prefetch distance in blocks (A/B; unset 0)
+  // ARBOR_CUDA_TRELLIS_PF: L2 prefetch distance in blocks (A/B; unset 0). Session 27, H100, 8B at k = 2, ctx 512, two
+  // rounds: b=1 319.5 / 317.8 tok/s without, 315.8 / 323.0 at 1, 315.5 / 322.5 at 2; b=8 1426-1431 against 1424-1444:
+  // no change either way (unlike the affine v2's +9-12 %), so off.
+  static const int pf = [] {
     const char* e = std::getenv("ARBOR_CUDA_TRELLIS_PF");
     const int v = e ? std::atoi(e) : 0;
     return v >= 0 && v <= 16 ? v : 0;
