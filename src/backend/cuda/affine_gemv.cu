@@ -451,7 +451,10 @@ void check_same(const AffineWeights& a, const AffineWeights& b, const char* what
 // tile's K steps and add their partial sums through shared memory at the unit's end) grid-stride. The loads
 // of a warp's next step (the next unit's first step across unit boundaries) are issued before the current
 // step is computed, in a second register buffer: 2 KB per warp, 32 KB per SM in flight. The first step is
-// loaded before griddepcontrol.wait.
+// loaded before griddepcontrol.wait. With each load a lane asks L2 for one 128-byte line of the step after
+// (codes or scale words of its rows; ARBOR_CUDA_AFFINE_V2_PF, default 1 step at 4 and 8 bits: +9-19 % at 2-8
+// rows on an H100, session 27), and where K is whole steps the instance without per-piece tests against K runs
+// (FULL; Nsight showed a warp-step's ~650 instructions mostly such bookkeeping, not the unpacking or the MMAs).
 //
 // v3 (ARBOR_CUDA_AFFINE_GEMV=3): the same warps and arithmetic, but a warp's steps travel through a ring of
 // STAGES steps in shared memory (cp.async, each lane's bytes lane-interleaved: conflict-free to read back
