@@ -24,7 +24,7 @@
 #   kvsplit: k8v3 and bf16 KV at 32@4096 and 1@32768 with 1 (auto), 2, 4 splits of the coded decode attention (~3 min)
 #   narrow: the affine tensor-core GEMV at 2/3 bits: CudaAffine tests, memcheck, the 8B at 1-8 rows against v1 (~4 min)
 #   optins: session 23's affine kernels (v4's integer x, v2's x ahead; defaults since session 26) against the paths before
-#   v5: the affine integer tensor-core GEMV (issue 19, 2..8 rows): tests, memcheck, the 8B against the default (~5 min)
+#   v5: the affine integer tensor-core GEMV (issue 19, 2..8 rows): tests, memcheck, the 8B against the default (~4 min)
 #   encoder: the GPU Viterbi's tests and its weights/s against the CPU encoder's (pack bench_trellis too),
 #   profile: per-kernel times of one decode step under ncu (PROFILE picks the runs; ~1-3 min each),
 #   sweep: compute-sanitizer over every CUDA test in one call (~460 s on an H200, estimated from its
@@ -132,22 +132,20 @@ for step in $STEPS; do
       ;;
     v5)
       # Issue 19's 2..8-row decode on integer tensor cores (affine v5, ARBOR_CUDA_AFFINE_GEMV=5/6): its tests, memcheck on
-      # them, then the 8B at 4-bit g64 over 1/2/4/8 rows: the default (v4 at 1 row, v2 from 2) against 6 (v5 from 2 rows),
-      # 5 (v5 at every row count) and 5r (the same, codes through a cp.async ring), twice in turn (~5 min). Logs v5_*.log.
-      if [ "${V5_TESTS:-1}" = 1 ]; then  # V5_TESTS=0: the benchmarks only
+      # them, then the 8B at 4-bit g64 over V5_RUNS (default 1/2/4/8 rows at ctx 512) under each setting of V5_AB
+      # (';'-separated environment assignments as AB's; default: the default kernels, 6 = v5 from 2 rows, 5 = v5 at every
+      # row count), twice in turn (~4 min). V5_TESTS=0 runs the benchmarks only. Logs v5_*.log.
+      if [ "${V5_TESTS:-1}" = 1 ]; then
         gtests v5_tests 300 'CudaAffine.GemvV5*:CudaAffine.GemvV2*:CudaAffine.AffineCheckpoints*'
         memcheck_filter v5_memcheck 200 'CudaAffine.GemvV5*'
       fi
-      # V5_SET: the settings (GEMV variant, then pPF for ARBOR_CUDA_AFFINE_V2_PF, f for ARBOR_CUDA_AFFINE_V2_FULL=0, r for the
-      # ring), e.g. "0 0f 0p4 5p4".
+      IFS=';' read -r -a settings <<< "${V5_AB:-ARBOR_CUDA_AFFINE_GEMV=0;ARBOR_CUDA_AFFINE_GEMV=6;ARBOR_CUDA_AFFINE_GEMV=5}"
       for round in 1 2; do
-        for v in ${V5_SET:-0 6 5 5r}; do
-          ring=0; [ "${v%r}" != "$v" ] && ring=1
-          base=${v%r}
-          full=1; [ "${base%f}" != "$base" ] && full=0 && base=${base%f}  # a trailing f: ARBOR_CUDA_AFFINE_V2_FULL=0
-          pf=0; [ "${base#*p}" != "$base" ] && pf=${base#*p}
-          bench8b "v5_r${round}_gemv$v" "${V5_RUNS:-1@512,2@512,4@512,8@512}" ARBOR_CUDA_AFFINE_GEMV=${base%%p*} ARBOR_CUDA_AFFINE_V5_RING=$ring \
-            ARBOR_CUDA_AFFINE_V2_PF=$pf ARBOR_CUDA_AFFINE_V2_FULL=$full -- --bits 4 --group-size 64
+        n=0
+        for setting in "${settings[@]}"; do
+          n=$((n + 1))
+          bench8b "v5_r${round}_$n" "${V5_RUNS:-1@512,2@512,4@512,8@512}" $setting -- --bits 4 --group-size 64
+          summary[${#summary[@]}-1]="${summary[${#summary[@]}-1]} [$setting]"
         done
       done
       ;;

@@ -68,8 +68,6 @@ void set_affine_v2_x_ahead(int pieces);
 // v4 (the streaming GEMV): 1 stages x as 16-bit integers per 32 columns and sums code·x with __dp4a, 0 as bf16
 // with float FMAs (A/B; -1: ARBOR_CUDA_AFFINE_STREAM_INT, unset 1).
 void set_affine_stream_int_x(int on);
-// v5's codes: 1 through a cp.async ring in shared memory, 0 two register buffers (A/B; -1: ARBOR_CUDA_AFFINE_V5_RING, unset 0).
-void set_affine_v5_ring(int on);
 // v2/v5's L2 prefetch of the codes and scale/bias words that many steps ahead, 0 none (A/B; -1: ARBOR_CUDA_AFFINE_V2_PF,
 // unset: 1 for 4- and 8-bit codes, 0 for the others, as measured).
 void set_affine_v2_prefetch(int steps);

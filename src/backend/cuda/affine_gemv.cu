@@ -452,9 +452,10 @@ void check_same(const AffineWeights& a, const AffineWeights& b, const char* what
 // of a warp's next step (the next unit's first step across unit boundaries) are issued before the current
 // step is computed, in a second register buffer: 2 KB per warp, 32 KB per SM in flight. The first step is
 // loaded before griddepcontrol.wait. With each load a lane asks L2 for one 128-byte line of the step after
-// (codes or scale words of its rows; ARBOR_CUDA_AFFINE_V2_PF, default 1 step at 4 and 8 bits: +9-19 % at 2-8
+// (codes or scale words of its rows; ARBOR_CUDA_AFFINE_V2_PF, default 1 step at 4 and 8 bits: +4-12 % at 2-8
 // rows on an H100, session 27), and where K is whole steps the instance without per-piece tests against K runs
-// (FULL; Nsight showed a warp-step's ~650 instructions mostly such bookkeeping, not the unpacking or the MMAs).
+// (FULL: 4-bit b=2 +5.5 %; Nsight counted ~650 instructions a 2 KB warp-step, and the PTX's op mix puts most of
+// them in address and bounds arithmetic, not the unpacking or the MMAs).
 //
 // v3 (ARBOR_CUDA_AFFINE_GEMV=3): the same warps and arithmetic, but a warp's steps travel through a ring of
 // STAGES steps in shared memory (cp.async, each lane's bytes lane-interleaved: conflict-free to read back
@@ -608,7 +609,7 @@ template <int BITS, int GS, int STAGES, int XPF, bool IM, bool FULL>
 __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
     affine_gemv_v2_kernel(AffSegs segs, const uint16_t* __restrict__ x, bool y_f32, int T, int64_t K, bool sb_f16, int wpr, int64_t units,
                           int gated_act, const unsigned char* __restrict__ ximg, int pf) {
-  static_assert(!IM || BITS == 4, "v5: 4-bit codes");
+  static_assert(!IM || (BITS == 4 && STAGES == 0), "v5: 4-bit codes, register buffers");
   using G = V2Geo<BITS, GS>;
   __shared__ float4 red[2][kV2Warps][32];           // partial sums of the wpr warps of a tile, by unit parity
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, j = lane % 4;
@@ -1093,19 +1094,14 @@ int env_choice(int& cached, const char* name, int hi, int def) {
 // v2 loads x that many pieces ahead of its MMAs (ARBOR_CUDA_AFFINE_V2_XPF=0/1/2 or set_affine_v2_x_ahead). Default 2:
 // session 26 on an H100, the 8B 4-bit in two rounds, b=8 1380 -> 1440 tok/s (+4.3 % both), b=3 596 -> 622 (+4.4 %); 1
 // gave +2.2-2.5 % at b=8.
-// v5's codes through v3's cp.async ring of steps in shared memory instead of two register buffers
-// (ARBOR_CUDA_AFFINE_V5_RING=1; A/B).
-int g_v5_ring = -1;
-
 template <int GS>
 void launch_v5(unsigned grid, cudaStream_t s, const AffSegs& segs, const uint16_t* x, bool y_f32, int T, int64_t K, bool sb_f16, int wpr,
                int64_t units, int gated_act, unsigned char* ximg) {
   const int64_t spans = (K + 255) / 256;
   pdl_launch(affine_ximg_kernel, dim3(unsigned(spans)), dim3(256), 0, s, x, T, K, GS, ximg);
   ARBOR_LAUNCH_CHECK("affine_ximg_kernel");
-  if (env_choice(g_v5_ring, "ARBOR_CUDA_AFFINE_V5_RING", 1, 0) == 1)
-    launch_v2_s<4, GS, V2Ring<4, GS>::kStages, 0, true>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act, ximg);
-  else if (K % v2_step_cols(4) == 0 && v2_full())
+  // (Its codes through v3's cp.async ring were tried in session 27 and removed: b=8 1272 against 1348 tok/s.)
+  if (K % v2_step_cols(4) == 0 && v2_full())
     launch_v2_s<4, GS, 0, 0, true, true>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act, ximg);
   else
     launch_v2_s<4, GS, 0, 0, true>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act, ximg);
@@ -1522,11 +1518,12 @@ __global__ void affine_embed_kernel(AffineWeights w, const int32_t* tokens, cons
 
 }  // namespace
 
-// Each launch's kernel: v4 for one row where it applies (by default, or forced with 4), else v2 where it
-// applies (by default for 2..8 rows, or forced with 2/3), else v1.
 int64_t affine_gemv_scratch_floats(const AffineWeights& w, int64_t T) {
   return v5_takes(w, T) ? (ximg_bytes(w.cols, w.group_size) + 3) / 4 : 0;
 }
+
+// Each launch's kernel: v4 for one row where it applies (by default, or forced with 4), else v5 where it is chosen
+// and has scratch, else v2 where it applies (by default for 2..8 rows, or forced with 2/3), else v1.
 
 void launch_affine_gemv_multi(const AffineGemvOut* outs, int n, const uint16_t* x, bool y_f32, int64_t T, int n_sms, CUstream_st* s,
                               float* scratch) {
@@ -1552,7 +1549,6 @@ void launch_affine_gemv_gated(const AffineGemvOut& gate, const AffineGemvOut& up
 void set_affine_gemv_variant(int v) { g_v2_variant = v >= 1 && v <= 6 ? v : -1; }
 void set_affine_v2_x_ahead(int pieces) { g_v2_xpf = pieces >= 0 && pieces <= 2 ? pieces : -1; }
 void set_affine_stream_int_x(int on) { g_stream_intx = on == 0 || on == 1 ? on : -1; }
-void set_affine_v5_ring(int on) { g_v5_ring = on == 0 || on == 1 ? on : -1; }
 void set_affine_v2_prefetch(int steps) { g_v2_pf = steps >= 0 && steps <= 16 ? steps : -1; }
 
 void launch_affine_embed(const AffineWeights& w, const int32_t* tokens, const int32_t* picked, int64_t T, float mul, uint16_t* out,

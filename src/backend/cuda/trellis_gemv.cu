@@ -537,7 +537,7 @@ __global__ void __launch_bounds__(256) trellis_xquant_kernel(const uint16_t* __r
 template <int K, int NN, int MT, int V, int W>
 __global__ void __launch_bounds__(W * 32)
     trellis_imma_kernel(TrSegs segs, const uint16_t* __restrict__ x, const unsigned char* __restrict__ ximg, bool y_f32, int T, int64_t Kin,
-                        int wpr, int gated_act, int pf) {
+                        int wpr, int gated_act) {
   constexpr int WPB = 8 * K, NW = 2 * K;
   extern __shared__ __align__(16) unsigned char ti_xs[];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, j = lane % 4;
@@ -562,12 +562,7 @@ __global__ void __launch_bounds__(W * 32)
     }
   const int64_t bbeg = nb * part / wpr, bend = nb * (part + 1) / wpr;
   uint32_t wa[MT][2][NW], wb[MT][2][NW];
-  // pf > 0: each block row's words pf blocks ahead prefetched into L2 (lanes j = 0 / 1: A rows g / g + 8 of each m-tile;
-  // a 128-byte line, a block row being 32k bytes), so DRAM sees more than the one block a warp its registers hold.
   auto load = [&](uint32_t (&w)[MT][2][NW], int64_t b) {
-    if (pf > 0 && j < 2 && b + pf < bend)
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) asm volatile("prefetch.global.L2 [%0];" ::"l"((j ? wp[mt][1] : wp[mt][0]) + (b + pf) * WPB));
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -713,7 +708,7 @@ void launch_imma(const TrSegs& segs, int mt, int64_t Kin, const uint16_t* x, uns
   while (wpr < W && units * wpr < int64_t(n_sms) * 2 * kTiWarps && nb / (wpr * 2) >= 1) wpr *= 2;
   const int64_t per_block = W / wpr;
   const unsigned grid = unsigned((units + per_block - 1) / per_block);
-  using Kern = void (*)(TrSegs, const uint16_t*, const unsigned char*, bool, int, int64_t, int, int, int);
+  using Kern = void (*)(TrSegs, const uint16_t*, const unsigned char*, bool, int, int64_t, int, int);
   // [variant][m-tiles - 1][n-tiles: 1 (T <= 4), 2 (T <= 8), 4 (T <= 16; one m-tile only, for registers); then 4 with 16 warps]
   const Kern kerns[2][2][4] = {
       {{trellis_imma_kernel<K, 1, 1, 0, 8>, trellis_imma_kernel<K, 2, 1, 0, 8>, trellis_imma_kernel<K, 4, 1, 0, 8>, trellis_imma_kernel<K, 4, 1, 0, 16>},
@@ -736,16 +731,8 @@ void launch_imma(const TrSegs& segs, int mt, int64_t Kin, const uint16_t* x, uns
   }
   const Kern kern = kerns[ti_options().variant][mt - 1][nn + (W == 16 ? 1 : 0)];
   ARBOR_CU_CHECK(kern && smem <= ti_max_smem(), "cuda: trellis gemv: no integer kernel for %d rows, %d m-tiles, K %lld", T, mt, (long long)Kin);
-  // ARBOR_CUDA_TRELLIS_PF: L2 prefetch distance in blocks (A/B; unset 0). Session 27, H100, 8B at k = 2, ctx 512, two
-  // rounds: b=1 319.5 / 317.8 tok/s without, 315.8 / 323.0 at 1, 315.5 / 322.5 at 2; b=8 1426-1431 against 1424-1444:
-  // no change either way (unlike the affine v2's +9-12 %), so off.
-  static const int pf = [] {
-    const char* e = std::getenv("ARBOR_CUDA_TRELLIS_PF");
-    const int v = e ? std::atoi(e) : 0;
-    return v >= 0 && v <= 16 ? v : 0;
-  }();
   pdl_launch(kern, dim3(grid), dim3(W * 32), smem, s, segs, x,
-             static_cast<const unsigned char*>(ximg), y_f32, T, Kin, wpr, gated_act, pf);
+             static_cast<const unsigned char*>(ximg), y_f32, T, Kin, wpr, gated_act);
   ARBOR_LAUNCH_CHECK("trellis_imma_kernel");
 }
 
