@@ -130,6 +130,35 @@ void add_offset_bound(const HostAffine& a, const std::vector<float>& x, int64_t 
     }
 }
 
+// The fused forms at one shape, against the reference: q/k/v (75, 33, 17 rows; q and v with a bias) in one linear_multi
+// (bf16 outputs: one fused launch), then gate/up (91 rows; a gate bias at g32, an up bias at g128) with `act` in one
+// gated_up. bound(a, x, mag) adds a kernel's own rounding of x to an output's magnitude where it has one.
+template <class Bound>
+void check_fused_forms(CudaBackend& gpu, std::mt19937& rng, int64_t C, int64_t T, int bits, int gs, DType dt, ActOp act, const std::string& label,
+                       Bound&& bound) {
+  HostAffine q(rng, 75, C, bits, gs, dt, true), k(rng, 33, C, bits, gs, dt, false), v(rng, 17, C, bits, gs, dt, true);
+  const Linear lq = upload(gpu, q), lk = upload(gpu, k), lv = upload(gpu, v);
+  std::vector<float> x = random_bf16(rng, size_t(T * C));
+  Tensor xd = dev_bf16(gpu, x, {T, C});
+  Tensor yq = gpu.alloc(DType::BF16, {T, 75}), yk = gpu.alloc(DType::BF16, {T, 33}), yv = gpu.alloc(DType::BF16, {T, 17});
+  const Backend::LinearOut outs[3] = {{&lq, yq}, {&lk, yk}, {&lv, yv}};
+  gpu.linear_multi(xd, outs, 3);
+  for (auto [a, y] : {std::pair{&q, yq}, std::pair{&k, yk}, std::pair{&v, yv}}) {
+    std::vector<float> ref, mag;
+    reference(*a, x, T, ref, mag);
+    bound(*a, x, mag);
+    expect_linear_close(host_f32(gpu, y), ref, mag, true, fmt::format("{} multi {} T={}", label, a->name(), T));
+  }
+  HostAffine g(rng, 91, C, bits, gs, dt, gs == 32), u(rng, 91, C, bits, gs, dt, gs == 128);
+  const Linear lg = upload(gpu, g), lu = upload(gpu, u);
+  Tensor gate = gpu.alloc(DType::BF16, {T, 91}), up = gpu.alloc(DType::BF16, {T, 91}), out = gpu.alloc(DType::BF16, {T, 91});
+  gpu.gated_up(xd, lg, lu, act, gate, up, out);
+  std::vector<float> rg, mg, ru, mu;
+  reference(g, x, T, rg, mg), reference(u, x, T, ru, mu);
+  bound(g, x, mg), bound(u, x, mu);
+  expect_gated_close(host_f32(gpu, out), rg, mg, ru, mu, act, fmt::format("{} gated {} T={}", label, g.name(), T));
+}
+
 TEST(CudaAffine, DeviceLayoutKeepsTheFileBytes) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
@@ -222,28 +251,9 @@ TEST(CudaAffine, FusedMultiAndGatedMatchTheReference) {
       GemvVariant chosen(variant);
       const int gs = gs_pick == 1 ? 32 : gs_pick == 2 ? (bits == 4 ? 128 : 64) : bits == 3 ? 32 : bits == 4 ? 64 : 128;
       const int64_t C = 4 * gs + 128;
-      const DType dt = bits % 2 ? DType::F16 : DType::BF16;
-      HostAffine q(rng, 75, C, bits, gs, dt, true), k(rng, 33, C, bits, gs, dt, false), v(rng, 33, C, bits, gs, dt, true);
-      const Linear lq = upload(gpu, q), lk = upload(gpu, k), lv = upload(gpu, v);
-      std::vector<float> x = random_bf16(rng, size_t(T * C));
-      Tensor xd = dev_bf16(gpu, x, {T, C});
-      Tensor yq = gpu.alloc(DType::BF16, {T, 75}), yk = gpu.alloc(DType::BF16, {T, 33}), yv = gpu.alloc(DType::BF16, {T, 33});
-      const Backend::LinearOut outs[3] = {{&lq, yq}, {&lk, yk}, {&lv, yv}};
-      gpu.linear_multi(xd, outs, 3);
-      for (auto [a, y] : {std::pair{&q, yq}, std::pair{&k, yk}, std::pair{&v, yv}}) {
-        std::vector<float> ref, mag;
-        reference(*a, x, T, ref, mag);
-        expect_linear_close(host_f32(gpu, y), ref, mag, true, fmt::format("v{} multi {} T={}", variant, a->name(), T));
-      }
-
-      // Gated: out = silu(bf16(x·gᵀ + b)) * bf16(x·uᵀ + b), rounded to bf16.
-      HostAffine g(rng, 91, C, bits, gs, dt, T == 3), u(rng, 91, C, bits, gs, dt, false);
-      const Linear lg = upload(gpu, g), lu = upload(gpu, u);
-      Tensor gate = gpu.alloc(DType::BF16, {T, 91}), up = gpu.alloc(DType::BF16, {T, 91}), out = gpu.alloc(DType::BF16, {T, 91});
-      gpu.gated_up(xd, lg, lu, ActOp::SiLU, gate, up, out);
-      std::vector<float> rg, mg, ru, mu;
-      reference(g, x, T, rg, mg), reference(u, x, T, ru, mu);
-      expect_gated_close(host_f32(gpu, out), rg, mg, ru, mu, ActOp::SiLU, fmt::format("v{} gated {} T={}", variant, g.name(), T));
+      // q/k/v, then gated: out = silu(bf16(x·gᵀ + b)) * bf16(x·uᵀ + b), rounded to bf16.
+      check_fused_forms(gpu, rng, C, T, bits, gs, bits % 2 ? DType::F16 : DType::BF16, ActOp::SiLU, fmt::format("v{}", variant),
+                        [](const HostAffine&, const std::vector<float>&, std::vector<float>&) {});
     }
 }
 
@@ -328,29 +338,11 @@ TEST(CudaAffine, GemvStreamMatchesTheReference) {
     }
   for (int bits : {4, 8})
     for (int gs : {32, 64, 128}) {
-      const int64_t C = 2048, T = 1;
-      const DType dt = gs == 64 ? DType::F16 : DType::BF16;
-      HostAffine q(rng, 75, C, bits, gs, dt, true), k(rng, 33, C, bits, gs, dt, false), v(rng, 17, C, bits, gs, dt, true);
-      const Linear lq = upload(gpu, q), lk = upload(gpu, k), lv = upload(gpu, v);
-      std::vector<float> x = random_bf16(rng, size_t(T * C));
-      Tensor xd = dev_bf16(gpu, x, {T, C});
-      Tensor yq = gpu.alloc(DType::BF16, {T, 75}), yk = gpu.alloc(DType::BF16, {T, 33}), yv = gpu.alloc(DType::BF16, {T, 17});  // one dtype: one fused launch
-      const Backend::LinearOut outs[3] = {{&lq, yq}, {&lk, yk}, {&lv, yv}};
-      gpu.linear_multi(xd, outs, 3);
-      for (auto [a, y] : {std::pair{&q, yq}, std::pair{&k, yk}, std::pair{&v, yv}}) {
-        std::vector<float> ref, mag;
-        reference(*a, x, T, ref, mag);
-        if (intx && stream_takes(bits, C)) add_int_x_bound(a->w, a->R, C, x, T, mag);
-        expect_linear_close(host_f32(gpu, y), ref, mag, y.dtype == DType::BF16, fmt::format("v4 multi {} T={}", a->name(), T));
-      }
-      HostAffine g(rng, 91, C, bits, gs, dt, gs == 32), u(rng, 91, C, bits, gs, dt, gs == 128);
-      const Linear lg = upload(gpu, g), lu = upload(gpu, u);
-      Tensor gate = gpu.alloc(DType::BF16, {T, 91}), up = gpu.alloc(DType::BF16, {T, 91}), out = gpu.alloc(DType::BF16, {T, 91});
-      gpu.gated_up(xd, lg, lu, ActOp::GeLUTanh, gate, up, out);
-      std::vector<float> rg, mg, ru, mu;
-      reference(g, x, T, rg, mg), reference(u, x, T, ru, mu);
-      if (intx && stream_takes(bits, C)) add_int_x_bound(g.w, 91, C, x, T, mg), add_int_x_bound(u.w, 91, C, x, T, mu);
-      expect_gated_close(host_f32(gpu, out), rg, mg, ru, mu, ActOp::GeLUTanh, fmt::format("v4 gated {}", g.name()));
+      const int64_t C = 2048;
+      check_fused_forms(gpu, rng, C, 1, bits, gs, gs == 64 ? DType::F16 : DType::BF16, ActOp::GeLUTanh, "v4",
+                        [&](const HostAffine& a, const std::vector<float>& x, std::vector<float>& mag) {
+                          if (intx && stream_takes(bits, C)) add_int_x_bound(a.w, a.R, C, x, 1, mag);
+                        });
     }
   }
 }
@@ -406,31 +398,11 @@ TEST(CudaAffine, GemvV5MatchesTheReference) {
     expect_linear_close(host_f32(gpu, yd), ref, mag, false, fmt::format("v5 {} T={}", a.name(), T));
   }
   for (int gs : {32, 64, 128})
-    for (int64_t T : {1, 4, 8}) {
-      const int64_t C = 2048 + gs;
-      const DType dt = gs == 64 ? DType::F16 : DType::BF16;
-      HostAffine q(rng, 75, C, 4, gs, dt, true), k(rng, 33, C, 4, gs, dt, false), v(rng, 17, C, 4, gs, dt, true);
-      const Linear lq = upload(gpu, q), lk = upload(gpu, k), lv = upload(gpu, v);
-      std::vector<float> x = random_bf16(rng, size_t(T * C));
-      Tensor xd = dev_bf16(gpu, x, {T, C});
-      Tensor yq = gpu.alloc(DType::BF16, {T, 75}), yk = gpu.alloc(DType::BF16, {T, 33}), yv = gpu.alloc(DType::BF16, {T, 17});
-      const Backend::LinearOut outs[3] = {{&lq, yq}, {&lk, yk}, {&lv, yv}};
-      gpu.linear_multi(xd, outs, 3);
-      for (auto [a, y] : {std::pair{&q, yq}, std::pair{&k, yk}, std::pair{&v, yv}}) {
-        std::vector<float> ref, mag;
-        reference(*a, x, T, ref, mag);
-        add_int_x_bound(a->w, a->R, C, x, T, mag, gs, 32512.0);
-        expect_linear_close(host_f32(gpu, y), ref, mag, true, fmt::format("v5 multi {} T={}", a->name(), T));
-      }
-      HostAffine g(rng, 91, C, 4, gs, dt, gs == 32), u(rng, 91, C, 4, gs, dt, gs == 128);
-      const Linear lg = upload(gpu, g), lu = upload(gpu, u);
-      Tensor gate = gpu.alloc(DType::BF16, {T, 91}), up = gpu.alloc(DType::BF16, {T, 91}), out = gpu.alloc(DType::BF16, {T, 91});
-      gpu.gated_up(xd, lg, lu, ActOp::SiLU, gate, up, out);
-      std::vector<float> rg, mg, ru, mu;
-      reference(g, x, T, rg, mg), reference(u, x, T, ru, mu);
-      add_int_x_bound(g.w, 91, C, x, T, mg, gs, 32512.0), add_int_x_bound(u.w, 91, C, x, T, mu, gs, 32512.0);
-      expect_gated_close(host_f32(gpu, out), rg, mg, ru, mu, ActOp::SiLU, fmt::format("v5 gated {} T={}", g.name(), T));
-    }
+    for (int64_t T : {1, 4, 8})
+      check_fused_forms(gpu, rng, 2048 + gs, T, 4, gs, gs == 64 ? DType::F16 : DType::BF16, ActOp::SiLU, "v5",
+                        [&](const HostAffine& a, const std::vector<float>& x, std::vector<float>& mag) {
+                          add_int_x_bound(a.w, a.R, a.C, x, T, mag, gs, 32512.0);
+                        });
   }
   cuda::set_affine_v2_prefetch(-1);
 }
