@@ -34,10 +34,10 @@ struct ModelFixture {
   }
 };
 
-inline std::vector<std::string> model_fixture_names(const std::string& source_dir) {
+// The fixture directories under root that hold a golden.json, sorted (none if root is absent).
+inline std::vector<std::string> golden_fixture_names(const std::string& root) {
   namespace fs = std::filesystem;
   std::vector<std::string> out;
-  const fs::path root = fs::path(source_dir) / "tests/fixtures/models";
   if (!fs::exists(root)) return out;
   for (const auto& e : fs::directory_iterator(root))
     if (fs::exists(e.path() / "golden.json")) out.push_back(e.path().filename().string());
@@ -45,20 +45,31 @@ inline std::vector<std::string> model_fixture_names(const std::string& source_di
   return out;
 }
 
-inline ModelFixture load_model_fixture(const std::string& source_dir, const std::string& name) {
-  ModelFixture f;
-  f.name = name;
-  f.dir = (std::filesystem::path(source_dir) / "tests/fixtures/models" / name).string();
-  const json g = read_json_file(f.dir + "/golden.json");
-  f.prompt = g["prompt_ids"].get<std::vector<int32_t>>();
-  f.generated = g["generated_ids"].get<std::vector<int32_t>>();
-  f.rows = g["rows"].get<int64_t>();
-  f.vocab = g["vocab"].get<int64_t>();
+// f.dir's golden.json (prompt and greedy ids, rows, vocab) and logits.bin into f; returns golden.json for the fields a
+// kind of fixture adds (the affine fixtures' bf16 error).
+inline json read_golden(ModelFixture& f) {
+  json g = read_json_file(f.dir + "/golden.json");
+  f.prompt = g.at("prompt_ids").get<std::vector<int32_t>>();
+  f.generated = g.at("generated_ids").get<std::vector<int32_t>>();
+  f.rows = g.at("rows").get<int64_t>();
+  f.vocab = g.at("vocab").get<int64_t>();
   f.logits.resize(size_t(f.rows * f.vocab));
   std::ifstream in(f.dir + "/logits.bin", std::ios::binary);
   in.read(reinterpret_cast<char*>(f.logits.data()), std::streamsize(f.logits.size() * sizeof(float)));
   EXPECT_TRUE(in.good()) << f.dir << "/logits.bin is shorter than " << f.rows << " x " << f.vocab << " floats";
   for (float v : f.logits) f.max_abs = std::max(f.max_abs, std::fabs(v));
+  return g;
+}
+
+inline std::vector<std::string> model_fixture_names(const std::string& source_dir) {
+  return golden_fixture_names((std::filesystem::path(source_dir) / "tests/fixtures/models").string());
+}
+
+inline ModelFixture load_model_fixture(const std::string& source_dir, const std::string& name) {
+  ModelFixture f;
+  f.name = name;
+  f.dir = (std::filesystem::path(source_dir) / "tests/fixtures/models" / name).string();
+  read_golden(f);
   return f;
 }
 
