@@ -293,12 +293,12 @@ class CudaBackend : public Backend {
 // (bytes read + bytes written, median of reps), and the cuBLAS(Lt) bf16 GEMM rate in FLOP/s on random
 // n x n x n operands (f32 accumulation, median of reps).
 double cuda_measure_copy_bandwidth(uint64_t bytes = uint64_t(2) << 30, int reps = 10);
+double cuda_measure_bf16_gemm_rate(int64_t n = 8192, int reps = 10);
 // Bytes of the current device's memory in use by every process (total - free, cudaMemGetInfo) and its total.
 struct CudaMemory {
   uint64_t used = 0, total = 0;
 };
 CudaMemory cuda_device_memory();
-double cuda_measure_bf16_gemm_rate(int64_t n = 8192, int reps = 10);
 // Seconds per GEMV y[T, N] = x[T, K]·Wᵀ (bf16 weights, bf16 out), median of reps, rotating over enough
 // weight copies (> 256 MiB) that L2 holds none (l2_hot: one copy, read back to back, so L2 may hold
 // it); warps_per_sm is the GEMV's K-split target.
