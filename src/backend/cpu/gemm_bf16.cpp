@@ -1,6 +1,6 @@
-// The bf16-activation prefill GEMM (gemm_bf16.h): x rounded to bf16 pairs once per call, bf16 weights
-// (f16 ones rounded to bf16 on the way) packed into 32-column panels of k pairs (one 16x16 transpose of 32-bit words per 16 pairs x 16
-// rows), a 12 x 32 register tile of f32 accumulators fed by one vdpbf16ps per weight vector and token
+// The bf16-activation prefill GEMM (gemm_bf16.h): x rounded to bf16 pairs once per call, bf16 weights (f16 ones
+// rounded to bf16 on the way) packed into 32-column panels of k pairs (one 16x16 transpose of 32-bit words per 16
+// pairs x 16 rows), a 12 x 32 register tile of f32 accumulators fed by one vdpbf16ps per weight vector and token
 // row (the token's pair broadcast from memory). Blocking, outermost first, per thread's column range:
 // 256 tokens x 256 columns, finished one k block (kKCP pairs) at a time, so that block's x slice
 // (256 x kKCP x 4 B) and y block (256 KiB) stay in L2 while each packed panel (32 x kKCP x 4 B) sits in
