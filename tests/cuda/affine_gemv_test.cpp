@@ -300,6 +300,54 @@ TEST(CudaAffine, GemvV2MatchesTheReference) {
   cuda::set_affine_v2_prefetch(-1);
 }
 
+// The wide GEMV (v2 with two or four n-tiles for 9..32 rows; opt-in ARBOR_CUDA_AFFINE_WIDE) against the same reference:
+// 4/8-bit, every group size, partial n-tiles (9, 13, 17, 27 rows) and whole ones (16, 32), one tile and a partial one, K
+// splits, partial last steps and whole ones, more units than resident blocks; the fused q/k/v and gate/up forms; and
+// pick_linear taking it only where it is chosen.
+TEST(CudaAffine, GemvWideMatchesTheReference) {
+  ARBOR_REQUIRE_GPU();
+  CudaBackend gpu(0);
+  cuda::set_affine_wide_rows(32);
+  std::mt19937 rng(21);
+  struct Shape {
+    int64_t R, C;
+  };
+  int case_no = 0;
+  for (int bits : {4, 8})
+    for (int gs : {32, 64, 128}) {
+      for (const Shape& sh : {Shape{131, int64_t(3 * gs)}, Shape{37, int64_t(8192 + gs)}, Shape{2000, 2048 + gs}, Shape{77, 2048}}) {
+        const DType dt = (case_no % 3) == 1 ? DType::F16 : DType::BF16;
+        const bool with_bias = (case_no++ % 2) == 0;
+        HostAffine a(rng, sh.R, sh.C, bits, gs, dt, with_bias);
+        const Linear l = upload(gpu, a);
+        for (int64_t T : {9, 13, 16, 17, 27, 32}) {
+          if (sh.R == 2000 && T != 13 && T != 32) continue;
+          EXPECT_EQ(gpu.pick_linear(l, T), CudaBackend::LinearKernel::GemvAffine);
+          const bool f32 = (T + bits + gs / 32) % 2 == 0;
+          check_linear(gpu, l, a.w, a.bias, sh.R, sh.C, T, f32, rng, fmt::format("wide {} T={} {}", a.name(), T, f32 ? "f32" : "bf16"));
+        }
+      }
+      for (int64_t T : {12, 32})
+        check_fused_forms(gpu, rng, 4 * gs + 256, T, bits, gs, gs == 64 ? DType::F16 : DType::BF16, ActOp::SiLU, "wide",
+                          [](const HostAffine&, const std::vector<float>&, std::vector<float>&) {});
+    }
+  // More tiles than resident blocks: g64, 70001 rows x 256 columns (one step a row, no K split).
+  for (int bits : {4, 8}) {
+    HostAffine a(rng, 70001, 256, bits, 64, DType::BF16, true);
+    const Linear l = upload(gpu, a);
+    check_linear(gpu, l, a.w, a.bias, 70001, 256, 20, true, rng, fmt::format("wide {} T=20", a.name()));
+  }
+  // Not chosen: 3-bit codes, and 4-bit with the wide kernel off, take the GEMM from 9 rows.
+  HostAffine a3(rng, 40, 256, 3, 64, DType::BF16, false);
+  EXPECT_EQ(gpu.pick_linear(upload(gpu, a3), 9), CudaBackend::LinearKernel::GemmAffine);
+  HostAffine a4(rng, 40, 256, 4, 64, DType::BF16, false);
+  const Linear l4 = upload(gpu, a4);
+  EXPECT_EQ(gpu.pick_linear(l4, 33), CudaBackend::LinearKernel::GemmAffine);
+  cuda::set_affine_wide_rows(8);
+  EXPECT_EQ(gpu.pick_linear(l4, 9), CudaBackend::LinearKernel::GemmAffine);
+  cuda::set_affine_wide_rows(-1);
+}
+
 // The v4 streaming GEMV (ARBOR_CUDA_AFFINE_GEMV=4: one activation row of 4-bit codes, K a multiple of 1024)
 // against the same reference: every group size, bf16/f16 pairs, one row, odd row counts, rows past the
 // warps (a warp's ring crossing rows), the largest K it takes, f32 and bf16 outputs; fused q/k/v and

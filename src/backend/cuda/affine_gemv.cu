@@ -605,13 +605,17 @@ __device__ __forceinline__ void cp_async_n(uint32_t dst, const void* src) {
   else asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(src), "n"(L));
 }
 
-template <int BITS, int GS, int STAGES, int XPF, bool IM, bool FULL>
-__global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
+// Wide instances (NT > 1) run one block an SM: at two (128 registers) they spilled 200-800 bytes a thread.
+constexpr int v2_blocks_per_sm(int nt) { return nt > 1 ? 1 : kV2BlocksPerSm; }
+
+template <int BITS, int GS, int STAGES, int XPF, bool IM, bool FULL, int NT>
+__global__ void __launch_bounds__(kV2Warps * 32, v2_blocks_per_sm(NT))
     affine_gemv_v2_kernel(AffSegs segs, const uint16_t* __restrict__ x, bool y_f32, int T, int64_t K, bool sb_f16, int wpr, int64_t units,
                           int gated_act, const unsigned char* __restrict__ ximg, int pf) {
   static_assert(!IM || (BITS == 4 && STAGES == 0), "v5: 4-bit codes, register buffers");
+  static_assert(NT == 1 || ((BITS == 4 || BITS == 8) && STAGES == 0 && XPF == 0 && !IM), "wide (NT > 1): 4/8-bit, register buffers, x per piece");
   using G = V2Geo<BITS, GS>;
-  __shared__ float4 red[2][kV2Warps][32];           // partial sums of the wpr warps of a tile, by unit parity
+  __shared__ float4 red[2][kV2Warps][NT][32];       // partial sums of the wpr warps of a tile, by unit parity
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, j = lane % 4;
   const int tpu = kV2Warps / wpr, slot = warp / wpr, part = warp % wpr;
   const bool gated = gated_act >= 0;
@@ -622,15 +626,25 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
   // boundaries), one 128-byte line a lane: lane j = 0/1 the codes of M-row g / g + 8, j = 2/3 their (scale, bias) words.
   // The register buffers hold one step in flight a warp (2 KB at 4-bit; 16 warps an SM); the prefetches let DRAM see
   // pf + 1 steps a warp while the loads then wait on L2 only.
-  const int64_t nsteps = send - sbeg;
-  auto prefetch = [&](int64_t u, int64_t s) {
-    const int64_t ahead = s - sbeg + pf, up = u + int64_t(gridDim.x) * (ahead / nsteps), sp = sbeg + ahead % nsteps;
-    if (up >= units) return;
-    const V2Rows r = v2_rows<BITS, GS>(segs, up * tpu + slot, g, gated, K);
-    const bool h = j & 1;  // selects, not r.c[j & 1]: a runtime index would put r in local memory
-    const char* a = j < 2 ? reinterpret_cast<const char*>(h ? r.c[1] : r.c[0]) + sp * G::STEP_ROW_BYTES
-                          : reinterpret_cast<const char*>((h ? r.s[1] : r.s[0]) + (sp * G::STEP_COLS) / GS);
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+  // The prefetch position (pu, ps) walks one step per load() call, pf steps ahead of it; the lane's row (codes or
+  // scale words) is looked up once per unit it reaches, so a step costs an add and the prefetch itself (until session
+  // 28 each step divided by the step count in 64 bits and looked its unit's rows up again).
+  int64_t pu = blockIdx.x;
+  int ps = int(sbeg);
+  const char* prow = nullptr;  // the lane's row in unit pu; null: to be looked up
+  for (int i = 0; i < pf; ++i)
+    if (++ps == send) ps = int(sbeg), pu += gridDim.x;
+  auto prefetch = [&]() {
+    if (pu < units) {
+      if (!prow) {
+        const V2Rows r = v2_rows<BITS, GS>(segs, pu * tpu + slot, g, gated, K);
+        const bool h = j & 1;  // selects, not r.c[j & 1]: a runtime index would put r in local memory
+        prow = j < 2 ? reinterpret_cast<const char*>(h ? r.c[1] : r.c[0]) : reinterpret_cast<const char*>(h ? r.s[1] : r.s[0]);
+      }
+      // bytes a step along the lane's row: codes, or (scale, bias) words
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(prow + ps * (j < 2 ? G::STEP_ROW_BYTES : (G::STEP_COLS / GS) * 4)));
+    }
+    if (++ps == send) ps = int(sbeg), pu += gridDim.x, prow = nullptr;
   };
   // The rows of the unit load() last saw: looked up once a unit, not once a step.
   // (Four scalars, not a V2Rows: a struct kept across iterations went to local memory.)
@@ -638,7 +652,7 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
   const uint32_t *lc0 = nullptr, *lc1 = nullptr, *ls0 = nullptr, *ls1 = nullptr;
   auto load = [&](V2Buf<BITS, GS>& b, int64_t u, int64_t s) {
     if (u >= units) return;
-    if (pf > 0) prefetch(u, s);
+    if (pf > 0) prefetch();
     if (u != lr_u) {
       const V2Rows n = v2_rows<BITS, GS>(segs, u * tpu + slot, g, gated, K);
       lc0 = n.c[0], lc1 = n.c[1], ls0 = n.s[0], ls1 = n.s[1], lr_u = u;
@@ -731,7 +745,10 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
   pdl_trigger();
   pdl_wait();
 
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // (M-row g, n 2j), (g, 2j+1), (g+8, 2j), (g+8, 2j+1)
+  // Per n-tile nt (activation rows 8nt..8nt+7): (M-row g, n 2j), (g, 2j+1), (g+8, 2j), (g+8, 2j+1).
+  float acc[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
   const bool x_row = g < T;                  // this lane's B column n = g is a real activation row
   const uint16_t* xrow = x + int64_t(x_row ? g : 0) * K;
 
@@ -827,10 +844,10 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
       const int pg = p - (G::PPG - 1);  // the group's first piece: where its (scale, bias) words are
       const float2 pa = sb_pair(b.sb[0][pg], sb_f16), pb = sb_pair(b.sb[1][pg], sb_f16);
       const float oa = pa.y - pa.x * G::kM, ob = pb.y - pb.x * G::kM;
-      acc[0] = fmaf(pa.x, c[0], fmaf(oa, sx[0], acc[0]));
-      acc[1] = fmaf(pa.x, c[1], fmaf(oa, sx[1], acc[1]));
-      acc[2] = fmaf(pb.x, c[2], fmaf(ob, sx[0], acc[2]));
-      acc[3] = fmaf(pb.x, c[3], fmaf(ob, sx[1], acc[3]));
+      acc[0][0] = fmaf(pa.x, c[0], fmaf(oa, sx[0], acc[0][0]));
+      acc[0][1] = fmaf(pa.x, c[1], fmaf(oa, sx[1], acc[0][1]));
+      acc[0][2] = fmaf(pb.x, c[2], fmaf(ob, sx[0], acc[0][2]));
+      acc[0][3] = fmaf(pb.x, c[3], fmaf(ob, sx[1], acc[0][3]));
     }
   };
 
@@ -891,14 +908,71 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
       }
       const float2 pa = sb_pair(b.sb[0][p], sb_f16), pb = sb_pair(b.sb[1][p], sb_f16);
       const float4 md = v.md;
-      acc[0] = fmaf(pa.x * md.x, float(128 * ch[0] + cl[0]), fmaf(pa.y, md.y, acc[0]));
-      acc[1] = fmaf(pa.x * md.z, float(128 * ch[1] + cl[1]), fmaf(pa.y, md.w, acc[1]));
-      acc[2] = fmaf(pb.x * md.x, float(128 * ch[2] + cl[2]), fmaf(pb.y, md.y, acc[2]));
-      acc[3] = fmaf(pb.x * md.z, float(128 * ch[3] + cl[3]), fmaf(pb.y, md.w, acc[3]));
+      acc[0][0] = fmaf(pa.x * md.x, float(128 * ch[0] + cl[0]), fmaf(pa.y, md.y, acc[0][0]));
+      acc[0][1] = fmaf(pa.x * md.z, float(128 * ch[1] + cl[1]), fmaf(pa.y, md.w, acc[0][1]));
+      acc[0][2] = fmaf(pb.x * md.x, float(128 * ch[2] + cl[2]), fmaf(pb.y, md.y, acc[0][2]));
+      acc[0][3] = fmaf(pb.x * md.z, float(128 * ch[3] + cl[3]), fmaf(pb.y, md.w, acc[0][3]));
+    }
+  };
+  // Wide (NT > 1 n-tiles, 9..32 activation rows; 4/8-bit): a piece's A fragments are unpacked once and meet each
+  // n-tile's x in turn (x of activation row g + 8nt at the piece's columns, loaded just before its MMAs), so the
+  // codes are read and unpacked once for all the rows, as at one n-tile.
+  auto compute_w = [&](const V2Buf<BITS, GS>& b, int64_t s) {
+#pragma unroll
+    for (int p = 0; p < G::NP; ++p) {
+      const int64_t c0 = s * G::STEP_COLS + p * G::PIECE_COLS;
+      if (!FULL && c0 >= K) break;
+      uint32_t A[G::WPP][8];  // per word: the two MMAs' A registers (rows g, g + 8; k low, k high)
+#pragma unroll
+      for (int wi = 0; wi < G::WPP; ++wi) {
+        const uint32_t wa = b.w[0][p][wi], wb = b.w[1][p][wi];
+        if constexpr (BITS == 4) {
+          constexpr uint32_t kMag = 0x41804180u;
+          A[wi][0] = nib_pair<-3>(wa, kMag), A[wi][1] = nib_pair<-3>(wb, kMag), A[wi][2] = nib_pair<1>(wa, kMag), A[wi][3] = nib_pair<1>(wb, kMag);
+          A[wi][4] = nib_pair<5>(wa, kMag), A[wi][5] = nib_pair<5>(wb, kMag), A[wi][6] = nib_pair<9>(wa, kMag), A[wi][7] = nib_pair<9>(wb, kMag);
+        } else {
+          constexpr uint32_t kLo = 0x41804180u, kHi = 0x43804380u;
+          A[wi][0] = nib_pair<-3>(wa, kLo), A[wi][1] = nib_pair<-3>(wb, kLo), A[wi][2] = nib_pair<5>(wa, kLo), A[wi][3] = nib_pair<5>(wb, kLo);
+          A[wi][4] = nib_pair<1>(wa, kHi), A[wi][5] = nib_pair<1>(wb, kHi), A[wi][6] = nib_pair<9>(wa, kHi), A[wi][7] = nib_pair<9>(wb, kHi);
+        }
+      }
+      const float2 pa = sb_pair(b.sb[0][p], sb_f16), pb = sb_pair(b.sb[1][p], sb_f16);
+      const float oa = pa.y - pa.x * G::kM, ob = pb.y - pb.x * G::kM;
+      const int64_t col = c0 + j * G::LANE_COLS;
+      constexpr uint32_t kOnes = 0x3f803f80u;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const bool real = g + 8 * nt < T;
+        const uint16_t* xr = x + (real ? g + 8 * nt : 0) * K + col;
+        float cc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sxx[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int wi = 0; wi < G::WPP; ++wi) {
+          if constexpr (BITS == 4) {
+            const uint4 xv = real ? __ldg(reinterpret_cast<const uint4*>(xr + wi * 4 * G::CPB)) : make_uint4(0, 0, 0, 0);
+            const uint32_t x04 = __byte_perm(xv.x, xv.z, 0x5410), x15 = __byte_perm(xv.x, xv.z, 0x7632);
+            const uint32_t x26 = __byte_perm(xv.y, xv.w, 0x5410), x37 = __byte_perm(xv.y, xv.w, 0x7632);
+            mma_bf16(cc, A[wi][0], A[wi][1], A[wi][2], A[wi][3], x04, x15);
+            mma_bf16(cc, A[wi][4], A[wi][5], A[wi][6], A[wi][7], x26, x37);
+            mma_bf16(sxx, kOnes, kOnes, kOnes, kOnes, x04, x15);
+            mma_bf16(sxx, kOnes, kOnes, kOnes, kOnes, x26, x37);
+          } else {
+            const uint2 xv = real ? __ldg(reinterpret_cast<const uint2*>(xr + wi * 4 * G::CPB)) : make_uint2(0, 0);
+            const uint32_t x02 = __byte_perm(xv.x, xv.y, 0x5410), x13 = __byte_perm(xv.x, xv.y, 0x7632);
+            mma_bf16(cc, A[wi][0], A[wi][1], A[wi][2], A[wi][3], x02, x13);
+            mma_bf16(cc, A[wi][4], A[wi][5], A[wi][6], A[wi][7], x02, x13);
+            mma_bf16(sxx, kOnes, kOnes, kOnes, kOnes, x02, x13);
+          }
+        }
+        acc[nt][0] = fmaf(pa.x, cc[0], fmaf(oa, sxx[0], acc[nt][0]));
+        acc[nt][1] = fmaf(pa.x, cc[1], fmaf(oa, sxx[1], acc[nt][1]));
+        acc[nt][2] = fmaf(pb.x, cc[2], fmaf(ob, sxx[0], acc[nt][2]));
+        acc[nt][3] = fmaf(pb.x, cc[3], fmaf(ob, sxx[1], acc[nt][3]));
+      }
     }
   };
   auto compute = [&](const V2Buf<BITS, GS>& b, int64_t s) {
     if constexpr (IM) compute_im(b, s);
+    else if constexpr (NT > 1) compute_w(b, s);
     else compute_f(b, s);
   };
 
@@ -907,28 +981,33 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
   auto finish = [&](int64_t uu) {
     if (wpr > 1) {
       const int par = finished++ & 1;
-      red[par][warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) red[par][warp][nt][lane] = make_float4(acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]);
       __syncthreads();
       if (part == 0) {
-        float4 t = red[par][warp][lane];
-        for (int q = 1; q < wpr; ++q) {
-          const float4 v = red[par][warp + q][lane];
-          t.x += v.x, t.y += v.y, t.z += v.z, t.w += v.w;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          float4 t = red[par][warp][nt][lane];
+          for (int q = 1; q < wpr; ++q) {
+            const float4 v = red[par][warp + q][nt][lane];
+            t.x += v.x, t.y += v.y, t.z += v.z, t.w += v.w;
+          }
+          acc[nt][0] = t.x, acc[nt][1] = t.y, acc[nt][2] = t.z, acc[nt][3] = t.w;
         }
-        acc[0] = t.x, acc[1] = t.y, acc[2] = t.z, acc[3] = t.w;
       }
     }
     const int64_t tile = uu * tpu + slot;
     if (part == 0 && tile < segs.units) {
       const V2Rows r = v2_rows<BITS, GS>(segs, tile, g, gated, K);
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int n = 2 * j + e;
+      for (int q = 0; q < 2 * NT; ++q) {
+        const int nt = q / 2, e = q % 2;
+        const int n = 8 * nt + 2 * j + e;
         if (n >= T) break;
         if (gated) {  // y = act(gate) * up, each rounded to bf16 first as the unfused ops store them
           if (r.row[0] < 0) break;
           const float b0 = segs.bias[0] ? segs.bias[0][r.row[0]] : 0.0f, b1 = segs.bias[1] ? segs.bias[1][r.row[0]] : 0.0f;
-          const float gv = __bfloat162float(__float2bfloat16(acc[e] + b0)), uv = __bfloat162float(__float2bfloat16(acc[2 + e] + b1));
+          const float gv = __bfloat162float(__float2bfloat16(acc[nt][e] + b0)), uv = __bfloat162float(__float2bfloat16(acc[nt][2 + e] + b1));
           static_cast<__nv_bfloat16*>(segs.y[0])[n * segs.N[0] + r.row[0]] = __float2bfloat16(act_value(gated_act, gv) * uv);
           continue;
         }
@@ -938,13 +1017,14 @@ __global__ void __launch_bounds__(kV2Warps * 32, kV2BlocksPerSm)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           if (r.row[h] < 0) continue;
-          const float v = acc[2 * h + e] + (bias ? bias[r.row[h]] : 0.0f);
+          const float v = acc[nt][2 * h + e] + (bias ? bias[r.row[h]] : 0.0f);
           if (y_f32) static_cast<float*>(y)[n * N + r.row[h]] = v;
           else static_cast<__nv_bfloat16*>(y)[n * N + r.row[h]] = __float2bfloat16(v);
         }
       }
     }
-    acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
   };
 
   // Two register buffers: the next step's loads are in flight while this one is computed.
@@ -1006,10 +1086,10 @@ int v2_prefetch(int bits) {
 int g_v2_full = -1;
 bool v2_full() { return env_choice(g_v2_full, "ARBOR_CUDA_AFFINE_V2_FULL", 1, 1) == 1; }
 
-template <int BITS, int GS, int STAGES, int XPF, bool IM = false, bool FULL = false>
+template <int BITS, int GS, int STAGES, int XPF, bool IM = false, bool FULL = false, int NT = 1>
 void launch_v2_s(unsigned grid, cudaStream_t s, const AffSegs& segs, const uint16_t* x, bool y_f32, int T, int64_t K, bool sb_f16, int wpr,
                  int64_t units, int gated_act, const unsigned char* ximg = nullptr) {
-  auto* kernel = affine_gemv_v2_kernel<BITS, GS, STAGES, XPF, IM, FULL>;
+  auto* kernel = affine_gemv_v2_kernel<BITS, GS, STAGES, XPF, IM, FULL, NT>;
   const size_t smem = size_t(kV2Warps) * STAGES * V2Ring<BITS, GS>::kBytes;
   static bool attr = false;
   if (STAGES > 0 && !attr) {
@@ -1109,10 +1189,42 @@ void launch_v5(unsigned grid, cudaStream_t s, const AffSegs& segs, const uint16_
 
 int v2_x_ahead() { return env_choice(g_v2_xpf, "ARBOR_CUDA_AFFINE_V2_XPF", 2, 2); }
 
+}  // namespace
+
+// The GEMV for 9..32 rows ("wide": v2 with two or four n-tiles; 4/8-bit codes) instead of the tensor-core GEMM
+// (affine_gemm.cu, which dequantizes tiles into shared memory): opt-in until measured, ARBOR_CUDA_AFFINE_WIDE=16 or 32
+// (the most rows it takes), set_affine_wide_rows for tests.
+int g_wide_rows = -1;
+int64_t affine_gemv_max_rows(int bits) {
+  static const int env = [] {
+    const char* e = std::getenv("ARBOR_CUDA_AFFINE_WIDE");
+    const int v = e ? std::atoi(e) : 0;
+    return v == 16 || v == 32 ? v : 8;
+  }();
+  const int wide = g_wide_rows >= 0 ? g_wide_rows : env;
+  return bits == 4 || bits == 8 ? wide : kAffineGemvMaxRows;
+}
+void set_affine_wide_rows(int rows) { g_wide_rows = rows == 8 || rows == 16 || rows == 32 ? rows : -1; }
+
+namespace {
+
 template <int BITS, int GS>
 void launch_v2_t(int variant, unsigned grid, cudaStream_t s, const AffSegs& segs, const uint16_t* x, bool y_f32, int T, int64_t K,
                  bool sb_f16, int wpr, int64_t units, int gated_act) {
   [[maybe_unused]] constexpr int kRing = V2Ring<BITS, GS>::kStages;
+  if constexpr (BITS == 4 || BITS == 8) {  // wide: 9..16 rows as two n-tiles, 17..32 as four
+    if (T > 8) {
+      const bool full = K % v2_step_cols(BITS) == 0 && v2_full();
+      if (T <= 16) {
+        if (full) launch_v2_s<BITS, GS, 0, 0, false, true, 2>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
+        else launch_v2_s<BITS, GS, 0, 0, false, false, 2>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
+      } else {
+        if (full) launch_v2_s<BITS, GS, 0, 0, false, true, 4>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
+        else launch_v2_s<BITS, GS, 0, 0, false, false, 4>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
+      }
+      return;
+    }
+  }
   if constexpr (!V2Geo<BITS, GS>::CH) {  // v3's ring carries whole lane pieces: 4- and 8-bit only
     if (variant == 3) {
       launch_v2_s<BITS, GS, kRing, 0>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
@@ -1154,8 +1266,9 @@ bool try_v2(const AffSegs& segs, const AffineWeights& w0, const uint16_t* x, boo
   // at 2; 5-bit 418 / 1004 against 307 / 356, 286 against 334).
   const int chosen = v2_variant(), v2_from = w0.bits == 4 || w0.bits == 8 ? 2 : 3;
   const bool v5 = scratch && v5_takes(w0, T);
-  const int variant = v5 ? 5 : chosen == 0 || chosen >= 4 ? (T >= v2_from ? 2 : 1) : chosen;
-  if (variant < 2 || w0.bits < 2 || w0.bits > 8 || w0.bits == 7 || T < 1 || T > 8 || !aligned16(x)) return false;
+  int variant = v5 ? 5 : chosen == 0 || chosen >= 4 ? (T >= v2_from ? 2 : 1) : chosen;
+  if (T > 8) variant = affine_gemv_max_rows(w0.bits) >= T ? 2 : 0;  // wide: the v2 kernel with two or four n-tiles
+  if (variant < 2 || w0.bits < 2 || w0.bits > 8 || w0.bits == 7 || T < 1 || T > affine_gemv_max_rows(w0.bits) || !aligned16(x)) return false;
   for (int i = 0; i < segs.n; ++i)
     if (!aligned16(segs.codes[i])) return false;
   const int64_t K = w0.cols;
@@ -1163,7 +1276,8 @@ bool try_v2(const AffSegs& segs, const AffineWeights& w0, const uint16_t* x, boo
   if ((gs != 32 && gs != 64 && gs != 128) || K % gs != 0) return false;
   const int64_t step_cols = v2_step_cols(w0.bits), steps = (K + step_cols - 1) / step_cols;
   // K split: until the tiles' warps fill the SMs' slots twice over, keeping two steps a warp.
-  const int64_t warp_slots = int64_t(n_sms) * kV2BlocksPerSm * kV2Warps;
+  const int bps = v2_blocks_per_sm(T > 8 ? 2 : 1);
+  const int64_t warp_slots = int64_t(n_sms) * bps * kV2Warps;
   // A/B knobs (device runs): ARBOR_CUDA_AFFINE_V2_WPR=1/2/4/8 forces the split (capped at one step a warp),
   // ARBOR_CUDA_AFFINE_V2_GRID=1 launches min(units, resident blocks) (some blocks one unit more) instead.
   static const int force_wpr = [] {
@@ -1181,7 +1295,7 @@ bool try_v2(const AffSegs& segs, const AffineWeights& w0, const uint16_t* x, boo
     while (wpr < kV2Warps && segs.units * wpr < 2 * warp_slots && steps >= 4 * wpr) wpr *= 2;
   const int64_t units = (segs.units + kV2Warps / wpr - 1) / (kV2Warps / wpr);
   // Blocks: every block the same number of units (rounds) where the resident blocks cannot take them at once.
-  const int64_t resident = int64_t(n_sms) * kV2BlocksPerSm, rounds = (units + resident - 1) / resident;
+  const int64_t resident = int64_t(n_sms) * bps, rounds = (units + resident - 1) / resident;
   const unsigned grid = unsigned(persistent ? std::min(units, resident) : (units + rounds - 1) / rounds);
   const int t = int(T);
   if (variant == 5) {

@@ -121,14 +121,14 @@ CudaBackend::LinearKernel CudaBackend::pick_linear(const Linear& l, int64_t rows
   if (l.format == WeightFormat::Trellis && l.scales.dtype == DType::F32 && l.scales.device == Device::CUDA)
     return rows <= trellis_gemv_max_rows_ ? LinearKernel::GemvTrellis : LinearKernel::DequantTrellisLt;
   if (affine && loaded)
-    return rows <= cuda::kAffineGemvMaxRows    ? LinearKernel::GemvAffine
+    return rows <= cuda::affine_gemv_max_rows(l.bits) ? LinearKernel::GemvAffine
            : rows < affine_dequant_min_rows_ ? LinearKernel::GemmAffine
                                              : LinearKernel::DequantAffineLt;
   fail("cuda: no linear kernel for {} weights at {} rows; supported: dense BF16 or F16 (on the device) at any rows: GEMV up to {} "
        "rows (and where the tensor-core GEMV takes the shape), cuBLASLt beyond; affine 2/3/4/5/6/8-bit g32/64/128 (loaded by "
        "load_linear): GEMV up to {} rows, a tensor-core GEMM to {}, dequantization + cuBLASLt beyond; trellis k 2/3/4 (loaded by "
        "load_linear): GEMV up to {} rows, decode + cuBLASLt beyond",
-       l.describe(), rows, gemv_max_rows_, cuda::kAffineGemvMaxRows, affine_dequant_min_rows_ - 1, trellis_gemv_max_rows_);
+       l.describe(), rows, gemv_max_rows_, cuda::affine_gemv_max_rows(l.bits), affine_dequant_min_rows_ - 1, trellis_gemv_max_rows_);
 }
 void CudaBackend::set_prefill_kernel(const char* name) { cuda::set_prefill_kernel(cuda::parse_prefill_kernel(name)); }
 bool CudaBackend::prefill_wgmma_supported(int head_dim) { return cuda::prefill_wgmma_supported(head_dim); }
