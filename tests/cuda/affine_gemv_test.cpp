@@ -218,7 +218,8 @@ TEST(CudaAffine, PickLinearNamesWhatItSupports) {
   Linear l = upload(gpu, a);
   EXPECT_EQ(gpu.pick_linear(l, 1), CudaBackend::LinearKernel::GemvAffine);
   EXPECT_EQ(gpu.pick_linear(l, 8), CudaBackend::LinearKernel::GemvAffine);
-  EXPECT_EQ(gpu.pick_linear(l, 9), CudaBackend::LinearKernel::GemmAffine);
+  EXPECT_EQ(gpu.pick_linear(l, 32), CudaBackend::LinearKernel::GemvAffine);  // 4-bit: the wide GEMV to 32 rows
+  EXPECT_EQ(gpu.pick_linear(l, 33), CudaBackend::LinearKernel::GemmAffine);
   EXPECT_EQ(gpu.pick_linear(l, 4096), CudaBackend::LinearKernel::DequantAffineLt);
   l.bits = 7;
   try {
@@ -300,7 +301,7 @@ TEST(CudaAffine, GemvV2MatchesTheReference) {
   cuda::set_affine_v2_prefetch(-1);
 }
 
-// The wide GEMV (v2 with two or four n-tiles for 9..32 rows; opt-in ARBOR_CUDA_AFFINE_WIDE) against the same reference:
+// The wide GEMV (v2 with two or four n-tiles for 9..32 rows of 4/8-bit codes; ARBOR_CUDA_AFFINE_WIDE) against the same reference:
 // 4/8-bit, every group size, partial n-tiles (9, 13, 17, 27 rows) and whole ones (16, 32), one tile and a partial one, K
 // splits, partial last steps and whole ones, more units than resident blocks; the fused q/k/v and gate/up forms; and
 // pick_linear taking it only where it is chosen.

@@ -1,5 +1,6 @@
 // CudaBackend::linear on MLX affine weights past the GEMV's 8 rows, through the kernels pick_linear chooses:
-// the in-loop dequantizing tensor-core GEMM (9 rows up to the dequant threshold) and W dequantized to bf16
+// the in-loop dequantizing tensor-core GEMM (9 rows up to the dequant threshold; the wide GEMV, which takes 9..32 rows of
+// 4/8-bit codes by default, turned off) and W dequantized to bf16
 // slice by slice then cuBLASLt (from the threshold on), against W dequantized on the host, rounded to bf16
 // as both kernels multiply it, and a float64 matmul. Slices forced small so a matrix takes several, with a
 // last partial one; bias and no bias; bf16 and f32 outputs. Skipped without a GPU.
@@ -8,6 +9,7 @@
 #include <cmath>
 #include <random>
 
+#include "backend/cuda/affine.h"
 #include "core/error.h"
 #include "cuda_test_util.h"
 #include "quant/affine.h"
@@ -53,6 +55,7 @@ TEST(CudaAffineLinear, PrefillKernelsMatchTheReference) {
   std::mt19937 rng(31);
   // R = 300 rows of C columns in slices of 128 rows (300 = 128 + 128 + 44).
   gpu.set_affine_dequant(65, size_t(128) * 2 * 320);
+  cuda::set_affine_wide_rows(8);  // 9..32 rows of 4/8-bit codes: the GEMM here (the wide GEMV: affine_gemv_test.cpp)
   int case_no = 0;
   for (int bits : {3, 4, 8})
     for (int64_t T : {9, 40, 64, 65, 130}) {
@@ -87,6 +90,7 @@ TEST(CudaAffineLinear, PrefillKernelsMatchTheReference) {
         }
       EXPECT_EQ(bad, 0) << bits << "-bit T=" << T;
     }
+  cuda::set_affine_wide_rows(-1);
 }
 
 }  // namespace

@@ -38,7 +38,7 @@ AffineWeights affine_weights(const Linear& l);
 // once with 16-byte loads where rows are 16-byte aligned. y bf16 or f32.
 constexpr int64_t kAffineGemvMaxRows = 8;
 // Rows the GEMV takes at `bits`: kAffineGemvMaxRows, or up to kAffineWideMaxRows for 4/8-bit codes where the wide
-// kernel is chosen (ARBOR_CUDA_AFFINE_WIDE=16|32; set_affine_wide_rows(8|16|32), -1 back to the environment's).
+// kernel is chosen (by default; ARBOR_CUDA_AFFINE_WIDE=8|16|32, set_affine_wide_rows(8|16|32), -1 back to the environment's).
 constexpr int64_t kAffineWideMaxRows = 32;
 int64_t affine_gemv_max_rows(int bits);
 void set_affine_wide_rows(int rows);

@@ -626,25 +626,17 @@ __global__ void __launch_bounds__(kV2Warps * 32, v2_blocks_per_sm(NT))
   // boundaries), one 128-byte line a lane: lane j = 0/1 the codes of M-row g / g + 8, j = 2/3 their (scale, bias) words.
   // The register buffers hold one step in flight a warp (2 KB at 4-bit; 16 warps an SM); the prefetches let DRAM see
   // pf + 1 steps a warp while the loads then wait on L2 only.
-  // The prefetch position (pu, ps) walks one step per load() call, pf steps ahead of it; the lane's row (codes or
-  // scale words) is looked up once per unit it reaches, so a step costs an add and the prefetch itself (until session
-  // 28 each step divided by the step count in 64 bits and looked its unit's rows up again).
-  int64_t pu = blockIdx.x;
-  int ps = int(sbeg);
-  const char* prow = nullptr;  // the lane's row in unit pu; null: to be looked up
-  for (int i = 0; i < pf; ++i)
-    if (++ps == send) ps = int(sbeg), pu += gridDim.x;
-  auto prefetch = [&]() {
-    if (pu < units) {
-      if (!prow) {
-        const V2Rows r = v2_rows<BITS, GS>(segs, pu * tpu + slot, g, gated, K);
-        const bool h = j & 1;  // selects, not r.c[j & 1]: a runtime index would put r in local memory
-        prow = j < 2 ? reinterpret_cast<const char*>(h ? r.c[1] : r.c[0]) : reinterpret_cast<const char*>(h ? r.s[1] : r.s[0]);
-      }
-      // bytes a step along the lane's row: codes, or (scale, bias) words
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(prow + ps * (j < 2 ? G::STEP_ROW_BYTES : (G::STEP_COLS / GS) * 4)));
-    }
-    if (++ps == send) ps = int(sbeg), pu += gridDim.x, prow = nullptr;
+  // (Computed from (u, s) at each step. Session 28 tried walking the prefetch position instead, without the 64-bit
+  // division: 2-3 % slower at 2 and 8 rows on an H200, the walk's state being live registers the whole loop.)
+  const int64_t nsteps = send - sbeg;
+  auto prefetch = [&](int64_t u, int64_t s) {
+    const int64_t ahead = s - sbeg + pf, up = u + int64_t(gridDim.x) * (ahead / nsteps), sp = sbeg + ahead % nsteps;
+    if (up >= units) return;
+    const V2Rows r = v2_rows<BITS, GS>(segs, up * tpu + slot, g, gated, K);
+    const bool h = j & 1;  // selects, not r.c[j & 1]: a runtime index would put r in local memory
+    const char* a = j < 2 ? reinterpret_cast<const char*>(h ? r.c[1] : r.c[0]) + sp * G::STEP_ROW_BYTES
+                          : reinterpret_cast<const char*>((h ? r.s[1] : r.s[0]) + (sp * G::STEP_COLS) / GS);
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
   };
   // The rows of the unit load() last saw: looked up once a unit, not once a step.
   // (Four scalars, not a V2Rows: a struct kept across iterations went to local memory.)
@@ -652,7 +644,7 @@ __global__ void __launch_bounds__(kV2Warps * 32, v2_blocks_per_sm(NT))
   const uint32_t *lc0 = nullptr, *lc1 = nullptr, *ls0 = nullptr, *ls1 = nullptr;
   auto load = [&](V2Buf<BITS, GS>& b, int64_t u, int64_t s) {
     if (u >= units) return;
-    if (pf > 0) prefetch();
+    if (pf > 0) prefetch(u, s);
     if (u != lr_u) {
       const V2Rows n = v2_rows<BITS, GS>(segs, u * tpu + slot, g, gated, K);
       lc0 = n.c[0], lc1 = n.c[1], ls0 = n.s[0], ls1 = n.s[1], lr_u = u;
@@ -1192,14 +1184,15 @@ int v2_x_ahead() { return env_choice(g_v2_xpf, "ARBOR_CUDA_AFFINE_V2_XPF", 2, 2)
 }  // namespace
 
 // The GEMV for 9..32 rows ("wide": v2 with two or four n-tiles; 4/8-bit codes) instead of the tensor-core GEMM
-// (affine_gemm.cu, which dequantizes tiles into shared memory): opt-in until measured, ARBOR_CUDA_AFFINE_WIDE=16 or 32
-// (the most rows it takes), set_affine_wide_rows for tests.
+// (affine_gemm.cu, which dequantizes tiles into shared memory). The default since session 28 (H200, the 8B at 4-bit g64,
+// ctx 512, two rounds: b=16 2630.5 / 2629.6 tok/s against the GEMM's 1488.8 / 1486.3, b=32 3191.1 / 3198.6 against
+// 2643.5 / 2646.1). ARBOR_CUDA_AFFINE_WIDE = 8 (off), 16 or 32 (the most rows it takes); set_affine_wide_rows for tests.
 int g_wide_rows = -1;
 int64_t affine_gemv_max_rows(int bits) {
   static const int env = [] {
     const char* e = std::getenv("ARBOR_CUDA_AFFINE_WIDE");
-    const int v = e ? std::atoi(e) : 0;
-    return v == 16 || v == 32 ? v : 8;
+    const int v = e ? std::atoi(e) : 32;
+    return v == 8 || v == 16 ? v : 32;
   }();
   const int wide = g_wide_rows >= 0 ? g_wide_rows : env;
   return bits == 4 || bits == 8 ? wide : kAffineGemvMaxRows;
