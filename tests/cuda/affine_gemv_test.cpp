@@ -309,6 +309,9 @@ TEST(CudaAffine, GemvWideMatchesTheReference) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
   cuda::set_affine_wide_rows(32);
+  for (int img : {1, 0}) {  // x through the pre-pass image (the default, where K is whole steps), and as it is
+  SCOPED_TRACE(fmt::format("wide image {}", img));
+  cuda::set_affine_wide_image(img);
   std::mt19937 rng(21);
   struct Shape {
     int64_t R, C;
@@ -338,7 +341,10 @@ TEST(CudaAffine, GemvWideMatchesTheReference) {
     const Linear l = upload(gpu, a);
     check_linear(gpu, l, a.w, a.bias, 70001, 256, 20, true, rng, fmt::format("wide {} T=20", a.name()));
   }
+  }
+  cuda::set_affine_wide_image(-1);
   // Not chosen: 3-bit codes, and 4-bit with the wide kernel off, take the GEMM from 9 rows.
+  std::mt19937 rng(22);
   HostAffine a3(rng, 40, 256, 3, 64, DType::BF16, false);
   EXPECT_EQ(gpu.pick_linear(upload(gpu, a3), 9), CudaBackend::LinearKernel::GemmAffine);
   HostAffine a4(rng, 40, 256, 4, 64, DType::BF16, false);

@@ -42,6 +42,9 @@ constexpr int64_t kAffineGemvMaxRows = 8;
 constexpr int64_t kAffineWideMaxRows = 32;
 int64_t affine_gemv_max_rows(int bits);
 void set_affine_wide_rows(int rows);
+// The wide kernel reads x through a pre-pass image in the launch's scratch (B registers in load order, Σx per piece):
+// 1 (the default where scratch is given) or 0; -1 back to ARBOR_CUDA_AFFINE_WIDE_IMG.
+void set_affine_wide_image(int on);
 struct AffineGemvOut {
   AffineWeights w;
   const float* bias;  // [rows] or null

@@ -612,8 +612,9 @@ template <int BITS, int GS, int STAGES, int XPF, bool IM, bool FULL, int NT>
 __global__ void __launch_bounds__(kV2Warps * 32, v2_blocks_per_sm(NT))
     affine_gemv_v2_kernel(AffSegs segs, const uint16_t* __restrict__ x, bool y_f32, int T, int64_t K, bool sb_f16, int wpr, int64_t units,
                           int gated_act, const unsigned char* __restrict__ ximg, int pf) {
-  static_assert(!IM || (BITS == 4 && STAGES == 0), "v5: 4-bit codes, register buffers");
-  static_assert(NT == 1 || ((BITS == 4 || BITS == 8) && STAGES == 0 && XPF == 0 && !IM), "wide (NT > 1): 4/8-bit, register buffers, x per piece");
+  static_assert(!IM || ((BITS == 4 || NT > 1) && STAGES == 0), "v5: 4-bit codes, register buffers (the wide image: 4/8-bit)");
+  static_assert(NT == 1 || ((BITS == 4 || BITS == 8) && STAGES == 0 && XPF == 0), "wide (NT > 1): 4/8-bit, register buffers, x per piece");
+  static_assert(!IM || NT == 1 || FULL, "the wide image: whole steps");
   using G = V2Geo<BITS, GS>;
   __shared__ float4 red[2][kV2Warps][NT][32];       // partial sums of the wpr warps of a tile, by unit parity
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, j = lane % 4;
@@ -851,9 +852,9 @@ __global__ void __launch_bounds__(kV2Warps * 32, v2_blocks_per_sm(NT))
     uint32_t h[2 * G::WPP], l[2 * G::WPP];
     float4 md;
   };
-  const unsigned char* xim_hi = IM ? ximg + int64_t(x_row ? g : 0) * K : nullptr;
+  const unsigned char* xim_hi = IM && NT == 1 ? ximg + int64_t(x_row ? g : 0) * K : nullptr;
   const unsigned char* xim_lo = IM ? xim_hi + 8 * K : nullptr;
-  const float4* xim_meta = IM ? reinterpret_cast<const float4*>(ximg + 16 * K) : nullptr;
+  const float4* xim_meta = IM && NT == 1 ? reinterpret_cast<const float4*>(ximg + 16 * K) : nullptr;
   auto xim_at = [&](XIm& v, int64_t s_, int p) {
     const int64_t c0 = s_ * G::STEP_COLS + p * G::PIECE_COLS;
     if (!FULL && c0 >= K) return;
@@ -935,8 +936,26 @@ __global__ void __launch_bounds__(kV2Warps * 32, v2_blocks_per_sm(NT))
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const bool real = g + 8 * nt < T;
-        const uint16_t* xr = x + (real ? g + 8 * nt : 0) * K + col;
         float cc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sxx[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if constexpr (IM) {  // affine_wimg_kernel's image: B registers as loaded, Σx per piece
+          const uint16_t* xr = reinterpret_cast<const uint16_t*>(ximg) + (real ? g + 8 * nt : 0) * K + col;
+#pragma unroll
+          for (int wi = 0; wi < G::WPP; ++wi) {
+            if constexpr (BITS == 4) {
+              const uint4 xv = real ? __ldg(reinterpret_cast<const uint4*>(xr + wi * 8)) : make_uint4(0, 0, 0, 0);
+              mma_bf16(cc, A[wi][0], A[wi][1], A[wi][2], A[wi][3], xv.x, xv.y);
+              mma_bf16(cc, A[wi][4], A[wi][5], A[wi][6], A[wi][7], xv.z, xv.w);
+            } else {
+              const uint2 xv = real ? __ldg(reinterpret_cast<const uint2*>(xr + wi * 4)) : make_uint2(0, 0);
+              mma_bf16(cc, A[wi][0], A[wi][1], A[wi][2], A[wi][3], xv.x, xv.y);
+              mma_bf16(cc, A[wi][4], A[wi][5], A[wi][6], A[wi][7], xv.x, xv.y);
+            }
+          }
+          const int n0 = 8 * nt + 2 * j;
+          const float2 sm = __ldg(reinterpret_cast<const float2*>(reinterpret_cast<const float*>(ximg + 2 * T * K) + (c0 / G::PIECE_COLS) * 32 + n0));
+          sxx[0] = n0 < T ? sm.x : 0.0f, sxx[1] = n0 + 1 < T ? sm.y : 0.0f;
+        } else {
+        const uint16_t* xr = x + (real ? g + 8 * nt : 0) * K + col;
 #pragma unroll
         for (int wi = 0; wi < G::WPP; ++wi) {
           if constexpr (BITS == 4) {
@@ -955,6 +974,7 @@ __global__ void __launch_bounds__(kV2Warps * 32, v2_blocks_per_sm(NT))
             mma_bf16(sxx, kOnes, kOnes, kOnes, kOnes, x02, x13);
           }
         }
+        }
         acc[nt][0] = fmaf(pa.x, cc[0], fmaf(oa, sxx[0], acc[nt][0]));
         acc[nt][1] = fmaf(pa.x, cc[1], fmaf(oa, sxx[1], acc[nt][1]));
         acc[nt][2] = fmaf(pb.x, cc[2], fmaf(ob, sxx[0], acc[nt][2]));
@@ -963,8 +983,8 @@ __global__ void __launch_bounds__(kV2Warps * 32, v2_blocks_per_sm(NT))
     }
   };
   auto compute = [&](const V2Buf<BITS, GS>& b, int64_t s) {
-    if constexpr (IM) compute_im(b, s);
-    else if constexpr (NT > 1) compute_w(b, s);
+    if constexpr (NT > 1) compute_w(b, s);
+    else if constexpr (IM) compute_im(b, s);
     else compute_f(b, s);
   };
 
@@ -1163,9 +1183,33 @@ int env_choice(int& cached, const char* name, int hi, int def) {
   return cached;
 }
 
-// v2 loads x that many pieces ahead of its MMAs (ARBOR_CUDA_AFFINE_V2_XPF=0/1/2 or set_affine_v2_x_ahead). Default 2:
-// session 26 on an H100, the 8B 4-bit in two rounds, b=8 1380 -> 1440 tok/s (+4.3 % both), b=3 596 -> 622 (+4.4 %); 1
-// gave +2.2-2.5 % at b=8.
+// The wide kernel's image (IM with NT > 1): x [T, K] as bf16 with each 8 columns (4-bit; 8-bit: each 4) in the order
+// the MMA's B registers take them, (x0, x4), (x1, x5), (x2, x6), (x3, x7) (8-bit: (x0, x2), (x1, x3)), so a lane's load
+// is its B registers with no PRMT; then Σx per (piece of pc columns, row) as float [K / pc][32], which replaces the
+// MMA of each word against an A of ones. One thread per 8 columns of a row; pc / 8 neighbours sum a piece.
+int64_t wimg_bytes(int64_t K, int64_t T, int pc) { return 2 * T * K + (K / pc) * 32 * 4; }
+__global__ void __launch_bounds__(256) affine_wimg_kernel(const uint16_t* __restrict__ x, int T, int64_t K, bool four, int pc, unsigned char* img) {
+  pdl_trigger();  // the GEMV may fetch its first weights; it waits for this grid before reading img
+  pdl_wait();
+  const int64_t chunks = K / 8, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const bool live = i < int64_t(T) * chunks;  // no early return: the piece sum's shuffles take whole warps
+  const int64_t t = live ? i / chunks : 0, col = live ? (i % chunks) * 8 : 0;
+  const uint4 v = live ? __ldg(reinterpret_cast<const uint4*>(x + t * K + col)) : make_uint4(0, 0, 0, 0);
+  float f[8];
+  bf16x8(v, f);
+  float sum = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) sum += f[e];
+  for (int o = 1; o < pc / 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (!live) return;
+  const uint4 w = four ? make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
+                                    __byte_perm(v.y, v.w, 0x7632))
+                       : make_uint4(__byte_perm(v.x, v.y, 0x5410), __byte_perm(v.x, v.y, 0x7632), __byte_perm(v.z, v.w, 0x5410),
+                                    __byte_perm(v.z, v.w, 0x7632));
+  *reinterpret_cast<uint4*>(img + 2 * (t * K + col)) = w;
+  if (col % pc == 0) reinterpret_cast<float*>(img + 2 * int64_t(T) * K)[(col / pc) * 32 + t] = sum;
+}
+
 template <int GS>
 void launch_v5(unsigned grid, cudaStream_t s, const AffSegs& segs, const uint16_t* x, bool y_f32, int T, int64_t K, bool sb_f16, int wpr,
                int64_t units, int gated_act, unsigned char* ximg) {
@@ -1179,6 +1223,9 @@ void launch_v5(unsigned grid, cudaStream_t s, const AffSegs& segs, const uint16_
     launch_v2_s<4, GS, 0, 0, true>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act, ximg);
 }
 
+// v2 loads x that many pieces ahead of its MMAs (ARBOR_CUDA_AFFINE_V2_XPF=0/1/2 or set_affine_v2_x_ahead). Default 2:
+// session 26 on an H100, the 8B 4-bit in two rounds, b=8 1380 -> 1440 tok/s (+4.3 % both), b=3 596 -> 622 (+4.4 %); 1
+// gave +2.2-2.5 % at b=8.
 int v2_x_ahead() { return env_choice(g_v2_xpf, "ARBOR_CUDA_AFFINE_V2_XPF", 2, 2); }
 
 }  // namespace
@@ -1203,11 +1250,20 @@ namespace {
 
 template <int BITS, int GS>
 void launch_v2_t(int variant, unsigned grid, cudaStream_t s, const AffSegs& segs, const uint16_t* x, bool y_f32, int T, int64_t K,
-                 bool sb_f16, int wpr, int64_t units, int gated_act) {
+                 bool sb_f16, int wpr, int64_t units, int gated_act, unsigned char* ximg = nullptr) {
   [[maybe_unused]] constexpr int kRing = V2Ring<BITS, GS>::kStages;
   if constexpr (BITS == 4 || BITS == 8) {  // wide: 9..16 rows as two n-tiles, 17..32 as four
     if (T > 8) {
       const bool full = K % v2_step_cols(BITS) == 0 && v2_full();
+      if (full && ximg) {  // x through the image (affine_wimg_kernel first)
+        constexpr int pc = V2Geo<BITS, GS>::PIECE_COLS;
+        const int64_t threads = int64_t(T) * (K / 8);
+        pdl_launch(affine_wimg_kernel, dim3(unsigned((threads + 255) / 256)), dim3(256), 0, s, x, T, K, BITS == 4, pc, ximg);
+        ARBOR_LAUNCH_CHECK("affine_wimg_kernel");
+        if (T <= 16) launch_v2_s<BITS, GS, 0, 0, true, true, 2>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act, ximg);
+        else launch_v2_s<BITS, GS, 0, 0, true, true, 4>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act, ximg);
+        return;
+      }
       if (T <= 16) {
         if (full) launch_v2_s<BITS, GS, 0, 0, false, true, 2>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
         else launch_v2_s<BITS, GS, 0, 0, false, false, 2>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
@@ -1241,6 +1297,15 @@ void launch_v2_t(int variant, unsigned grid, cudaStream_t s, const AffSegs& segs
 // ARBOR_CUDA_AFFINE_GEMV (or set_affine_gemv_variant): 0 or 4 the default (v4 at one row where it applies, v2 from 2),
 // 1/2/3 force v1/v2/v3, 5 forces v5 (4-bit; others as the default), 6 is v4 at one row and v5 from 2 (4-bit).
 int v2_variant() { return env_choice(g_v2_variant, "ARBOR_CUDA_AFFINE_GEMV", 6); }
+
+// Whether a launch over T rows runs the wide kernel through affine_wimg_kernel's image (with scratch for it): 4/8-bit,
+// 9..32 rows, K whole steps; ARBOR_CUDA_AFFINE_WIDE_IMG=0 (or set_affine_wide_image(0)) reads x as it is instead.
+int g_wide_img = -1;
+bool wimg_takes(const AffineWeights& w0, int64_t T) {
+  return (w0.bits == 4 || w0.bits == 8) && T > 8 && T <= affine_gemv_max_rows(w0.bits) && w0.cols % v2_step_cols(w0.bits) == 0 && v2_full() &&
+         env_choice(g_wide_img, "ARBOR_CUDA_AFFINE_WIDE_IMG", 1, 1) == 1;
+}
+int wimg_piece_cols(int bits, int gs) { return bits == 4 || gs < 64 ? gs : 64; }  // V2Geo's PIECE_COLS at 4/8 bits
 
 // Whether a launch of 4-bit codes over T rows runs v5 (and so needs affine_ximg_kernel's image in scratch).
 bool v5_takes(const AffineWeights& w0, int64_t T) {
@@ -1291,6 +1356,7 @@ bool try_v2(const AffSegs& segs, const AffineWeights& w0, const uint16_t* x, boo
   const int64_t resident = int64_t(n_sms) * bps, rounds = (units + resident - 1) / resident;
   const unsigned grid = unsigned(persistent ? std::min(units, resident) : (units + rounds - 1) / rounds);
   const int t = int(T);
+  unsigned char* wimg = scratch && wimg_takes(w0, T) ? reinterpret_cast<unsigned char*>(scratch) : nullptr;
   if (variant == 5) {
     unsigned char* img = reinterpret_cast<unsigned char*>(scratch);
     if (gs == 32) launch_v5<32>(grid, s, segs, x, y_f32, t, K, w0.sb_f16, wpr, units, gated_act, img);
@@ -1298,7 +1364,7 @@ bool try_v2(const AffSegs& segs, const AffineWeights& w0, const uint16_t* x, boo
     else launch_v5<128>(grid, s, segs, x, y_f32, t, K, w0.sb_f16, wpr, units, gated_act, img);
     return true;
   }
-#define ARBOR_V2(B, G) launch_v2_t<B, G>(variant, grid, s, segs, x, y_f32, t, K, w0.sb_f16, wpr, units, gated_act)
+#define ARBOR_V2(B, G) launch_v2_t<B, G>(variant, grid, s, segs, x, y_f32, t, K, w0.sb_f16, wpr, units, gated_act, wimg)
   if (w0.bits == 2) {
     if (gs == 32) ARBOR_V2(2, 32);
     else if (gs == 64) ARBOR_V2(2, 64);
@@ -1626,6 +1692,7 @@ __global__ void affine_embed_kernel(AffineWeights w, const int32_t* tokens, cons
 }  // namespace
 
 int64_t affine_gemv_scratch_floats(const AffineWeights& w, int64_t T) {
+  if (wimg_takes(w, T)) return (wimg_bytes(w.cols, T, wimg_piece_cols(w.bits, w.group_size)) + 3) / 4;
   return v5_takes(w, T) ? (ximg_bytes(w.cols, w.group_size) + 3) / 4 : 0;
 }
 
@@ -1657,6 +1724,7 @@ void set_affine_gemv_variant(int v) { g_v2_variant = v >= 1 && v <= 6 ? v : -1; 
 void set_affine_v2_x_ahead(int pieces) { g_v2_xpf = pieces >= 0 && pieces <= 2 ? pieces : -1; }
 void set_affine_stream_int_x(int on) { g_stream_intx = on == 0 || on == 1 ? on : -1; }
 void set_affine_v2_prefetch(int steps) { g_v2_pf = steps >= 0 && steps <= 16 ? steps : -1; }
+void set_affine_wide_image(int on) { g_wide_img = on == 0 || on == 1 ? on : -1; }
 
 void launch_affine_embed(const AffineWeights& w, const int32_t* tokens, const int32_t* picked, int64_t T, float mul, uint16_t* out,
                          CUstream_st* s) {
