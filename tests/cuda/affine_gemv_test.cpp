@@ -5,6 +5,7 @@
 // CPU. Skipped without a GPU.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <sstream>
 
@@ -309,7 +310,7 @@ TEST(CudaAffine, GemvWideMatchesTheReference) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
   cuda::set_affine_wide_rows(32);
-  for (int img : {1, 0}) {  // x through the pre-pass image (the default, where K is whole steps), and as it is
+  for (int img : {1, 0}) {  // x through the pre-pass image (opt-in; where K is whole steps), and as it is
   SCOPED_TRACE(fmt::format("wide image {}", img));
   cuda::set_affine_wide_image(img);
   std::mt19937 rng(21);
@@ -343,7 +344,7 @@ TEST(CudaAffine, GemvWideMatchesTheReference) {
   }
   }
   cuda::set_affine_wide_image(-1);
-  // Not chosen: 3-bit codes, and 4-bit with the wide kernel off, take the GEMM from 9 rows.
+  // Not chosen: 3-bit codes, and 4-bit with the wide kernel off, take the GEMM from 9 rows; by default 8-bit codes too.
   std::mt19937 rng(22);
   HostAffine a3(rng, 40, 256, 3, 64, DType::BF16, false);
   EXPECT_EQ(gpu.pick_linear(upload(gpu, a3), 9), CudaBackend::LinearKernel::GemmAffine);
@@ -353,6 +354,11 @@ TEST(CudaAffine, GemvWideMatchesTheReference) {
   cuda::set_affine_wide_rows(8);
   EXPECT_EQ(gpu.pick_linear(l4, 9), CudaBackend::LinearKernel::GemmAffine);
   cuda::set_affine_wide_rows(-1);
+  if (!std::getenv("ARBOR_CUDA_AFFINE_WIDE")) {
+    HostAffine a8(rng, 40, 256, 8, 64, DType::BF16, false);
+    EXPECT_EQ(gpu.pick_linear(upload(gpu, a8), 9), CudaBackend::LinearKernel::GemmAffine);
+    EXPECT_EQ(gpu.pick_linear(l4, 9), CudaBackend::LinearKernel::GemvAffine);
+  }
 }
 
 // The v4 streaming GEMV (ARBOR_CUDA_AFFINE_GEMV=4: one activation row of 4-bit codes, K a multiple of 1024)

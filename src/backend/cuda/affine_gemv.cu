@@ -1231,18 +1231,22 @@ int v2_x_ahead() { return env_choice(g_v2_xpf, "ARBOR_CUDA_AFFINE_V2_XPF", 2, 2)
 }  // namespace
 
 // The GEMV for 9..32 rows ("wide": v2 with two or four n-tiles; 4/8-bit codes) instead of the tensor-core GEMM
-// (affine_gemm.cu, which dequantizes tiles into shared memory). The default since session 28 (H200, the 8B at 4-bit g64,
-// ctx 512, two rounds: b=16 2630.5 / 2629.6 tok/s against the GEMM's 1488.8 / 1486.3, b=32 3191.1 / 3198.6 against
-// 2643.5 / 2646.1). ARBOR_CUDA_AFFINE_WIDE = 8 (off), 16 or 32 (the most rows it takes); set_affine_wide_rows for tests.
+// (affine_gemm.cu, which dequantizes tiles into shared memory). The default for 4-bit codes since session 28 (H200, the
+// 8B at 4-bit g64, ctx 512, two rounds: b=16 2630.5 / 2629.6 tok/s against the GEMM's 1488.8 / 1486.3, b=32 3191.1 /
+// 3198.6 against 2643.5 / 2646.1). ARBOR_CUDA_AFFINE_WIDE = 8 (off), 16 or 32 (the most rows it takes, 4- and 8-bit);
+// set_affine_wide_rows for tests.
 int g_wide_rows = -1;
 int64_t affine_gemv_max_rows(int bits) {
-  static const int env = [] {
+  static const int env = [] {  // -1: unset
     const char* e = std::getenv("ARBOR_CUDA_AFFINE_WIDE");
-    const int v = e ? std::atoi(e) : 32;
-    return v == 8 || v == 16 ? v : 32;
+    const int v = e ? std::atoi(e) : -1;
+    return v == 8 || v == 16 || v == 32 ? v : -1;
   }();
-  const int wide = g_wide_rows >= 0 ? g_wide_rows : env;
-  return bits == 4 || bits == 8 ? wide : kAffineGemvMaxRows;
+  const int chosen = g_wide_rows >= 0 ? g_wide_rows : env;
+  if (bits != 4 && bits != 8) return kAffineGemvMaxRows;
+  // Unset: 4-bit codes to 32 rows (measured), 8-bit codes at 8 (the wide kernel passes its tests there, its speed
+  // against the GEMM is not measured yet).
+  return chosen >= 0 ? chosen : bits == 4 ? 32 : kAffineGemvMaxRows;
 }
 void set_affine_wide_rows(int rows) { g_wide_rows = rows == 8 || rows == 16 || rows == 32 ? rows : -1; }
 
@@ -1299,11 +1303,12 @@ void launch_v2_t(int variant, unsigned grid, cudaStream_t s, const AffSegs& segs
 int v2_variant() { return env_choice(g_v2_variant, "ARBOR_CUDA_AFFINE_GEMV", 6); }
 
 // Whether a launch over T rows runs the wide kernel through affine_wimg_kernel's image (with scratch for it): 4/8-bit,
-// 9..32 rows, K whole steps; ARBOR_CUDA_AFFINE_WIDE_IMG=0 (or set_affine_wide_image(0)) reads x as it is instead.
+// 9..32 rows, K whole steps, and chosen: opt-in (ARBOR_CUDA_AFFINE_WIDE_IMG=1 or set_affine_wide_image(1)), written in
+// session 28 after its last device call: NOT YET RUN ON A GPU (CudaAffine.GemvWideMatchesTheReference runs it).
 int g_wide_img = -1;
 bool wimg_takes(const AffineWeights& w0, int64_t T) {
   return (w0.bits == 4 || w0.bits == 8) && T > 8 && T <= affine_gemv_max_rows(w0.bits) && w0.cols % v2_step_cols(w0.bits) == 0 && v2_full() &&
-         env_choice(g_wide_img, "ARBOR_CUDA_AFFINE_WIDE_IMG", 1, 1) == 1;
+         env_choice(g_wide_img, "ARBOR_CUDA_AFFINE_WIDE_IMG", 1, 0) == 1;
 }
 int wimg_piece_cols(int bits, int gs) { return bits == 4 || gs < 64 ? gs : 64; }  // V2Geo's PIECE_COLS at 4/8 bits
 
