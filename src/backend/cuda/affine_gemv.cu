@@ -955,25 +955,25 @@ __global__ void __launch_bounds__(kV2Warps * 32, v2_blocks_per_sm(NT))
           const float2 sm = __ldg(reinterpret_cast<const float2*>(reinterpret_cast<const float*>(ximg + 2 * T * K) + (c0 / G::PIECE_COLS) * 32 + n0));
           sxx[0] = n0 < T ? sm.x : 0.0f, sxx[1] = n0 + 1 < T ? sm.y : 0.0f;
         } else {
-        const uint16_t* xr = x + (real ? g + 8 * nt : 0) * K + col;
+          const uint16_t* xr = x + (real ? g + 8 * nt : 0) * K + col;
 #pragma unroll
-        for (int wi = 0; wi < G::WPP; ++wi) {
-          if constexpr (BITS == 4) {
-            const uint4 xv = real ? __ldg(reinterpret_cast<const uint4*>(xr + wi * 4 * G::CPB)) : make_uint4(0, 0, 0, 0);
-            const uint32_t x04 = __byte_perm(xv.x, xv.z, 0x5410), x15 = __byte_perm(xv.x, xv.z, 0x7632);
-            const uint32_t x26 = __byte_perm(xv.y, xv.w, 0x5410), x37 = __byte_perm(xv.y, xv.w, 0x7632);
-            mma_bf16(cc, A[wi][0], A[wi][1], A[wi][2], A[wi][3], x04, x15);
-            mma_bf16(cc, A[wi][4], A[wi][5], A[wi][6], A[wi][7], x26, x37);
-            mma_bf16(sxx, kOnes, kOnes, kOnes, kOnes, x04, x15);
-            mma_bf16(sxx, kOnes, kOnes, kOnes, kOnes, x26, x37);
-          } else {
-            const uint2 xv = real ? __ldg(reinterpret_cast<const uint2*>(xr + wi * 4 * G::CPB)) : make_uint2(0, 0);
-            const uint32_t x02 = __byte_perm(xv.x, xv.y, 0x5410), x13 = __byte_perm(xv.x, xv.y, 0x7632);
-            mma_bf16(cc, A[wi][0], A[wi][1], A[wi][2], A[wi][3], x02, x13);
-            mma_bf16(cc, A[wi][4], A[wi][5], A[wi][6], A[wi][7], x02, x13);
-            mma_bf16(sxx, kOnes, kOnes, kOnes, kOnes, x02, x13);
+          for (int wi = 0; wi < G::WPP; ++wi) {
+            if constexpr (BITS == 4) {
+              const uint4 xv = real ? __ldg(reinterpret_cast<const uint4*>(xr + wi * 4 * G::CPB)) : make_uint4(0, 0, 0, 0);
+              const uint32_t x04 = __byte_perm(xv.x, xv.z, 0x5410), x15 = __byte_perm(xv.x, xv.z, 0x7632);
+              const uint32_t x26 = __byte_perm(xv.y, xv.w, 0x5410), x37 = __byte_perm(xv.y, xv.w, 0x7632);
+              mma_bf16(cc, A[wi][0], A[wi][1], A[wi][2], A[wi][3], x04, x15);
+              mma_bf16(cc, A[wi][4], A[wi][5], A[wi][6], A[wi][7], x26, x37);
+              mma_bf16(sxx, kOnes, kOnes, kOnes, kOnes, x04, x15);
+              mma_bf16(sxx, kOnes, kOnes, kOnes, kOnes, x26, x37);
+            } else {
+              const uint2 xv = real ? __ldg(reinterpret_cast<const uint2*>(xr + wi * 4 * G::CPB)) : make_uint2(0, 0);
+              const uint32_t x02 = __byte_perm(xv.x, xv.y, 0x5410), x13 = __byte_perm(xv.x, xv.y, 0x7632);
+              mma_bf16(cc, A[wi][0], A[wi][1], A[wi][2], A[wi][3], x02, x13);
+              mma_bf16(cc, A[wi][4], A[wi][5], A[wi][6], A[wi][7], x02, x13);
+              mma_bf16(sxx, kOnes, kOnes, kOnes, kOnes, x02, x13);
+            }
           }
-        }
         }
         acc[nt][0] = fmaf(pa.x, cc[0], fmaf(oa, sxx[0], acc[nt][0]));
         acc[nt][1] = fmaf(pa.x, cc[1], fmaf(oa, sxx[1], acc[nt][1]));
