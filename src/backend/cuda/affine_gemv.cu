@@ -545,6 +545,17 @@ __device__ __forceinline__ uint32_t nib_pair(uint32_t w, uint32_t magic) {
   return (v & 0x00780078u) | magic;
 }
 
+// The A registers of one code word of M-rows g (wa) and g + 8 (wb), 4- or 8-bit: A[0..3] for the word's first MMA,
+// A[4..7] for its second (4-bit: codes (q0,q4),(q1,q5) then (q2,q6),(q3,q7) as 16 + q; 8-bit: low nibbles as 16 + l,
+// then high nibbles as 256 + 16·h).
+template <int BITS>
+__device__ __forceinline__ void v2_word_a(uint32_t wa, uint32_t wb, uint32_t* A) {
+  constexpr uint32_t kLo = 0x41804180u, kHi = BITS == 4 ? kLo : 0x43804380u;
+  constexpr int S1 = BITS == 4 ? 1 : 5, S2 = BITS == 4 ? 5 : 1;  // the second and third nibble pairs' shifts
+  A[0] = nib_pair<-3>(wa, kLo), A[1] = nib_pair<-3>(wb, kLo), A[2] = nib_pair<S1>(wa, kLo), A[3] = nib_pair<S1>(wb, kLo);
+  A[4] = nib_pair<S2>(wa, kHi), A[5] = nib_pair<S2>(wb, kHi), A[6] = nib_pair<9>(wa, kHi), A[7] = nib_pair<9>(wb, kHi);
+}
+
 // Where the warp's tile is: the code and scale/bias rows of its M-rows g and g + 8 (rows past a matrix read
 // its row 0 and are not stored).
 struct V2Rows {
@@ -814,22 +825,21 @@ __global__ void __launch_bounds__(kV2Warps * 32, v2_blocks_per_sm(NT))
       c[0] = c[1] = c[2] = c[3] = sx[0] = sx[1] = sx[2] = sx[3] = 0.0f;
 #pragma unroll
       for (int wi = 0; wi < G::WPP; ++wi) {
-        const uint32_t wa = b.w[0][p][wi], wb = b.w[1][p][wi];
+        uint32_t A[8];
+        v2_word_a<BITS>(b.w[0][p][wi], b.w[1][p][wi], A);
         if constexpr (BITS == 4) {
           const uint4 xv = xp[wi];
           const uint32_t x04 = __byte_perm(xv.x, xv.z, 0x5410), x15 = __byte_perm(xv.x, xv.z, 0x7632);
           const uint32_t x26 = __byte_perm(xv.y, xv.w, 0x5410), x37 = __byte_perm(xv.y, xv.w, 0x7632);
-          constexpr uint32_t kMag = 0x41804180u;
-          mma_bf16(c, nib_pair<-3>(wa, kMag), nib_pair<-3>(wb, kMag), nib_pair<1>(wa, kMag), nib_pair<1>(wb, kMag), x04, x15);
-          mma_bf16(c, nib_pair<5>(wa, kMag), nib_pair<5>(wb, kMag), nib_pair<9>(wa, kMag), nib_pair<9>(wb, kMag), x26, x37);
+          mma_bf16(c, A[0], A[1], A[2], A[3], x04, x15);
+          mma_bf16(c, A[4], A[5], A[6], A[7], x26, x37);
           mma_bf16(sx, kOnes, kOnes, kOnes, kOnes, x04, x15);
           mma_bf16(sx, kOnes, kOnes, kOnes, kOnes, x26, x37);
         } else {
           const uint2 xv = make_uint2(xp[wi].x, xp[wi].y);
           const uint32_t x02 = __byte_perm(xv.x, xv.y, 0x5410), x13 = __byte_perm(xv.x, xv.y, 0x7632);
-          constexpr uint32_t kLo = 0x41804180u, kHi = 0x43804380u;
-          mma_bf16(c, nib_pair<-3>(wa, kLo), nib_pair<-3>(wb, kLo), nib_pair<5>(wa, kLo), nib_pair<5>(wb, kLo), x02, x13);
-          mma_bf16(c, nib_pair<1>(wa, kHi), nib_pair<1>(wb, kHi), nib_pair<9>(wa, kHi), nib_pair<9>(wb, kHi), x02, x13);
+          mma_bf16(c, A[0], A[1], A[2], A[3], x02, x13);
+          mma_bf16(c, A[4], A[5], A[6], A[7], x02, x13);
           mma_bf16(sx, kOnes, kOnes, kOnes, kOnes, x02, x13);
         }
       }
@@ -853,7 +863,7 @@ __global__ void __launch_bounds__(kV2Warps * 32, v2_blocks_per_sm(NT))
     float4 md;
   };
   const unsigned char* xim_hi = IM && NT == 1 ? ximg + int64_t(x_row ? g : 0) * K : nullptr;
-  const unsigned char* xim_lo = IM ? xim_hi + 8 * K : nullptr;
+  const unsigned char* xim_lo = IM && NT == 1 ? xim_hi + 8 * K : nullptr;
   const float4* xim_meta = IM && NT == 1 ? reinterpret_cast<const float4*>(ximg + 16 * K) : nullptr;
   auto xim_at = [&](XIm& v, int64_t s_, int p) {
     const int64_t c0 = s_ * G::STEP_COLS + p * G::PIECE_COLS;
@@ -917,18 +927,7 @@ __global__ void __launch_bounds__(kV2Warps * 32, v2_blocks_per_sm(NT))
       if (!FULL && c0 >= K) break;
       uint32_t A[G::WPP][8];  // per word: the two MMAs' A registers (rows g, g + 8; k low, k high)
 #pragma unroll
-      for (int wi = 0; wi < G::WPP; ++wi) {
-        const uint32_t wa = b.w[0][p][wi], wb = b.w[1][p][wi];
-        if constexpr (BITS == 4) {
-          constexpr uint32_t kMag = 0x41804180u;
-          A[wi][0] = nib_pair<-3>(wa, kMag), A[wi][1] = nib_pair<-3>(wb, kMag), A[wi][2] = nib_pair<1>(wa, kMag), A[wi][3] = nib_pair<1>(wb, kMag);
-          A[wi][4] = nib_pair<5>(wa, kMag), A[wi][5] = nib_pair<5>(wb, kMag), A[wi][6] = nib_pair<9>(wa, kMag), A[wi][7] = nib_pair<9>(wb, kMag);
-        } else {
-          constexpr uint32_t kLo = 0x41804180u, kHi = 0x43804380u;
-          A[wi][0] = nib_pair<-3>(wa, kLo), A[wi][1] = nib_pair<-3>(wb, kLo), A[wi][2] = nib_pair<5>(wa, kLo), A[wi][3] = nib_pair<5>(wb, kLo);
-          A[wi][4] = nib_pair<1>(wa, kHi), A[wi][5] = nib_pair<1>(wb, kHi), A[wi][6] = nib_pair<9>(wa, kHi), A[wi][7] = nib_pair<9>(wb, kHi);
-        }
-      }
+      for (int wi = 0; wi < G::WPP; ++wi) v2_word_a<BITS>(b.w[0][p][wi], b.w[1][p][wi], A[wi]);
       const float2 pa = sb_pair(b.sb[0][p], sb_f16), pb = sb_pair(b.sb[1][p], sb_f16);
       const float oa = pa.y - pa.x * G::kM, ob = pb.y - pb.x * G::kM;
       const int64_t col = c0 + j * G::LANE_COLS;
@@ -1188,6 +1187,8 @@ int env_choice(int& cached, const char* name, int hi, int def) {
 // is its B registers with no PRMT; then Σx per (piece of pc columns, row) as float [K / pc][32], which replaces the
 // MMA of each word against an A of ones. One thread per 8 columns of a row; pc / 8 neighbours sum a piece.
 int64_t wimg_bytes(int64_t K, int64_t T, int pc) { return 2 * T * K + (K / pc) * 32 * 4; }
+// V2Geo's PIECE_COLS at 4/8 bits (launch_v2_t checks the two agree): a 4-bit piece is its group, an 8-bit one at most 64.
+constexpr int wimg_piece_cols(int bits, int gs) { return bits == 4 || gs < 64 ? gs : 64; }
 __global__ void __launch_bounds__(256) affine_wimg_kernel(const uint16_t* __restrict__ x, int T, int64_t K, bool four, int pc, unsigned char* img) {
   pdl_trigger();  // the GEMV may fetch its first weights; it waits for this grid before reading img
   pdl_wait();
@@ -1252,28 +1253,31 @@ void set_affine_wide_rows(int rows) { g_wide_rows = rows == 8 || rows == 16 || r
 
 namespace {
 
+// The wide kernel: 9..16 rows as two n-tiles, 17..32 as four.
+template <int BITS, int GS, bool IM, bool FULL>
+void launch_wide(unsigned grid, cudaStream_t s, const AffSegs& segs, const uint16_t* x, bool y_f32, int T, int64_t K, bool sb_f16, int wpr,
+                 int64_t units, int gated_act, const unsigned char* ximg) {
+  if (T <= 16) launch_v2_s<BITS, GS, 0, 0, IM, FULL, 2>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act, ximg);
+  else launch_v2_s<BITS, GS, 0, 0, IM, FULL, 4>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act, ximg);
+}
+
 template <int BITS, int GS>
 void launch_v2_t(int variant, unsigned grid, cudaStream_t s, const AffSegs& segs, const uint16_t* x, bool y_f32, int T, int64_t K,
                  bool sb_f16, int wpr, int64_t units, int gated_act, unsigned char* ximg = nullptr) {
   [[maybe_unused]] constexpr int kRing = V2Ring<BITS, GS>::kStages;
-  if constexpr (BITS == 4 || BITS == 8) {  // wide: 9..16 rows as two n-tiles, 17..32 as four
+  if constexpr (BITS == 4 || BITS == 8) {
     if (T > 8) {
-      const bool full = K % v2_step_cols(BITS) == 0 && v2_full();
-      if (full && ximg) {  // x through the image (affine_wimg_kernel first)
-        constexpr int pc = V2Geo<BITS, GS>::PIECE_COLS;
+      if (ximg) {  // x through the image (try_v2 passes one only where wimg_takes: K whole steps), affine_wimg_kernel first
+        static_assert(V2Geo<BITS, GS>::PIECE_COLS == wimg_piece_cols(BITS, GS), "the image's Σx pieces are the kernel's");
         const int64_t threads = int64_t(T) * (K / 8);
-        pdl_launch(affine_wimg_kernel, dim3(unsigned((threads + 255) / 256)), dim3(256), 0, s, x, T, K, BITS == 4, pc, ximg);
+        pdl_launch(affine_wimg_kernel, dim3(unsigned((threads + 255) / 256)), dim3(256), 0, s, x, T, K, BITS == 4,
+                   wimg_piece_cols(BITS, GS), ximg);
         ARBOR_LAUNCH_CHECK("affine_wimg_kernel");
-        if (T <= 16) launch_v2_s<BITS, GS, 0, 0, true, true, 2>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act, ximg);
-        else launch_v2_s<BITS, GS, 0, 0, true, true, 4>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act, ximg);
-        return;
-      }
-      if (T <= 16) {
-        if (full) launch_v2_s<BITS, GS, 0, 0, false, true, 2>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
-        else launch_v2_s<BITS, GS, 0, 0, false, false, 2>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
+        launch_wide<BITS, GS, true, true>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act, ximg);
+      } else if (K % v2_step_cols(BITS) == 0 && v2_full()) {
+        launch_wide<BITS, GS, false, true>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act, nullptr);
       } else {
-        if (full) launch_v2_s<BITS, GS, 0, 0, false, true, 4>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
-        else launch_v2_s<BITS, GS, 0, 0, false, false, 4>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act);
+        launch_wide<BITS, GS, false, false>(grid, s, segs, x, y_f32, T, K, sb_f16, wpr, units, gated_act, nullptr);
       }
       return;
     }
@@ -1310,7 +1314,6 @@ bool wimg_takes(const AffineWeights& w0, int64_t T) {
   return (w0.bits == 4 || w0.bits == 8) && T > 8 && T <= affine_gemv_max_rows(w0.bits) && w0.cols % v2_step_cols(w0.bits) == 0 && v2_full() &&
          env_choice(g_wide_img, "ARBOR_CUDA_AFFINE_WIDE_IMG", 1, 0) == 1;
 }
-int wimg_piece_cols(int bits, int gs) { return bits == 4 || gs < 64 ? gs : 64; }  // V2Geo's PIECE_COLS at 4/8 bits
 
 // Whether a launch of 4-bit codes over T rows runs v5 (and so needs affine_ximg_kernel's image in scratch).
 bool v5_takes(const AffineWeights& w0, int64_t T) {
@@ -1330,7 +1333,7 @@ bool try_v2(const AffSegs& segs, const AffineWeights& w0, const uint16_t* x, boo
   const int chosen = v2_variant(), v2_from = w0.bits == 4 || w0.bits == 8 ? 2 : 3;
   const bool v5 = scratch && v5_takes(w0, T);
   int variant = v5 ? 5 : chosen == 0 || chosen >= 4 ? (T >= v2_from ? 2 : 1) : chosen;
-  if (T > 8) variant = affine_gemv_max_rows(w0.bits) >= T ? 2 : 0;  // wide: the v2 kernel with two or four n-tiles
+  if (T > 8) variant = 2;  // wide: the v2 kernel with two or four n-tiles (to affine_gemv_max_rows, checked next)
   if (variant < 2 || w0.bits < 2 || w0.bits > 8 || w0.bits == 7 || T < 1 || T > affine_gemv_max_rows(w0.bits) || !aligned16(x)) return false;
   for (int i = 0; i < segs.n; ++i)
     if (!aligned16(segs.codes[i])) return false;
