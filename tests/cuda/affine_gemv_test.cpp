@@ -68,6 +68,16 @@ struct HostAffine {
   }
 };
 
+struct Shape {
+  int64_t R, C;
+};
+// The next matrix of a sweep over shapes: scales and biases f16 every third case (else bf16), a layer bias every other.
+HostAffine next_case(std::mt19937& rng, const Shape& sh, int bits, int gs, int& case_no) {
+  const DType dt = (case_no % 3) == 1 ? DType::F16 : DType::BF16;
+  const bool with_bias = (case_no++ % 2) == 0;
+  return HostAffine(rng, sh.R, sh.C, bits, gs, dt, with_bias);
+}
+
 void reference(const HostAffine& a, const std::vector<float>& x, int64_t T, std::vector<float>& y, std::vector<float>& mag) {
   reference_linear(a.w, a.bias, a.R, a.C, x, T, y, mag);
 }
@@ -273,17 +283,12 @@ TEST(CudaAffine, GemvV2MatchesTheReference) {
   XAhead ahead(x_ahead);
   cuda::set_affine_v2_prefetch(pf);
   std::mt19937 rng(15);
-  struct Shape {
-    int64_t R, C;
-  };
   int case_no = 0;
   for (int bits : {4, 8, 3, 2, 6, 5})
     for (int gs : {32, 64, 128})
       for (const Shape& sh : {Shape{131, int64_t(3 * gs)}, Shape{37, int64_t(8192 + gs)}, Shape{2000, 2048 + gs}, Shape{9, int64_t(gs)},
                               Shape{77, 2048}}) {  // the last: whole steps (the kernel without the per-piece test against K)
-        const DType dt = (case_no % 3) == 1 ? DType::F16 : DType::BF16;
-        const bool with_bias = (case_no++ % 2) == 0;
-        HostAffine a(rng, sh.R, sh.C, bits, gs, dt, with_bias);
+        HostAffine a = next_case(rng, sh, bits, gs, case_no);
         const Linear l = upload(gpu, a);
         for (int64_t T : {1, 2, 3, 5, 8}) {
           if ((sh.R == 2000 || sh.R == 77) && T != 1 && T != 8) continue;
@@ -314,16 +319,11 @@ TEST(CudaAffine, GemvWideMatchesTheReference) {
   SCOPED_TRACE(fmt::format("wide image {}", img));
   cuda::set_affine_wide_image(img);
   std::mt19937 rng(21);
-  struct Shape {
-    int64_t R, C;
-  };
   int case_no = 0;
   for (int bits : {4, 8})
     for (int gs : {32, 64, 128}) {
       for (const Shape& sh : {Shape{131, int64_t(3 * gs)}, Shape{37, int64_t(8192 + gs)}, Shape{2000, 2048 + gs}, Shape{77, 2048}}) {
-        const DType dt = (case_no % 3) == 1 ? DType::F16 : DType::BF16;
-        const bool with_bias = (case_no++ % 2) == 0;
-        HostAffine a(rng, sh.R, sh.C, bits, gs, dt, with_bias);
+        HostAffine a = next_case(rng, sh, bits, gs, case_no);
         const Linear l = upload(gpu, a);
         for (int64_t T : {9, 13, 16, 17, 27, 32}) {
           if (sh.R == 2000 && T != 13 && T != 32) continue;
@@ -373,15 +373,10 @@ TEST(CudaAffine, GemvStreamMatchesTheReference) {
   SCOPED_TRACE(fmt::format("x as {}", intx ? "16-bit integers" : "bf16"));
   StreamIntX mode(intx);
   std::mt19937 rng(21);
-  struct Shape {
-    int64_t R, C;
-  };
   int case_no = 0;
   for (int gs : {32, 64, 128})
     for (const Shape& sh : {Shape{1, 1024}, Shape{37, 3072}, Shape{2000, 4096}, Shape{70001, 1024}, Shape{131, 16384}, Shape{33, 1024 + gs}}) {
-      const DType dt = (case_no % 3) == 1 ? DType::F16 : DType::BF16;
-      const bool with_bias = (case_no++ % 2) == 0;
-      HostAffine a(rng, sh.R, sh.C, 4, gs, dt, with_bias);
+      HostAffine a = next_case(rng, sh, 4, gs, case_no);
       const Linear l = upload(gpu, a);
       for (int64_t T : {1, 3}) {
         if (T == 3 && sh.R > 2000) continue;
@@ -420,16 +415,11 @@ TEST(CudaAffine, GemvV5MatchesTheReference) {
   SCOPED_TRACE(fmt::format("L2 prefetch {} steps ahead", pf));
   cuda::set_affine_v2_prefetch(pf);
   std::mt19937 rng(25);
-  struct Shape {
-    int64_t R, C;
-  };
   int case_no = 0;
   for (int gs : {32, 64, 128})
     for (const Shape& sh : {Shape{131, int64_t(3 * gs)}, Shape{37, int64_t(8192 + gs)}, Shape{2000, 2048 + gs}, Shape{9, int64_t(gs)},
                             Shape{4096, 4096}}) {
-      const DType dt = (case_no % 3) == 1 ? DType::F16 : DType::BF16;
-      const bool with_bias = (case_no++ % 2) == 0;
-      HostAffine a(rng, sh.R, sh.C, 4, gs, dt, with_bias);
+      HostAffine a = next_case(rng, sh, 4, gs, case_no);
       const Linear l = upload(gpu, a);
       for (int64_t T : {1, 2, 3, 5, 8}) {
         if (sh.R >= 2000 && T != 1 && T != 8) continue;
@@ -596,7 +586,7 @@ TEST(CudaAffineBandwidth, DISABLED_At8BShapes) {
   const double bw = cuda_measure_copy_bandwidth();
   std::printf("copy bandwidth %.1f GB/s\n%-9s %-14s %4s %3s %9s %8s %8s %7s\n", bw / 1e9, "linear", "N x K", "bits", "T", "MB", "us", "GB/s",
               "of copy");
-  struct Shape {
+  struct Matrix {
     const char* name;
     int64_t N, K;
   };
@@ -605,8 +595,8 @@ TEST(CudaAffineBandwidth, DISABLED_At8BShapes) {
     std::vector<int64_t> Ts;
     std::istringstream tl(item.substr(item.find(':') + 1));
     for (std::string t; std::getline(tl, t, ',');) Ts.push_back(std::stoll(t));
-    for (const Shape& s : {Shape{"q/o", 4096, 4096}, Shape{"k/v", 1024, 4096}, Shape{"gate/up", 14336, 4096}, Shape{"down", 4096, 14336},
-                           Shape{"lm_head", 128256, 4096}})
+    for (const Matrix& s : {Matrix{"q/o", 4096, 4096}, Matrix{"k/v", 1024, 4096}, Matrix{"gate/up", 14336, 4096}, Matrix{"down", 4096, 14336},
+                            Matrix{"lm_head", 128256, 4096}})
       for (int64_t T : Ts) {
         const double bytes = cuda::affine_weight_bytes(s.N, s.K, bits, 64), sec = cuda::time_affine_gemv(s.N, s.K, T, bits, 64, 20);
         std::printf("%-9s %6lld x %-5lld %4d %3lld %9.2f %8.2f %8.1f %6.1f%%\n", s.name, (long long)s.N, (long long)s.K, bits, (long long)T,
