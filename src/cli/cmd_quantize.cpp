@@ -1,8 +1,12 @@
 // `arbor quantize --model IN --out OUT --bits B --group-size G [--recipe R]`: a dense checkpoint written as an MLX
 // affine one (quant/affine_convert.h), one tensor at a time; `--format trellis --bits k [--down-axis 0|1]
 // [--k-map module=k,...] [--encoder auto|cpu|cuda]`: trellis-coded instead (quant/trellis_convert.h, the Viterbi of
-// trellis_encode.h on the CPU, or cuda_trellis_viterbi on the GPU when there is one).
+// trellis_encode.h on the CPU, or cuda_trellis_viterbi on the GPU when there is one); with `--calib TEXT`, each
+// linear coded against its input Hessian from the dense model run over TEXT (LDLQ: engine/calibration.h,
+// quant/trellis_ldlq.h).
 #include <cstdio>
+#include <map>
+#include <memory>
 
 #include "cli/args.h"
 #include "cli/model_args.h"
@@ -10,11 +14,13 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
+#include "engine/calibration.h"
 #include "io/checkpoint.h"
 #include "model/archs.h"
 #include "model/config.h"
 #include "model/weights.h"
 #include "quant/affine_convert.h"
+#include "text/tokenizer/tokenizer.h"
 #ifdef ARBOR_HAS_CUDA
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/trellis.h"
@@ -24,7 +30,9 @@ namespace arbor::cli {
 namespace {
 
 int cmd_quantize(const std::vector<std::string>& args) {
-  Args a(args, {"model", "out", "bits", "group-size", "recipe", "shard-gb", "threads", "format", "down-axis", "k-map", "encoder"}, {});
+  Args a(args, {"model", "out", "bits", "group-size", "recipe", "shard-gb", "threads", "format", "down-axis", "k-map", "encoder",
+                          "calib", "calib-tokens", "calib-ctx", "damp"},
+         {});
   auto model = a.get("model");
   auto out = a.get("out");
   if (!model || !out)
@@ -40,7 +48,7 @@ int cmd_quantize(const std::vector<std::string>& args) {
     for (const char* f : {"group-size", "recipe"})
       if (a.has(f)) fail("arguments: --{} is for --format affine (trellis blocks are 256 weights; use --k-map for mixed bits)", f);
   } else {
-    for (const char* f : {"down-axis", "k-map", "encoder"})
+    for (const char* f : {"down-axis", "k-map", "encoder", "calib", "calib-tokens", "calib-ctx", "damp"})
       if (a.has(f)) fail("arguments: --{} is for --format trellis", f);
   }
   // The Viterbi runs on the GPU when there is one (the same paths as the CPU's, bit for bit: CudaTrellisEncode.*,
@@ -82,7 +90,44 @@ int cmd_quantize(const std::vector<std::string>& args) {
     o.trellis = r;
   }
 
+  if (!a.has("calib"))
+    for (const char* f : {"calib-tokens", "calib-ctx", "damp"})
+      if (a.has(f)) fail("arguments: --{} goes with --calib TEXT", f);
+
   ThreadPool pool(int(a.get_int("threads", 0)));
+  // LDLQ: the dense model over the calibration text first, then every coded linear against its inputs' E[x xᵀ].
+  std::map<std::string, std::shared_ptr<const std::vector<double>>> hessians;
+  Calibration cal;
+  if (auto calib = a.get("calib")) {
+    CalibrationOptions co;
+    co.model_dir = o.in_dir;
+    co.ctx = a.get_int("calib-ctx", std::min<int64_t>(1024, c.max_position > 0 ? c.max_position : 1024));
+    co.max_tokens = a.get_int("calib-tokens", 65536);
+    if (co.max_tokens < 0) fail("arguments: --calib-tokens must be 0 (all) or positive, got {}", co.max_tokens);
+    co.threads = int(a.get_int("threads", 0));
+    o.ldlq.damp = a.get_double("damp", 0.01);
+    if (!(o.ldlq.damp > 0)) fail("arguments: --damp must be positive, got {}", o.ldlq.damp);
+    const std::string text = read_text_file(*calib);
+    const std::vector<int32_t> ids = Tokenizer::from_file(o.in_dir).encode(text, true);
+    std::unique_ptr<Progress> cp;
+    int64_t shown = 0;
+    co.progress = [&](int64_t done, int64_t total) {
+      if (!cp) cp = std::make_unique<Progress>("calibrating", uint64_t(total));
+      if (done > shown) cp->advance(uint64_t(done - shown)), shown = done;
+    };
+    cal = calibrate_input_hessians(ids, co);
+    if (cp) cp->finish();
+    std::map<const quant::InputHessian*, std::shared_ptr<const std::vector<double>>> means;
+    for (const auto& [module, h] : cal.hessians) {
+      auto& m = means[h.get()];
+      if (!m) m = std::make_shared<const std::vector<double>>(h->mean());
+      hessians[module] = m;
+    }
+    o.input_hessian = [&](const std::string& module) -> const std::vector<double>* {
+      const auto it = hessians.find(module);
+      return it == hessians.end() ? nullptr : it->second.get();
+    };
+  }
   uint64_t total = 0;
   {
     const Checkpoint ck = Checkpoint::open(o.in_dir);
@@ -100,6 +145,10 @@ int cmd_quantize(const std::vector<std::string>& args) {
                 double(st.bytes_in) * 1e-9, double(st.bytes_out) * 1e-9, (unsigned long long)st.shards, st.copied_files.size());
     const std::string how = o.encode.block_viterbi ? fmt::format("GPU Viterbi; scales, targets and packing on {} CPU threads", pool.size())
                                                    : fmt::format("CPU Viterbi, {} threads, {}", pool.size(), quant::trellis_isa_name(o.encode.isa));
+    if (a.has("calib"))
+      std::printf("LDLQ: %llu modules against their input Hessians (%lld calibration ids, windows of %lld, %.1f s; damp %g)\n",
+                  (unsigned long long)st.modules_ldlq, (long long)cal.tokens, (long long)cal.ctx, cal.seconds,
+                  o.ldlq.damp);
     std::printf("encoder: %llu weights in %.2f s, %.3g weights/s (%s)\n", (unsigned long long)st.weights_encoded, st.encode_seconds,
                 st.encode_seconds > 0 ? double(st.weights_encoded) / st.encode_seconds : 0.0, how.c_str());
     for (const auto& s : st.left_dense) std::printf("left dense: %s\n", s.c_str());
@@ -133,6 +182,12 @@ ARBOR_VERB("quantize", "write a dense checkpoint as an MLX affine or trellis qua
            "  --k-map M=K,...       trellis: bits per module, M a path or its last parts (down_proj=4)\n"
            "  --encoder auto|cpu|cuda  trellis: where the Viterbi runs (default auto: the GPU when there is one,\n"
            "                        else the CPU's threads; both choose the same paths)\n"
+           "  --calib TEXT          trellis: Hessian-aware rounding (LDLQ): run the dense model on the CPU over\n"
+           "                        TEXT (tokenized whole) and code each linear to minimise its output error on\n"
+           "                        those inputs; memory n^2 doubles per distinct linear input, time ~n^3 each\n"
+           "  --calib-tokens N      ids of TEXT used, in windows spread evenly over it (default 65536; 0: all)\n"
+           "  --calib-ctx N         calibration window in ids (default min(1024, max_position_embeddings))\n"
+           "  --damp D              LDLQ damping, a fraction of the mean diagonal of E[x x^T] (default 0.01)\n"
            "  --group-size G        32, 64 or 128 (default 64)\n"
            "  --recipe R            mlx-lm's mixed recipes: mixed_2_6, mixed_3_4, mixed_3_6, mixed_4_6 (low bits,\n"
            "                        high bits for lm_head and v_proj/down_proj in some layers)\n"

@@ -55,6 +55,16 @@ std::string DummyQuant::describe() const {
 
 Model::~Model() = default;
 
+std::vector<std::pair<std::string, const Linear*>> Model::matrix_modules() const {
+  std::vector<std::pair<std::string, const Linear*>> out;
+  // The walk only points into the weights (their layers are sized), it does not change them.
+  for_each_weight(cfg_, *arch_, const_cast<ModelWeights*>(&w_), [&](const WeightSlot& s) {
+    if (s.kind != WeightSlot::Kind::Matrix) return;
+    for (const auto& [l, rows] : s.parts) out.emplace_back(s.name, l);
+  });
+  return out;
+}
+
 Model::Model(const LoadOptions& opt, Backend& backend) : backend_(backend) {
   std::string cfg_path = !opt.config_path.empty() ? opt.config_path : join_path(opt.model_dir, "config.json");
   cfg_ = load_model_config(cfg_path);

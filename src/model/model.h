@@ -61,6 +61,9 @@ class Model {
   std::string weight_dtypes() const { return weight_dtypes_; }  // "BF16" or "BF16, F32" ("BF16, U32": affine codes)
   // The matrices' formats with their counts, most frequent first: "affine 4-bit g64 x22, dense BF16 x1".
   std::string weight_formats() const { return weight_formats_; }
+  // Every matrix as bound, with its module path (a fused checkpoint matrix gives one entry per part): what
+  // calibration (`arbor quantize --calib`) keys the linears' inputs by.
+  std::vector<std::pair<std::string, const Linear*>> matrix_modules() const;
 
   // Runs the batch; writes logits [b.logit_rows.size(), vocab] (float32, row-major) to logits_out.
   // With logits_out null the logits stay on the backend (device_logits), for sampling there; the

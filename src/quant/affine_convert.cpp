@@ -273,7 +273,11 @@ AffineConvertStats affine_convert_checkpoint(const AffineConvertOptions& o, cons
         f32[size_t(i)] = x;
       }
       const auto t0 = std::chrono::steady_clock::now();
-      const TrellisEncoded e = trellis_encode_linear(it.name, f32.data(), out, in, it.trellis->bits, it.trellis->axis, pool, o.encode);
+      const std::vector<double>* h = o.input_hessian ? o.input_hessian(module) : nullptr;
+      const TrellisEncoded e =
+          h ? trellis_encode_linear_ldlq(it.name, f32.data(), out, in, it.trellis->bits, it.trellis->axis, *h, pool, o.encode, o.ldlq)
+            : trellis_encode_linear(it.name, f32.data(), out, in, it.trellis->bits, it.trellis->axis, pool, o.encode);
+      st.modules_ldlq += h ? 1 : 0;
       st.encode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       st.weights_encoded += uint64_t(out * in);
       w.write(module + ".weight", e.words.data(), e.words.size() * 4);

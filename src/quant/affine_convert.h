@@ -14,6 +14,7 @@
 #include "quant/affine.h"
 #include "quant/trellis_convert.h"
 #include "quant/trellis_encode.h"
+#include "quant/trellis_ldlq.h"
 
 namespace arbor {
 class ThreadPool;
@@ -57,6 +58,10 @@ struct AffineConvertOptions {
   // the rest as in the affine path (dense, cast). `params` and `recipe` are then unused.
   std::optional<TrellisRecipe> trellis;
   TrellisEncodeOptions encode;
+  // Trellis with LDLQ (quant/trellis_ldlq.h; `arbor quantize --calib`): a module path's input Hessian E[x xᵀ]
+  // [in, in], or null to code that module without it.
+  std::function<const std::vector<double>*(const std::string& module)> input_hessian;
+  LdlqOptions ldlq;
 };
 
 struct AffineConvertStats {
@@ -64,6 +69,7 @@ struct AffineConvertStats {
   std::vector<std::string> left_dense;  // matrices left dense, each with the reason
   std::vector<std::string> dropped;     // checkpoint tensors not written
   std::vector<std::string> copied_files;
+  uint64_t modules_ldlq = 0;     // trellis: modules coded with their input Hessian
   uint64_t weights_encoded = 0;  // trellis: weights through the Viterbi, and the seconds it took
   double encode_seconds = 0;
 };

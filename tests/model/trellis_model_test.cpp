@@ -3,7 +3,9 @@
 // dense f32 checkpoint holding its decoded weights (quant::trellis_decode_linear); so does one mixing
 // trellis (k 2 and 4 by module, the interleaved k = 3 axis-0 layout), affine and dense modules; a
 // checkpoint written by the quantize path (the CPU Viterbi) holds exactly what the encoder chose, loads
-// and runs; the loader's errors name the tensor.
+// and runs; the loader's errors name the tensor. Calibration (engine/calibration.h) sums each linear's inputs
+// (layer 0's attention input against the normed embedding rows computed here), and `quantize --calib`'s path
+// codes every linear with LDLQ into a checkpoint that loads and runs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,7 +19,9 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "engine/calibration.h"
 #include "engine/generate.h"
+#include "engine/perplexity.h"
 #include "io/safetensors.h"
 #include "model/synth.h"
 #include "model/weights.h"
@@ -26,6 +30,7 @@
 #include "quant/trellis.h"
 #include "quant/trellis_convert.h"
 #include "quant/trellis_encode.h"
+#include "quant/trellis_ldlq.h"
 #include "../test_util.h"
 
 using namespace arbor;
@@ -300,6 +305,81 @@ TEST(TrellisModel, QuantizedCheckpointHoldsTheEncodersChoiceAndRuns) {
     for (size_t i = 0; i < f.size(); ++i) err += (dec[i] - f[i]) * double(dec[i] - f[i]), ref += double(f[i]) * f[i];
     EXPECT_LT(err / ref, k == 2 ? 0.12 : k == 3 ? 0.04 : 0.012) << "relative MSE";
   }
+  EXPECT_EQ(write_decoded(q + "/out", d), 7);
+  expect_same_logits(q + "/out", d);
+}
+
+TEST(TrellisModel, CalibrationSumsEachLinearsInputsAndLdlqCodesRun) {
+  const std::string src = temp_dir("calib_src"), q = temp_dir("calib_q");  // one layer, hidden 256, ffn 512
+  json cfg = small_llama();
+  cfg["num_hidden_layers"] = 1, cfg["hidden_size"] = 256, cfg["intermediate_size"] = 512;
+  cfg["num_attention_heads"] = 4, cfg["num_key_value_heads"] = 2;
+  write_synthetic_checkpoint(cfg, src, DType::BF16);
+  std::vector<int32_t> ids(101);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 37 + 11) % 97);
+  CalibrationOptions co;
+  co.model_dir = src, co.ctx = 32, co.step_tokens = 48, co.threads = 2;
+  const Calibration cal = calibrate_input_hessians(ids, co);
+  const std::string L = "model.layers.0.";
+  ASSERT_EQ(cal.hessians.size(), 7u);
+  const auto& h = cal.hessians;
+  EXPECT_EQ(h.at(L + "self_attn.q_proj"), h.at(L + "self_attn.k_proj"));  // one input, one sum
+  EXPECT_EQ(h.at(L + "self_attn.q_proj"), h.at(L + "self_attn.v_proj"));
+  EXPECT_EQ(h.at(L + "mlp.gate_proj"), h.at(L + "mlp.up_proj"));
+  EXPECT_NE(h.at(L + "self_attn.o_proj"), h.at(L + "self_attn.q_proj"));
+  EXPECT_NE(h.at(L + "mlp.down_proj"), h.at(L + "mlp.gate_proj"));
+  EXPECT_EQ(h.at(L + "mlp.down_proj")->n(), 512);
+  const int64_t fed = predicted_tokens(perplexity_windows(101, 32));  // each window feeds all but its last id
+  for (const auto& [m, hm] : h) EXPECT_EQ(int64_t(hm->rows()), fed) << m;
+
+  // Layer 0's attention input is the normed embedding row of each fed id: E[x xᵀ] from here.
+  const Tensors in(src);
+  const auto* emb = reinterpret_cast<const uint16_t*>(in.data("model.embed_tokens.weight"));
+  const auto* g = reinterpret_cast<const uint16_t*>(in.data(L + "input_layernorm.weight"));
+  const int64_t H = 256;
+  std::vector<double> ref(size_t(H * H), 0.0);
+  std::vector<double> x(static_cast<size_t>(H));
+  for (const PplWindow& w : perplexity_windows(101, 32))
+    for (int64_t t = w.begin; t < w.begin + w.length - 1; ++t) {
+      double ss = 0;
+      for (int64_t i = 0; i < H; ++i) ss += double(bf16_to_f32(emb[ids[size_t(t)] * H + i])) * bf16_to_f32(emb[ids[size_t(t)] * H + i]);
+      const double r = 1.0 / std::sqrt(ss / double(H) + 1e-5);
+      for (int64_t i = 0; i < H; ++i) x[size_t(i)] = bf16_to_f32(emb[ids[size_t(t)] * H + i]) * r * bf16_to_f32(g[i]);
+      for (int64_t i = 0; i < H; ++i)
+        for (int64_t j = 0; j < H; ++j) ref[size_t(i * H + j)] += x[size_t(i)] * x[size_t(j)];
+    }
+  const std::vector<double> mq = h.at(L + "self_attn.q_proj")->mean();
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    worst = std::max(worst, std::fabs(mq[i] - ref[i] / double(fed)));
+    scale = std::max(scale, std::fabs(ref[i] / double(fed)));
+  }
+  EXPECT_LT(worst, 1e-4 * scale);
+
+  // Every linear coded against its Hessian: the checkpoint loads, runs, and the codes follow the inputs.
+  ModelConfig c = parse_model_config(cfg, "test config");
+  const ArchDescriptor& a = find_arch(c);
+  apply_arch_defaults(c, a);
+  quant::AffineConvertOptions o;
+  o.in_dir = src, o.out_dir = q + "/out";
+  o.trellis = recipe(2, 0);
+  for (const TensorSpec& s : expected_tensors(c, a)) o.tensors.push_back({s.name, s.shape});
+  std::map<std::string, std::vector<double>> means;
+  for (const auto& [m, hm] : h) means[m] = hm->mean();
+  o.input_hessian = [&](const std::string& m) { return &means.at(m); };
+  ThreadPool pool(2);
+  const quant::AffineConvertStats st = quant::affine_convert_checkpoint(o, nullptr, &pool);
+  EXPECT_EQ(st.modules_quantized, 7u);
+  EXPECT_EQ(st.modules_ldlq, 7u);
+  const Tensors outp(q + "/out");
+  const std::string w = L + "mlp.down_proj.weight";
+  const TensorInfo& t = in.info.at(w);
+  std::vector<float> f(size_t(t.numel()));
+  for (size_t i = 0; i < f.size(); ++i) f[i] = bf16_to_f32(reinterpret_cast<const uint16_t*>(in.data(w))[i]);
+  const quant::TrellisEncoded e = quant::trellis_encode_linear_ldlq(w, f.data(), t.shape[0], t.shape[1], 2, 0, means.at(L + "mlp.down_proj"), &pool);
+  ASSERT_EQ(outp.bytes.at(w).size(), e.words.size() * 4);
+  EXPECT_EQ(std::memcmp(outp.data(w), e.words.data(), e.words.size() * 4), 0);
+  const std::string d = temp_dir("calib_dense");
   EXPECT_EQ(write_decoded(q + "/out", d), 7);
   expect_same_logits(q + "/out", d);
 }

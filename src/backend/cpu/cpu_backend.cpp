@@ -365,6 +365,7 @@ double* CpuBackend::linear_phase(int64_t rows, const Linear& l) {
 
 void CpuBackend::linear(const Tensor& x, const Linear& l, Tensor y) {
   ARBOR_CHECK(x.cols() == l.cols(), "linear: input has {} columns, weight {} expects {}", x.cols(), l.describe(), l.cols());
+  if (observer_) observer_(x, l);
   PhaseTimer timer{linear_phase(x.rows(), l)};
   if (gemm_mode_ == cpu::GemmMode::Bf16)
     if (const uint8_t* kinds = row_kinds(x.rows())) return linear_by_kind(x, l, y, kinds);
@@ -434,6 +435,7 @@ void CpuBackend::linear_multi(const Tensor& x, const LinearOut* outs, int n) {
     }
   }
   if (!fuse || !cpu::linear_affine_multi_fuses(ws, n, x.rows(), gemm_mode_)) return Backend::linear_multi(x, outs, n);
+  for (int i = 0; observer_ && i < n; ++i) observer_(x, *outs[i].l);
   double* phase = nullptr;
   for (int i = 0; i < n; ++i) phase = linear_phase(x.rows(), *outs[i].l);
   PhaseTimer timer{phase};

@@ -1,6 +1,7 @@
 // CpuBackend: the op set on the host, f32 activations and KV (or a KV codec's codes, per layer), weights read where they are (a view of
 // the mmapped checkpoint) or from an anonymous huge-page copy (WeightPlacement), a private thread pool.
 #pragma once
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -36,6 +37,9 @@ class CpuBackend : public Backend {
   void set_phase_timing(bool on) { phase_timing_ = on; }
   void reset_phase_times() { phases_ = {}; }
   const PhaseTimes& phase_times() const { return phases_; }
+  // Calibration (engine/calibration.h): called with every linear's input rows before the linear runs.
+  using LinearObserver = std::function<void(const Tensor& x, const Linear& l)>;
+  void set_linear_observer(LinearObserver f) { observer_ = std::move(f); }
 
   Tensor alloc(DType t, std::initializer_list<int64_t> shape) override;
   Tensor load_weight(const Tensor& host) override;
@@ -105,6 +109,7 @@ class CpuBackend : public Backend {
   std::vector<float> kind_x_, kind_y_;  // linear_by_kind's gathered rows
   cpu::GemmMode gemm_mode_ = cpu::GemmMode::Exact;
   bool phase_timing_ = false;
+  LinearObserver observer_;
   PhaseTimes phases_;
   double* linear_phase(int64_t rows, const Linear& l);  // counts a timed linear's work; its time's accumulator (null: off)
   std::vector<std::vector<int32_t>> picks_;  // queued picks' ids, oldest first

@@ -1,0 +1,96 @@
+// Calibration runs (engine/calibration.h): the forward is run_perplexity's, the rows come from the CPU
+// backend's linear observer.
+#include "engine/calibration.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "engine/perplexity.h"
+#include "kv/block_pool.h"
+#include "model/model.h"
+
+namespace arbor {
+
+Calibration calibrate_input_hessians(std::span<const int32_t> ids, const CalibrationOptions& opt) {
+  ARBOR_CHECK(opt.ctx >= 2, "calibration: --calib-ctx must be at least 2, got {}", opt.ctx);
+  ARBOR_CHECK(ids.size() >= 2, "calibration: the text has {} ids; at least 2 are needed", ids.size());
+  // A text longer than max_tokens: windows of ctx ids spread evenly over it (a corpus file is often ordered
+  // by source; its first ids alone would be one source).
+  std::vector<int32_t> spread;
+  if (opt.max_tokens > 0 && int64_t(ids.size()) > opt.max_tokens) {
+    const int64_t n = int64_t(ids.size()), w = std::max<int64_t>(1, opt.max_tokens / opt.ctx);
+    const int64_t len = std::min(opt.ctx, opt.max_tokens), stride = n / w;
+    for (int64_t i = 0; i < w; ++i) spread.insert(spread.end(), ids.begin() + i * stride, ids.begin() + i * stride + len);
+    ids = spread;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  CpuBackend be(opt.threads, WeightPlacement::Copy);
+  be.set_gemm_mode(cpu::GemmMode::Bf16);
+  LoadOptions lo;
+  lo.model_dir = opt.model_dir;
+  lo.show_progress = false;
+  const int64_t ctx = std::min<int64_t>(opt.ctx, int64_t(ids.size()));
+  lo.ctx_size = std::max<int64_t>(ctx - 1, 1);
+  lo.max_step_tokens = opt.step_tokens;
+  const int64_t window_blocks = (ctx - 1 + lo.block_size - 1) / lo.block_size;
+  lo.kv_blocks = window_blocks * ((opt.step_tokens + ctx - 2) / std::max<int64_t>(ctx - 1, 1) + 1) + 1;
+  Model model(lo, be);
+
+  // The layers' linears by their bound Linear; the embedding and the head are not calibrated.
+  const ArchDescriptor& arch = model.arch();
+  auto module_of = [](const std::string& tensor) { return tensor.size() > 7 ? tensor.substr(0, tensor.size() - 7) : tensor; };
+  const std::string embed = module_of(arch.names.embed), head = module_of(arch.names.lm_head);
+  std::map<const Linear*, std::string> names;
+  for (const auto& [name, l] : model.matrix_modules())
+    if (name != embed && name != head) names[l] = name;
+
+  Calibration cal;
+  // A linear whose input equals the previous call's (same rows, same values) reads what that one read: it
+  // shares its Hessian, and the rows are summed once.
+  std::vector<float> prev_x;
+  int64_t prev_rows = -1;
+  std::shared_ptr<quant::InputHessian> prev_h;
+  be.set_linear_observer([&](const Tensor& x, const Linear& l) {
+    const auto it = names.find(&l);
+    const int64_t T = x.rows(), n = x.cols();
+    const bool same = prev_h && prev_rows == T && int64_t(prev_x.size()) == T * n &&
+                      std::memcmp(prev_x.data(), x.as<float>(), size_t(T * n) * sizeof(float)) == 0;
+    if (it == names.end()) {
+      prev_h.reset();
+      return;
+    }
+    ARBOR_CHECK(x.dtype == DType::F32, "calibration: '{}' got {} activations (F32 expected)", it->second, dtype_name(x.dtype));
+    auto& h = cal.hessians[it->second];
+    if (same) {
+      if (!h) h = prev_h;  // first seen with this input: share
+      if (h == prev_h) return;
+    }
+    if (!h) h = std::make_shared<quant::InputHessian>(n);
+    ARBOR_CHECK(h->n() == n, "calibration: '{}' got inputs of {} columns, then {}", it->second, h->n(), n);
+    h->add(x.as<float>(), T, &be.pool());
+    prev_x.assign(x.as<float>(), x.as<float>() + T * n);
+    prev_rows = T;
+    prev_h = h;
+  });
+
+  BlockPool pool(be.kv_layout().n_blocks, be.kv_layout().block_size);
+  PerplexityOptions po;
+  po.ctx = ctx;
+  po.step_tokens = opt.step_tokens;
+  po.host_threads = opt.threads;
+  po.progress = opt.progress;
+  run_perplexity(model, pool, ids, po);
+  be.set_linear_observer(nullptr);
+  for (const auto& [l, name] : names)
+    ARBOR_CHECK(cal.hessians.count(name), "calibration: linear '{}' never ran in the forward", name);
+  cal.tokens = int64_t(ids.size());
+  cal.ctx = ctx;
+  cal.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return cal;
+}
+
+}  // namespace arbor

@@ -1,0 +1,38 @@
+// Calibration for Hessian-aware quantization (`arbor quantize --calib`): the dense model runs on the CPU
+// over calibration text in windows of ctx ids (as `arbor perplexity` cuts them), and every layer linear's
+// input rows are summed into its InputHessian (quant/trellis_ldlq.h). Linears that read the same input
+// (q/k/v, gate/up, the parts of a fused matrix) share one Hessian: the rows are summed once.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "quant/trellis_ldlq.h"
+
+namespace arbor {
+
+struct CalibrationOptions {
+  std::string model_dir;       // the dense checkpoint (config.json, safetensors)
+  int64_t ctx = 1024;          // window length in ids
+  int64_t max_tokens = 65536;  // ids used: max_tokens / ctx windows spread evenly over a longer text; 0: all
+  int64_t step_tokens = 512;   // ids per forward
+  int threads = 0;             // CPU threads (0: every core)
+  std::function<void(int64_t done, int64_t total)> progress;
+};
+
+struct Calibration {
+  // By module path ("model.layers.0.self_attn.q_proj"); modules with one input share the pointer.
+  std::map<std::string, std::shared_ptr<quant::InputHessian>> hessians;
+  int64_t tokens = 0;  // ids fed
+  int64_t ctx = 0;     // the window used
+  double seconds = 0;
+};
+
+// Every layer linear's input Hessian (the embedding and the LM head left out). Fails when ids hold fewer
+// than 2 ids or the model cannot be loaded.
+Calibration calibrate_input_hessians(std::span<const int32_t> ids, const CalibrationOptions& opt);
+
+}  // namespace arbor

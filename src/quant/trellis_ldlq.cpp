@@ -1,0 +1,264 @@
+// LDLQ for the trellis encoder (trellis_ldlq.h): the input Hessian, its factor, and the coding loops for
+// both axes.
+#include "quant/trellis_ldlq.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <memory>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace arbor::quant {
+namespace {
+
+// Calls fn(i0, i1) over [0, n) on the pool (or here), chunks of `grain`.
+void over(ThreadPool* pool, int64_t n, int64_t grain, const std::function<void(int, int64_t, int64_t)>& fn) {
+  if (pool && n > grain)
+    pool->parallel_for(n, grain, fn);
+  else
+    fn(0, 0, n);
+}
+
+// In place: the lower Cholesky factor L of the symmetric positive definite a [n, n] (a = L Lᵀ; the
+// upper triangle is zeroed). False when a pivot is not positive.
+bool cholesky_lower(std::vector<double>& a, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    double d = a[size_t(j * n + j)];
+    for (int64_t p = 0; p < j; ++p) d -= a[size_t(j * n + p)] * a[size_t(j * n + p)];
+    if (!(d > 0)) return false;
+    const double ljj = std::sqrt(d);
+    a[size_t(j * n + j)] = ljj;
+    for (int64_t i = j + 1; i < n; ++i) {
+      double s = a[size_t(i * n + j)];
+      for (int64_t p = 0; p < j; ++p) s -= a[size_t(i * n + p)] * a[size_t(j * n + p)];
+      a[size_t(i * n + j)] = s / ljj;
+    }
+    for (int64_t i = 0; i < j; ++i) a[size_t(i * n + j)] = 0;
+  }
+  return true;
+}
+
+// The upper triangular R with H⁻¹ = Rᵀ R (positive diagonal), without forming H⁻¹: with J the reversal,
+// J H J = L Lᵀ gives H = U Uᵀ for U = J L J (upper), so H⁻¹ = U⁻ᵀ U⁻¹ and R = U⁻¹.
+bool inverse_cholesky_upper(const std::vector<double>& h, int64_t n, std::vector<double>& r) {
+  std::vector<double> a(static_cast<size_t>(n * n));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < n; ++j) a[size_t(i * n + j)] = h[size_t((n - 1 - i) * n + (n - 1 - j))];
+  if (!cholesky_lower(a, n)) return false;
+  std::vector<double> u(static_cast<size_t>(n * n));  // U[i][j] = L[n-1-i][n-1-j], upper
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < n; ++j) u[size_t(i * n + j)] = a[size_t((n - 1 - i) * n + (n - 1 - j))];
+  // R = U⁻¹ (upper): column by column, back substitution of U r_c = e_c.
+  r.assign(size_t(n * n), 0.0);
+  for (int64_t c = 0; c < n; ++c) {
+    r[size_t(c * n + c)] = 1.0 / u[size_t(c * n + c)];
+    for (int64_t i = c - 1; i >= 0; --i) {
+      double s = 0;
+      for (int64_t p = i + 1; p <= c; ++p) s += u[size_t(i * n + p)] * r[size_t(p * n + c)];
+      r[size_t(i * n + c)] = -s / u[size_t(i * n + i)];
+    }
+  }
+  return true;
+}
+
+// The Viterbi paths of nb blocks of targets [nb, T] (code units) into states [nb, T]: opt.block_viterbi
+// when set, else the CPU's, blocks over the pool (one TrellisViterbi per thread, kept across calls).
+class BlockPaths {
+ public:
+  BlockPaths(const TrellisParams& p, ThreadPool* pool, const TrellisEncodeOptions& opt)
+      : p_(p), pool_(pool), opt_(opt), vit_(size_t(pool ? pool->size() : 1)) {}
+  void run(const float* targets, int64_t nb, uint16_t* states) {
+    if (opt_.block_viterbi && opt_.tail_biting == TailBiting::rotate) return opt_.block_viterbi(p_.k, targets, nb, states);
+    over(pool_, nb, 1, [&](int t, int64_t b0, int64_t b1) {
+      auto& v = vit_[size_t(t)];
+      if (!v) v = std::make_unique<TrellisViterbi>(p_, opt_.isa);
+      for (int64_t b = b0; b < b1; ++b) v->encode_block(targets + b * p_.T, states + b * p_.T, opt_.tail_biting);
+    });
+  }
+
+ private:
+  TrellisParams p_;
+  ThreadPool* pool_;
+  const TrellisEncodeOptions& opt_;
+  std::vector<std::unique_ptr<TrellisViterbi>> vit_;
+};
+
+}  // namespace
+
+void InputHessian::add(const float* x, int64_t T, ThreadPool* pool) {
+  if (T <= 0) return;
+  const int64_t n = n_;
+  xt_.resize(size_t(n * T));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < n; ++i) xt_[size_t(i * T + t)] = x[t * n + i];
+  // Rows i and n-1-i together, so each chunk of pairs has about the same share of the triangle.
+  over(pool, (n + 1) / 2, 4, [&](int, int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t i : {p, n - 1 - p}) {
+        const float* xi = xt_.data() + i * T;
+        double* s = sum_.data() + i * n;
+        for (int64_t j = i; j < n; ++j) {
+          const float* xj = xt_.data() + j * T;
+          float acc = 0;
+          for (int64_t t = 0; t < T; ++t) acc += xi[t] * xj[t];
+          s[j] += double(acc);
+        }
+        if (i == n - 1 - i) break;  // the middle row of an odd n: once
+      }
+  });
+  rows_ += uint64_t(T);
+}
+
+std::vector<double> InputHessian::mean() const {
+  ARBOR_CHECK(rows_ > 0, "ldlq: the input Hessian has no rows (the calibration never reached this linear)");
+  std::vector<double> m(static_cast<size_t>(n_ * n_));
+  const double inv = 1.0 / double(rows_);
+  for (int64_t i = 0; i < n_; ++i)
+    for (int64_t j = i; j < n_; ++j) m[size_t(i * n_ + j)] = m[size_t(j * n_ + i)] = sum_[size_t(i * n_ + j)] * inv;
+  return m;
+}
+
+TrellisEncoded trellis_encode_linear_ldlq(const std::string& name, const float* w, int64_t out, int64_t in, int k, int axis,
+                                          const std::vector<double>& h, ThreadPool* pool, const TrellisEncodeOptions& opt,
+                                          const LdlqOptions& lopt) {
+  const TrellisParams p{k, 12, 256};
+  ARBOR_CHECK(int64_t(h.size()) == in * in, "ldlq: '{}': an input Hessian of {} values for {} inputs (expected {})", name, h.size(), in,
+              in * in);
+  ARBOR_CHECK(k >= 2 && k <= 4, "ldlq: '{}': bits {} (supported: 2, 3, 4)", name, k);
+  ARBOR_CHECK(axis == 0 || axis == 1, "ldlq: '{}': axis {} (supported: 0, 1)", name, axis);
+  const int64_t coded = axis == 1 ? in : out;
+  ARBOR_CHECK(coded >= p.T && coded % p.T == 0, "ldlq: '{}': cannot code [{}, {}] along its {} in blocks of {}", name, out, in,
+              axis == 1 ? "inputs" : "outputs", p.T);
+  for (int64_t i = 0; i < out * in; ++i)
+    ARBOR_CHECK(std::isfinite(w[i]), "ldlq: '{}': weight [{}, {}] is {}", name, i / in, i % in, w[i]);
+
+  double diag = 0;
+  for (int64_t i = 0; i < in; ++i) diag += h[size_t(i * in + i)];
+  diag /= double(in);
+  ARBOR_CHECK(std::isfinite(diag) && diag >= 0, "ldlq: '{}': the input Hessian has mean diagonal {} (E[x xᵀ] has none below 0)", name,
+              diag);
+  if (diag == 0) return trellis_encode_linear(name, w, out, in, k, axis, pool, opt);  // no nonzero input ever reached it
+  std::vector<double> hd = h;
+  for (int64_t i = 0; i < in; ++i) hd[size_t(i * in + i)] += lopt.damp * diag;
+  std::vector<double> r;
+  ARBOR_CHECK(inverse_cholesky_upper(hd, in, r), "ldlq: '{}': the input Hessian is not positive definite with damping {} (raise --damp)",
+              name, lopt.damp);
+
+  const double code_rms = trellis_code_rms(p.L);
+  const float gain = opt.scale_gain > 0 ? opt.scale_gain : trellis_default_scale_gain(k);
+  TrellisEncoded enc;
+  TrellisGeometry& g = enc.geometry;
+  g.params = p, g.axis = axis;
+  g.rows = axis == 1 ? out : in, g.cols = axis == 1 ? in : out;
+  g.in_features = in, g.out_features = out;
+  const int64_t wpr = g.words_per_row(), wpb = p.words_per_block();
+  enc.words.assign(size_t(g.rows * wpr), 0u);
+  enc.scales.resize(size_t(g.rows));
+  BlockPaths paths(p, pool, opt);
+
+  if (axis == 0) {
+    // s [in, out]: input i's weights over the outputs, coded one input at a time.
+    std::vector<float> s(static_cast<size_t>(in * out));
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < in; ++i) s[size_t(i * out + o)] = w[o * in + i];
+    const int64_t nb = out / p.T;
+    std::vector<float> tgt(static_cast<size_t>(out)), dec(static_cast<size_t>(out)), e(static_cast<size_t>(out));
+    std::vector<uint16_t> st(static_cast<size_t>(out));
+    for (int64_t i = 0; i < in; ++i) {
+      float* si = s.data() + i * out;
+      const uint16_t sb = trellis_row_scale(si, out, code_rms, gain);
+      enc.scales[size_t(i)] = sb;
+      const float scale = f16_to_f32(sb), inv = 1.0f / scale;
+      for (int64_t o = 0; o < out; ++o) tgt[size_t(o)] = si[o] * inv;
+      paths.run(tgt.data(), nb, st.data());
+      uint32_t* row = enc.words.data() + i * wpr;
+      for (int64_t b = 0; b < nb; ++b) trellis_pack_block(st.data() + b * p.T, p, row + b * wpb);
+      trellis_decode_row(row, out, p, scale, dec.data());
+      const double rii = r[size_t(i * in + i)];
+      for (int64_t o = 0; o < out; ++o) e[size_t(o)] = float((double(si[o]) - double(dec[size_t(o)])) / rii);
+      over(pool, in - i - 1, 16, [&](int, int64_t j0, int64_t j1) {
+        for (int64_t j = i + 1 + j0; j < i + 1 + j1; ++j) {
+          const float rij = float(r[size_t(i * in + j)]);
+          float* sj = s.data() + j * out;
+          for (int64_t o = 0; o < out; ++o) sj[o] -= rij * e[size_t(o)];
+        }
+      });
+    }
+    return enc;
+  }
+
+  // Axis 1: s [out, in] coded 256 inputs at a time; each row's scale from its original weights.
+  std::vector<float> s(w, w + out * in);
+  std::vector<float> inv(static_cast<size_t>(out));
+  for (int64_t o = 0; o < out; ++o) {
+    const uint16_t sb = trellis_row_scale(w + o * in, in, code_rms, gain);
+    enc.scales[size_t(o)] = sb;
+    inv[size_t(o)] = 1.0f / f16_to_f32(sb);
+  }
+  const int64_t B = p.T, nblk = in / B;
+  std::vector<float> tgt(static_cast<size_t>(out * B)), err(static_cast<size_t>(out * B));
+  std::vector<uint16_t> st(static_cast<size_t>(out * B));
+  std::vector<double> m;  // R_bb⁻¹ R_b,rest [B, rest]
+  for (int64_t b = 0; b < nblk; ++b) {
+    const int64_t c0 = b * B, rest = in - c0 - B;
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t c = 0; c < B; ++c) tgt[size_t(o * B + c)] = s[size_t(o * in + c0 + c)] * inv[size_t(o)];
+    paths.run(tgt.data(), out, st.data());
+    over(pool, out, 16, [&](int, int64_t o0, int64_t o1) {
+      std::vector<float> dec(static_cast<size_t>(B));
+      for (int64_t o = o0; o < o1; ++o) {
+        uint32_t* blk = enc.words.data() + o * wpr + b * wpb;
+        trellis_pack_block(st.data() + o * B, p, blk);
+        trellis_decode_block(blk, p, f16_to_f32(enc.scales[size_t(o)]), dec.data());
+        for (int64_t c = 0; c < B; ++c) err[size_t(o * B + c)] = s[size_t(o * in + c0 + c)] - dec[size_t(c)];
+      }
+    });
+    if (rest == 0) break;
+    // m = R_bb⁻¹ R_b,rest: back substitution down the block's rows, every column at once.
+    m.assign(size_t(B * rest), 0.0);
+    for (int64_t i = B - 1; i >= 0; --i) {
+      const double* ri = r.data() + (c0 + i) * in;
+      double* mi = m.data() + i * rest;
+      for (int64_t c = 0; c < rest; ++c) mi[c] = ri[c0 + B + c];
+      for (int64_t q = i + 1; q < B; ++q) {
+        const double riq = ri[c0 + q];
+        const double* mq = m.data() + q * rest;
+        for (int64_t c = 0; c < rest; ++c) mi[c] -= riq * mq[c];
+      }
+      const double rii = ri[c0 + i];
+      for (int64_t c = 0; c < rest; ++c) mi[c] /= rii;
+    }
+    std::vector<float> mf(m.begin(), m.end());
+    over(pool, out, 8, [&](int, int64_t o0, int64_t o1) {
+      for (int64_t o = o0; o < o1; ++o) {
+        float* so = s.data() + o * in + c0 + B;
+        const float* eo = err.data() + o * B;
+        for (int64_t i = 0; i < B; ++i) {
+          const float ei = eo[i];
+          if (ei == 0) continue;
+          const float* mi = mf.data() + i * rest;
+          for (int64_t c = 0; c < rest; ++c) so[c] -= ei * mi[c];
+        }
+      }
+    });
+  }
+  return enc;
+}
+
+double hessian_proxy_loss(const float* w, const float* w_hat, int64_t out, int64_t in, const std::vector<double>& h) {
+  double total = 0;
+  std::vector<double> e(static_cast<size_t>(in));
+  for (int64_t o = 0; o < out; ++o) {
+    for (int64_t i = 0; i < in; ++i) e[size_t(i)] = double(w[o * in + i]) - double(w_hat[o * in + i]);
+    for (int64_t i = 0; i < in; ++i) {
+      double s = 0;
+      for (int64_t j = 0; j < in; ++j) s += h[size_t(i * in + j)] * e[size_t(j)];
+      total += e[size_t(i)] * s;
+    }
+  }
+  return total / double(out);
+}
+
+}  // namespace arbor::quant
