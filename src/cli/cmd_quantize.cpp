@@ -30,7 +30,7 @@ namespace arbor::cli {
 namespace {
 
 int cmd_quantize(const std::vector<std::string>& args) {
-  Args a(args, {"model", "out", "bits", "group-size", "recipe", "shard-gb", "threads", "format", "down-axis", "k-map", "encoder",
+  Args a(args, {"model", "out", "bits", "group-size", "recipe", "shard-gb", "threads", "format", "down-axis", "axis", "k-map", "encoder",
                           "calib", "calib-tokens", "calib-ctx", "damp"},
          {});
   auto model = a.get("model");
@@ -48,7 +48,7 @@ int cmd_quantize(const std::vector<std::string>& args) {
     for (const char* f : {"group-size", "recipe"})
       if (a.has(f)) fail("arguments: --{} is for --format affine (trellis blocks are 256 weights; use --k-map for mixed bits)", f);
   } else {
-    for (const char* f : {"down-axis", "k-map", "encoder", "calib", "calib-tokens", "calib-ctx", "damp"})
+    for (const char* f : {"down-axis", "axis", "k-map", "encoder", "calib", "calib-tokens", "calib-ctx", "damp"})
       if (a.has(f)) fail("arguments: --{} is for --format trellis", f);
   }
   // The Viterbi runs on the GPU when there is one (the same paths as the CPU's, bit for bit: CudaTrellisEncode.*,
@@ -82,11 +82,16 @@ int cmd_quantize(const std::vector<std::string>& args) {
     quant::TrellisRecipe r;
     r.bits = o.params.bits;
     r.down_axis = int(a.get_int("down-axis", 0));
+    r.axis = int(a.get_int("axis", 1));
     r.down_suffix = arch.names.down;
     r.k_map = quant::parse_trellis_k_map(a.get_or("k-map", ""));
     for (const std::string& t : {arch.names.embed, arch.names.lm_head})
       if (t.size() > 7) r.dense.insert(t.substr(0, t.size() - 7));  // "<module>.weight"
-    quant::check_trellis_recipe(r, "arguments: --bits/--down-axis/--k-map");
+    ModelWeights parts;  // only for the walk's split of fused matrices
+    for_each_weight(c, arch, &parts, [&](const WeightSlot& s) {
+      if (s.parts.size() > 1) r.fused.insert(s.name);
+    });
+    quant::check_trellis_recipe(r, "arguments: --bits/--down-axis/--axis/--k-map");
     o.trellis = r;
   }
 
@@ -138,9 +143,9 @@ int cmd_quantize(const std::vector<std::string>& args) {
   const quant::AffineConvertStats st = quant::affine_convert_checkpoint(o, [&](uint64_t n) { prog.advance(n); }, &pool);
   prog.finish();
   if (trellis) {
-    std::printf("wrote %s: %llu modules trellis-coded (k=%d, down axis %d%s%s), %llu tensors, %.3f GB -> %.3f GB in %llu shard(s); "
-                "copied %zu tokenizer/config file(s)\n",
-                out->c_str(), (unsigned long long)st.modules_quantized, o.trellis->bits, o.trellis->down_axis,
+    std::printf("wrote %s: %llu modules trellis-coded (k=%d, down axis %d, others axis %d%s%s), %llu tensors, %.3f GB -> %.3f GB in "
+                "%llu shard(s); copied %zu tokenizer/config file(s)\n",
+                out->c_str(), (unsigned long long)st.modules_quantized, o.trellis->bits, o.trellis->down_axis, o.trellis->axis,
                 a.has("k-map") ? ", k-map " : "", a.get_or("k-map", "").c_str(), (unsigned long long)st.tensors_written,
                 double(st.bytes_in) * 1e-9, double(st.bytes_out) * 1e-9, (unsigned long long)st.shards, st.copied_files.size());
     const std::string how = o.encode.block_viterbi ? fmt::format("GPU Viterbi; scales, targets and packing on {} CPU threads", pool.size())
@@ -178,7 +183,9 @@ ARBOR_VERB("quantize", "write a dense checkpoint as an MLX affine or trellis qua
            "                        256; see --encoder): the layers' linears, embedding and head dense\n"
            "  --bits B              affine: 2, 3, 4, 5, 6 or 8 (default 4); trellis: 2, 3 or 4 (default 2)\n"
            "  --down-axis 0|1       trellis: the down projection coded along its outputs (0, stored transposed;\n"
-           "                        default) or its inputs (1); every other linear: axis 1\n"
+           "                        default) or its inputs (1)\n"
+           "  --axis 0|1            trellis: every other linear's axis (default 1, along its inputs; 0 codes\n"
+           "                        along the outputs, which LDLQ (--calib) serves better: see docs/quality.md)\n"
            "  --k-map M=K,...       trellis: bits per module, M a path or its last parts (down_proj=4)\n"
            "  --encoder auto|cpu|cuda  trellis: where the Viterbi runs (default auto: the GPU when there is one,\n"
            "                        else the CPU's threads; both choose the same paths)\n"

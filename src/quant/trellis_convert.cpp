@@ -56,6 +56,7 @@ std::vector<std::pair<std::string, int>> parse_trellis_k_map(std::string_view sp
 void check_trellis_recipe(const TrellisRecipe& r, std::string_view what) {
   ARBOR_CHECK(r.bits >= 2 && r.bits <= 4, "{}: trellis bits {} (supported: 2, 3, 4)", what, r.bits);
   ARBOR_CHECK(r.down_axis == 0 || r.down_axis == 1, "{}: down axis {} (0 or 1)", what, r.down_axis);
+  ARBOR_CHECK(r.axis == 0 || r.axis == 1, "{}: axis {} (0 or 1)", what, r.axis);
   for (const auto& [m, k] : r.k_map) ARBOR_CHECK(k >= 2 && k <= 4, "{}: k-map {}={} (k: 2, 3, 4)", what, m, k);
 }
 
@@ -69,7 +70,7 @@ std::optional<TrellisConfig> trellis_recipe_config(const TrellisRecipe& r, const
   c.bits = r.bits;
   for (const auto& [key, k] : r.k_map)
     if (module_matches(module, key)) c.bits = k;  // the last matching entry wins
-  c.axis = module_matches(module, r.down_suffix) ? r.down_axis : 1;
+  c.axis = module_matches(module, r.down_suffix) ? r.down_axis : r.fused.count(module) ? 1 : r.axis;
   const int64_t coded = c.axis == 1 ? in : out;
   if (coded % c.group_size != 0) {
     if (why) *why = fmt::format("axis {}: coded length {} is not a multiple of {}", c.axis, coded, c.group_size);

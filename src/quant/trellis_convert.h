@@ -29,13 +29,15 @@ namespace arbor::quant {
 struct TrellisRecipe {
   int bits = 2;
   int down_axis = 0;
+  int axis = 1;  // every other linear (`arbor quantize --axis`): 0 lets LDLQ feed each input's error forward
   std::string down_suffix = "mlp.down_proj";  // the architecture's down projection (ArchDescriptor::names.down)
   std::vector<std::pair<std::string, int>> k_map;
   std::set<std::string> dense;  // module paths kept dense
+  std::set<std::string> fused;  // module paths the loader splits by rows (qkv_proj, gate_up_proj): axis 1 always
 };
 // "down_proj=4,q_proj=3" -> pairs; fails naming the bad item (no '=', k not 2/3/4).
 std::vector<std::pair<std::string, int>> parse_trellis_k_map(std::string_view spec);
-// Fails unless bits and every k_map entry are 2, 3 or 4 and down_axis is 0 or 1 (`what` starts the message).
+// Fails unless bits and every k_map entry are 2, 3 or 4 and down_axis and axis are 0 or 1 (`what` starts the message).
 void check_trellis_recipe(const TrellisRecipe& r, std::string_view what);
 
 // The config of matrix `module` ([out, in] as the model holds it), or nullopt with the reason in *why (kept

@@ -89,23 +89,30 @@ class BlockPaths {
 
 void InputHessian::add(const float* x, int64_t T, ThreadPool* pool) {
   if (T <= 0) return;
-  const int64_t n = n_;
-  xt_.resize(size_t(n * T));
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = 0; i < n; ++i) xt_[size_t(i * T + t)] = x[t * n + i];
-  // Rows i and n-1-i together, so each chunk of pairs has about the same share of the triangle.
-  over(pool, (n + 1) / 2, 4, [&](int, int64_t p0, int64_t p1) {
+  const int64_t n = n_, nb = (n + kRowBlock - 1) / kRowBlock;
+  // Row blocks b and nb-1-b together, so each chunk of pairs has about the same share of the triangle. A
+  // block's rows of Σ x xᵀ (j >= i) gather in f32 over this call's rows, one contiguous AXPY per (row, i),
+  // then go into the double sum.
+  over(pool, (nb + 1) / 2, 1, [&](int, int64_t p0, int64_t p1) {
+    std::vector<float> g(static_cast<size_t>(kRowBlock * n));
     for (int64_t p = p0; p < p1; ++p)
-      for (int64_t i : {p, n - 1 - p}) {
-        const float* xi = xt_.data() + i * T;
-        double* s = sum_.data() + i * n;
-        for (int64_t j = i; j < n; ++j) {
-          const float* xj = xt_.data() + j * T;
-          float acc = 0;
-          for (int64_t t = 0; t < T; ++t) acc += xi[t] * xj[t];
-          s[j] += double(acc);
+      for (int64_t b : {p, nb - 1 - p}) {
+        const int64_t i0 = b * kRowBlock, i1 = std::min(n, i0 + kRowBlock);
+        std::fill(g.begin(), g.end(), 0.0f);
+        for (int64_t t = 0; t < T; ++t) {
+          const float* xt = x + t * n;
+          for (int64_t i = i0; i < i1; ++i) {
+            const float a = xt[i];
+            float* gi = g.data() + (i - i0) * n;
+            for (int64_t j = i; j < n; ++j) gi[j] += a * xt[j];
+          }
         }
-        if (i == n - 1 - i) break;  // the middle row of an odd n: once
+        for (int64_t i = i0; i < i1; ++i) {
+          const float* gi = g.data() + (i - i0) * n;
+          double* s = sum_.data() + i * n;
+          for (int64_t j = i; j < n; ++j) s[j] += double(gi[j]);
+        }
+        if (b == nb - 1 - b) break;  // the middle block of an odd count: once
       }
   });
   rows_ += uint64_t(T);

@@ -31,8 +31,8 @@ class InputHessian {
  private:
   int64_t n_ = 0;
   uint64_t rows_ = 0;
-  std::vector<double> sum_;   // upper triangle (j >= i) accumulated; mean() mirrors it
-  std::vector<float> xt_, g_;  // scratch: x transposed [n, T], one call's Σ in f32
+  static constexpr int64_t kRowBlock = 8;  // rows of Σ a thread gathers at once (8 x n floats in cache)
+  std::vector<double> sum_;  // upper triangle (j >= i) accumulated; mean() mirrors it
 };
 
 struct LdlqOptions {

@@ -88,6 +88,16 @@ TEST(TrellisConfig, RecipeBitsAxisKMapAndDenseModules) {
   EXPECT_NE(why.find("500"), std::string::npos) << why;
   r.down_axis = 1;
   EXPECT_EQ(cfg("model.layers.0.mlp.down_proj", 500, 1024)->axis, 1);
+  // --axis 0: the other linears along their outputs, but never a matrix the loader splits by rows.
+  r.axis = 0;
+  r.fused = {"model.layers.0.self_attn.qkv_proj"};
+  EXPECT_EQ(cfg("model.layers.0.mlp.up_proj", 1024, 512)->axis, 0);
+  EXPECT_EQ(cfg("model.layers.0.mlp.down_proj", 512, 1024)->axis, 1);  // down keeps down_axis
+  EXPECT_EQ(cfg("model.layers.0.self_attn.qkv_proj", 1536, 512)->axis, 1);
+  EXPECT_FALSE(trellis_recipe_config(r, "model.layers.0.self_attn.k_proj", 200, 512, &why));  // 200 outputs on axis 0
+  r.axis = 2;
+  EXPECT_NE(error_of([&] { check_trellis_recipe(r, "quantize"); }).find("axis 2"), std::string::npos);
+  r.axis = 1;
   EXPECT_NE(error_of([] { parse_trellis_k_map("down_proj=5"); }).find("down_proj=5"), std::string::npos);
   EXPECT_NE(error_of([] { parse_trellis_k_map("down_proj"); }).find("module=k"), std::string::npos);
   r.bits = 1;
