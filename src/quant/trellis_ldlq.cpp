@@ -147,9 +147,17 @@ TrellisEncoded trellis_encode_linear_ldlq(const std::string& name, const float* 
   ARBOR_CHECK(std::isfinite(diag) && diag >= 0, "ldlq: '{}': the input Hessian has mean diagonal {} (E[x xᵀ] has none below 0)", name,
               diag);
   if (diag == 0) return trellis_encode_linear(name, w, out, in, k, axis, pool, opt);  // no nonzero input ever reached it
-  std::vector<double> hd = h;
+  // The order the inputs are coded in: axis 0 may take the largest E[x_i²] first (act order: the inputs
+  // whose error costs most are coded while the most inputs remain to absorb it); axis 1 codes whole blocks.
+  std::vector<int64_t> order(static_cast<size_t>(in));
+  for (int64_t i = 0; i < in; ++i) order[size_t(i)] = i;
+  if (axis == 0 && lopt.act_order)
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return h[size_t(a * in + a)] > h[size_t(b * in + b)]; });
+  std::vector<double> hd(h.size());
+  for (int64_t i = 0; i < in; ++i)
+    for (int64_t j = 0; j < in; ++j) hd[size_t(i * in + j)] = h[size_t(order[size_t(i)] * in + order[size_t(j)])];
   for (int64_t i = 0; i < in; ++i) hd[size_t(i * in + i)] += lopt.damp * diag;
-  std::vector<double> r;
+  std::vector<double> r;  // of the Hessian in coding order
   ARBOR_CHECK(inverse_cholesky_upper(hd, in, r), "ldlq: '{}': the input Hessian is not positive definite with damping {} (raise --damp)",
               name, lopt.damp);
 
@@ -166,21 +174,22 @@ TrellisEncoded trellis_encode_linear_ldlq(const std::string& name, const float* 
   BlockPaths paths(p, pool, opt);
 
   if (axis == 0) {
-    // s [in, out]: input i's weights over the outputs, coded one input at a time.
+    // s [in, out] in coding order: row i holds input order[i]'s weights over the outputs, coded one at a time
+    // into that input's stored row.
     std::vector<float> s(static_cast<size_t>(in * out));
     for (int64_t o = 0; o < out; ++o)
-      for (int64_t i = 0; i < in; ++i) s[size_t(i * out + o)] = w[o * in + i];
+      for (int64_t i = 0; i < in; ++i) s[size_t(i * out + o)] = w[o * in + order[size_t(i)]];
     const int64_t nb = out / p.T;
     std::vector<float> tgt(static_cast<size_t>(out)), dec(static_cast<size_t>(out)), e(static_cast<size_t>(out));
     std::vector<uint16_t> st(static_cast<size_t>(out));
     for (int64_t i = 0; i < in; ++i) {
       float* si = s.data() + i * out;
       const uint16_t sb = trellis_row_scale(si, out, code_rms, gain);
-      enc.scales[size_t(i)] = sb;
+      enc.scales[size_t(order[size_t(i)])] = sb;
       const float scale = f16_to_f32(sb), inv = 1.0f / scale;
       for (int64_t o = 0; o < out; ++o) tgt[size_t(o)] = si[o] * inv;
       paths.run(tgt.data(), nb, st.data());
-      uint32_t* row = enc.words.data() + i * wpr;
+      uint32_t* row = enc.words.data() + order[size_t(i)] * wpr;
       for (int64_t b = 0; b < nb; ++b) trellis_pack_block(st.data() + b * p.T, p, row + b * wpb);
       trellis_decode_row(row, out, p, scale, dec.data());
       const double rii = r[size_t(i * in + i)];

@@ -39,6 +39,9 @@ struct LdlqOptions {
   // H + damp · mean(diag H) · I before factoring (GPTQ's percdamp): keeps H invertible where the
   // calibration rows do not span the inputs, and limits how far an error is pushed.
   double damp = 0.01;
+  // Axis 0: code the inputs in decreasing E[x_i²] (GPTQ's act order). The stored layout is unchanged (each
+  // input's codes and scale sit in its own row), so the order costs nothing at inference.
+  bool act_order = true;
 };
 
 // Encodes w [out, in] at k bits on `axis` as trellis_encode_linear does, but with LDLQ against h (n = in).

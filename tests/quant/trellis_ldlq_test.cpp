@@ -1,6 +1,6 @@
 // LDLQ for the trellis encoder (quant/trellis_ldlq.h): the input Hessian against a direct double sum at
-// odd sizes; an isotropic Hessian gives the plain encoder's codes bit for bit on both axes (no error to
-// feed forward); on correlated inputs the coded weights' output error (the proxy loss) falls well below
+// odd sizes; a diagonal Hessian gives the plain encoder's codes bit for bit on both axes, in any coding
+// order (no error to feed forward); on correlated inputs the coded weights' output error (the proxy loss) falls well below
 // the plain encoder's on both axes, with the CPU Viterbi or a block Viterbi passed in; bad Hessians fail
 // naming the tensor.
 #include "quant/trellis_ldlq.h"
@@ -75,7 +75,7 @@ TEST(TrellisLdlq, InputHessianMatchesADirectSum) {
   EXPECT_NE(error_of([] { InputHessian(4).mean(); }).find("no rows"), std::string::npos);
 }
 
-TEST(TrellisLdlq, IsotropicHessianGivesThePlainCodes) {
+TEST(TrellisLdlq, DiagonalHessianGivesThePlainCodes) {
   ThreadPool pool(2);
   struct Case {
     int64_t out, in;
@@ -85,7 +85,7 @@ TEST(TrellisLdlq, IsotropicHessianGivesThePlainCodes) {
     SCOPED_TRACE(testing::Message() << c.out << "x" << c.in << " k" << c.k << " axis " << c.axis);
     const std::vector<float> w = gaussian(size_t(c.out * c.in), uint32_t(c.out + c.in));
     std::vector<double> h(size_t(c.in * c.in), 0.0);
-    for (int64_t i = 0; i < c.in; ++i) h[size_t(i * c.in + i)] = 3.0;
+    for (int64_t i = 0; i < c.in; ++i) h[size_t(i * c.in + i)] = 1.0 + double((i * 7) % 5);  // diagonal: act order moves inputs
     const TrellisEncoded plain = trellis_encode_linear("w", w.data(), c.out, c.in, c.k, c.axis, &pool);
     const TrellisEncoded ldlq = trellis_encode_linear_ldlq("w", w.data(), c.out, c.in, c.k, c.axis, h, &pool);
     EXPECT_EQ(ldlq.geometry.axis, c.axis);
@@ -115,6 +115,15 @@ TEST(TrellisLdlq, CorrelatedInputsLowerTheOutputError) {
     std::printf("    [%lld x %lld] k %d axis %d: proxy loss plain %.4g, LDLQ %.4g (%.3f)\n", (long long)c.out, (long long)c.in, c.k, c.axis,
                 plain, ldlq, ldlq / plain);
     EXPECT_LT(ldlq, c.most * plain);
+    if (c.axis == 0) {  // in the stored order too (act order off)
+      LdlqOptions lo;
+      lo.act_order = false;
+      const double in_order =
+          hessian_proxy_loss(w.data(), decoded(trellis_encode_linear_ldlq("w", w.data(), c.out, c.in, c.k, 0, h, &pool, {}, lo)).data(),
+                             c.out, c.in, h);
+      std::printf("    the same in the stored order: %.4g (%.3f)\n", in_order, in_order / plain);
+      EXPECT_LT(in_order, c.most * plain);
+    }
 
     // The same codes through a block Viterbi passed in (how the GPU's is used), and it is called.
     TrellisEncodeOptions opt;
