@@ -5,6 +5,7 @@
 // linear coded against its input Hessian from the dense model run over TEXT (LDLQ: engine/calibration.h,
 // quant/trellis_ldlq.h).
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <memory>
 
@@ -18,6 +19,7 @@
 #include "io/checkpoint.h"
 #include "model/archs.h"
 #include "model/config.h"
+#include "model/rotate.h"
 #include "model/weights.h"
 #include "quant/affine_convert.h"
 #include "text/tokenizer/tokenizer.h"
@@ -31,8 +33,8 @@ namespace {
 
 int cmd_quantize(const std::vector<std::string>& args) {
   Args a(args, {"model", "out", "bits", "group-size", "recipe", "shard-gb", "threads", "format", "down-axis", "axis", "k-map", "encoder",
-                          "calib", "calib-tokens", "calib-ctx", "damp"},
-         {});
+                          "calib", "calib-tokens", "calib-ctx", "damp", "rotate-seed"},
+         {"rotate"});
   auto model = a.get("model");
   auto out = a.get("out");
   if (!model || !out)
@@ -71,6 +73,33 @@ int cmd_quantize(const std::vector<std::string>& args) {
   const double shard_gb = a.get_double("shard-gb", 5.0);
   if (!(shard_gb > 0)) fail("arguments: --shard-gb must be positive, got {}", shard_gb);
   o.shard_bytes = uint64_t(shard_gb * double(uint64_t(1) << 30));
+
+  // --rotate: the residual stream rotated first (model/rotate.h), into a dense f32 checkpoint beside OUT that
+  // calibration and quantization then read; removed at the end, whatever happens.
+  if (a.has("rotate-seed") && !a.has("rotate")) fail("arguments: --rotate-seed goes with --rotate");
+  std::string rotated;
+  struct RemoveDir {
+    const std::string& dir;
+    ~RemoveDir() {
+      std::error_code ec;
+      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+    }
+  } remove_rotated{rotated};
+  if (a.has("rotate")) {
+    std::filesystem::path op = std::filesystem::path(*out).lexically_normal();
+    if (!op.has_filename()) op = op.parent_path();  // "OUT/" -> "OUT"
+    rotated = op.string() + ".rotating";
+    std::filesystem::remove_all(rotated);
+    uint64_t bytes = 0;
+    for (const TensorInfo* t : Checkpoint::open(o.in_dir).tensors()) bytes += t->nbytes;
+    Progress rp("rotating", bytes);
+    const RotateStats rs = rotate_residual_checkpoint(o.in_dir, rotated, uint64_t(a.get_int("rotate-seed", 0)),
+                                                      [&](uint64_t n) { rp.advance(n); });
+    rp.finish();
+    std::printf("rotated the residual stream (random Hadamard, seed %lld): %lld tensors%s\n", (long long)a.get_int("rotate-seed", 0),
+                (long long)rs.tensors, rs.untied ? "; the tied embedding untied (the head carries the final norm)" : "");
+    o.in_dir = rotated;
+  }
 
   // The tensors a model of this config has, as arbor loads it: the architecture must be one arbor knows.
   ModelConfig c = load_model_config(o.in_dir + "/config.json");
@@ -143,9 +172,10 @@ int cmd_quantize(const std::vector<std::string>& args) {
   const quant::AffineConvertStats st = quant::affine_convert_checkpoint(o, [&](uint64_t n) { prog.advance(n); }, &pool);
   prog.finish();
   if (trellis) {
-    std::printf("wrote %s: %llu modules trellis-coded (k=%d, down axis %d, others axis %d%s%s), %llu tensors, %.3f GB -> %.3f GB in "
+    std::printf("wrote %s: %llu modules trellis-coded (k=%d, down axis %d%s%s%s), %llu tensors, %.3f GB -> %.3f GB in "
                 "%llu shard(s); copied %zu tokenizer/config file(s)\n",
-                out->c_str(), (unsigned long long)st.modules_quantized, o.trellis->bits, o.trellis->down_axis, o.trellis->axis,
+                out->c_str(), (unsigned long long)st.modules_quantized, o.trellis->bits, o.trellis->down_axis,
+                o.trellis->axis == 0 ? ", the others axis 0" : "",
                 a.has("k-map") ? ", k-map " : "", a.get_or("k-map", "").c_str(), (unsigned long long)st.tensors_written,
                 double(st.bytes_in) * 1e-9, double(st.bytes_out) * 1e-9, (unsigned long long)st.shards, st.copied_files.size());
     const std::string how = o.encode.block_viterbi ? fmt::format("GPU Viterbi; scales, targets and packing on {} CPU threads", pool.size())
@@ -195,6 +225,11 @@ ARBOR_VERB("quantize", "write a dense checkpoint as an MLX affine or trellis qua
            "  --calib-tokens N      ids of TEXT used, in windows spread evenly over it (default 65536; 0: all)\n"
            "  --calib-ctx N         calibration window in ids (default min(1024, max_position_embeddings))\n"
            "  --damp D              LDLQ damping, a fraction of the mean diagonal of E[x x^T] (default 0.01)\n"
+           "  --rotate              rotate the residual stream by a random Hadamard matrix first, folded exactly\n"
+           "                        into the weights (norm weights into the linears, a tied head untied):\n"
+           "                        incoherent weights for the quantizer (pre-norm RMSNorm models, hidden a\n"
+           "                        power of two; a dense f32 copy is written beside OUT meanwhile)\n"
+           "  --rotate-seed N       the random signs' seed (default 0)\n"
            "  --group-size G        32, 64 or 128 (default 64)\n"
            "  --recipe R            mlx-lm's mixed recipes: mixed_2_6, mixed_3_4, mixed_3_6, mixed_4_6 (low bits,\n"
            "                        high bits for lm_head and v_proj/down_proj in some layers)\n"

@@ -5,7 +5,8 @@
 // checkpoint written by the quantize path (the CPU Viterbi) holds exactly what the encoder chose, loads
 // and runs; the loader's errors name the tensor. Calibration (engine/calibration.h) sums each linear's inputs
 // (layer 0's attention input against the normed embedding rows computed here), and `quantize --calib`'s path
-// codes every linear with LDLQ into a checkpoint that loads and runs.
+// codes every linear with LDLQ into a checkpoint that loads and runs. The residual rotation (model/rotate.h) gives
+// the logits of the checkpoint it rotated (tied and untied, biases, per-head q/k norms) and refuses what it cannot fold.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include "engine/generate.h"
 #include "engine/perplexity.h"
 #include "io/safetensors.h"
+#include "model/rotate.h"
 #include "model/synth.h"
 #include "model/weights.h"
 #include "quant/affine.h"
@@ -382,6 +384,71 @@ TEST(TrellisModel, CalibrationSumsEachLinearsInputsAndLdlqCodesRun) {
   const std::string d = temp_dir("calib_dense");
   EXPECT_EQ(write_decoded(q + "/out", d), 7);
   expect_same_logits(q + "/out", d);
+}
+
+TEST(TrellisModel, RotationIsOrthogonal) {
+  for (int64_t n : {1, 2, 8, 256}) {
+    SCOPED_TRACE(n);
+    const std::vector<float> s = rotation_signs(n, 7);
+    std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) a[size_t(i)] = float(std::sin(0.7 * double(i) + 1.0)), b[size_t(i)] = float(std::cos(1.3 * double(i)));
+    double ab = 0, aa = 0;
+    for (int64_t i = 0; i < n; ++i) ab += double(a[size_t(i)]) * b[size_t(i)], aa += double(a[size_t(i)]) * a[size_t(i)];
+    rotate_vector(a.data(), n, s);
+    rotate_vector(b.data(), n, s);
+    double ab2 = 0, aa2 = 0;
+    for (int64_t i = 0; i < n; ++i) ab2 += double(a[size_t(i)]) * b[size_t(i)], aa2 += double(a[size_t(i)]) * a[size_t(i)];
+    EXPECT_NEAR(ab2, ab, 1e-5 * (1 + aa));
+    EXPECT_NEAR(aa2, aa, 1e-5 * (1 + aa));
+  }
+  // n = 2 by hand: Q = diag(s) [[1, 1], [1, -1]] / sqrt(2); v·Q = (s0 v0 + s1 v1, s0 v0 - s1 v1) / sqrt(2).
+  const std::vector<float> s = rotation_signs(2, 3);
+  std::vector<float> v = {3.0f, -1.0f};
+  rotate_vector(v.data(), 2, s);
+  EXPECT_NEAR(v[0], (3.0 * s[0] - s[1]) / std::sqrt(2.0), 1e-6);
+  EXPECT_NEAR(v[1], (3.0 * s[0] + s[1]) / std::sqrt(2.0), 1e-6);
+  EXPECT_NE(test::error_of([] {
+              std::vector<float> x(6);
+              rotate_vector(x.data(), 6, std::vector<float>(6, 1.0f));
+            }).find("not a power of two"),
+            std::string::npos);
+}
+
+TEST(TrellisModel, RotatedCheckpointComputesTheSameLogits) {
+  json tied = small_llama();
+  tied["num_hidden_layers"] = 2, tied["hidden_size"] = 256, tied["intermediate_size"] = 512;
+  tied["num_attention_heads"] = 4, tied["num_key_value_heads"] = 2, tied["tie_word_embeddings"] = true;
+  json biased = tied;  // untied, with q/k/v/o biases
+  biased["tie_word_embeddings"] = false, biased["attention_bias"] = true;
+  json qwen3 = tied;  // per-head q/k norms
+  qwen3["model_type"] = "qwen3", qwen3["architectures"] = {"Qwen3ForCausalLM"}, qwen3["head_dim"] = 64;
+  int i = 0;
+  for (const json& cfg : {tied, biased, qwen3}) {
+    SCOPED_TRACE(cfg.dump());
+    const std::string src = temp_dir("rot_src" + std::to_string(i)), rot = temp_dir("rot_out" + std::to_string(i));
+    ++i;
+    write_synthetic_checkpoint(cfg, src, DType::BF16);
+    const RotateStats st = rotate_residual_checkpoint(src, rot, 11);
+    EXPECT_EQ(st.untied, cfg["tie_word_embeddings"].get<bool>());
+    const json rc = read_json_file(rot + "/config.json");
+    EXPECT_FALSE(rc["tie_word_embeddings"].get<bool>());
+    const Tensors r(rot);
+    EXPECT_EQ(r.info.at("model.layers.0.input_layernorm.weight").dtype, DType::F32);
+    for (int j = 0; j < 256; ++j) EXPECT_EQ(reinterpret_cast<const float*>(r.data("model.norm.weight"))[j], 1.0f);
+    EXPECT_TRUE(r.info.count("lm_head.weight"));
+    expect_same_logits(rot, src);
+  }
+  const std::string src = temp_dir("rot_bad"), rot = temp_dir("rot_bad_out");
+  json gemma = tied;
+  gemma["model_type"] = "gemma3_text", gemma["architectures"] = {"Gemma3ForCausalLM"}, gemma["head_dim"] = 64;
+  write_synthetic_checkpoint(gemma, src, DType::BF16);
+  EXPECT_NE(test::error_of([&] { rotate_residual_checkpoint(src, rot, 0); }).find("is not a pre-norm RMSNorm model"), std::string::npos);
+  json wide = tied;
+  wide["hidden_size"] = 384;
+  const std::string src2 = temp_dir("rot_bad2");
+  write_synthetic_checkpoint(wide, src2, DType::BF16);
+  EXPECT_NE(test::error_of([&] { rotate_residual_checkpoint(src2, rot, 0); }).find("hidden_size 384 is not a power of two"),
+            std::string::npos);
 }
 
 TEST(TrellisModel, LoadErrorsNameTheTensor) {
