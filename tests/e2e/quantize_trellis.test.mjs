@@ -3,14 +3,15 @@
 // reading of formats.md §3 (the bit window, the 1MAD code, the row scale, axis 0 transposed) and compared
 // with the source weights (relative MSE within the encoder's distortion for k); the config entries, the
 // encoder's weights-per-second report, `arbor inspect`, `synth --format trellis` writing the same layout,
-// the checkpoint running (`arbor bench`), and the errors.
+// the checkpoint running (`arbor bench`), and the errors; `--calib` (LDLQ) with `--axis 0` and `--rotate` on a
+// tied model with the evaluation model's tokenizer: the reports, the layout, no rotated copy left, and it runs.
 import test from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { spawnSync, execFileSync } from 'node:child_process';
-import { ARBOR, deadline } from './lib.mjs';
+import { ARBOR, SRC, deadline } from './lib.mjs';
 
 deadline(300000);
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'arbor-quantize-trellis-'));
@@ -129,6 +130,36 @@ test('down projection on axis 1; synth --format trellis writes the same layout; 
   }
 });
 
+test('--calib with --axis 0 and --rotate: LDLQ on a rotated, untied checkpoint that runs', () => {
+  const eval_model = path.join(SRC, 'tests/fixtures/eval-model');
+  const cfg2 = { ...config, vocab_size: 4096, tie_word_embeddings: true };
+  const cfgFile2 = path.join(dir, 'config_tied.json');
+  fs.writeFileSync(cfgFile2, JSON.stringify(cfg2));
+  const src2 = path.join(dir, 'in_tied');
+  execFileSync(ARBOR, ['synth', '--config', cfgFile2, '--out', src2, '--dtype', 'bf16'], { stdio: 'pipe' });
+  for (const f of ['tokenizer.json', 'tokenizer_config.json']) fs.copyFileSync(path.join(eval_model, f), path.join(src2, f));
+  const out = path.join(dir, 'q_ldlq');
+  const r = spawnSync(ARBOR, ['quantize', '--model', src2, '--out', out, '--format', 'trellis', '--bits', '2', '--axis', '0', '--rotate',
+    '--calib', path.join(eval_model, 'heldout.txt'), '--calib-tokens', '2048', '--calib-ctx', '256', '--threads', '2'], { encoding: 'utf8' });
+  assert.equal(r.status, 0, r.stderr);
+  assert.match(r.stdout, /rotated the residual stream \(random Hadamard, seed 0\): \d+ tensors; the tied embedding untied/);
+  // k/v project to 128 outputs: too few to code along (axis 0 codes blocks of 256 outputs), so they stay dense.
+  assert.match(r.stdout, /10 modules trellis-coded \(k=2, down axis 0, the others axis 0\)/);
+  assert.match(r.stdout, /left dense: model.layers.1.self_attn.v_proj.weight: axis 0: coded length 128 is not a multiple of 256/);
+  assert.match(r.stdout, /LDLQ: 10 modules against their input Hessians \(2048 calibration ids, windows of 256, [0-9.]+ s; damp 0.01\)/);
+  assert.ok(!fs.existsSync(`${out}.rotating`), 'the rotated copy is removed');
+  const cfg = JSON.parse(fs.readFileSync(path.join(out, 'config.json'), 'utf8'));
+  assert.equal(cfg.tie_word_embeddings, false);
+  assert.equal(cfg.quantization['model.layers.0.self_attn.q_proj'].trellis.axis, 0);
+  const tq = tensors(out);
+  assert.equal(tq['lm_head.weight'].dtype, 'BF16');
+  assert.deepEqual(tq['model.layers.1.mlp.gate_proj.weight'].shape, [256, 512 * 2 / 32]);  // stored [in, out*k/32]
+  const b = spawnSync(ARBOR, ['bench', '--model', out, '--threads', '2', '--prompt-tokens', '16', '--chunk', '16', '--decode-tokens', '4', '--reps', '1'],
+    { encoding: 'utf8' });
+  assert.equal(b.status, 0, b.stderr);
+  assert.match(b.stdout, /tok\/s/);
+});
+
 test('errors name the problem', () => {
   const bad = (args, re) => {
     const r = spawnSync(ARBOR, ['quantize', '--model', src, '--out', path.join(dir, 'never'), '--format', 'trellis', ...args], { encoding: 'utf8' });
@@ -139,7 +170,12 @@ test('errors name the problem', () => {
   bad(['--group-size', '64'], /--group-size is for --format affine/);
   bad(['--k-map', 'down_proj=7'], /--k-map: 'down_proj=7': k must be 2, 3 or 4/);
   bad(['--down-axis', '2'], /down axis 2 \(0 or 1\)/);
+  bad(['--axis', '2'], /axis 2 \(0 or 1\)/);
+  bad(['--damp', '0.1'], /--damp goes with --calib TEXT/);
+  bad(['--calib', path.join(dir, 'no-such-file.txt')], /no-such-file\.txt/);
   const r = spawnSync(ARBOR, ['quantize', '--model', src, '--out', path.join(dir, 'never'), '--k-map', 'down_proj=4'], { encoding: 'utf8' });
   assert.match(r.stderr, /--k-map is for --format trellis/);
+  const c = spawnSync(ARBOR, ['quantize', '--model', src, '--out', path.join(dir, 'never'), '--calib', 'x.txt'], { encoding: 'utf8' });
+  assert.match(c.stderr, /--calib is for --format trellis/);
   assert.ok(!fs.existsSync(path.join(dir, 'never')));
 });
