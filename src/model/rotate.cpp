@@ -160,7 +160,12 @@ RotateStats rotate_residual_checkpoint(const std::string& in_dir, const std::str
 
   cj["tie_word_embeddings"] = false;
   if (cj.contains("text_config") && cj["text_config"].is_object()) cj["text_config"]["tie_word_embeddings"] = false;
-  cj["torch_dtype"] = cj.value("torch_dtype", std::string("float32"));
+  // Written in f32, but the quantizer casts what it leaves dense to torch_dtype: name the source's dtype there
+  // when the config only has transformers 5's "dtype" (or nothing), so the dense tensors come back in it.
+  if (!cj.contains("torch_dtype") || cj["torch_dtype"].is_null()) {
+    const DType d = ck.find(nm.embed) ? ck.find(nm.embed)->dtype : DType::F32;
+    cj["torch_dtype"] = d == DType::BF16 ? "bfloat16" : d == DType::F16 ? "float16" : "float32";
+  }
   {
     std::ofstream f(out_dir + "/config.json");
     f << cj.dump(2) << "\n";

@@ -422,6 +422,7 @@ TEST(TrellisModel, RotatedCheckpointComputesTheSameLogits) {
   biased["tie_word_embeddings"] = false, biased["attention_bias"] = true;
   json qwen3 = tied;  // per-head q/k norms
   qwen3["model_type"] = "qwen3", qwen3["architectures"] = {"Qwen3ForCausalLM"}, qwen3["head_dim"] = 64;
+  qwen3.erase("torch_dtype"), qwen3["dtype"] = "bfloat16";  // transformers 5's spelling
   int i = 0;
   for (const json& cfg : {tied, biased, qwen3}) {
     SCOPED_TRACE(cfg.dump());
@@ -432,6 +433,7 @@ TEST(TrellisModel, RotatedCheckpointComputesTheSameLogits) {
     EXPECT_EQ(st.untied, cfg["tie_word_embeddings"].get<bool>());
     const json rc = read_json_file(rot + "/config.json");
     EXPECT_FALSE(rc["tie_word_embeddings"].get<bool>());
+    EXPECT_EQ(rc["torch_dtype"], "bfloat16");  // what the quantizer casts the dense tensors back to
     const Tensors r(rot);
     EXPECT_EQ(r.info.at("model.layers.0.input_layernorm.weight").dtype, DType::F32);
     for (int j = 0; j < 256; ++j) EXPECT_EQ(reinterpret_cast<const float*>(r.data("model.norm.weight"))[j], 1.0f);
