@@ -127,6 +127,16 @@ std::vector<double> InputHessian::mean() const {
   return m;
 }
 
+std::vector<double> InputHessian::take_mean() {
+  ARBOR_CHECK(rows_ > 0, "ldlq: the input Hessian has no rows (the calibration never reached this linear)");
+  const double inv = 1.0 / double(rows_);
+  for (int64_t i = 0; i < n_; ++i)
+    for (int64_t j = i; j < n_; ++j) sum_[size_t(i * n_ + j)] = sum_[size_t(j * n_ + i)] = sum_[size_t(i * n_ + j)] * inv;
+  std::vector<double> m = std::move(sum_);
+  sum_.clear(), n_ = 0, rows_ = 0;
+  return m;
+}
+
 TrellisEncoded trellis_encode_linear_ldlq(const std::string& name, const float* w, int64_t out, int64_t in, int k, int axis,
                                           const std::vector<double>& h, ThreadPool* pool, const TrellisEncodeOptions& opt,
                                           const LdlqOptions& lopt) {

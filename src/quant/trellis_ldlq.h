@@ -27,6 +27,8 @@ class InputHessian {
   void add(const float* x, int64_t T, ThreadPool* pool = nullptr);
   // E[x xᵀ] = Σ x xᵀ / rows, [n, n] row-major, symmetric. Fails when no rows were added.
   std::vector<double> mean() const;
+  // The same, made in place of the sum and moved out (no second n x n copy); the object is left empty.
+  std::vector<double> take_mean();
 
  private:
   int64_t n_ = 0;

@@ -70,6 +70,8 @@ TEST(TrellisLdlq, InputHessianMatchesADirectSum) {
           for (int64_t t = 0; t < 23; ++t) s += double(x[size_t(t * n + i)]) * double(x[size_t(t * n + j)]);
           EXPECT_NEAR(m[size_t(i * n + j)], s / 23, 1e-5 * (1 + std::fabs(s / 23))) << i << "," << j;
         }
+      EXPECT_EQ(h.take_mean(), m);  // in place of the sum, moved out
+      EXPECT_EQ(h.n(), 0);
     }
   }
   EXPECT_NE(error_of([] { InputHessian(4).mean(); }).find("no rows"), std::string::npos);
