@@ -168,11 +168,11 @@ int bench_linear_cuda(const arbor::cli::Args& args) {
 }
 
 // --format trellis: the trellis kernels (cpu/linear_trellis) on random code words (all valid codes) at the same
-// shapes, k bits, the down projection on axis 0 (as arbor quantize writes it) and the rest on axis 1. Decode as
+// shapes, k bits, the down projection on axis 0 (as arbor quantize writes it) and the rest on axis 1 (--axis). Decode as
 // weights per second and GB/s of words streamed (the weights are 8x-4x smaller than bf16: the decode
 // arithmetic, not the bandwidth, is the limit on most CPUs); prefill as GFLOP/s of the equivalent dense product.
 int bench_trellis(const std::vector<LinearShape>& shapes, int threads, int reps, int64_t decode_T, int64_t gemm_T, int k,
-                  const std::string& kernel_name) {
+                  const std::string& kernel_name, int other_axis) {
   cpu::TrellisKernel kernel = cpu::trellis_best_kernel();
   if (!kernel_name.empty()) {
     bool found = false;
@@ -188,7 +188,7 @@ int bench_trellis(const std::vector<LinearShape>& shapes, int threads, int reps,
   std::printf("%-13s %-9s %-14s %-4s | T=%-2lld %-14s %9s %7s | T=%-4lld %-14s %8s\n", "model", "linear", "N x K", "axis", (long long)decode_T,
               "kernel", "Gw/s", "GB/s", (long long)gemm_T, "kernel", "GFLOP/s");
   for (const auto& s : shapes) {
-    const int axis = std::string(s.name) == "down" ? 0 : 1;
+    const int axis = std::string(s.name) == "down" ? 0 : other_axis;
     const int64_t rows = axis == 1 ? s.N : s.K, cols = axis == 1 ? s.K : s.N;
     const size_t words = size_t(rows * cols * k / 32);
     // Copies totalling >= 256 MiB, used round-robin, so decode reads its words from DRAM.
@@ -232,7 +232,7 @@ int bench_trellis(const std::vector<LinearShape>& shapes, int threads, int reps,
 
 int cmd_bench_linear(const std::vector<std::string>& argv) {
   arbor::cli::Args args(argv, {"threads", "model", "dtype", "reps", "gemm-tokens", "bw-mib", "decode-tokens", "isa", "device", "bits",
-                               "group-size", "cpu-gemm", "format"},
+                               "group-size", "cpu-gemm", "format", "axis"},
                         {});
   const std::string device = args.get_or("device", "cpu");
   ARBOR_CHECK(device == "cpu" || device == "cuda", "bench-linear: --device must be cpu or cuda, got '{}'", device);
@@ -271,7 +271,9 @@ int cmd_bench_linear(const std::vector<std::string>& argv) {
   if (format == "trellis") {
     const int k = int(args.get_int("bits", 2));
     ARBOR_CHECK(k >= 2 && k <= 4, "bench-linear: --bits {} (trellis: 2, 3, 4)", k);
-    return bench_trellis(shapes, threads, reps, decode_T, gemm_T, k, args.get_or("isa", ""));
+    const int axis = int(args.get_int("axis", 1));
+    ARBOR_CHECK(axis == 0 || axis == 1, "bench-linear: --axis {} (0 or 1)", axis);
+    return bench_trellis(shapes, threads, reps, decode_T, gemm_T, k, args.get_or("isa", ""), axis);
   }
   // --isa forces one kernel level (default: the best this CPU supports, as linear() picks).
   const std::vector<cpu::LinearIsa> isas = cpu::linear_isas_supported();
@@ -426,5 +428,5 @@ ARBOR_VERB("bench-linear", "benchmark the linear kernels at model shapes (GB/s, 
            "  --bw-mib N            buffer of the read-bandwidth passes, MiB (default 1024)\n"
            "  --isa NAME            force one kernel level (default: the best this CPU has)\n"
            "  --format dense|trellis  trellis: the trellis kernels on random code words (--bits 2/3/4, default 2;\n"
-           "                        down on axis 0, the rest axis 1); --isa reference|avx2|avx512\n",
+           "                        down on axis 0, the rest on --axis, default 1); --isa reference|avx2|avx512\n",
            cmd_bench_linear);
