@@ -118,10 +118,8 @@ int cmd_quantize(const std::vector<std::string>& args) {
     r.k_map = quant::parse_trellis_k_map(a.get_or("k-map", ""));
     for (const std::string& t : {arch.names.embed, arch.names.lm_head})
       if (t.size() > 7) r.dense.insert(t.substr(0, t.size() - 7));  // "<module>.weight"
-    ModelWeights parts;  // only for the walk's split of fused matrices
-    for_each_weight(c, arch, &parts, [&](const WeightSlot& s) {
-      if (s.parts.size() > 1) r.fused.insert(s.name);
-    });
+    for (const std::string& f : {arch.names.qkv, arch.names.gate_up})
+      if (!f.empty()) r.fused.push_back(f);
     quant::check_trellis_recipe(r, "arguments: --bits/--down-axis/--axis/--k-map");
     o.trellis = r;
   }

@@ -17,7 +17,7 @@ namespace arbor::cli {
 namespace {
 
 int cmd_synth(const std::vector<std::string>& args) {
-  Args a(args, {"config", "out", "dtype", "shard-gb", "bits", "group-size", "format", "down-axis"}, {});
+  Args a(args, {"config", "out", "dtype", "shard-gb", "bits", "group-size", "format", "down-axis", "axis"}, {});
   auto cfg = a.get("config");
   auto out = a.get("out");
   if (!cfg || !out) fail("arguments: usage: arbor synth --config FILE --out DIR [--dtype bf16|f16|f32] [--shard-gb 4] [--bits B --group-size G]");
@@ -33,8 +33,9 @@ int cmd_synth(const std::vector<std::string>& args) {
     ModelConfig c = parse_model_config(j, "synth config");
     const ArchDescriptor& arch = find_arch(c);
     apply_arch_defaults(c, arch);
-    const quant::TrellisRecipe r = trellis_synth_recipe(arch, int(a.get_int("bits", 2)), int(a.get_int("down-axis", 0)));
-    quant::check_trellis_recipe(r, "arguments: --bits/--down-axis");
+    const quant::TrellisRecipe r =
+        trellis_synth_recipe(arch, int(a.get_int("bits", 2)), int(a.get_int("down-axis", 0)), int(a.get_int("axis", 1)));
+    quant::check_trellis_recipe(r, "arguments: --bits/--down-axis/--axis");
     std::vector<quant::TrellisSynthTensor> ts;
     for (const TensorSpec& s : expected_tensors(c, arch)) ts.push_back({s.name, s.shape});
     ThreadPool pool(0);
@@ -49,7 +50,8 @@ int cmd_synth(const std::vector<std::string>& args) {
                 (unsigned long long)st.shards);
     return 0;
   }
-  if (a.has("down-axis")) fail("arguments: --down-axis is for --format trellis");
+  for (const char* f : {"down-axis", "axis"})
+    if (a.has(f)) fail("arguments: --{} is for --format trellis", f);
   if (format == "affine") {  // random MLX affine weights
     const quant::AffineParams p{int(a.get_int("group-size", 64)), int(a.get_int("bits", 4))};
     quant::check_affine_params(p, "arguments: --bits/--group-size");
@@ -88,7 +90,8 @@ ARBOR_VERB("synth", "write a deterministic random checkpoint for a config (--con
            "  --group-size G        their group size (32, 64, 128; default 64)\n"
            "  --format F            dense, affine (the default with --bits) or trellis: random trellis code words\n"
            "                        (k = --bits: 2, 3, 4; default 2) and f16 row scales for the layers' linears\n"
-           "  --down-axis 0|1       trellis: the down projection's axis (default 0; others 1)\n",
+           "  --down-axis 0|1       trellis: the down projection's axis (default 0)\n"
+           "  --axis 0|1            trellis: the other linears' axis (default 1; fused q/k/v, gate/up stay on 1)\n",
            cmd_synth);
 
 }  // namespace

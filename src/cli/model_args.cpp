@@ -22,7 +22,7 @@ namespace arbor::cli {
 
 std::set<std::string> model_value_flags() {
   return {"model",    "config",   "device", "threads",    "weights", "ctx-size", "kv-blocks",
-          "dtype",    "cpu-gemm", "kv-cache", "bits", "group-size", "format", "down-axis"};
+          "dtype",    "cpu-gemm", "kv-cache", "bits", "group-size", "format", "down-axis", "axis"};
 }
 std::set<std::string> model_bool_flags() { return {"dummy-weights"}; }
 
@@ -101,7 +101,8 @@ DummyQuant dummy_quant_from_args(const Args& a, bool dummy_weights) {
   const std::string format = a.get_or("format", a.has("bits") || a.has("group-size") ? "affine" : "dense");
   if (format != "dense" && format != "affine" && format != "trellis")
     fail("arguments: --format must be dense, affine or trellis (the dummy weights' format), got '{}'", format);
-  if (format != "trellis" && a.has("down-axis")) fail("arguments: --down-axis is for --format trellis");
+  for (const char* f : {"down-axis", "axis"})
+    if (format != "trellis" && a.has(f)) fail("arguments: --{} is for --format trellis", f);
   if (format == "dense") {
     if (a.has("bits") || a.has("group-size")) fail("arguments: --bits/--group-size make quantized weights, not --format dense");
     return q;
@@ -114,9 +115,10 @@ DummyQuant dummy_quant_from_args(const Args& a, bool dummy_weights) {
     q.format = WeightFormat::Trellis;
     q.trellis_bits = int(a.get_int("bits", 2));
     q.trellis_down_axis = int(a.get_int("down-axis", 0));
+    q.trellis_axis = int(a.get_int("axis", 1));
     quant::TrellisRecipe r;
-    r.bits = q.trellis_bits, r.down_axis = q.trellis_down_axis;
-    quant::check_trellis_recipe(r, "arguments: --bits/--down-axis");
+    r.bits = q.trellis_bits, r.down_axis = q.trellis_down_axis, r.axis = q.trellis_axis;
+    quant::check_trellis_recipe(r, "arguments: --bits/--down-axis/--axis");
     return q;
   }
   q.format = WeightFormat::Affine;

@@ -31,7 +31,7 @@ std::string resolve_model_dir(const std::string& spec, std::string* repo_id = nu
 // The pieces, for verbs that adjust the options (e.g. bench sizes the context itself):
 LoadOptions load_options_from_args(const Args& a);                 // --model/--config/--dummy-weights/--dtype/...
 // The dummy weights' format: --bits B [--group-size G] (default 64): MLX affine; --format trellis [--bits K]
-// [--down-axis A]: trellis-coded as arbor synth --format trellis writes them; none of these: dense. Fails when
+// [--down-axis A] [--axis A]: trellis-coded as arbor synth --format trellis writes them; none of these: dense. Fails when
 // given without --dummy-weights, or with values the format does not take.
 DummyQuant dummy_quant_from_args(const Args& a, bool dummy_weights);
 std::unique_ptr<Backend> make_backend_from_args(const Args& a);    // --device/--threads/--weights
@@ -66,7 +66,8 @@ std::vector<int32_t> parse_id_list(const std::string& s, const char* flag, const
   "  --group-size G        their group size (32, 64, 128; default 64)\n"                                   \
   "  --format affine|trellis  dummy weights' format (affine: the default with --bits); trellis: random\n"  \
   "                        code words, k = --bits (2, 3, 4; default 2), as `arbor synth --format trellis`\n" \
-  "  --down-axis 0|1       trellis: the down projection's axis (default 0; others 1)\n"                   \
+  "  --down-axis 0|1       trellis: the down projection's axis (default 0)\n"                             \
+  "  --axis 0|1            trellis: the other linears' axis (default 1; fused q/k/v, gate/up stay on 1)\n" \
   "  --device cpu|cuda     where the model runs (default cpu; cuda needs a CUDA build and a GPU)\n"      \
   "  --threads N           CPU threads (default: every CPU this process may run on)\n"                   \
   "  --weights copy|mmap   CPU: weights copied to anonymous huge-page memory (default) or used from\n"   \

@@ -67,11 +67,14 @@ SynthStats write_synthetic_checkpoint(const json& config_json, const std::string
   return st;
 }
 
-quant::TrellisRecipe trellis_synth_recipe(const ArchDescriptor& a, int bits, int down_axis) {
+quant::TrellisRecipe trellis_synth_recipe(const ArchDescriptor& a, int bits, int down_axis, int axis) {
   quant::TrellisRecipe r;
   r.bits = bits;
   r.down_axis = down_axis;
+  r.axis = axis;
   r.down_suffix = a.names.down;
+  for (const std::string& f : {a.names.qkv, a.names.gate_up})
+    if (!f.empty()) r.fused.push_back(f);
   for (const std::string& t : {a.names.embed, a.names.lm_head})
     if (t.size() > 7) r.dense.insert(t.substr(0, t.size() - 7));
   return r;

@@ -23,8 +23,8 @@ SynthStats write_synthetic_checkpoint(const json& config_json, const std::string
                                       const std::function<void(uint64_t)>& progress = nullptr);
 
 // The recipe `arbor synth --format trellis` (and --dummy-weights --format trellis) codes an architecture
-// with: the layers' linears at `bits`, the architecture's down projection on `down_axis`, the rest on axis 1,
-// the embedding and the head dense.
-quant::TrellisRecipe trellis_synth_recipe(const ArchDescriptor& a, int bits, int down_axis);
+// with: the layers' linears at `bits`, the architecture's down projection on `down_axis`, the rest on `axis`
+// (fused q/k/v and gate/up matrices always on axis 1), the embedding and the head dense.
+quant::TrellisRecipe trellis_synth_recipe(const ArchDescriptor& a, int bits, int down_axis, int axis = 1);
 
 }  // namespace arbor

@@ -1,6 +1,7 @@
 // Trellis recipes, config entries and synthetic trellis checkpoints.
 #include "quant/trellis_convert.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -70,7 +71,8 @@ std::optional<TrellisConfig> trellis_recipe_config(const TrellisRecipe& r, const
   c.bits = r.bits;
   for (const auto& [key, k] : r.k_map)
     if (module_matches(module, key)) c.bits = k;  // the last matching entry wins
-  c.axis = module_matches(module, r.down_suffix) ? r.down_axis : r.fused.count(module) ? 1 : r.axis;
+  const bool fused = std::any_of(r.fused.begin(), r.fused.end(), [&](const std::string& key) { return module_matches(module, key); });
+  c.axis = module_matches(module, r.down_suffix) ? r.down_axis : fused ? 1 : r.axis;
   const int64_t coded = c.axis == 1 ? in : out;
   if (coded % c.group_size != 0) {
     if (why) *why = fmt::format("axis {}: coded length {} is not a multiple of {}", c.axis, coded, c.group_size);

@@ -33,7 +33,7 @@ struct TrellisRecipe {
   std::string down_suffix = "mlp.down_proj";  // the architecture's down projection (ArchDescriptor::names.down)
   std::vector<std::pair<std::string, int>> k_map;
   std::set<std::string> dense;  // module paths kept dense
-  std::set<std::string> fused;  // module paths the loader splits by rows (qkv_proj, gate_up_proj): axis 1 always
+  std::vector<std::string> fused;  // matrices the loader splits by rows (qkv_proj, gate_up_proj; matched as k_map keys): axis 1
 };
 // "down_proj=4,q_proj=3" -> pairs; fails naming the bad item (no '=', k not 2/3/4).
 std::vector<std::pair<std::string, int>> parse_trellis_k_map(std::string_view spec);

@@ -522,6 +522,37 @@ TEST(TrellisModel, LoadErrorsNameTheTensor) {
 // trellis` writes (trellis_synth_recipe): the same bytes, the same formats, the same logits bit for bit; parameters
 // count weights, as for the dense model of the config. With ffn 640 and the down projection on axis 1 its coded
 // length (640) is not whole blocks: it stays dense in both.
+// --axis 0 (every linear along its outputs): the dummy weights still hold what synth writes, and run alike.
+TEST(TrellisModel, DummyWeightsOnAxisZeroAreWhatSynthWrites) {
+  const std::string q = temp_dir("dummy_axis0");
+  const json cfg = small_llama();
+  ModelConfig c = parse_model_config(cfg, "test config");
+  const ArchDescriptor& a = find_arch(c);
+  apply_arch_defaults(c, a);
+  synth_trellis(cfg, q, trellis_synth_recipe(a, 2, 0, 0));
+  const std::string plain = q + "/plain_config.json";
+  std::ofstream(plain) << cfg.dump();
+  CpuBackend bq(2, WeightPlacement::Mapped), bd(2, WeightPlacement::Copy);
+  LoadOptions oq, od;
+  oq.model_dir = q;
+  od.config_path = plain, od.dummy_weights = true, od.dummy_quant.format = WeightFormat::Trellis;
+  od.dummy_quant.trellis_bits = 2, od.dummy_quant.trellis_down_axis = 0, od.dummy_quant.trellis_axis = 0;
+  Model mq(oq, bq), md(od, bd);
+  EXPECT_EQ(md.weight_bytes(), mq.weight_bytes());
+  EXPECT_EQ(md.weight_formats(), mq.weight_formats());
+  EXPECT_NE(md.weight_formats().find("trellis 2-bit axis 0 x14"), std::string::npos) << md.weight_formats();
+  EXPECT_EQ(md.weight_formats().find("axis 1"), std::string::npos) << md.weight_formats();
+  BlockPool pq(bq.kv_layout().n_blocks, 16), pd(bd.kv_layout().n_blocks, 16);
+  GenerateRequest req;
+  req.prompt = {1, 5, 9, 77, 3, 96, 0, 41, 12, 8, 60};
+  req.max_tokens = 4;
+  req.keep_logits = true;
+  const GenerateResult rq = generate(mq, pq, req), rd = generate(md, pd, req);
+  EXPECT_EQ(rq.tokens, rd.tokens);
+  ASSERT_EQ(rq.logits.size(), rd.logits.size());
+  EXPECT_EQ(std::memcmp(rq.logits.data(), rd.logits.data(), rq.logits.size() * sizeof(float)), 0);
+}
+
 TEST(TrellisModel, DummyWeightsAreWhatSynthWrites) {
   for (const auto& [k, down_axis] : {std::pair{2, 0}, std::pair{3, 0}, std::pair{4, 0}, std::pair{3, 1}}) {
     SCOPED_TRACE(fmt::format("k={} down axis {}", k, down_axis));

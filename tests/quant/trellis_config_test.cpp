@@ -90,7 +90,7 @@ TEST(TrellisConfig, RecipeBitsAxisKMapAndDenseModules) {
   EXPECT_EQ(cfg("model.layers.0.mlp.down_proj", 500, 1024)->axis, 1);
   // --axis 0: the other linears along their outputs, but never a matrix the loader splits by rows.
   r.axis = 0;
-  r.fused = {"model.layers.0.self_attn.qkv_proj"};
+  r.fused = {"self_attn.qkv_proj"};
   EXPECT_EQ(cfg("model.layers.0.mlp.up_proj", 1024, 512)->axis, 0);
   EXPECT_EQ(cfg("model.layers.0.mlp.down_proj", 512, 1024)->axis, 1);  // down keeps down_axis
   EXPECT_EQ(cfg("model.layers.0.self_attn.qkv_proj", 1536, 512)->axis, 1);
