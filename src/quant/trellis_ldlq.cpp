@@ -119,12 +119,8 @@ void InputHessian::add(const float* x, int64_t T, ThreadPool* pool) {
 }
 
 std::vector<double> InputHessian::mean() const {
-  ARBOR_CHECK(rows_ > 0, "ldlq: the input Hessian has no rows (the calibration never reached this linear)");
-  std::vector<double> m(static_cast<size_t>(n_ * n_));
-  const double inv = 1.0 / double(rows_);
-  for (int64_t i = 0; i < n_; ++i)
-    for (int64_t j = i; j < n_; ++j) m[size_t(i * n_ + j)] = m[size_t(j * n_ + i)] = sum_[size_t(i * n_ + j)] * inv;
-  return m;
+  InputHessian copy(*this);
+  return copy.take_mean();
 }
 
 std::vector<double> InputHessian::take_mean() {
