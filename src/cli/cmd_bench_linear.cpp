@@ -428,5 +428,6 @@ ARBOR_VERB("bench-linear", "benchmark the linear kernels at model shapes (GB/s, 
            "  --bw-mib N            buffer of the read-bandwidth passes, MiB (default 1024)\n"
            "  --isa NAME            force one kernel level (default: the best this CPU has)\n"
            "  --format dense|trellis  trellis: the trellis kernels on random code words (--bits 2/3/4, default 2;\n"
-           "                        down on axis 0, the rest on --axis, default 1); --isa reference|avx2|avx512\n",
+           "                        down on axis 0); --isa reference|avx2|avx512\n"
+           "  --axis 0|1            trellis: the linears other than down on axis 0 or 1 (default 1)\n",
            cmd_bench_linear);
