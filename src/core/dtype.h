@@ -33,4 +33,21 @@ inline uint16_t f32_to_bf16(float f) {
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
 
+// The types weights and activations are read from as floats (load_float).
+inline bool float_dtype(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
+
+// Element i of an F32, F16 or BF16 array as f32 (any other dtype: 0).
+inline float load_float(const void* p, DType t, int64_t i) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  if (t == DType::F32) {
+    float f;
+    std::memcpy(&f, b + 4 * i, 4);
+    return f;
+  }
+  if (t != DType::F16 && t != DType::BF16) return 0;
+  uint16_t h;
+  std::memcpy(&h, b + 2 * i, 2);
+  return t == DType::F16 ? f16_to_f32(h) : bf16_to_f32(h);
+}
+
 }  // namespace arbor

@@ -5,7 +5,6 @@
 #include <fmt/ranges.h>
 
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -29,18 +28,10 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 
 std::vector<float> read_f32(const TensorInfo& t) {
-  ARBOR_CHECK(t.dtype == DType::F32 || t.dtype == DType::F16 || t.dtype == DType::BF16, "rotate: tensor '{}' is {}; rotation needs a dense checkpoint (F32, F16 or BF16)", t.name,
+  ARBOR_CHECK(float_dtype(t.dtype), "rotate: tensor '{}' is {}; rotation needs a dense checkpoint (F32, F16 or BF16)", t.name,
               dtype_name(t.dtype));
   std::vector<float> v(static_cast<size_t>(t.numel()));
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (t.dtype == DType::F32) {
-      std::memcpy(&v[i], t.data + 4 * i, 4);
-    } else {
-      uint16_t h;
-      std::memcpy(&h, t.data + 2 * i, 2);
-      v[i] = t.dtype == DType::F16 ? f16_to_f32(h) : bf16_to_f32(h);
-    }
-  }
+  for (size_t i = 0; i < v.size(); ++i) v[i] = load_float(t.data, t.dtype, int64_t(i));
   return v;
 }
 

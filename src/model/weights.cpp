@@ -115,8 +115,6 @@ std::vector<TensorSpec> expected_tensors(const ModelConfig& c, const ArchDescrip
 
 namespace {
 
-bool float_dtype(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
-
 Tensor get_bias(const WeightSlot& s, const std::function<Tensor(const TensorSpec&)>& get) {
   Tensor b = get({s.name + ".bias", {s.rows}});
   ARBOR_CHECK(float_dtype(b.dtype), "model: tensor '{}.bias' has dtype {}; supported: F32, F16, BF16", s.name, dtype_name(b.dtype));

@@ -75,25 +75,6 @@ void affine_quantize_row(const float* w, int64_t cols, const AffineParams& p, ui
 
 namespace {
 
-bool float_dtype(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
-
-float load(const void* p, DType t, int64_t i) {
-  switch (t) {
-    case DType::F32: {
-      float f;
-      std::memcpy(&f, static_cast<const uint8_t*>(p) + 4 * i, 4);
-      return f;
-    }
-    case DType::F16:
-    case DType::BF16: {
-      uint16_t h;
-      std::memcpy(&h, static_cast<const uint8_t*>(p) + 2 * i, 2);
-      return t == DType::F16 ? f16_to_f32(h) : bf16_to_f32(h);
-    }
-    default: return 0;
-  }
-}
-
 // x rounded to `t` and back (the cast mlx-lm applies to a model's weights before it quantizes them).
 float round_to(float x, DType t) {
   switch (t) {
@@ -124,7 +105,7 @@ void affine_quantize(const void* src, DType src_dtype, const AffineShape& s, uin
     std::vector<float> w(static_cast<size_t>(s.cols)), sc(static_cast<size_t>(groups)), bi(static_cast<size_t>(groups));
     for (int64_t r = r0; r < r1; ++r) {
       for (int64_t j = 0; j < s.cols; ++j) {
-        const float x = load(src, src_dtype, r * s.cols + j);
+        const float x = load_float(src, src_dtype, r * s.cols + j);
         if (!std::isfinite(x)) fail("{}: value [{}, {}] is {}; only finite weights can be quantized", what, r, j, x);
         w[size_t(j)] = src_dtype == out_dtype ? x : round_to(x, out_dtype);
       }
@@ -146,8 +127,8 @@ void affine_dequantize(const uint32_t* packed, const void* scales, const void* b
     for (int64_t j = 0; j < s.cols; ++j) {
       const int64_t g = r * groups + j / s.p.group_size;
       const float q = float(affine_get_code(packed + r * words, j, s.p.bits));
-      const float prod = load(scales, dtype, g) * q;  // a separate rounding: this file is built without FMA contraction
-      out[r * s.cols + j] = prod + load(biases, dtype, g);
+      const float prod = load_float(scales, dtype, g) * q;  // a separate rounding: this file is built without FMA contraction
+      out[r * s.cols + j] = prod + load_float(biases, dtype, g);
     }
 }
 

@@ -132,13 +132,7 @@ void convert_dense(const TensorInfo& t, DType to, std::vector<uint8_t>& out) {
   const int64_t n = t.numel();
   out.resize(size_t(n) * dtype_size(to));
   for (int64_t i = 0; i < n; ++i) {
-    float x;
-    if (t.dtype == DType::F32) std::memcpy(&x, t.data + 4 * i, 4);
-    else {
-      uint16_t h;
-      std::memcpy(&h, t.data + 2 * i, 2);
-      x = t.dtype == DType::F16 ? f16_to_f32(h) : bf16_to_f32(h);
-    }
+    const float x = load_float(t.data, t.dtype, i);
     if (to == DType::F32) std::memcpy(out.data() + 4 * i, &x, 4);
     else {
       const uint16_t h = to == DType::F16 ? f32_to_f16(x) : f32_to_bf16(x);
@@ -262,16 +256,7 @@ AffineConvertStats affine_convert_checkpoint(const AffineConvertOptions& o, cons
       const std::string module = it.name.substr(0, it.name.size() - 7);
       const int64_t out = src.shape[0], in = src.shape[1];
       f32.resize(size_t(out * in));
-      for (int64_t i = 0; i < out * in; ++i) {
-        float x;
-        if (src.dtype == DType::F32) std::memcpy(&x, src.data + 4 * i, 4);
-        else {
-          uint16_t h;
-          std::memcpy(&h, src.data + 2 * i, 2);
-          x = src.dtype == DType::F16 ? f16_to_f32(h) : bf16_to_f32(h);
-        }
-        f32[size_t(i)] = x;
-      }
+      for (int64_t i = 0; i < out * in; ++i) f32[size_t(i)] = load_float(src.data, src.dtype, i);
       const auto t0 = std::chrono::steady_clock::now();
       const std::vector<double>* h = o.input_hessian ? o.input_hessian(module) : nullptr;
       const TrellisEncoded e =

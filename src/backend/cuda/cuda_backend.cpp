@@ -391,7 +391,6 @@ void CudaBackend::load_affine(const Linear& host, Linear& l) {
   const int64_t W = C * bits / 32, G = C / gs;
   ARBOR_CHECK(host.data.dtype == DType::U32 && host.data.ndim == 2 && host.data.shape[0] == R && host.data.shape[1] == W,
               "cuda: {}: codes must be U32 [{}, {}], got {} {}", host.describe(), R, W, dtype_name(host.data.dtype), host.data.shape_str());
-  auto float_dtype = [](DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; };
   for (const auto* t : {&host.scales, &host.biases})
     ARBOR_CHECK(float_dtype(t->dtype) && t->ndim == 2 && t->shape[0] == R && t->shape[1] == G,
                 "cuda: {}: {} must be F32/F16/BF16 [{}, {}], got {} {}", host.describe(), t == &host.scales ? "scales" : "biases", R, G,
