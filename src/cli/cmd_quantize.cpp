@@ -22,6 +22,7 @@
 #include "model/archs.h"
 #include "model/config.h"
 #include "model/rotate.h"
+#include "model/synth.h"
 #include "model/weights.h"
 #include "quant/affine_convert.h"
 #include "text/tokenizer/tokenizer.h"
@@ -110,16 +111,8 @@ int cmd_quantize(const std::vector<std::string>& args) {
   for (const TensorSpec& s : expected_tensors(c, arch)) o.tensors.push_back({s.name, s.shape});
   o.num_layers = int(c.n_layers);
   if (trellis) {
-    quant::TrellisRecipe r;
-    r.bits = o.params.bits;
-    r.down_axis = int(a.get_int("down-axis", 0));
-    r.axis = int(a.get_int("axis", 1));
-    r.down_suffix = arch.names.down;
+    quant::TrellisRecipe r = trellis_arch_recipe(arch, o.params.bits, int(a.get_int("down-axis", 0)), int(a.get_int("axis", 1)));
     r.k_map = quant::parse_trellis_k_map(a.get_or("k-map", ""));
-    for (const std::string& t : {arch.names.embed, arch.names.lm_head})
-      if (t.size() > 7) r.dense.insert(t.substr(0, t.size() - 7));  // "<module>.weight"
-    for (const std::string& f : {arch.names.qkv, arch.names.gate_up})
-      if (!f.empty()) r.fused.push_back(f);
     quant::check_trellis_recipe(r, "arguments: --bits/--down-axis/--axis/--k-map");
     o.trellis = r;
   }

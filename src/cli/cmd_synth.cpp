@@ -34,7 +34,7 @@ int cmd_synth(const std::vector<std::string>& args) {
     const ArchDescriptor& arch = find_arch(c);
     apply_arch_defaults(c, arch);
     const quant::TrellisRecipe r =
-        trellis_synth_recipe(arch, int(a.get_int("bits", 2)), int(a.get_int("down-axis", 0)), int(a.get_int("axis", 1)));
+        trellis_arch_recipe(arch, int(a.get_int("bits", 2)), int(a.get_int("down-axis", 0)), int(a.get_int("axis", 1)));
     quant::check_trellis_recipe(r, "arguments: --bits/--down-axis/--axis");
     std::vector<quant::TrellisSynthTensor> ts;
     for (const TensorSpec& s : expected_tensors(c, arch)) ts.push_back({s.name, s.shape});

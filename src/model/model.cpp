@@ -102,7 +102,7 @@ Model::Model(const LoadOptions& opt, Backend& backend) : backend_(backend) {
     fill_pool = std::make_unique<ThreadPool>(0);
     const DummyQuant& dq = opt.dummy_quant;
     if (dq.format == WeightFormat::Trellis) {  // what arbor synth --format trellis writes, module by module
-      const quant::TrellisRecipe r = trellis_synth_recipe(a, dq.trellis_bits, dq.trellis_down_axis, dq.trellis_axis);
+      const quant::TrellisRecipe r = trellis_arch_recipe(a, dq.trellis_bits, dq.trellis_down_axis, dq.trellis_axis);
       quant::check_trellis_recipe(r, "model: dummy weights");
       affine.emplace();
       for_each_weight(c, a, nullptr, [&](const WeightSlot& s) {

@@ -24,7 +24,7 @@ struct DummyQuant {
   quant::AffineParams affine;  // Affine: bits and group size; the matrices mlx-lm's default predicate quantizes
                                // (every linear, the embedding and an untied head, when the rows divide into groups)
   // Trellis: k (2, 3, 4) and the down projection's axis; the matrices `arbor synth --format trellis` codes
-  // (trellis_synth_recipe: the layers' linears whose coded length is a multiple of 256), with its words and scales.
+  // (trellis_arch_recipe: the layers' linears whose coded length is a multiple of 256), with its words and scales.
   int trellis_bits = 2, trellis_down_axis = 0, trellis_axis = 1;  // trellis_axis: the linears other than down
   std::string describe() const;  // "dense", "affine 4-bit g64", "trellis 2-bit"
 };

@@ -67,7 +67,7 @@ SynthStats write_synthetic_checkpoint(const json& config_json, const std::string
   return st;
 }
 
-quant::TrellisRecipe trellis_synth_recipe(const ArchDescriptor& a, int bits, int down_axis, int axis) {
+quant::TrellisRecipe trellis_arch_recipe(const ArchDescriptor& a, int bits, int down_axis, int axis) {
   quant::TrellisRecipe r;
   r.bits = bits;
   r.down_axis = down_axis;

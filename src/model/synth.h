@@ -22,9 +22,9 @@ SynthStats write_synthetic_checkpoint(const json& config_json, const std::string
                                       uint64_t shard_bytes = uint64_t(4) << 30,
                                       const std::function<void(uint64_t)>& progress = nullptr);
 
-// The recipe `arbor synth --format trellis` (and --dummy-weights --format trellis) codes an architecture
-// with: the layers' linears at `bits`, the architecture's down projection on `down_axis`, the rest on `axis`
+// The trellis recipe of an architecture (`arbor quantize --format trellis` adds its --k-map; `arbor synth
+// --format trellis` and --dummy-weights --format trellis use it as it is): the layers' linears at `bits`, the architecture's down projection on `down_axis`, the rest on `axis`
 // (fused q/k/v and gate/up matrices always on axis 1), the embedding and the head dense.
-quant::TrellisRecipe trellis_synth_recipe(const ArchDescriptor& a, int bits, int down_axis, int axis = 1);
+quant::TrellisRecipe trellis_arch_recipe(const ArchDescriptor& a, int bits, int down_axis, int axis = 1);
 
 }  // namespace arbor

@@ -360,7 +360,7 @@ std::string synth_trellis(const json& cfg, int k, int down_axis) {
   apply_arch_defaults(c, a);
   std::vector<quant::TrellisSynthTensor> ts;
   for (const TensorSpec& s : expected_tensors(c, a)) ts.push_back({s.name, s.shape});
-  quant::write_trellis_synthetic_checkpoint(cfg, ts, dir.string(), DType::BF16, trellis_synth_recipe(a, k, down_axis), uint64_t(1) << 30,
+  quant::write_trellis_synthetic_checkpoint(cfg, ts, dir.string(), DType::BF16, trellis_arch_recipe(a, k, down_axis), uint64_t(1) << 30,
                                             [&](const quant::TrellisSynthTensor& t, void* dst) {
                                               fill_dummy(TensorSpec{t.name, t.shape}, a, DType::BF16, dst);
                                             });

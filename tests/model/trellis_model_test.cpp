@@ -519,7 +519,7 @@ TEST(TrellisModel, LoadErrorsNameTheTensor) {
 }  // namespace
 
 // --dummy-weights --format trellis (LoadOptions::dummy_quant) makes, in memory, exactly what `arbor synth --format
-// trellis` writes (trellis_synth_recipe): the same bytes, the same formats, the same logits bit for bit; parameters
+// trellis` writes (trellis_arch_recipe): the same bytes, the same formats, the same logits bit for bit; parameters
 // count weights, as for the dense model of the config. With ffn 640 and the down projection on axis 1 its coded
 // length (640) is not whole blocks: it stays dense in both.
 // --axis 0 (every linear along its outputs): the dummy weights still hold what synth writes, and run alike.
@@ -529,7 +529,7 @@ TEST(TrellisModel, DummyWeightsOnAxisZeroAreWhatSynthWrites) {
   ModelConfig c = parse_model_config(cfg, "test config");
   const ArchDescriptor& a = find_arch(c);
   apply_arch_defaults(c, a);
-  synth_trellis(cfg, q, trellis_synth_recipe(a, 2, 0, 0));
+  synth_trellis(cfg, q, trellis_arch_recipe(a, 2, 0, 0));
   const std::string plain = q + "/plain_config.json";
   std::ofstream(plain) << cfg.dump();
   CpuBackend bq(2, WeightPlacement::Mapped), bd(2, WeightPlacement::Copy);
@@ -562,7 +562,7 @@ TEST(TrellisModel, DummyWeightsAreWhatSynthWrites) {
     ModelConfig c = parse_model_config(cfg, "test config");
     const ArchDescriptor& a = find_arch(c);
     apply_arch_defaults(c, a);
-    synth_trellis(cfg, q, trellis_synth_recipe(a, k, down_axis));
+    synth_trellis(cfg, q, trellis_arch_recipe(a, k, down_axis));
     const std::string plain = q + "/plain_config.json";
     std::ofstream(plain) << cfg.dump();
     CpuBackend bq(2, WeightPlacement::Mapped), bd(2, WeightPlacement::Copy), bdense(1, WeightPlacement::Mapped);
