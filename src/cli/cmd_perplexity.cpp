@@ -44,9 +44,7 @@ int cmd_perplexity(const std::vector<std::string>& args) {
   // Positions: a window feeds ctx - 1 ids. KV: the windows one step carries, plus one being finished.
   if (opt.ctx_size == 0) opt.ctx_size = std::max<int64_t>(ctx - 1, 1);
   if (opt.ctx_size < ctx - 1) fail("arguments: --ctx-size {} is smaller than --ctx {} needs ({})", opt.ctx_size, ctx, ctx - 1);
-  const int64_t window_blocks = (ctx - 1 + opt.block_size - 1) / opt.block_size;
-  const int64_t in_flight = (step + ctx - 2) / (ctx - 1) + 1;
-  if (opt.kv_blocks == 0) opt.kv_blocks = window_blocks * in_flight + 1;
+  if (opt.kv_blocks == 0) opt.kv_blocks = perplexity_kv_blocks(ctx, step, opt.block_size);
   opt.max_step_tokens = step;
   LoadedModel lm;
   lm.backend = make_backend_from_args(a);

@@ -36,8 +36,7 @@ Calibration calibrate_input_hessians(std::span<const int32_t> ids, const Calibra
   const int64_t ctx = std::min<int64_t>(opt.ctx, int64_t(ids.size()));
   lo.ctx_size = std::max<int64_t>(ctx - 1, 1);
   lo.max_step_tokens = opt.step_tokens;
-  const int64_t window_blocks = (ctx - 1 + lo.block_size - 1) / lo.block_size;
-  lo.kv_blocks = window_blocks * ((opt.step_tokens + ctx - 2) / std::max<int64_t>(ctx - 1, 1) + 1) + 1;
+  lo.kv_blocks = perplexity_kv_blocks(ctx, opt.step_tokens, lo.block_size);
   Model model(lo, be);
 
   // The layers' linears by their bound Linear; the embedding and the head are not calibrated.
@@ -51,18 +50,18 @@ Calibration calibrate_input_hessians(std::span<const int32_t> ids, const Calibra
   Calibration cal;
   // A linear whose input equals the previous call's (same rows, same values) reads what that one read: it
   // shares its Hessian, and the rows are summed once.
-  std::vector<float> prev_x;
-  int64_t prev_rows = -1;
+  std::vector<float> prev_x;  // the last summed call's input [prev_rows, its Hessian's n]
+  int64_t prev_rows = 0;
   std::shared_ptr<quant::InputHessian> prev_h;
   be.set_linear_observer([&](const Tensor& x, const Linear& l) {
     const auto it = names.find(&l);
-    const int64_t T = x.rows(), n = x.cols();
-    const bool same = prev_h && prev_rows == T && int64_t(prev_x.size()) == T * n &&
-                      std::memcmp(prev_x.data(), x.as<float>(), size_t(T * n) * sizeof(float)) == 0;
-    if (it == names.end()) {
+    if (it == names.end()) {  // the head
       prev_h.reset();
       return;
     }
+    const int64_t T = x.rows(), n = x.cols();
+    const bool same = prev_h && prev_rows == T && prev_h->n() == n &&
+                      std::memcmp(prev_x.data(), x.as<float>(), size_t(T * n) * sizeof(float)) == 0;
     ARBOR_CHECK(x.dtype == DType::F32, "calibration: '{}' got {} activations (F32 expected)", it->second, dtype_name(x.dtype));
     auto& h = cal.hessians[it->second];
     if (same) {

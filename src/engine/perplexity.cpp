@@ -26,6 +26,13 @@ std::vector<PplWindow> perplexity_windows(int64_t n_ids, int64_t ctx) {
   return w;
 }
 
+int64_t perplexity_kv_blocks(int64_t ctx, int64_t step_tokens, int64_t block_size) {
+  ARBOR_CHECK(ctx >= 2 && step_tokens >= 1 && block_size >= 1, "perplexity: ctx {}, step {}, block size {}", ctx, step_tokens, block_size);
+  const int64_t window_blocks = (ctx - 1 + block_size - 1) / block_size;
+  const int64_t in_flight = (step_tokens + ctx - 2) / (ctx - 1) + 1;
+  return window_blocks * in_flight + 1;
+}
+
 int64_t predicted_tokens(std::span<const PplWindow> windows) {
   int64_t n = 0;
   for (const auto& w : windows) n += w.length - 1;

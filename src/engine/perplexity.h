@@ -25,6 +25,9 @@ struct PplWindow {
 std::vector<PplWindow> perplexity_windows(int64_t n_ids, int64_t ctx);
 // Ids predicted over those windows: sum of (length - 1).
 int64_t predicted_tokens(std::span<const PplWindow> windows);
+// KV blocks a run needs: a window feeds ctx - 1 ids; a step of step_tokens carries the windows it starts plus
+// one being finished.
+int64_t perplexity_kv_blocks(int64_t ctx, int64_t step_tokens, int64_t block_size);
 
 // FNV-1a 64 over the ids as 4-byte little-endian integers (tools/perplexity/reference_ppl.py has the same).
 uint64_t ids_hash(std::span<const int32_t> ids);
