@@ -16,6 +16,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "engine/generate.h"
+#include "golden_logits.h"
 #include "io/safetensors.h"
 #include "model/synth.h"
 #include "model/weights.h"
@@ -202,16 +203,7 @@ TEST(AffineModel, DummyWeightsAreWhatSynthWrites) {
       const std::string formats = md.weight_formats();
       EXPECT_NE(formats.find(fmt::format("affine {}-bit g{} x", p.bits, p.group_size)), std::string::npos) << formats;
       EXPECT_EQ(formats.find("dense") != std::string::npos, down_dense) << formats;
-      BlockPool pq(bq.kv_layout().n_blocks, 16), pd(bd.kv_layout().n_blocks, 16);
-      GenerateRequest req;
-      req.prompt = {1, 5, 9, 77, 3, 96, 0, 41, 12, 8, 60};
-      req.max_tokens = 4;
-      req.keep_logits = true;
-      const GenerateResult rq = generate(mq, pq, req), rd = generate(md, pd, req);
-      EXPECT_EQ(rq.tokens, rd.tokens);
-      ASSERT_EQ(rq.logits.size(), rd.logits.size());
-      EXPECT_EQ(std::memcmp(rq.logits.data(), rd.logits.data(), rq.logits.size() * sizeof(float)), 0);
-      for (float v : rd.logits) ASSERT_TRUE(std::isfinite(v));
+      test::expect_identical_generation(mq, bq, md, bd);
     }
 }
 

@@ -1,12 +1,14 @@
 // What the transformers-parity tests (parity_test.cpp, cpu_gemm_bf16_test.cpp, affine_fixture_test.cpp,
 // tests/cuda/affine_fixture_test.cpp) share: the architecture fixtures' goldens, greedy generation that keeps every
-// fed row's logits, and the error of logits against golden ones.
+// fed row's logits, and the error of logits against golden ones; also two models' generations compared bit for bit
+// (affine_model_test.cpp, trellis_model_test.cpp).
 #pragma once
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -100,6 +102,18 @@ inline GenerateResult greedy_with_logits(Model& m, Backend& be, const std::vecto
   req.max_tokens = n;
   req.keep_logits = true;
   return generate(m, pool, req);
+}
+
+// Greedy generation on two models that must compute the same thing (a checkpoint and the dummy weights that
+// reproduce it): an 11-token prompt (the prefill paths), 4 tokens; the same ids and bit-identical finite logits.
+inline void expect_identical_generation(Model& a, Backend& ba, Model& b, Backend& bb) {
+  const std::vector<int32_t> prompt = {1, 5, 9, 77, 3, 96, 0, 41, 12, 8, 60};
+  const GenerateResult ra = greedy_with_logits(a, ba, prompt, 4), rb = greedy_with_logits(b, bb, prompt, 4);
+  EXPECT_EQ(ra.tokens, rb.tokens);
+  ASSERT_EQ(ra.logits.size(), rb.logits.size());
+  ASSERT_FALSE(rb.logits.empty());
+  EXPECT_EQ(std::memcmp(ra.logits.data(), rb.logits.data(), ra.logits.size() * sizeof(float)), 0);
+  for (float v : rb.logits) ASSERT_TRUE(std::isfinite(v));
 }
 
 }  // namespace arbor::test

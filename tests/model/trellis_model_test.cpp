@@ -23,6 +23,7 @@
 #include "engine/calibration.h"
 #include "engine/generate.h"
 #include "engine/perplexity.h"
+#include "golden_logits.h"
 #include "io/safetensors.h"
 #include "model/rotate.h"
 #include "model/synth.h"
@@ -522,54 +523,26 @@ TEST(TrellisModel, LoadErrorsNameTheTensor) {
 // trellis` writes (trellis_arch_recipe): the same bytes, the same formats, the same logits bit for bit; parameters
 // count weights, as for the dense model of the config. With ffn 640 and the down projection on axis 1 its coded
 // length (640) is not whole blocks: it stays dense in both.
-// --axis 0 (every linear along its outputs): the dummy weights still hold what synth writes, and run alike.
-TEST(TrellisModel, DummyWeightsOnAxisZeroAreWhatSynthWrites) {
-  const std::string q = temp_dir("dummy_axis0");
-  const json cfg = small_llama();
-  ModelConfig c = parse_model_config(cfg, "test config");
-  const ArchDescriptor& a = find_arch(c);
-  apply_arch_defaults(c, a);
-  synth_trellis(cfg, q, trellis_arch_recipe(a, 2, 0, 0));
-  const std::string plain = q + "/plain_config.json";
-  std::ofstream(plain) << cfg.dump();
-  CpuBackend bq(2, WeightPlacement::Mapped), bd(2, WeightPlacement::Copy);
-  LoadOptions oq, od;
-  oq.model_dir = q;
-  od.config_path = plain, od.dummy_weights = true, od.dummy_quant.format = WeightFormat::Trellis;
-  od.dummy_quant.trellis_bits = 2, od.dummy_quant.trellis_down_axis = 0, od.dummy_quant.trellis_axis = 0;
-  Model mq(oq, bq), md(od, bd);
-  EXPECT_EQ(md.weight_bytes(), mq.weight_bytes());
-  EXPECT_EQ(md.weight_formats(), mq.weight_formats());
-  EXPECT_NE(md.weight_formats().find("trellis 2-bit axis 0 x14"), std::string::npos) << md.weight_formats();
-  EXPECT_EQ(md.weight_formats().find("axis 1"), std::string::npos) << md.weight_formats();
-  BlockPool pq(bq.kv_layout().n_blocks, 16), pd(bd.kv_layout().n_blocks, 16);
-  GenerateRequest req;
-  req.prompt = {1, 5, 9, 77, 3, 96, 0, 41, 12, 8, 60};
-  req.max_tokens = 4;
-  req.keep_logits = true;
-  const GenerateResult rq = generate(mq, pq, req), rd = generate(md, pd, req);
-  EXPECT_EQ(rq.tokens, rd.tokens);
-  ASSERT_EQ(rq.logits.size(), rd.logits.size());
-  EXPECT_EQ(std::memcmp(rq.logits.data(), rd.logits.data(), rq.logits.size() * sizeof(float)), 0);
-}
-
 TEST(TrellisModel, DummyWeightsAreWhatSynthWrites) {
-  for (const auto& [k, down_axis] : {std::pair{2, 0}, std::pair{3, 0}, std::pair{4, 0}, std::pair{3, 1}}) {
-    SCOPED_TRACE(fmt::format("k={} down axis {}", k, down_axis));
-    const std::string q = temp_dir(fmt::format("dummy_{}_{}", k, down_axis));
+  struct Case {
+    int k, down_axis, axis;  // axis: the linears other than down (--axis)
+  };
+  for (const auto& [k, down_axis, axis] : {Case{2, 0, 1}, Case{3, 0, 1}, Case{4, 0, 1}, Case{3, 1, 1}, Case{2, 0, 0}}) {
+    SCOPED_TRACE(fmt::format("k={} down axis {} others axis {}", k, down_axis, axis));
+    const std::string q = temp_dir(fmt::format("dummy_{}_{}_{}", k, down_axis, axis));
     json cfg = small_llama();
     if (down_axis == 1) cfg["intermediate_size"] = 640;
     ModelConfig c = parse_model_config(cfg, "test config");
     const ArchDescriptor& a = find_arch(c);
     apply_arch_defaults(c, a);
-    synth_trellis(cfg, q, trellis_arch_recipe(a, k, down_axis));
+    synth_trellis(cfg, q, trellis_arch_recipe(a, k, down_axis, axis));
     const std::string plain = q + "/plain_config.json";
     std::ofstream(plain) << cfg.dump();
     CpuBackend bq(2, WeightPlacement::Mapped), bd(2, WeightPlacement::Copy), bdense(1, WeightPlacement::Mapped);
     LoadOptions oq, od, odense;
     oq.model_dir = q;
     od.config_path = plain, od.dummy_weights = true, od.dummy_quant.format = WeightFormat::Trellis;
-    od.dummy_quant.trellis_bits = k, od.dummy_quant.trellis_down_axis = down_axis;
+    od.dummy_quant.trellis_bits = k, od.dummy_quant.trellis_down_axis = down_axis, od.dummy_quant.trellis_axis = axis;
     odense.config_path = plain, odense.dummy_weights = true;
     Model mq(oq, bq), md(od, bd), mdense(odense, bdense);
     EXPECT_EQ(md.weight_bytes(), mq.weight_bytes());
@@ -580,25 +553,20 @@ TEST(TrellisModel, DummyWeightsAreWhatSynthWrites) {
     // Words take k/8 bytes a weight, scales 2 bytes a coded row; embedding, head and norms bf16.
     const int64_t V = 97, H = 512, F = down_axis == 1 ? 640 : 768, L = 2, Q = 512, KV = 256;
     auto coded = [&](int64_t rows, int64_t cols) { return uint64_t(rows * cols * k / 8 + rows * 2); };  // rows: coded rows
+    auto linear = [&](int64_t out, int64_t in) { return axis == 1 ? coded(out, in) : coded(in, out); };  // not down
     uint64_t want = uint64_t(2 * V * H * 2 + (2 * L + 1) * H * 2);
-    want += uint64_t(L) * (coded(Q, H) + 2 * coded(KV, H) + coded(H, Q) + 2 * coded(F, H) +
+    want += uint64_t(L) * (linear(Q, H) + 2 * linear(KV, H) + linear(H, Q) + 2 * linear(F, H) +
                            (down_axis == 1 ? uint64_t(H * F * 2) : coded(F, H)));
     EXPECT_EQ(md.weight_bytes(), want);
     const std::string formats = md.weight_formats();
-    EXPECT_NE(formats.find(fmt::format("trellis {}-bit axis 1 x", k)), std::string::npos) << formats;
-    EXPECT_EQ(formats.find(fmt::format("trellis {}-bit axis 0 x{}", k, L)) != std::string::npos, down_axis == 0) << formats;
+    const int64_t on_axis0 = (down_axis == 0 ? L : 0) + (axis == 0 ? 6 * L : 0);
+    EXPECT_EQ(formats.find(fmt::format("trellis {}-bit axis 1 x", k)) != std::string::npos, axis == 1) << formats;
+    EXPECT_EQ(formats.find(fmt::format("trellis {}-bit axis 0", k)) != std::string::npos, on_axis0 > 0) << formats;
+    if (on_axis0 > 0) {
+      EXPECT_NE(formats.find(fmt::format("trellis {}-bit axis 0 x{}", k, on_axis0)), std::string::npos) << formats;
+    }
     EXPECT_EQ(formats.find("dense BF16 x4") != std::string::npos, down_axis == 1) << formats;  // + embedding, head
-    BlockPool pq(bq.kv_layout().n_blocks, 16), pd(bd.kv_layout().n_blocks, 16);
-    GenerateRequest req;
-    req.prompt = {1, 5, 9, 77, 3, 96, 0, 41, 12, 8, 60};
-    req.max_tokens = 4;
-    req.keep_logits = true;
-    const GenerateResult rq = generate(mq, pq, req), rd = generate(md, pd, req);
-    EXPECT_EQ(rq.tokens, rd.tokens);
-    ASSERT_EQ(rq.logits.size(), rd.logits.size());
-    ASSERT_FALSE(rd.logits.empty());
-    EXPECT_EQ(std::memcmp(rq.logits.data(), rd.logits.data(), rq.logits.size() * sizeof(float)), 0);
-    for (float v : rd.logits) ASSERT_TRUE(std::isfinite(v));
+    test::expect_identical_generation(mq, bq, md, bd);
   }
 }
 
