@@ -18,14 +18,12 @@
 #include "model/config.h"
 #include "model/weights.h"
 #include "quant/affine_convert.h"
+#include "quant/trellis_convert.h"
 
 namespace arbor {
 namespace {
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return !suffix.empty() && s.size() > suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0 &&
-         s[s.size() - suffix.size() - 1] == '.';
-}
+using quant::module_matches;
 
 std::vector<float> read_f32(const TensorInfo& t) {
   ARBOR_CHECK(float_dtype(t.dtype), "rotate: tensor '{}' is {}; rotation needs a dense checkpoint (F32, F16 or BF16)", t.name,
@@ -79,15 +77,16 @@ RotateStats rotate_residual_checkpoint(const std::string& in_dir, const std::str
   const std::string final_norm_w = nm.final_norm + ".weight";
   auto reads_norm = [&](const std::string& module) -> std::string {  // the norm weight to fold, or ""
     for (const std::string* s : {&nm.q, &nm.k, &nm.v, &nm.qkv})
-      if (ends_with(module, *s)) return module.substr(0, module.size() - s->size()) + nm.attn_norm + ".weight";
+      if (module_matches(module, *s)) return module.substr(0, module.size() - s->size()) + nm.attn_norm + ".weight";
     for (const std::string* s : {&nm.gate, &nm.up, &nm.gate_up})
-      if (ends_with(module, *s)) return module.substr(0, module.size() - s->size()) + nm.mlp_norm + ".weight";
+      if (module_matches(module, *s)) return module.substr(0, module.size() - s->size()) + nm.mlp_norm + ".weight";
     if (module + ".weight" == nm.lm_head) return final_norm_w;
     return "";
   };
-  auto writes_stream = [&](const std::string& module) { return ends_with(module, nm.o) || ends_with(module, nm.down); };
+  auto writes_stream = [&](const std::string& module) { return module_matches(module, nm.o) || module_matches(module, nm.down); };
   auto is_stream_norm = [&](const std::string& name) {
-    return name == final_norm_w || ends_with(name, nm.attn_norm + ".weight") || ends_with(name, nm.mlp_norm + ".weight");
+    return name == final_norm_w || module_matches(name, nm.attn_norm + ".weight") ||
+           module_matches(name, nm.mlp_norm + ".weight");
   };
 
   std::vector<TensorHeader> plan;

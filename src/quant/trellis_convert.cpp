@@ -18,10 +18,14 @@ namespace {
 bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
-// `module` is `key`, or ends in "." + key.
+
+}  // namespace
+
 bool module_matches(std::string_view module, std::string_view key) {
   return module == key || (module.size() > key.size() && ends_with(module, key) && module[module.size() - key.size() - 1] == '.');
 }
+
+namespace {
 
 uint64_t mix(uint64_t z) {  // SplitMix64's finalizer
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

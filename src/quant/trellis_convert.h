@@ -35,6 +35,8 @@ struct TrellisRecipe {
   std::set<std::string> dense;  // module paths kept dense
   std::vector<std::string> fused;  // matrices the loader splits by rows (qkv_proj, gate_up_proj; matched as k_map keys): axis 1
 };
+// `module` is `key`, or ends in "." + key (how --k-map keys and the recipe's suffixes name modules).
+bool module_matches(std::string_view module, std::string_view key);
 // "down_proj=4,q_proj=3" -> pairs; fails naming the bad item (no '=', k not 2/3/4).
 std::vector<std::pair<std::string, int>> parse_trellis_k_map(std::string_view spec);
 // Fails unless bits and every k_map entry are 2, 3 or 4 and down_axis and axis are 0 or 1 (`what` starts the message).
