@@ -115,7 +115,7 @@ RotateStats rotate_residual_checkpoint(const std::string& in_dir, const std::str
       for (int64_t i = 0; i < rows; ++i) v[size_t(i * cols + j)] = col[size_t(i)];
     }
   };
-  const std::string embed_module = nm.embed.substr(0, nm.embed.size() - 7), head_module = nm.lm_head.substr(0, nm.lm_head.size() - 7);
+  const std::string embed_module = nm.embed.substr(0, nm.embed.size() - 7);
   for (const TensorHeader& t : plan) {
     const bool extra_head = st.untied && t.name == nm.lm_head;
     const TensorInfo& src = ck.take(extra_head ? nm.embed : t.name);
@@ -124,10 +124,10 @@ RotateStats rotate_residual_checkpoint(const std::string& in_dir, const std::str
     std::vector<float> v = read_f32(src);
     const bool weight = t.name.size() > 7 && t.name.compare(t.name.size() - 7, 7, ".weight") == 0;
     const std::string module = weight ? t.name.substr(0, t.name.size() - 7) : "";
-    if (t.shape.size() == 2 && (module == embed_module && !extra_head)) {
+    const std::string gname = t.shape.size() == 2 ? reads_norm(module) : "";  // the head (tied or not) folds the final norm
+    if (t.shape.size() == 2 && module == embed_module) {
       rotate_rows(v, t.shape[0], t.shape[1], nullptr);
-    } else if (t.shape.size() == 2 && (extra_head || module == head_module || !reads_norm(module).empty())) {
-      const std::string gname = extra_head ? final_norm_w : reads_norm(module);
+    } else if (!gname.empty()) {
       const TensorInfo* gt = ck.find(gname);
       ARBOR_CHECK(gt && gt->numel() == n, "rotate: '{}' needs the norm weight '{}' of {} values", t.name, gname, n);
       const std::vector<float> g = read_f32(*gt);
