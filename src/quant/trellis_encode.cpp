@@ -311,54 +311,49 @@ TrellisEncoded trellis_encode_stored(const std::string& name, const float* store
     else
       fn(0, 0, rows);
   };
-  // Row r's scale into enc.scales and its targets (weights over the scale the file will hold, in code
-  // units) into out[cols]; a non-finite weight is refused naming the tensor and its place.
-  auto row_targets = [&](int64_t r, float* out) {
-    const float* row = stored + r * cols;
-    for (int64_t c = 0; c < cols; ++c)
-      ARBOR_CHECK(std::isfinite(row[c]), "trellis: '{}': weight [{}, {}] of the coded matrix is {}", name, r, c, row[c]);
-    const uint16_t scale_bits = trellis_row_scale(row, cols, code_rms, gain);
-    enc.scales[size_t(r)] = scale_bits;
-    const float inv = 1.0f / f16_to_f32(scale_bits);
-    for (int64_t c = 0; c < cols; ++c) out[c] = row[c] * inv;
-  };
-
-  if (opt.block_viterbi && opt.tail_biting == TailBiting::rotate) {
-    // Every row's targets, every block's path in one call, then the packing.
-    std::vector<float> targets(size_t(rows * cols));
-    over_rows([&](int, int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) row_targets(r, targets.data() + r * cols);
-    });
-    std::vector<uint16_t> states(size_t(rows * cols));
-    opt.block_viterbi(k, targets.data(), rows * bpr, states.data());
-    over_rows([&](int, int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r)
-        for (int64_t b = 0; b < bpr; ++b) {
-          const uint16_t* st = states.data() + (r * bpr + b) * p.T;
-          ARBOR_CHECK(trellis_is_tail_biting(st, p), "trellis: '{}': the block Viterbi returned a path that is not tail-biting (row {}, block {})",
-                      name, r, b);
-          trellis_pack_block(st, p, enc.words.data() + r * wpr + b * p.words_per_block());
-        }
-    });
-    return enc;
-  }
-
-  const int n_threads = pool ? pool->size() : 1;
-  std::vector<std::unique_ptr<TrellisViterbi>> viterbi(static_cast<size_t>(n_threads));
-  over_rows([&](int thread, int64_t r0, int64_t r1) {
-    auto& vit = viterbi[size_t(thread)];
-    if (!vit) vit = std::make_unique<TrellisViterbi>(p, opt.isa);
-    std::vector<float> x(static_cast<size_t>(cols));
-    std::vector<uint16_t> states(size_t(p.T));
+  // Every row's scale (into enc.scales) and targets (weights over the scale the file will hold, in code units;
+  // a non-finite weight refused naming the tensor and its place), every block's path, then the packing.
+  std::vector<float> targets(size_t(rows * cols));
+  over_rows([&](int, int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      row_targets(r, x.data());
-      for (int64_t b = 0; b < bpr; ++b) {
-        vit->encode_block(x.data() + b * p.T, states.data(), opt.tail_biting);
-        trellis_pack_block(states.data(), p, enc.words.data() + r * wpr + b * p.words_per_block());
-      }
+      const float* row = stored + r * cols;
+      for (int64_t c = 0; c < cols; ++c)
+        ARBOR_CHECK(std::isfinite(row[c]), "trellis: '{}': weight [{}, {}] of the coded matrix is {}", name, r, c, row[c]);
+      const uint16_t scale_bits = trellis_row_scale(row, cols, code_rms, gain);
+      enc.scales[size_t(r)] = scale_bits;
+      const float inv = 1.0f / f16_to_f32(scale_bits);
+      for (int64_t c = 0; c < cols; ++c) targets[size_t(r * cols + c)] = row[c] * inv;
     }
   });
+  std::vector<uint16_t> states(size_t(rows * cols));
+  TrellisBlockPaths(p, pool, opt).run(targets.data(), rows * bpr, states.data());
+  over_rows([&](int, int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t b = 0; b < bpr; ++b) {
+        const uint16_t* st = states.data() + (r * bpr + b) * p.T;
+        ARBOR_CHECK(trellis_is_tail_biting(st, p), "trellis: '{}': the block Viterbi returned a path that is not tail-biting (row {}, block {})",
+                    name, r, b);
+        trellis_pack_block(st, p, enc.words.data() + r * wpr + b * p.words_per_block());
+      }
+  });
   return enc;
+}
+
+TrellisBlockPaths::TrellisBlockPaths(const TrellisParams& p, ThreadPool* pool, const TrellisEncodeOptions& opt)
+    : p_(p), pool_(pool), opt_(opt), vit_(size_t(pool ? pool->size() : 1)) {}
+TrellisBlockPaths::~TrellisBlockPaths() = default;
+
+void TrellisBlockPaths::run(const float* targets, int64_t blocks, uint16_t* states) {
+  if (opt_.block_viterbi && opt_.tail_biting == TailBiting::rotate) return opt_.block_viterbi(p_.k, targets, blocks, states);
+  auto fn = [&](int t, int64_t b0, int64_t b1) {
+    auto& v = vit_[size_t(t)];
+    if (!v) v = std::make_unique<TrellisViterbi>(p_, opt_.isa);
+    for (int64_t b = b0; b < b1; ++b) v->encode_block(targets + b * p_.T, states + b * p_.T, opt_.tail_biting);
+  };
+  if (pool_)
+    pool_->parallel_for(blocks, 1, fn);
+  else
+    fn(0, 0, blocks);
 }
 
 TrellisEncoded trellis_encode_linear(const std::string& name, const float* w, int64_t out, int64_t in, int k, int axis,

@@ -80,6 +80,22 @@ struct TrellisEncodeOptions {
   TrellisBlockViterbi block_viterbi;
 };
 
+// The paths of many blocks at once: opt.block_viterbi when it is set (and tail_biting rotate), else the CPU's
+// TrellisViterbi, blocks spread over the pool, one Viterbi (and its scratch) per thread kept across calls.
+class TrellisBlockPaths {
+ public:
+  TrellisBlockPaths(const TrellisParams& p, ThreadPool* pool, const TrellisEncodeOptions& opt);
+  ~TrellisBlockPaths();
+  // targets [blocks, T] (code units, finite) -> tail-biting states [blocks, T].
+  void run(const float* targets, int64_t blocks, uint16_t* states);
+
+ private:
+  TrellisParams p_;
+  ThreadPool* pool_;
+  const TrellisEncodeOptions& opt_;
+  std::vector<std::unique_ptr<TrellisViterbi>> vit_;
+};
+
 // An encoded linear: the plain layout [rows, cols*k/32] (never interleaved) and f16 scales [rows].
 struct TrellisEncoded {
   TrellisGeometry geometry;

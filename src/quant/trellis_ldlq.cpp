@@ -63,28 +63,6 @@ bool inverse_cholesky_upper(const std::vector<double>& h, int64_t n, std::vector
   return true;
 }
 
-// The Viterbi paths of nb blocks of targets [nb, T] (code units) into states [nb, T]: opt.block_viterbi
-// when set, else the CPU's, blocks over the pool (one TrellisViterbi per thread, kept across calls).
-class BlockPaths {
- public:
-  BlockPaths(const TrellisParams& p, ThreadPool* pool, const TrellisEncodeOptions& opt)
-      : p_(p), pool_(pool), opt_(opt), vit_(size_t(pool ? pool->size() : 1)) {}
-  void run(const float* targets, int64_t nb, uint16_t* states) {
-    if (opt_.block_viterbi && opt_.tail_biting == TailBiting::rotate) return opt_.block_viterbi(p_.k, targets, nb, states);
-    over(pool_, nb, 1, [&](int t, int64_t b0, int64_t b1) {
-      auto& v = vit_[size_t(t)];
-      if (!v) v = std::make_unique<TrellisViterbi>(p_, opt_.isa);
-      for (int64_t b = b0; b < b1; ++b) v->encode_block(targets + b * p_.T, states + b * p_.T, opt_.tail_biting);
-    });
-  }
-
- private:
-  TrellisParams p_;
-  ThreadPool* pool_;
-  const TrellisEncodeOptions& opt_;
-  std::vector<std::unique_ptr<TrellisViterbi>> vit_;
-};
-
 }  // namespace
 
 void InputHessian::add(const float* x, int64_t T, ThreadPool* pool) {
@@ -177,7 +155,7 @@ TrellisEncoded trellis_encode_linear_ldlq(const std::string& name, const float* 
   const int64_t wpr = g.words_per_row(), wpb = p.words_per_block();
   enc.words.assign(size_t(g.rows * wpr), 0u);
   enc.scales.resize(size_t(g.rows));
-  BlockPaths paths(p, pool, opt);
+  TrellisBlockPaths paths(p, pool, opt);
 
   if (axis == 0) {
     // s [in, out] in coding order: row i holds input order[i]'s weights over the outputs, coded one at a time
