@@ -134,11 +134,8 @@ int cmd_quantize(const std::vector<std::string>& args) {
     co.threads = int(a.get_int("threads", 0));
     o.ldlq.damp = a.get_double("damp", 0.01);
     if (!(o.ldlq.damp > 0)) fail("arguments: --damp must be positive, got {}", o.ldlq.damp);
-    // The Hessians stay in memory until their linears are coded: n^2 doubles per distinct linear input (a
-    // layer's attention and MLP inputs, o's and down's). Refused up front where they cannot fit.
-    const double hessian_gb = double(c.n_layers) *
-                              double(2 * c.hidden_size * c.hidden_size + c.q_dim() * c.q_dim() + c.intermediate_size * c.intermediate_size) *
-                              8e-9;
+    // The Hessians stay in memory until their linears are coded: refused up front where they cannot fit.
+    const double hessian_gb = calibration_hessian_bytes(c) * 1e-9;
     const double ram_gb = double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGE_SIZE)) * 1e-9;
     if (ram_gb > 0 && hessian_gb > 0.75 * ram_gb)
       fail("arguments: --calib: this model's input Hessians take {:.1f} GB (n^2 doubles per linear input, {} layers) and this "
@@ -155,13 +152,7 @@ int cmd_quantize(const std::vector<std::string>& args) {
     };
     cal = calibrate_input_hessians(ids, co);
     if (cp) cp->finish();
-    std::map<const quant::InputHessian*, std::shared_ptr<const std::vector<double>>> means;
-    for (const auto& [module, h] : cal.hessians) {
-      auto& m = means[h.get()];
-      if (!m) m = std::make_shared<const std::vector<double>>(h->take_mean());
-      hessians[module] = m;
-    }
-    cal.hessians.clear();
+    hessians = cal.take_means();
     o.input_hessian = [&](const std::string& module) -> const std::vector<double>* {
       const auto it = hessians.find(module);
       return it == hessians.end() ? nullptr : it->second.get();

@@ -92,4 +92,21 @@ Calibration calibrate_input_hessians(std::span<const int32_t> ids, const Calibra
   return cal;
 }
 
+std::map<std::string, std::shared_ptr<const std::vector<double>>> Calibration::take_means() {
+  std::map<std::string, std::shared_ptr<const std::vector<double>>> out;
+  std::map<const quant::InputHessian*, std::shared_ptr<const std::vector<double>>> done;
+  for (const auto& [module, h] : hessians) {
+    auto& m = done[h.get()];
+    if (!m) m = std::make_shared<const std::vector<double>>(h->take_mean());
+    out[module] = m;
+  }
+  hessians.clear();
+  return out;
+}
+
+double calibration_hessian_bytes(const ModelConfig& c) {
+  const double h = double(c.hidden_size), q = double(c.q_dim()), f = double(c.intermediate_size);
+  return double(c.n_layers) * (2 * h * h + q * q + f * f) * 8;
+}
+
 }  // namespace arbor

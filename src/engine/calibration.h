@@ -9,7 +9,9 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
+#include "model/config.h"
 #include "quant/trellis_ldlq.h"
 
 namespace arbor {
@@ -29,7 +31,14 @@ struct Calibration {
   int64_t tokens = 0;  // ids fed
   int64_t ctx = 0;     // the window used
   double seconds = 0;
+
+  // E[x xᵀ] by module path, shared as the sums are, each made in place of its sum (hessians is left empty).
+  std::map<std::string, std::shared_ptr<const std::vector<double>>> take_means();
 };
+
+// The bytes the Hessians of a config's layers take: n² doubles per distinct linear input (a layer's attention
+// and MLP inputs, o's and down's).
+double calibration_hessian_bytes(const ModelConfig& c);
 
 // Every layer linear's input Hessian (the embedding and the LM head left out). Fails when ids hold fewer
 // than 2 ids or the model cannot be loaded.

@@ -322,7 +322,7 @@ TEST(TrellisModel, CalibrationSumsEachLinearsInputsAndLdlqCodesRun) {
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 37 + 11) % 97);
   CalibrationOptions co;
   co.model_dir = src, co.ctx = 32, co.step_tokens = 48, co.threads = 2;
-  const Calibration cal = calibrate_input_hessians(ids, co);
+  Calibration cal = calibrate_input_hessians(ids, co);
   const std::string L = "model.layers.0.";
   ASSERT_EQ(cal.hessians.size(), 7u);
   const auto& h = cal.hessians;
@@ -367,9 +367,11 @@ TEST(TrellisModel, CalibrationSumsEachLinearsInputsAndLdlqCodesRun) {
   o.in_dir = src, o.out_dir = q + "/out";
   o.trellis = recipe(2, 0);
   for (const TensorSpec& s : expected_tensors(c, a)) o.tensors.push_back({s.name, s.shape});
-  std::map<std::string, std::vector<double>> means;
-  for (const auto& [m, hm] : h) means[m] = hm->mean();
-  o.input_hessian = [&](const std::string& m) { return &means.at(m); };
+  const auto means = cal.take_means();
+  EXPECT_TRUE(cal.hessians.empty());
+  EXPECT_EQ(means.at(L + "self_attn.q_proj"), means.at(L + "self_attn.v_proj"));  // shared as the sums were
+  EXPECT_EQ(*means.at(L + "self_attn.q_proj"), mq);
+  o.input_hessian = [&](const std::string& m) { return means.at(m).get(); };
   ThreadPool pool(2);
   const quant::AffineConvertStats st = quant::affine_convert_checkpoint(o, nullptr, &pool);
   EXPECT_EQ(st.modules_quantized, 7u);
@@ -379,7 +381,7 @@ TEST(TrellisModel, CalibrationSumsEachLinearsInputsAndLdlqCodesRun) {
   const TensorInfo& t = in.info.at(w);
   std::vector<float> f(size_t(t.numel()));
   for (size_t i = 0; i < f.size(); ++i) f[i] = bf16_to_f32(reinterpret_cast<const uint16_t*>(in.data(w))[i]);
-  const quant::TrellisEncoded e = quant::trellis_encode_linear_ldlq(w, f.data(), t.shape[0], t.shape[1], 2, 0, means.at(L + "mlp.down_proj"), &pool);
+  const quant::TrellisEncoded e = quant::trellis_encode_linear_ldlq(w, f.data(), t.shape[0], t.shape[1], 2, 0, *means.at(L + "mlp.down_proj"), &pool);
   ASSERT_EQ(outp.bytes.at(w).size(), e.words.size() * 4);
   EXPECT_EQ(std::memcmp(outp.data(w), e.words.data(), e.words.size() * 4), 0);
   const std::string d = temp_dir("calib_dense");
