@@ -100,27 +100,21 @@ TEST(CudaTrellis, DeviceLayoutIsThePlainWordsAndF32Scales) {
 // blocks, the partials reduced). T 1/3/5/8/12/16 (the GEMV's rows: four n-tiles past 8).
 // Picks the GEMV kernels for a scope (0: the FP32 ones; 1: the integer tensor-core ones as they run by default;
 // 2 and 3: those with the other variants, so that every variant runs: 2 shift-and-mask windows, 32-row tiles, x
-// staged per CTA, K split to fill the SMs once; 3 32-row tiles where they fill the SMs, the pre-pass at every row count, 16-warp
-// CTAs at 9..16 rows, the wave-aware K split;
-// 4 and 5: x staged replicated at 1-2 rows, 4 with the defaults, 5 with shift-and-mask, 32-row tiles and the pre-pass at
-// every row count), then back to the environment's choice.
+// staged per CTA; 3 32-row tiles where they fill the SMs, the pre-pass at every row count, 16-warp CTAs at 9..16 rows), then back to the
+// environment's choice.
 struct MmaOn {
   explicit MmaOn(int mode) {
     cuda::set_trellis_gemv_mma(mode == 0 ? 0 : 1);
-    if (mode == 2) cuda::set_trellis_gemv_options(0, 0, 0, -1, -1, 1);  // the other instruction mix, 32-row tiles, x staged per CTA, K split to fill 1
-    if (mode == 3) cuda::set_trellis_gemv_options(1, 1, 2, 1, -1, 0);   // 32-row tiles where they fill the SMs, the pre-pass at 1 row, 16-warp CTAs past 8 rows, wave-aware K split
-    if (mode == 4) cuda::set_trellis_gemv_options(-1, -1, -1, -1, 1);  // x replicated at 1-2 rows, the rest as the defaults
-    if (mode == 5) cuda::set_trellis_gemv_options(0, 0, 2, -1, 1, 0);  // x replicated: shift-and-mask, 32-row tiles, the pre-pass at 1 row, wave-aware K split
+    if (mode == 2) cuda::set_trellis_gemv_options(0, 0, 0);  // the other instruction mix, 32-row tiles, x staged per CTA
+    if (mode == 3) cuda::set_trellis_gemv_options(1, 1, 2, 1);  // 32-row tiles where they fill the SMs, the pre-pass at 1 row, 16-warp CTAs past 8 rows
   }
-  ~MmaOn() { cuda::set_trellis_gemv_mma(-1), cuda::set_trellis_gemv_options(-1, -1, -1, -1, -1, -1); }
+  ~MmaOn() { cuda::set_trellis_gemv_mma(-1), cuda::set_trellis_gemv_options(-1, -1, -1, -1); }
 };
 const char* kernel_name(int mode) {
   return mode == 0   ? "fp32 kernels"
          : mode == 1 ? "integer tensor-core kernels (defaults)"
-         : mode == 2 ? "integer tensor-core kernels: shift-and-mask windows, 32-row tiles, no pre-pass, K split to fill 1"
-         : mode == 3 ? "integer tensor-core kernels: 32-row tiles where they fill the SMs, pre-pass at every row count, wave-aware K split"
-         : mode == 4 ? "integer tensor-core kernels: x replicated at 1-2 rows"
-                     : "integer tensor-core kernels: x replicated at 1-2 rows, shift-and-mask windows, 32-row tiles, pre-pass at 1 row, wave-aware K split";
+         : mode == 2 ? "integer tensor-core kernels: shift-and-mask windows, 32-row tiles, no pre-pass"
+                     : "integer tensor-core kernels: 32-row tiles where they fill the SMs, pre-pass at every row count";
 }
 
 // One GEMV case as check_linear, with the integer kernels' own error on top of its tolerance: they take x (axis 0:
@@ -156,7 +150,7 @@ void check_trellis_linear(CudaBackend& gpu, const Linear& l, const HostTrellis& 
 TEST(CudaTrellis, GemvMatchesTheReference) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
-  for (int mode : {0, 1, 2, 3, 4, 5}) {
+  for (int mode : {0, 1, 2, 3}) {
   SCOPED_TRACE(kernel_name(mode));
   MmaOn chosen(mode);
   std::mt19937 rng(5);
@@ -173,8 +167,7 @@ TEST(CudaTrellis, GemvMatchesTheReference) {
       const Linear l = gpu.load_linear(a.host_linear());
       // 17+ rows: PrefillMatchesTheReference. [9, 8192] at 12 and 16 rows: x past the integer kernel's shared memory,
       // so the FP32 kernels in launches of 8 rows (also every shape in mode 0).
-      for (int64_t T : {1, 2, 3, 5, 8, 12, 16}) {
-        if (mode >= 4 && T > 2) break;  // the replicated staging's rows
+      for (int64_t T : {1, 3, 5, 8, 12, 16}) {
         const bool f32 = (T + k) % 2 == 0;
         check_trellis_linear(gpu, l, a, T, f32, mode != 0, rng, fmt::format("{} T={} {}", a.name(), T, f32 ? "f32" : "bf16"));
       }
@@ -188,7 +181,7 @@ TEST(CudaTrellis, GemvMatchesTheReference) {
 TEST(CudaTrellis, TensorCoreKernelTakesAnyActivationScale) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
-  for (int mode : {1, 2, 3, 4, 5}) {
+  for (int mode : {1, 2, 3}) {
   SCOPED_TRACE(kernel_name(mode));
   MmaOn chosen(mode);
   std::mt19937 rng(11);
@@ -215,13 +208,12 @@ TEST(CudaTrellis, TensorCoreKernelTakesAnyActivationScale) {
 TEST(CudaTrellis, FusedMultiAndGatedMatchTheReference) {
   ARBOR_REQUIRE_GPU();
   CudaBackend gpu(0);
-  for (int mode : {0, 1, 2, 3, 4, 5}) {
+  for (int mode : {0, 1, 2, 3}) {
   SCOPED_TRACE(kernel_name(mode));
   MmaOn chosen(mode);
   std::mt19937 rng(7);
   for (int k : {2, 3, 4})
-    for (int64_t T : {1, 2, 3, 8, 13}) {
-      if (mode >= 4 && T > 2) break;  // the replicated staging's rows
+    for (int64_t T : {1, 3, 8, 13}) {
       const int64_t C = T == 3 ? 4352 : 768;
       // T = 8: v on axis 0 (its rows a multiple of 256), so the three do not fuse and run one GEMV each.
       const int64_t vrows = T == 8 ? 256 : 33;

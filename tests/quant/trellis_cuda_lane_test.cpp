@@ -174,21 +174,6 @@ TEST(TrellisCudaLane, IntegerMmaStagingIsConflictFree) {
         }
 }
 
-// The replicated staging (4 loads of 16 bytes a quarter, e = 0..3): the same property for each load.
-TEST(TrellisCudaLane, ReplicatedStagingIsConflictFree) {
-  for (int64_t blocks : {1, 2, 16, 17, 32})
-    for (int64_t b = 0; b < blocks; ++b)
-      for (int u = 0; u < 4; ++u)
-        for (int e = 0; e < 4; ++e)
-          for (int p = 0; p < 4; ++p) {
-            std::set<int64_t> groups;
-            for (int g = 2 * p; g < 2 * p + 2; ++g)
-              for (int j = 0; j < 4; ++j)
-                groups.insert(((g * cuda::trellis_imr_col_stride(blocks) + cuda::trellis_imr_seg(b, j) + 64 * u + 16 * e) % 128) / 16);
-            ASSERT_EQ(groups.size(), 8u) << "blocks " << blocks << " b " << b << " quarter " << u << " load " << e << " phase " << p;
-          }
-}
-
 }  // namespace
 
 namespace {

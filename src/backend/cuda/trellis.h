@@ -129,11 +129,6 @@ ARBOR_TRELLIS_HD int trellis_im_q(float v, float inv) {
 // the 8 lanes of each 16-byte load phase hit 8 distinct bank groups).
 ARBOR_TRELLIS_HD int64_t trellis_im_seg(int64_t b, int j) { return (4 * b + j) * 80; }
 ARBOR_TRELLIS_HD int64_t trellis_im_col_stride(int64_t blocks) { return blocks * 320 + (blocks % 2 == 0 ? 64 : 0); }
-// The replicated staging (trellis_imma_kernel at 1-2 activation rows with ARBOR_CUDA_TRELLIS_REP=1): each s8 repeated in the
-// four bytes of a word, so a lane's B registers load as they are, without a byte permute each: lane j's 64 inputs of block b
-// (256 bytes) at (4b + j) · 272, the column stride again 64 mod 128 (the same 8 distinct bank groups a load phase).
-ARBOR_TRELLIS_HD int64_t trellis_imr_seg(int64_t b, int j) { return (4 * b + j) * 272; }
-ARBOR_TRELLIS_HD int64_t trellis_imr_col_stride(int64_t blocks) { return blocks * 1088 + (blocks % 2 == 0 ? 64 : 0); }
 // Axis 0 (trellis_imma_axis0_kernel): outputs are A's rows, inputs its k. Lane (g, j) of output group og decodes
 // chunk trellis_a0_chunk(og, g) (8 outputs, the FP32 kernels' lane decode) of input rows i0 + 2j (A's k slots
 // 4j..4j+3) and i0 + 2j + 1 (slots 16 + 4j..) of an 8-input step: weights h[s][e], s the row, e the output. MMA m
@@ -181,10 +176,8 @@ void set_trellis_gemv_mma(int mode);
 // unset, the defaults: 1, 2, 1): variant 0 (window by shift and mask) or 1 (by an IMAD lift and a shift), small_tiles
 // 0 (32-row tiles), 1 (16-row tiles where 32-row ones leave under two a SM) or 2 (16-row tiles everywhere), prepass 0
 // (x staged in every CTA), 1 (once per launch from 2 rows) or 2 (at every row count); wide_ctas (ARBOR_CUDA_TRELLIS_W16,
-// unset 1) 1 runs 9..16 rows in CTAs of 16 warps, 0 in CTAs of 8; replicate (ARBOR_CUDA_TRELLIS_REP, unset 0) 1 stages x
-// replicated (trellis_imr_seg) at 1-2 rows; fill (ARBOR_CUDA_TRELLIS_FILL, unset 2) the K split's rule: 2 or 1 splits until
-// the tiles' warps fill 2 or 1 times 8 warps an SM, 0 as far as the grid stays one wave of resident CTAs. Tests and A/B runs.
-void set_trellis_gemv_options(int variant, int small_tiles, int prepass, int wide_ctas = -1, int replicate = -1, int fill = -1);
+// unset 1) 1 runs 9..16 rows in CTAs of 16 warps, 0 in CTAs of 8. Tests and A/B runs.
+void set_trellis_gemv_options(int variant, int small_tiles, int prepass, int wide_ctas = -1);
 // The encoder's Viterbi on the GPU (trellis_encode.cu): for each of `blocks` blocks of 256 targets (code
 // units, host memory, [blocks][256]) the tail-biting path quant::TrellisViterbi::encode_block chooses with
 // TailBiting::rotate (L = 12, k 2/3/4), bit for bit, into states[blocks][256] (host). Targets must be finite.

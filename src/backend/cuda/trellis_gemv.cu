@@ -402,8 +402,6 @@ __device__ __forceinline__ void ti_load(const uint32_t* p, uint32_t (&w)[2 * K])
   }
 }
 
-// Word i (0..3) of v.
-__device__ __forceinline__ uint32_t ti_word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 // Byte i (0..15) of v in all four bytes of a register: one s8 input repeated over the four k slots of its LCG word.
 __device__ __forceinline__ uint32_t ti_rep(const uint4& v, int i) {
   const uint32_t w = i < 4 ? v.x : i < 8 ? v.y : i < 12 ? v.z : v.w;
@@ -434,10 +432,8 @@ __device__ __forceinline__ uint32_t ti_state(const uint32_t* W, int r) {
 // Read from ARBOR_CUDA_TRELLIS_V / _MT / _PREPASS once; set_trellis_gemv_options overrides each (-1: back to those).
 struct TiOptions {
   int variant, small_tiles, prepass, wide_ctas;  // wide_ctas: 1 runs 9..16 rows in CTAs of 16 warps (else 8)
-  int replicate;                                 // 1: x staged replicated (trellis_imr_seg) at 1-2 rows
-  int fill;                                      // the K split's rule (launch_imma): 2 (default), 1, 0 wave-aware
 };
-TiOptions g_ti_set{-1, -1, -1, -1, -1, -1};
+TiOptions g_ti_set{-1, -1, -1, -1};
 TiOptions ti_options() {
   static const TiOptions env = [] {
     auto digit = [](const char* name, int most, int dflt) {
@@ -448,11 +444,10 @@ TiOptions ti_options() {
     // IMAD-lift window, 16-row tiles everywhere and the pre-pass from 2 rows: 322.9 / 613.6 / 1057.5 / 1444.8 tok/s
     // against 289.4 / 526.1 / 871.3 / 982.5 with shift-and-mask, 32-row tiles and x staged in every CTA.
     return TiOptions{digit("ARBOR_CUDA_TRELLIS_V", 1, 1), digit("ARBOR_CUDA_TRELLIS_MT", 2, 2), digit("ARBOR_CUDA_TRELLIS_PREPASS", 2, 1),
-                     digit("ARBOR_CUDA_TRELLIS_W16", 1, 1), digit("ARBOR_CUDA_TRELLIS_REP", 1, 0), digit("ARBOR_CUDA_TRELLIS_FILL", 2, 2)};
+                     digit("ARBOR_CUDA_TRELLIS_W16", 1, 1)};
   }();
   return {g_ti_set.variant >= 0 ? g_ti_set.variant : env.variant, g_ti_set.small_tiles >= 0 ? g_ti_set.small_tiles : env.small_tiles,
-          g_ti_set.prepass >= 0 ? g_ti_set.prepass : env.prepass, g_ti_set.wide_ctas >= 0 ? g_ti_set.wide_ctas : env.wide_ctas,
-          g_ti_set.replicate >= 0 ? g_ti_set.replicate : env.replicate, g_ti_set.fill >= 0 ? g_ti_set.fill : env.fill};
+          g_ti_set.prepass >= 0 ? g_ti_set.prepass : env.prepass, g_ti_set.wide_ctas >= 0 ? g_ti_set.wide_ctas : env.wide_ctas};
 }
 
 // Σ y·q of a group from its s32 sums of the hi and lo columns and the group's staged float4 (scale, 510·Σhi,
@@ -475,19 +470,14 @@ __device__ __forceinline__ void ti_two_buffers(int64_t first, int64_t end, int64
   }
 }
 
-// Bytes of staged x a launch needs: 2T columns (replicated: trellis_imr_col_stride's), then a float4 per (row, block):
-// scale, 510·Σhi, 510·Σlo (as int bits).
-__host__ __device__ inline int64_t ti_col_stride(int64_t nb, bool rep) { return rep ? trellis_imr_col_stride(nb) : trellis_im_col_stride(nb); }
-__host__ __device__ inline size_t ti_smem_bytes(int T, int64_t Kin, bool rep = false) {
+// Bytes of staged x a launch needs: 2T columns, then a float4 per (row, block): scale, 510·Σhi, 510·Σlo (as int bits).
+__host__ __device__ inline size_t ti_smem_bytes(int T, int64_t Kin) {
   const int64_t nb = Kin / 256;
-  return size_t(2 * T) * size_t(ti_col_stride(nb, rep)) + size_t(T) * size_t(nb) * 16;
+  return size_t(2 * T) * size_t(trellis_im_col_stride(nb)) + size_t(T) * size_t(nb) * 16;
 }
 // The staged x one CTA may hold (the kernel's static shared memory, at most 16 KB, comes on top; 227 KB in all): 8
 // rows at kTiMaxK inputs (~169 KB) and 16 rows at 4096 (~170 KB: just past the first, so the bound is not that).
 size_t ti_max_smem() { return size_t(200) << 10; }
-// Whether x can be staged replicated for T rows of Kin inputs (1-2 rows, within ti_max_smem), and whether it is.
-bool ti_rep_fits(int64_t T, int64_t Kin) { return T <= 2 && ti_smem_bytes(int(T), Kin, true) <= ti_max_smem(); }
-bool ti_rep_on(int64_t T, int64_t Kin) { return ti_options().replicate == 1 && ti_rep_fits(T, Kin); }
 
 // A warp's group of activations, E a lane (v), as 15-bit integers against the group's largest |v|: the lane's
 // q = 128·hi + lo packed as E hi bytes (hi[e / 4], byte e % 4) and E lo bytes, and the group's float4: its scale
@@ -519,44 +509,32 @@ __device__ __forceinline__ float4 ti_quantize(const float (&v)[E], uint32_t (&hi
 }
 
 // One (activation row t, block b) of the staged x into dst (shared memory, or the pre-pass's image in global memory:
-// the same bytes, ti_smem_bytes(T, Kin, rep) of them): lane l quantizes inputs 8l..8l+7 (segment l/8 of the block); a
+// the same bytes, ti_smem_bytes(T, Kin) of them): lane l quantizes inputs 8l..8l+7 (segment l/8 of the block); a
 // whole warp calls it.
-__device__ __forceinline__ void ti_stage_pair(const uint16_t* __restrict__ x, int T, int64_t Kin, int t, int64_t b, int lane, unsigned char* dst,
-                                              bool rep) {
-  const int64_t nb = Kin / 256, cs = ti_col_stride(nb, rep);
+__device__ __forceinline__ void ti_stage_pair(const uint16_t* __restrict__ x, int T, int64_t Kin, int t, int64_t b, int lane, unsigned char* dst) {
+  const int64_t nb = Kin / 256, cs = trellis_im_col_stride(nb);
   const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + t * Kin + b * 256) + lane);
   float v[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) v[e] = bf16_of(xv, e);
   uint32_t hi[2], lo[2];
   const float4 md = ti_quantize(v, hi, lo);
-  if (rep) {  // each byte in all four of a word: 32 bytes a column
-    const int64_t off = trellis_imr_seg(b, lane / 8) + (lane % 8) * 32;
-    uint4* h = reinterpret_cast<uint4*>(dst + (2 * t) * cs + off);
-    uint4* l = reinterpret_cast<uint4*>(dst + (2 * t + 1) * cs + off);
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      h[e] = make_uint4(__byte_perm(hi[e], 0u, 0x0000u), __byte_perm(hi[e], 0u, 0x1111u), __byte_perm(hi[e], 0u, 0x2222u), __byte_perm(hi[e], 0u, 0x3333u));
-      l[e] = make_uint4(__byte_perm(lo[e], 0u, 0x0000u), __byte_perm(lo[e], 0u, 0x1111u), __byte_perm(lo[e], 0u, 0x2222u), __byte_perm(lo[e], 0u, 0x3333u));
-    }
-  } else {
-    const int64_t off = trellis_im_seg(b, lane / 8) + (lane % 8) * 8;
-    *reinterpret_cast<uint2*>(dst + (2 * t) * cs + off) = make_uint2(hi[0], hi[1]);
-    *reinterpret_cast<uint2*>(dst + (2 * t + 1) * cs + off) = make_uint2(lo[0], lo[1]);
-  }
+  const int64_t off = trellis_im_seg(b, lane / 8) + (lane % 8) * 8;
+  *reinterpret_cast<uint2*>(dst + (2 * t) * cs + off) = make_uint2(hi[0], hi[1]);
+  *reinterpret_cast<uint2*>(dst + (2 * t + 1) * cs + off) = make_uint2(lo[0], lo[1]);
   if (lane == 0) reinterpret_cast<float4*>(dst + 2 * T * cs)[t * nb + b] = md;
 }
 
 // The pre-pass: x staged once per launch into img (global), a warp per (activation row, block), for the GEMV's CTAs
 // to copy instead of each quantizing all of x (at T = 8 that staging cost as much as the GEMV's own work a CTA).
-__global__ void __launch_bounds__(256) trellis_xquant_kernel(const uint16_t* __restrict__ x, int T, int64_t Kin, unsigned char* img, bool rep) {
+__global__ void __launch_bounds__(256) trellis_xquant_kernel(const uint16_t* __restrict__ x, int T, int64_t Kin, unsigned char* img) {
   pdl_trigger();  // the GEMV may start fetching its weights; it waits for this grid before reading img
   pdl_wait();
   const int64_t nb = Kin / 256, pi = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
-  if (pi < int64_t(T) * nb) ti_stage_pair(x, T, Kin, int(pi / nb), pi % nb, threadIdx.x % 32, img, rep);
+  if (pi < int64_t(T) * nb) ti_stage_pair(x, T, Kin, int(pi / nb), pi % nb, threadIdx.x % 32, img);
 }
 
-template <int K, int NN, int MT, int V, int W, bool REP = false>
+template <int K, int NN, int MT, int V, int W>
 __global__ void __launch_bounds__(W * 32)
     trellis_imma_kernel(TrSegs segs, const uint16_t* __restrict__ x, const unsigned char* __restrict__ ximg, bool y_f32, int T, int64_t Kin,
                         int wpr, int gated_act) {
@@ -568,7 +546,7 @@ __global__ void __launch_bounds__(W * 32)
   const bool gated = gated_act >= 0, live = tile < segs.units;
   const int si = gated || !live ? 0 : unit_segment(segs.n, segs.first, tile);
   const int64_t N = seg_pick(segs.N, si);
-  const int64_t nb = Kin / 256, row_words = nb * WPB, cs = ti_col_stride(nb, REP);
+  const int64_t nb = Kin / 256, row_words = nb * WPB, cs = trellis_im_col_stride(nb);
   // A rows of m-tile mt, half h (A row g + 8h): plain, 16·MT consecutive rows of matrix si; gated, gate (h = 0) and up
   // (h = 1) row base + 8·mt + g. Rows past the matrix read row 0 (valid memory) and are not stored.
   const int64_t base = !live ? N : gated ? tile * 8 * MT : (tile - seg_pick(segs.first, si)) * 16 * MT;
@@ -598,10 +576,10 @@ __global__ void __launch_bounds__(W * 32)
   // x staged: copied from the pre-pass's image, or quantized here a warp per (activation row, block).
   const int64_t pairs = int64_t(T) * nb;
   if (ximg) {
-    const int64_t n16 = int64_t(ti_smem_bytes(T, Kin, REP)) / 16;
+    const int64_t n16 = int64_t(ti_smem_bytes(T, Kin)) / 16;
     for (int64_t i = tid; i < n16; i += W * 32) reinterpret_cast<uint4*>(ti_xs)[i] = __ldg(reinterpret_cast<const uint4*>(ximg) + i);
   } else {
-    for (int64_t pi = warp; pi < pairs; pi += W) ti_stage_pair(x, T, Kin, int(pi / nb), pi % nb, lane, ti_xs, REP);
+    for (int64_t pi = warp; pi < pairs; pi += W) ti_stage_pair(x, T, Kin, int(pi / nb), pi % nb, lane, ti_xs);
   }
   const float4* meta = reinterpret_cast<const float4*>(ti_xs + 2 * T * cs);
   __syncthreads();
@@ -641,16 +619,10 @@ __global__ void __launch_bounds__(W * 32)
         for (int p = 0; p < 2; ++p) c[mt][nn][p][0] = c[mt][nn][p][1] = c[mt][nn][p][2] = c[mt][nn][p][3] = 0;
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      // The lane's 16 inputs of this quarter: packed (16 bytes, each repeated by a byte permute as it is used) or replicated
-      // (64 bytes: the B registers as they are).
-      uint4 xv[NN][REP ? 4 : 1];
+      uint4 xv[NN];
 #pragma unroll
       for (int nn = 0; nn < NN; ++nn)
-#pragma unroll
-        for (int e = 0; e < (REP ? 4 : 1); ++e)
-          xv[nn][e] = !xon[nn] ? make_uint4(0u, 0u, 0u, 0u)
-                      : REP    ? *reinterpret_cast<const uint4*>(xc[nn] + trellis_imr_seg(b, j) + 64 * u + 16 * e)
-                               : *reinterpret_cast<const uint4*>(xc[nn] + trellis_im_seg(b, j) + 16 * u);
+        xv[nn] = xon[nn] ? *reinterpret_cast<const uint4*>(xc[nn] + trellis_im_seg(b, j) + 16 * u) : make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
       for (int q = 0; q < 8; ++q) {
         const int r = 16 * u + 2 * q;  // MMA 8u + q: lane-relative weights r (k slots 4j..) and r + 1 (16 + 4j..)
@@ -662,8 +634,7 @@ __global__ void __launch_bounds__(W * 32)
         }
 #pragma unroll
         for (int nn = 0; nn < NN; ++nn) {
-          const uint32_t b0 = REP ? ti_word(xv[nn][q / 2], 2 * (q % 2)) : ti_rep(xv[nn][0], 2 * q);
-          const uint32_t b1 = REP ? ti_word(xv[nn][q / 2], 2 * (q % 2) + 1) : ti_rep(xv[nn][0], 2 * q + 1);
+          const uint32_t b0 = ti_rep(xv[nn], 2 * q), b1 = ti_rep(xv[nn], 2 * q + 1);
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) mma_u8s8(c[mt][nn][q & 1], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b0, b1);
         }
@@ -733,10 +704,11 @@ void launch_imma(const TrSegs& segs, int mt, int64_t Kin, const uint16_t* x, uns
   // registers (ptxas: 24-80 bytes of spills). Session 24, H100, the 8B at k = 2: 12 rows 1334 -> 1433 tok/s, 16 rows
   // 1759 -> 1886 (+7 %, two rounds each; the prediction was ~1.3x).
   const int nn = T <= 4 ? 0 : T <= 8 ? 1 : 2, W = nn == 2 && ti_options().wide_ctas == 1 ? 16 : kTiWarps;
+  int wpr = 1;
+  while (wpr < W && units * wpr < int64_t(n_sms) * 2 * kTiWarps && nb / (wpr * 2) >= 1) wpr *= 2;
+  const int64_t per_block = W / wpr;
+  const unsigned grid = unsigned((units + per_block - 1) / per_block);
   using Kern = void (*)(TrSegs, const uint16_t*, const unsigned char*, bool, int, int64_t, int, int);
-  // x replicated at 1-2 rows (one n-tile, 8 warps): [variant][m-tiles - 1].
-  const Kern rep_kerns[2][2] = {{trellis_imma_kernel<K, 1, 1, 0, 8, true>, trellis_imma_kernel<K, 1, 2, 0, 8, true>},
-                                {trellis_imma_kernel<K, 1, 1, 1, 8, true>, trellis_imma_kernel<K, 1, 2, 1, 8, true>}};
   // [variant][m-tiles - 1][n-tiles: 1 (T <= 4), 2 (T <= 8), 4 (T <= 16; one m-tile only, for registers); then 4 with 16 warps]
   const Kern kerns[2][2][4] = {
       {{trellis_imma_kernel<K, 1, 1, 0, 8>, trellis_imma_kernel<K, 2, 1, 0, 8>, trellis_imma_kernel<K, 4, 1, 0, 8>, trellis_imma_kernel<K, 4, 1, 0, 16>},
@@ -749,36 +721,16 @@ void launch_imma(const TrSegs& segs, int mt, int64_t Kin, const uint16_t* x, uns
       for (auto& m : v)
         for (Kern k : m)
           if (k) ARBOR_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ti_max_smem())));
-    for (auto& v : rep_kerns)
-      for (Kern k : v) ARBOR_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ti_max_smem())));
     attr = true;
   }
   // The staged x (16-warp CTAs: or the partial sums' exchange at the end where that is larger).
-  const bool rep = ti_rep_on(T, Kin);
-  const size_t smem = W == 16 ? std::max(ti_smem_bytes(T, Kin), size_t(W) * (size_t(1) << nn) * 32 * sizeof(float4)) : ti_smem_bytes(T, Kin, rep);
+  const size_t smem = W == 16 ? std::max(ti_smem_bytes(T, Kin), size_t(W) * (size_t(1) << nn) * 32 * sizeof(float4)) : ti_smem_bytes(T, Kin);
   if (ximg) {
-    pdl_launch(trellis_xquant_kernel, dim3(unsigned((T * nb + 7) / 8)), dim3(256), 0, s, x, T, Kin, ximg, rep);
+    pdl_launch(trellis_xquant_kernel, dim3(unsigned((T * nb + 7) / 8)), dim3(256), 0, s, x, T, Kin, ximg);
     ARBOR_LAUNCH_CHECK("trellis_xquant_kernel");
   }
-  const Kern kern = rep ? rep_kerns[ti_options().variant][mt - 1] : kerns[ti_options().variant][mt - 1][nn + (W == 16 ? 1 : 0)];
+  const Kern kern = kerns[ti_options().variant][mt - 1][nn + (W == 16 ? 1 : 0)];
   ARBOR_CU_CHECK(kern && smem <= ti_max_smem(), "cuda: trellis gemv: no integer kernel for %d rows, %d m-tiles, K %lld", T, mt, (long long)Kin);
-  // K split (wpr warps a tile, a power of two up to W, at least one block a warp). fill 2 (the default): until the
-  // tiles' warps fill the SMs' slots twice over (2 · 8 warps an SM). fill 1: once over. fill 0 (wave-aware): the most
-  // warps a tile whose grid still runs in one wave of resident CTAs (the occupancy calculator's count): at b=1 an 8B's
-  // gate/up (1792 tiles) under fill 2 splits K in two and runs 448 CTAs where 3 x 132 are resident, a second wave of 52.
-  const int fill = ti_options().fill;
-  int wpr = 1;
-  if (fill == 0) {
-    int resident = 0;
-    ARBOR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kern, W * 32, smem));
-    const int64_t slots = int64_t(std::max(resident, 1)) * n_sms;
-    auto ctas = [&](int w) { return (units + W / w - 1) / (W / w); };
-    while (wpr < W && nb / (wpr * 2) >= 1 && ctas(wpr * 2) <= slots) wpr *= 2;
-  } else {
-    while (wpr < W && units * wpr < int64_t(n_sms) * fill * kTiWarps && nb / (wpr * 2) >= 1) wpr *= 2;
-  }
-  const int64_t per_block = W / wpr;
-  const unsigned grid = unsigned((units + per_block - 1) / per_block);
   pdl_launch(kern, dim3(grid), dim3(W * 32), smem, s, segs, x,
              static_cast<const unsigned char*>(ximg), y_f32, T, Kin, wpr, gated_act);
   ARBOR_LAUNCH_CHECK("trellis_imma_kernel");
@@ -940,10 +892,7 @@ bool ti_prepass(int64_t T) {
 // be 16-byte aligned; else the FP32 one).
 bool ti_on(int64_t Kin, int64_t T) { return trellis_integer_mma() && Kin <= kTiMaxK && ti_smem_bytes(int(T), Kin) <= ti_max_smem(); }
 // Floats of scratch an axis-1 launch over K inputs and T rows needs (its pre-pass's image), 0 if none.
-// (Room for the replicated image wherever it fits, so the option may change between the allocation and a launch.)
-int64_t axis1_scratch_floats(int64_t Kin, int64_t T) {
-  return ti_on(Kin, T) && ti_prepass(T) ? int64_t(ti_smem_bytes(int(T), Kin, ti_rep_fits(T, Kin)) + 3) / 4 : 0;
-}
+int64_t axis1_scratch_floats(int64_t Kin, int64_t T) { return ti_on(Kin, T) && ti_prepass(T) ? int64_t(ti_smem_bytes(int(T), Kin) + 3) / 4 : 0; }
 
 // The axis-1 GEMV over outs (gated: gate = outs[0], up = outs[1] into gated_y) at the instance of (k, rows): the
 // integer tensor-core kernel where it is on and applies (K <= kTiMaxK, x 16-byte aligned), else the FP32 one.
@@ -1192,10 +1141,9 @@ int64_t trellis_gemv_fused_scratch_floats(int64_t cols, int64_t T) { return axis
 
 void set_trellis_gemv_mma(int mode) { g_trellis_mma = mode == 0 || mode == 1 ? mode : -1; }
 
-void set_trellis_gemv_options(int variant, int small_tiles, int prepass, int wide_ctas, int replicate, int fill) {
+void set_trellis_gemv_options(int variant, int small_tiles, int prepass, int wide_ctas) {
   g_ti_set = {variant >= 0 && variant <= 1 ? variant : -1, small_tiles >= 0 && small_tiles <= 2 ? small_tiles : -1,
-              prepass >= 0 && prepass <= 2 ? prepass : -1, wide_ctas >= 0 && wide_ctas <= 1 ? wide_ctas : -1,
-              replicate >= 0 && replicate <= 1 ? replicate : -1, fill >= 0 && fill <= 2 ? fill : -1};
+              prepass >= 0 && prepass <= 2 ? prepass : -1, wide_ctas >= 0 && wide_ctas <= 1 ? wide_ctas : -1};
 }
 
 }  // namespace arbor::cuda
