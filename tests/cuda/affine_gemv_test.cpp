@@ -344,7 +344,7 @@ TEST(CudaAffine, GemvWideMatchesTheReference) {
   }
   }
   cuda::set_affine_wide_image(-1);
-  // Not chosen: 3-bit codes, and 4-bit with the wide kernel off, take the GEMM from 9 rows; by default 8-bit codes too.
+  // Not chosen: 3-bit codes, and 4-bit with the wide kernel off, take the GEMM from 9 rows; by default 8-bit codes past 16.
   std::mt19937 rng(22);
   HostAffine a3(rng, 40, 256, 3, 64, DType::BF16, false);
   EXPECT_EQ(gpu.pick_linear(upload(gpu, a3), 9), CudaBackend::LinearKernel::GemmAffine);
@@ -356,7 +356,9 @@ TEST(CudaAffine, GemvWideMatchesTheReference) {
   cuda::set_affine_wide_rows(-1);
   if (!std::getenv("ARBOR_CUDA_AFFINE_WIDE")) {
     HostAffine a8(rng, 40, 256, 8, 64, DType::BF16, false);
-    EXPECT_EQ(gpu.pick_linear(upload(gpu, a8), 9), CudaBackend::LinearKernel::GemmAffine);
+    const Linear l8 = upload(gpu, a8);
+    EXPECT_EQ(gpu.pick_linear(l8, 16), CudaBackend::LinearKernel::GemvAffine);
+    EXPECT_EQ(gpu.pick_linear(l8, 17), CudaBackend::LinearKernel::GemmAffine);
     EXPECT_EQ(gpu.pick_linear(l4, 9), CudaBackend::LinearKernel::GemvAffine);
   }
 }

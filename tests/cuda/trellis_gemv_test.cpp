@@ -100,21 +100,22 @@ TEST(CudaTrellis, DeviceLayoutIsThePlainWordsAndF32Scales) {
 // blocks, the partials reduced). T 1/3/5/8/12/16 (the GEMV's rows: four n-tiles past 8).
 // Picks the GEMV kernels for a scope (0: the FP32 ones; 1: the integer tensor-core ones as they run by default;
 // 2 and 3: those with the other variants, so that every variant runs: 2 shift-and-mask windows, 32-row tiles, x
-// staged per CTA; 3 32-row tiles where they fill the SMs, the pre-pass at every row count, 16-warp CTAs at 9..16 rows), then back to the
+// staged per CTA; 3 32-row tiles where they fill the SMs, the pre-pass at every row count, 16-warp CTAs at 9..16 rows, the
+// 64-register instances where 16-row tiles run at 1-4 rows), then back to the
 // environment's choice.
 struct MmaOn {
   explicit MmaOn(int mode) {
     cuda::set_trellis_gemv_mma(mode == 0 ? 0 : 1);
     if (mode == 2) cuda::set_trellis_gemv_options(0, 0, 0);  // the other instruction mix, 32-row tiles, x staged per CTA
-    if (mode == 3) cuda::set_trellis_gemv_options(1, 1, 2, 1);  // 32-row tiles where they fill the SMs, the pre-pass at 1 row, 16-warp CTAs past 8 rows
+    if (mode == 3) cuda::set_trellis_gemv_options(1, 1, 2, 1, 1);  // 32-row tiles where they fill the SMs, the pre-pass at 1 row, 16-warp CTAs past 8 rows, 64-register instances
   }
-  ~MmaOn() { cuda::set_trellis_gemv_mma(-1), cuda::set_trellis_gemv_options(-1, -1, -1, -1); }
+  ~MmaOn() { cuda::set_trellis_gemv_mma(-1), cuda::set_trellis_gemv_options(-1, -1, -1, -1, -1); }
 };
 const char* kernel_name(int mode) {
   return mode == 0   ? "fp32 kernels"
          : mode == 1 ? "integer tensor-core kernels (defaults)"
          : mode == 2 ? "integer tensor-core kernels: shift-and-mask windows, 32-row tiles, no pre-pass"
-                     : "integer tensor-core kernels: 32-row tiles where they fill the SMs, pre-pass at every row count";
+                     : "integer tensor-core kernels: 32-row tiles where they fill the SMs, pre-pass at every row count, 64-register instances";
 }
 
 // One GEMV case as check_linear, with the integer kernels' own error on top of its tolerance: they take x (axis 0:
@@ -160,12 +161,13 @@ TEST(CudaTrellis, GemvMatchesTheReference) {
   };
   int case_no = 0;
   for (int k : {2, 3, 4})
-    for (const Shape& s : {Shape{1, 131, 256}, Shape{1, 37, 4352}, Shape{1, 5, 768}, Shape{1, 300, 2048}, Shape{1, 9, 8192}, Shape{0, 256, 77},
+    for (const Shape& s : {Shape{1, 131, 256}, Shape{1, 37, 4352}, Shape{1, 5, 768}, Shape{1, 300, 2048}, Shape{1, 9, 8192}, Shape{1, 21, 14336}, Shape{0, 256, 77},
                            Shape{0, 768, 1601}, Shape{0, 512, 3}}) {
       const bool with_bias = (case_no++ % 2) == 0;
       HostTrellis a(rng, s.out, s.in, k, s.axis, with_bias);
       const Linear l = gpu.load_linear(a.host_linear());
-      // 17+ rows: PrefillMatchesTheReference. [9, 8192] at 12 and 16 rows: x past the integer kernel's shared memory,
+      // 17+ rows: PrefillMatchesTheReference. [9, 8192] at 12 and 16 rows, [21, 14336] (a down projection's inputs on
+      // axis 1) past 5 rows: x past the integer kernel's shared memory,
       // so the FP32 kernels in launches of 8 rows (also every shape in mode 0).
       for (int64_t T : {1, 3, 5, 8, 12, 16}) {
         const bool f32 = (T + k) % 2 == 0;

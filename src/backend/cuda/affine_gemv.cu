@@ -1234,8 +1234,9 @@ int v2_x_ahead() { return env_choice(g_v2_xpf, "ARBOR_CUDA_AFFINE_V2_XPF", 2, 2)
 // The GEMV for 9..32 rows ("wide": v2 with two or four n-tiles; 4/8-bit codes) instead of the tensor-core GEMM
 // (affine_gemm.cu, which dequantizes tiles into shared memory). The default for 4-bit codes since session 28 (H200, the
 // 8B at 4-bit g64, ctx 512, two rounds: b=16 2630.5 / 2629.6 tok/s against the GEMM's 1488.8 / 1486.3, b=32 3191.1 /
-// 3198.6 against 2643.5 / 2646.1). ARBOR_CUDA_AFFINE_WIDE = 8 (off), 16 or 32 (the most rows it takes, 4- and 8-bit);
-// set_affine_wide_rows for tests.
+// 3198.6 against 2643.5 / 2646.1); for 8-bit codes to 16 rows since session 30 (an H100, the 8B at 8-bit g64, ctx 512, one
+// round: b=16 1857.9 tok/s against the GEMM's 1524.3, but b=32 2481.1 against 2634.1). ARBOR_CUDA_AFFINE_WIDE = 8 (off), 16
+// or 32 (the most rows it takes, 4- and 8-bit); set_affine_wide_rows for tests.
 int g_wide_rows = -1;
 int64_t affine_gemv_max_rows(int bits) {
   static const int env = [] {  // -1: unset
@@ -1245,9 +1246,8 @@ int64_t affine_gemv_max_rows(int bits) {
   }();
   const int chosen = g_wide_rows >= 0 ? g_wide_rows : env;
   if (bits != 4 && bits != 8) return kAffineGemvMaxRows;
-  // Unset: 4-bit codes to 32 rows (measured), 8-bit codes at 8 (the wide kernel passes its tests there, its speed
-  // against the GEMM is not measured yet).
-  return chosen >= 0 ? chosen : bits == 4 ? 32 : kAffineGemvMaxRows;
+  // Unset: 4-bit codes to 32 rows, 8-bit codes to 16 (both measured above).
+  return chosen >= 0 ? chosen : bits == 4 ? 32 : 16;
 }
 void set_affine_wide_rows(int rows) { g_wide_rows = rows == 8 || rows == 16 || rows == 32 ? rows : -1; }
 

@@ -150,7 +150,8 @@ ARBOR_TRELLIS_HD int64_t trellis_ia0_col_stride(int64_t rows) { return (rows + 6
 // lane l accumulates outputs 8l..8l+7 over its warp's rows; ranges split over blocks write f32 partials to
 // `scratch` (trellis_gemv_scratch_floats) that a second kernel sums in a fixed order. y bf16 or f32.
 // 9-16 rows: the integer kernels still decode each weight once for all rows (four n-tiles of 4 rows); the FP32 ones
-// (and axis 1's integer kernel past 4096 inputs, where 16 rows of staged x would not fit) run launches of 8 rows.
+// (and axis 1's integer kernel where the rows of staged x would not fit: 16 rows past 4096 inputs, 6 past 12288) run
+// launches of 8 rows.
 constexpr int64_t kTrellisGemvMaxRows = 16;
 // Up to kTrellisGemvMaxSegments axis-1 matrices over the same x in one launch (fused q/k/v: the same k and
 // columns), each into its own y; and the gated form: gate and up (axis 1, the same shape) into
@@ -176,8 +177,9 @@ void set_trellis_gemv_mma(int mode);
 // unset, the defaults: 1, 2, 1): variant 0 (window by shift and mask) or 1 (by an IMAD lift and a shift), small_tiles
 // 0 (32-row tiles), 1 (16-row tiles where 32-row ones leave under two a SM) or 2 (16-row tiles everywhere), prepass 0
 // (x staged in every CTA), 1 (once per launch from 2 rows) or 2 (at every row count); wide_ctas (ARBOR_CUDA_TRELLIS_W16,
-// unset 1) 1 runs 9..16 rows in CTAs of 16 warps, 0 in CTAs of 8. Tests and A/B runs.
-void set_trellis_gemv_options(int variant, int small_tiles, int prepass, int wide_ctas = -1);
+// unset 1) 1 runs 9..16 rows in CTAs of 16 warps, 0 in CTAs of 8; occupancy (ARBOR_CUDA_TRELLIS_OCC, unset 0) 1 runs 1-4 rows
+// of one-m-tile launches in instances bounded to 64 registers (four CTAs an SM). Tests and A/B runs.
+void set_trellis_gemv_options(int variant, int small_tiles, int prepass, int wide_ctas = -1, int occupancy = -1);
 // The encoder's Viterbi on the GPU (trellis_encode.cu): for each of `blocks` blocks of 256 targets (code
 // units, host memory, [blocks][256]) the tail-biting path quant::TrellisViterbi::encode_block chooses with
 // TailBiting::rotate (L = 12, k 2/3/4), bit for bit, into states[blocks][256] (host). Targets must be finite.

@@ -2,7 +2,7 @@
 // families. The default, on integer tensor cores (trellis_imma_kernel, trellis_imma_axis0_kernel; the sections
 // below say how): the LCG word of each weight is four u8 entries of an m16n8k32 A fragment, so the byte sum and the
 // products are the MMA's, and x enters as 15-bit integers per group. The FP32 kernels (ARBOR_CUDA_TRELLIS_MMA=0;
-// and for K past kTiMaxK or unaligned x), the reference the others were measured against:
+// and where the staged x would not fit shared memory, or x is unaligned), the reference the others were measured against:
 //
 // Each weight is decoded once, in registers. Lane l of a warp owns weights 8l..8l+7 of a 256-weight block:
 // their bits, with the 12-bit windows of all eight, lie in two consecutive words of the block (the second
@@ -356,7 +356,6 @@ TrSegs make_segments(const TrellisGemvOut* outs, int n, uint16_t* gated_y, int64
 }
 
 constexpr int kTrFp32MaxRows = 8;  // the FP32 kernels' instances go to 8 rows; more run as launches of 8
-constexpr int64_t kTiMaxK = 8192;  // axis 1's integer kernel stages x in shared memory: 2T·K bytes and a little
 int g_trellis_mma = -1;  // set_trellis_gemv_mma: 0 the FP32 kernels, 1 the integer tensor-core ones, -1 from ARBOR_CUDA_TRELLIS_MMA
 // Whether the GEMVs run on the integer tensor-core kernels (the default) or the FP32 ones (ARBOR_CUDA_TRELLIS_MMA=0).
 // Measured on an H100 (session 21, 8B, b = 1/2/4/8 at ctx 512): k = 2 278.9 / 511.6 / 826.4 / 1110.5 tok/s against
@@ -432,8 +431,9 @@ __device__ __forceinline__ uint32_t ti_state(const uint32_t* W, int r) {
 // Read from ARBOR_CUDA_TRELLIS_V / _MT / _PREPASS once; set_trellis_gemv_options overrides each (-1: back to those).
 struct TiOptions {
   int variant, small_tiles, prepass, wide_ctas;  // wide_ctas: 1 runs 9..16 rows in CTAs of 16 warps (else 8)
+  int occupancy;  // 1: the one-tile, one-n-tile instances bounded to 64 registers (4 CTAs an SM; opt-in A/B)
 };
-TiOptions g_ti_set{-1, -1, -1, -1};
+TiOptions g_ti_set{-1, -1, -1, -1, -1};
 TiOptions ti_options() {
   static const TiOptions env = [] {
     auto digit = [](const char* name, int most, int dflt) {
@@ -444,10 +444,11 @@ TiOptions ti_options() {
     // IMAD-lift window, 16-row tiles everywhere and the pre-pass from 2 rows: 322.9 / 613.6 / 1057.5 / 1444.8 tok/s
     // against 289.4 / 526.1 / 871.3 / 982.5 with shift-and-mask, 32-row tiles and x staged in every CTA.
     return TiOptions{digit("ARBOR_CUDA_TRELLIS_V", 1, 1), digit("ARBOR_CUDA_TRELLIS_MT", 2, 2), digit("ARBOR_CUDA_TRELLIS_PREPASS", 2, 1),
-                     digit("ARBOR_CUDA_TRELLIS_W16", 1, 1)};
+                     digit("ARBOR_CUDA_TRELLIS_W16", 1, 1), digit("ARBOR_CUDA_TRELLIS_OCC", 1, 0)};
   }();
   return {g_ti_set.variant >= 0 ? g_ti_set.variant : env.variant, g_ti_set.small_tiles >= 0 ? g_ti_set.small_tiles : env.small_tiles,
-          g_ti_set.prepass >= 0 ? g_ti_set.prepass : env.prepass, g_ti_set.wide_ctas >= 0 ? g_ti_set.wide_ctas : env.wide_ctas};
+          g_ti_set.prepass >= 0 ? g_ti_set.prepass : env.prepass, g_ti_set.wide_ctas >= 0 ? g_ti_set.wide_ctas : env.wide_ctas,
+          g_ti_set.occupancy >= 0 ? g_ti_set.occupancy : env.occupancy};
 }
 
 // Σ y·q of a group from its s32 sums of the hi and lo columns and the group's staged float4 (scale, 510·Σhi,
@@ -476,7 +477,8 @@ __host__ __device__ inline size_t ti_smem_bytes(int T, int64_t Kin) {
   return size_t(2 * T) * size_t(trellis_im_col_stride(nb)) + size_t(T) * size_t(nb) * 16;
 }
 // The staged x one CTA may hold (the kernel's static shared memory, at most 16 KB, comes on top; 227 KB in all): 8
-// rows at kTiMaxK inputs (~169 KB) and 16 rows at 4096 (~170 KB: just past the first, so the bound is not that).
+// rows at 8192 inputs (~169 KB) and 16 rows at 4096 (~170 KB: just past the first, so the bound is not that); one row
+// of a down projection on axis 1 (14336 inputs) ~37 KB, so up to 5 rows.
 size_t ti_max_smem() { return size_t(200) << 10; }
 
 // A warp's group of activations, E a lane (v), as 15-bit integers against the group's largest |v|: the lane's
@@ -534,8 +536,8 @@ __global__ void __launch_bounds__(256) trellis_xquant_kernel(const uint16_t* __r
   if (pi < int64_t(T) * nb) ti_stage_pair(x, T, Kin, int(pi / nb), pi % nb, threadIdx.x % 32, img);
 }
 
-template <int K, int NN, int MT, int V, int W>
-__global__ void __launch_bounds__(W * 32)
+template <int K, int NN, int MT, int V, int W, int MINB = 0>
+__global__ void __launch_bounds__(W * 32, MINB)
     trellis_imma_kernel(TrSegs segs, const uint16_t* __restrict__ x, const unsigned char* __restrict__ ximg, bool y_f32, int T, int64_t Kin,
                         int wpr, int gated_act) {
   constexpr int WPB = 8 * K, NW = 2 * K;
@@ -715,8 +717,11 @@ void launch_imma(const TrSegs& segs, int mt, int64_t Kin, const uint16_t* x, uns
        {trellis_imma_kernel<K, 1, 2, 0, 8>, trellis_imma_kernel<K, 2, 2, 0, 8>, nullptr, nullptr}},
       {{trellis_imma_kernel<K, 1, 1, 1, 8>, trellis_imma_kernel<K, 2, 1, 1, 8>, trellis_imma_kernel<K, 4, 1, 1, 8>, trellis_imma_kernel<K, 4, 1, 1, 16>},
        {trellis_imma_kernel<K, 1, 2, 1, 8>, trellis_imma_kernel<K, 2, 2, 1, 8>, nullptr, nullptr}}};
+  // One m-tile and one n-tile (1-4 rows) bounded to 64 registers, four 8-warp CTAs an SM instead of three: [variant].
+  const Kern occ_kerns[2] = {trellis_imma_kernel<K, 1, 1, 0, 8, 4>, trellis_imma_kernel<K, 1, 1, 1, 8, 4>};
   static bool attr = false;
   if (!attr) {
+    for (Kern k : occ_kerns) ARBOR_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ti_max_smem())));
     for (auto& v : kerns)
       for (auto& m : v)
         for (Kern k : m)
@@ -729,7 +734,8 @@ void launch_imma(const TrSegs& segs, int mt, int64_t Kin, const uint16_t* x, uns
     pdl_launch(trellis_xquant_kernel, dim3(unsigned((T * nb + 7) / 8)), dim3(256), 0, s, x, T, Kin, ximg);
     ARBOR_LAUNCH_CHECK("trellis_xquant_kernel");
   }
-  const Kern kern = kerns[ti_options().variant][mt - 1][nn + (W == 16 ? 1 : 0)];
+  const Kern kern = ti_options().occupancy == 1 && mt == 1 && nn == 0 ? occ_kerns[ti_options().variant]
+                                                                      : kerns[ti_options().variant][mt - 1][nn + (W == 16 ? 1 : 0)];
   ARBOR_CU_CHECK(kern && smem <= ti_max_smem(), "cuda: trellis gemv: no integer kernel for %d rows, %d m-tiles, K %lld", T, mt, (long long)Kin);
   pdl_launch(kern, dim3(grid), dim3(W * 32), smem, s, segs, x,
              static_cast<const unsigned char*>(ximg), y_f32, T, Kin, wpr, gated_act);
@@ -890,12 +896,12 @@ bool ti_prepass(int64_t T) {
 }
 // Whether axis 1 over Kin inputs and T rows runs on the integer kernel, its staged x within ti_max_smem() (x must also
 // be 16-byte aligned; else the FP32 one).
-bool ti_on(int64_t Kin, int64_t T) { return trellis_integer_mma() && Kin <= kTiMaxK && ti_smem_bytes(int(T), Kin) <= ti_max_smem(); }
+bool ti_on(int64_t Kin, int64_t T) { return trellis_integer_mma() && ti_smem_bytes(int(T), Kin) <= ti_max_smem(); }
 // Floats of scratch an axis-1 launch over K inputs and T rows needs (its pre-pass's image), 0 if none.
 int64_t axis1_scratch_floats(int64_t Kin, int64_t T) { return ti_on(Kin, T) && ti_prepass(T) ? int64_t(ti_smem_bytes(int(T), Kin) + 3) / 4 : 0; }
 
 // The axis-1 GEMV over outs (gated: gate = outs[0], up = outs[1] into gated_y) at the instance of (k, rows): the
-// integer tensor-core kernel where it is on and applies (K <= kTiMaxK, x 16-byte aligned), else the FP32 one.
+// integer tensor-core kernel where it is on and applies (its staged x within ti_max_smem, x 16-byte aligned), else the FP32 one.
 void launch_axis1_any(const TrellisGemvOut* outs, int n, uint16_t* gated_y, int bits, int64_t Kin, const uint16_t* x, bool y_f32, int64_t T,
                       float* scratch, int n_sms, int gated_act, cudaStream_t s) {
   const int t = int(T);
@@ -1141,9 +1147,10 @@ int64_t trellis_gemv_fused_scratch_floats(int64_t cols, int64_t T) { return axis
 
 void set_trellis_gemv_mma(int mode) { g_trellis_mma = mode == 0 || mode == 1 ? mode : -1; }
 
-void set_trellis_gemv_options(int variant, int small_tiles, int prepass, int wide_ctas) {
+void set_trellis_gemv_options(int variant, int small_tiles, int prepass, int wide_ctas, int occupancy) {
   g_ti_set = {variant >= 0 && variant <= 1 ? variant : -1, small_tiles >= 0 && small_tiles <= 2 ? small_tiles : -1,
-              prepass >= 0 && prepass <= 2 ? prepass : -1, wide_ctas >= 0 && wide_ctas <= 1 ? wide_ctas : -1};
+              prepass >= 0 && prepass <= 2 ? prepass : -1, wide_ctas >= 0 && wide_ctas <= 1 ? wide_ctas : -1,
+              occupancy >= 0 && occupancy <= 1 ? occupancy : -1};
 }
 
 }  // namespace arbor::cuda
