@@ -36,7 +36,7 @@ namespace {
 
 int cmd_quantize(const std::vector<std::string>& args) {
   Args a(args, {"model", "out", "bits", "group-size", "recipe", "shard-gb", "threads", "format", "down-axis", "axis", "k-map", "encoder",
-                          "calib", "calib-tokens", "calib-ctx", "damp", "rotate-seed"},
+                          "calib", "calib-tokens", "calib-ctx", "calib-layers", "damp", "rotate-seed"},
          {"rotate"});
   auto model = a.get("model");
   auto out = a.get("out");
@@ -53,7 +53,7 @@ int cmd_quantize(const std::vector<std::string>& args) {
     for (const char* f : {"group-size", "recipe"})
       if (a.has(f)) fail("arguments: --{} is for --format affine (trellis blocks are 256 weights; use --k-map for mixed bits)", f);
   } else {
-    for (const char* f : {"down-axis", "axis", "k-map", "encoder", "calib", "calib-tokens", "calib-ctx", "damp"})
+    for (const char* f : {"down-axis", "axis", "k-map", "encoder", "calib", "calib-tokens", "calib-ctx", "calib-layers", "damp"})
       if (a.has(f)) fail("arguments: --{} is for --format trellis", f);
   }
   // The Viterbi runs on the GPU when there is one (the same paths as the CPU's, bit for bit: CudaTrellisEncode.*,
@@ -118,15 +118,24 @@ int cmd_quantize(const std::vector<std::string>& args) {
   }
 
   if (!a.has("calib"))
-    for (const char* f : {"calib-tokens", "calib-ctx", "damp"})
+    for (const char* f : {"calib-tokens", "calib-ctx", "damp", "calib-layers"})
       if (a.has(f)) fail("arguments: --{} goes with --calib TEXT", f);
 
   ThreadPool pool(int(a.get_int("threads", 0)));
-  // LDLQ: the dense model over the calibration text first, then every coded linear against its inputs' E[x xᵀ].
+  // LDLQ: the dense model over the calibration text, then every coded linear against its inputs' E[x xᵀ]. The Hessians
+  // of a group of layers are summed in one pass and held until those layers are coded; the next group's pass runs
+  // when the converter first asks for one of its modules (it codes the layers in order). All layers in one pass
+  // where their Hessians fit in half the memory; else as many a pass as fit (--calib-layers sets it).
   std::map<std::string, std::shared_ptr<const std::vector<double>>> hessians;
-  Calibration cal;
+  struct CalibrationTotals {
+    int64_t tokens = 0, ctx = 0, passes = 0;
+    double seconds = 0;
+  } cal;
+  CalibrationOptions co;
+  std::vector<int32_t> calib_ids;
+  std::map<std::string, int64_t> layer_of;  // module path -> its layer
+  int64_t group = 0;                          // layers a pass
   if (auto calib = a.get("calib")) {
-    CalibrationOptions co;
     co.model_dir = o.in_dir;
     co.ctx = a.get_int("calib-ctx", std::min<int64_t>(1024, c.max_position > 0 ? c.max_position : 1024));
     co.max_tokens = a.get_int("calib-tokens", 65536);
@@ -134,26 +143,51 @@ int cmd_quantize(const std::vector<std::string>& args) {
     co.threads = int(a.get_int("threads", 0));
     o.ldlq.damp = a.get_double("damp", 0.01);
     if (!(o.ldlq.damp > 0)) fail("arguments: --damp must be positive, got {}", o.ldlq.damp);
-    // The Hessians stay in memory until their linears are coded: refused up front where they cannot fit.
-    const double hessian_gb = calibration_hessian_bytes(c) * 1e-9;
+    const double layer_gb = calibration_hessian_bytes_per_layer(c) * 1e-9;
     const double ram_gb = double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGE_SIZE)) * 1e-9;
-    if (ram_gb > 0 && hessian_gb > 0.75 * ram_gb)
-      fail("arguments: --calib: this model's input Hessians take {:.1f} GB (n^2 doubles per linear input, {} layers) and this "
-           "machine has {:.1f} GB of memory; LDLQ calibration is for models whose Hessians fit",
-           hessian_gb, c.n_layers, ram_gb);
-    std::printf("calibration: the input Hessians take %.2f GB\n", hessian_gb);
+    if (a.has("calib-layers")) {
+      group = a.get_int("calib-layers", 0);
+      if (group < 1) fail("arguments: --calib-layers must be at least 1, got {}", group);
+    } else {
+      group = ram_gb > 0 ? int64_t(0.5 * ram_gb / layer_gb) : c.n_layers;
+      if (group < 1)
+        fail("arguments: --calib: one layer's input Hessians take {:.1f} GB (n^2 doubles per linear input) and this machine has "
+             "{:.1f} GB of memory",
+             layer_gb, ram_gb);
+    }
+    group = std::min<int64_t>(group, c.n_layers);
+    const int64_t passes = (c.n_layers + group - 1) / group;
+    std::printf("calibration: the input Hessians take %.2f GB a layer, %.2f GB for %lld layer(s) a pass; %lld pass(es) over the text\n",
+                layer_gb, layer_gb * double(group), (long long)group, (long long)passes);
     const std::string text = read_text_file(*calib);
-    const std::vector<int32_t> ids = Tokenizer::from_file(o.in_dir).encode(text, true);
-    std::unique_ptr<Progress> cp;
-    int64_t shown = 0;
-    co.progress = [&](int64_t done, int64_t total) {
-      if (!cp) cp = std::make_unique<Progress>("calibrating", uint64_t(total));
-      if (done > shown) cp->advance(uint64_t(done - shown)), shown = done;
-    };
-    cal = calibrate_input_hessians(ids, co);
-    if (cp) cp->finish();
-    hessians = cal.take_means();
+    calib_ids = Tokenizer::from_file(o.in_dir).encode(text, true);
+    for (int64_t L = 0; L < c.n_layers; ++L) {
+      const std::string prefix = fmt::format(fmt::runtime(arch.names.layer), L);
+      for (const auto& t : o.tensors)
+        if (t.name.compare(0, prefix.size(), prefix) == 0 && t.name.size() > 7) layer_of[t.name.substr(0, t.name.size() - 7)] = L;
+    }
     o.input_hessian = [&](const std::string& module) -> const std::vector<double>* {
+      const auto lit = layer_of.find(module);
+      if (lit == layer_of.end()) return nullptr;  // not a layer linear (the head, an embedding)
+      const int64_t L = lit->second;
+      if (L < co.first_layer || co.end_layer < 0 || L >= co.end_layer) {  // the group holding L: summed in one more pass
+        hessians.clear();
+        co.first_layer = L / group * group;
+        co.end_layer = std::min<int64_t>(co.first_layer + group, c.n_layers);
+        const std::string what = group >= c.n_layers ? std::string("calibrating")
+                                                     : fmt::format("calibrating layers {}-{}", co.first_layer, co.end_layer - 1);
+        std::unique_ptr<Progress> cp;
+        int64_t shown = 0;
+        co.progress = [&](int64_t done, int64_t total) {
+          if (!cp) cp = std::make_unique<Progress>(what, uint64_t(total));
+          if (done > shown) cp->advance(uint64_t(done - shown)), shown = done;
+        };
+        Calibration pass = calibrate_input_hessians(calib_ids, co);
+        if (cp) cp->finish();
+        co.progress = nullptr;
+        hessians = pass.take_means();
+        cal.tokens = pass.tokens, cal.ctx = pass.ctx, cal.seconds += pass.seconds, cal.passes++;
+      }
       const auto it = hessians.find(module);
       return it == hessians.end() ? nullptr : it->second.get();
     };
@@ -177,8 +211,8 @@ int cmd_quantize(const std::vector<std::string>& args) {
     const std::string how = o.encode.block_viterbi ? fmt::format("GPU Viterbi; scales, targets and packing on {} CPU threads", pool.size())
                                                    : fmt::format("CPU Viterbi, {} threads, {}", pool.size(), quant::trellis_isa_name(o.encode.isa));
     if (a.has("calib"))
-      std::printf("LDLQ: %llu modules against their input Hessians (%lld calibration ids, windows of %lld, %.1f s; damp %g)\n",
-                  (unsigned long long)st.modules_ldlq, (long long)cal.tokens, (long long)cal.ctx, cal.seconds,
+      std::printf("LDLQ: %llu modules against their input Hessians (%lld calibration ids, windows of %lld, %lld pass(es), %.1f s; damp %g)\n",
+                  (unsigned long long)st.modules_ldlq, (long long)cal.tokens, (long long)cal.ctx, (long long)cal.passes, cal.seconds,
                   o.ldlq.damp);
     std::printf("encoder: %llu weights in %.2f s, %.3g weights/s (%s)\n", (unsigned long long)st.weights_encoded, st.encode_seconds,
                 st.encode_seconds > 0 ? double(st.weights_encoded) / st.encode_seconds : 0.0, how.c_str());
@@ -220,6 +254,8 @@ ARBOR_VERB("quantize", "write a dense checkpoint as an MLX affine or trellis qua
            "                        those inputs; memory n^2 doubles per distinct linear input, time ~n^3 each\n"
            "  --calib-tokens N      ids of TEXT used, in windows spread evenly over it (default 65536; 0: all)\n"
            "  --calib-ctx N         calibration window in ids (default min(1024, max_position_embeddings))\n"
+           "  --calib-layers N      layers whose input Hessians one pass over TEXT sums (default: all that fit in\n"
+           "                        half the memory; each further group of layers costs one more pass)\n"
            "  --damp D              LDLQ damping, a fraction of the mean diagonal of E[x x^T] (default 0.01)\n"
            "  --rotate              rotate the residual stream by a random Hadamard matrix first, folded exactly\n"
            "                        into the weights (norm weights into the linears, a tied head untied):\n"

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "engine/perplexity.h"
@@ -39,13 +41,18 @@ Calibration calibrate_input_hessians(std::span<const int32_t> ids, const Calibra
   lo.kv_blocks = perplexity_kv_blocks(ctx, opt.step_tokens, lo.block_size);
   Model model(lo, be);
 
-  // The layers' linears by their bound Linear; the embedding and the head are not calibrated.
+  // The linears of the chosen layers by their bound Linear; the embedding and the head are not calibrated.
   const ArchDescriptor& arch = model.arch();
-  auto module_of = [](const std::string& tensor) { return tensor.size() > 7 ? tensor.substr(0, tensor.size() - 7) : tensor; };
-  const std::string embed = module_of(arch.names.embed), head = module_of(arch.names.lm_head);
+  const int64_t n_layers = model.config().n_layers, end = opt.end_layer < 0 ? n_layers : std::min(opt.end_layer, n_layers);
+  ARBOR_CHECK(opt.first_layer >= 0 && opt.first_layer < end, "calibration: layers [{}, {}) of a {}-layer model", opt.first_layer,
+              opt.end_layer, n_layers);
   std::map<const Linear*, std::string> names;
-  for (const auto& [name, l] : model.matrix_modules())
-    if (name != embed && name != head) names[l] = name;
+  const auto modules = model.matrix_modules();
+  for (int64_t L = opt.first_layer; L < end; ++L) {
+    const std::string prefix = fmt::format(fmt::runtime(arch.names.layer), L);
+    for (const auto& [name, l] : modules)
+      if (name.compare(0, prefix.size(), prefix) == 0) names[l] = name;
+  }
 
   Calibration cal;
   // A linear whose input equals the previous call's (same rows, same values) reads what that one read: it
@@ -55,7 +62,7 @@ Calibration calibrate_input_hessians(std::span<const int32_t> ids, const Calibra
   std::shared_ptr<quant::InputHessian> prev_h;
   be.set_linear_observer([&](const Tensor& x, const Linear& l) {
     const auto it = names.find(&l);
-    if (it == names.end()) {  // the head
+    if (it == names.end()) {  // the head, or a layer not chosen
       prev_h.reset();
       return;
     }
@@ -104,9 +111,9 @@ std::map<std::string, std::shared_ptr<const std::vector<double>>> Calibration::t
   return out;
 }
 
-double calibration_hessian_bytes(const ModelConfig& c) {
+double calibration_hessian_bytes_per_layer(const ModelConfig& c) {
   const double h = double(c.hidden_size), q = double(c.q_dim()), f = double(c.intermediate_size);
-  return double(c.n_layers) * (2 * h * h + q * q + f * f) * 8;
+  return (2 * h * h + q * q + f * f) * 8;
 }
 
 }  // namespace arbor

@@ -22,6 +22,9 @@ struct CalibrationOptions {
   int64_t max_tokens = 65536;  // ids used: max_tokens / ctx windows spread evenly over a longer text; 0: all
   int64_t step_tokens = 512;   // ids per forward
   int threads = 0;             // CPU threads (0: every core)
+  // The layers whose linears are summed, [first_layer, end_layer) (end -1: to the last). The forward runs every
+  // layer either way; a model whose Hessians do not fit at once is calibrated a group of layers a pass.
+  int64_t first_layer = 0, end_layer = -1;
   std::function<void(int64_t done, int64_t total)> progress;
 };
 
@@ -36,12 +39,12 @@ struct Calibration {
   std::map<std::string, std::shared_ptr<const std::vector<double>>> take_means();
 };
 
-// The bytes the Hessians of a config's layers take: n² doubles per distinct linear input (a layer's attention
-// and MLP inputs, o's and down's).
-double calibration_hessian_bytes(const ModelConfig& c);
+// The bytes the Hessians of one of a config's layers take: n² doubles per distinct linear input (the attention
+// and MLP inputs, o's and down's); the model's are n_layers times that.
+double calibration_hessian_bytes_per_layer(const ModelConfig& c);
 
-// Every layer linear's input Hessian (the embedding and the LM head left out). Fails when ids hold fewer
-// than 2 ids or the model cannot be loaded.
+// Every layer linear's input Hessian (the embedding and the LM head left out), of the layers opt names. Fails when
+// ids hold fewer than 2 ids, the layer range is empty, or the model cannot be loaded.
 Calibration calibrate_input_hessians(std::span<const int32_t> ids, const CalibrationOptions& opt);
 
 }  // namespace arbor

@@ -4,7 +4,8 @@
 // with the source weights (relative MSE within the encoder's distortion for k); the config entries, the
 // encoder's weights-per-second report, `arbor inspect`, `synth --format trellis` writing the same layout,
 // the checkpoint running (`arbor bench`), and the errors; `--calib` (LDLQ) with `--axis 0` and `--rotate` on a
-// tied model with the evaluation model's tokenizer: the reports, the layout, no rotated copy left, and it runs.
+// tied model with the evaluation model's tokenizer: the reports, the layout, no rotated copy left, and it runs;
+// `--calib-layers 1` (a calibration pass a layer) writing the same checkpoint as one pass.
 import test from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
@@ -146,7 +147,7 @@ test('--calib with --axis 0 and --rotate: LDLQ on a rotated, untied checkpoint t
   // k/v project to 128 outputs: too few to code along (axis 0 codes blocks of 256 outputs), so they stay dense.
   assert.match(r.stdout, /10 modules trellis-coded \(k=2, down axis 0, the others axis 0\)/);
   assert.match(r.stdout, /left dense: model.layers.1.self_attn.v_proj.weight: axis 0: coded length 128 is not a multiple of 256/);
-  assert.match(r.stdout, /LDLQ: 10 modules against their input Hessians \(2048 calibration ids, windows of 256, [0-9.]+ s; damp 0.01\)/);
+  assert.match(r.stdout, /LDLQ: 10 modules against their input Hessians \(2048 calibration ids, windows of 256, 1 pass\(es\), [0-9.]+ s; damp 0.01\)/);
   assert.ok(!fs.existsSync(`${out}.rotating`), 'the rotated copy is removed');
   const cfg = JSON.parse(fs.readFileSync(path.join(out, 'config.json'), 'utf8'));
   assert.equal(cfg.tie_word_embeddings, false);
@@ -158,6 +159,31 @@ test('--calib with --axis 0 and --rotate: LDLQ on a rotated, untied checkpoint t
     { encoding: 'utf8' });
   assert.equal(b.status, 0, b.stderr);
   assert.match(b.stdout, /tok\/s/);
+});
+
+test('--calib-layers 1: a pass a layer writes the same checkpoint as one pass over all layers', () => {
+  const eval_model = path.join(SRC, 'tests/fixtures/eval-model');
+  const cfgFile3 = path.join(dir, 'config_tok.json');
+  fs.writeFileSync(cfgFile3, JSON.stringify({ ...config, vocab_size: 4096 }));
+  const src3 = path.join(dir, 'in_tok');
+  execFileSync(ARBOR, ['synth', '--config', cfgFile3, '--out', src3, '--dtype', 'bf16'], { stdio: 'pipe' });
+  for (const f of ['tokenizer.json', 'tokenizer_config.json']) fs.copyFileSync(path.join(eval_model, f), path.join(src3, f));
+  const run = (out, extra) => {
+    const r = spawnSync(ARBOR, ['quantize', '--model', src3, '--out', out, '--format', 'trellis', '--bits', '2', '--encoder', 'cpu',
+      '--calib', path.join(eval_model, 'heldout.txt'), '--calib-tokens', '1024', '--calib-ctx', '128', '--threads', '2', ...extra],
+      { encoding: 'utf8' });
+    assert.equal(r.status, 0, r.stderr);
+    return r.stdout;
+  };
+  const one = run(path.join(dir, 'q_calib_all'), []);
+  assert.match(one, /calibration: the input Hessians take [0-9.]+ GB a layer, [0-9.]+ GB for 2 layer\(s\) a pass; 1 pass\(es\)/);
+  assert.match(one, /LDLQ: 14 modules against their input Hessians \(1024 calibration ids, windows of 128, 1 pass\(es\)/);
+  const two = run(path.join(dir, 'q_calib_layers'), ['--calib-layers', '1']);
+  assert.match(two, /for 1 layer\(s\) a pass; 2 pass\(es\)/);
+  assert.match(two, /LDLQ: 14 modules against their input Hessians \(1024 calibration ids, windows of 128, 2 pass\(es\)/);
+  const a = tensors(path.join(dir, 'q_calib_all')), b = tensors(path.join(dir, 'q_calib_layers'));
+  assert.deepEqual(Object.keys(b).sort(), Object.keys(a).sort());
+  for (const k of Object.keys(a)) assert.ok(a[k].data.equals(b[k].data), k);
 });
 
 test('errors name the problem', () => {
@@ -172,6 +198,7 @@ test('errors name the problem', () => {
   bad(['--down-axis', '2'], /down axis 2 \(0 or 1\)/);
   bad(['--axis', '2'], /axis 2 \(0 or 1\)/);
   bad(['--damp', '0.1'], /--damp goes with --calib TEXT/);
+  bad(['--calib-layers', '1'], /--calib-layers goes with --calib TEXT/);
   bad(['--calib', path.join(dir, 'no-such-file.txt')], /no-such-file\.txt/);
   const r = spawnSync(ARBOR, ['quantize', '--model', src, '--out', path.join(dir, 'never'), '--k-map', 'down_proj=4'], { encoding: 'utf8' });
   assert.match(r.stderr, /--k-map is for --format trellis/);

@@ -312,6 +312,39 @@ TEST(TrellisModel, QuantizedCheckpointHoldsTheEncodersChoiceAndRuns) {
   expect_same_logits(q + "/out", d);
 }
 
+// A pass over some layers (arbor quantize --calib-layers: a model whose Hessians do not fit at once) sums exactly those
+// layers' linears, to the same values as the pass over all of them; an empty range is refused.
+TEST(TrellisModel, CalibrationOfALayerRangeIsThatPartOfTheWhole) {
+  const std::string src = temp_dir("calib_range_src");
+  json cfg = small_llama();
+  cfg["num_hidden_layers"] = 3, cfg["hidden_size"] = 128, cfg["intermediate_size"] = 256;
+  cfg["num_attention_heads"] = 4, cfg["num_key_value_heads"] = 2;
+  write_synthetic_checkpoint(cfg, src, DType::BF16);
+  std::vector<int32_t> ids(77);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 29 + 5) % 97);
+  CalibrationOptions co;
+  co.model_dir = src, co.ctx = 32, co.step_tokens = 48, co.threads = 2;
+  Calibration all = calibrate_input_hessians(ids, co);
+  ASSERT_EQ(all.hessians.size(), 21u);
+  const auto whole = all.take_means();
+  for (auto [first, end] : {std::pair<int64_t, int64_t>{1, 3}, {0, 1}, {2, -1}}) {
+    co.first_layer = first, co.end_layer = end;
+    Calibration part = calibrate_input_hessians(ids, co);
+    const int64_t last = end < 0 ? 3 : end;
+    EXPECT_EQ(part.hessians.size(), size_t(7 * (last - first))) << first << ".." << end;
+    const auto means = part.take_means();
+    for (const auto& [m, h] : means) {
+      const int64_t layer = std::stoll(m.substr(std::string("model.layers.").size()));
+      EXPECT_TRUE(layer >= first && layer < last) << m;
+      EXPECT_EQ(*h, *whole.at(m)) << m;  // the same sums, in the same order
+    }
+    EXPECT_EQ(means.at("model.layers." + std::to_string(first) + ".self_attn.q_proj"),
+              means.at("model.layers." + std::to_string(first) + ".self_attn.v_proj"));  // still shared
+  }
+  co.first_layer = 3, co.end_layer = -1;
+  EXPECT_THROW(calibrate_input_hessians(ids, co), Error);
+}
+
 TEST(TrellisModel, CalibrationSumsEachLinearsInputsAndLdlqCodesRun) {
   const std::string src = temp_dir("calib_src"), q = temp_dir("calib_q");  // one layer, hidden 256, ffn 512
   json cfg = small_llama();
