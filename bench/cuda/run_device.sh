@@ -26,6 +26,7 @@
 #   optins: session 23's affine kernels (v4's integer x, v2's x ahead; defaults since session 26) against the paths before
 #   v5: the affine integer tensor-core GEMV (issue 19, 2..8 rows): tests, memcheck, the 8B against the default (~4 min)
 #   encoder: the GPU Viterbi's tests and its weights/s against the CPU encoder's (pack bench_trellis too),
+#   tables: the issues' whole-model tables (affine 4/8/3-bit, trellis k 2/3/4, KV codec sweeps; TABLES picks parts),
 #   profile: per-kernel times of one decode step under ncu (PROFILE picks the runs; ~1-3 min each),
 #   sweep: compute-sanitizer over every CUDA test in one call (~460 s on an H200, estimated from its
 #       parts' times; not yet run whole): memcheck on every suite, racecheck on the kernel suites
@@ -336,6 +337,31 @@ for step in $STEPS; do
       gtests encoder_test 120 'CudaTrellisEncode.*'
       timeout ${ENCODER_LIMIT:-300} "$D/bench_trellis" --rows ${ENCODER_ROWS:-4096} --cols 4096 --reps 2 --threads 16 --isa avx512,cuda > "$OUT/encoder_bench.log" 2>&1
       summary+=("encoder bench rc=$? $(grep -h 'k=' "$OUT/encoder_bench.log" | tr '\n' '|' | head -c 900)")
+      ;;
+    tables)
+      # The issues' whole-model tables with today's kernels, each part one process with its own ceilings, a compact
+      # summary line each (logs tables_NAME.log). TABLES picks parts (default all; ~12 min in all, so two calls: e.g.
+      # TABLES="a4 a8 a3" then TABLES="t2 t3 t4 kv4 kv16"):
+      #   aB   issue 19: MLX affine B-bit g64, every bench figure (decode 1/2/4/8/32/64 rows, ctx 512 and 8192; prefill)
+      #   tK   issue 20: trellis k, decode 1@512 and 8@512, then prefill 2048 (a second process)
+      #   kv4  issue 21: the codec sweep at 4-bit weights, 1@8192, 1@32768, 32@4096;  kv16: the same at bf16 weights
+      for part in ${TABLES:-a4 a8 a3 t2 t3 t4 kv4 kv16}; do
+        log="$OUT/tables_$part.log"
+        case $part in
+          a[2-8]) timeout 240 "$D/arbor" bench --device cuda --dummy-weights --config bench/configs/llama-3.1-8b.json --bits ${part#a} \
+                    --group-size 64 > "$log" 2>&1 ;;
+          t[234]) timeout 90 "$D/arbor" bench --device cuda --dummy-weights --config bench/configs/llama-3.1-8b.json --format trellis \
+                    --bits ${part#t} --decode-only --decode-runs 1@512,8@512 > "$log" 2>&1
+                  timeout 90 "$D/arbor" bench --device cuda --dummy-weights --config bench/configs/llama-3.1-8b.json --format trellis \
+                    --bits ${part#t} --prefill-only 2048 >> "$log" 2>&1 ;;
+          kv4|kv16) timeout 200 "$D/arbor" bench --device cuda --dummy-weights --config bench/configs/llama-3.1-8b.json \
+                    $([ $part = kv4 ] && echo --bits 4 --group-size 64) --decode-only --decode-tokens 32 \
+                    --decode-runs 1@8192,1@32768,32@4096 --kv-sweep bf16/affine8/affine4/k8v4/k8v3 > "$log" 2>&1 ;;
+          *) echo "tables: unknown part $part" > "$log"; false ;;
+        esac
+        summary+=("tables $part rc=$? $(grep -E 'ceilings|^ *(decode|prefill) ' "$log" | sed -E 's/.*copy ([0-9.]+ GB.s).*GEMM [^ ]+ ([0-9.]+ TFLOP.s).*/ceilings \1 \2/' |
+          awk '{$1 = $1; line = $1 == "ceilings" ? $0 : $1 " " $2 " " $3 " " $4 " " $5 " " $6} !seen[line]++ {print line}' | tr '\n' '|')")
+      done
       ;;
     quant)
       # Issue 19 / 21: the 8B at MLX affine 4-bit g64 (every bench figure), the KV codec sweep at 4-bit weights,
