@@ -2,10 +2,13 @@
 // both axes.
 #include "quant/trellis_ldlq.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -81,33 +84,111 @@ bool inverse_cholesky_upper(const std::vector<double>& h, int64_t n, std::vector
 
 }  // namespace
 
+namespace {
+
+// Σ_t a[r][t]·b[c][t] for a 4 x 4 tile of rows of xᵀ (row stride ld; Tp a multiple of 16 entries, zero-padded),
+// into out[r][c]: 16-lane partial sums (AVX-512: 16 accumulators, 8 row loads per 16 entries of t; AVX2: the tile as
+// two 4 x 2 halves, 8 accumulators each, within its 16 registers), each summed across its lanes at the end. The
+// plain loop is the reference the tests hold them to.
+void tile_dots_plain(const float* a, const float* b, int64_t ld, int64_t Tp, float (&out)[4][4]) {
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 4; ++c) {
+      float s = 0;
+      for (int64_t t = 0; t < Tp; ++t) s += a[r * ld + t] * b[c * ld + t];
+      out[r][c] = s;
+    }
+}
+__attribute__((target("avx512f"))) void tile_dots_avx512(const float* a, const float* b, int64_t ld, int64_t Tp, float (&out)[4][4]) {
+  __m512 acc[4][4];
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < Tp; t += 16) {
+    __m512 va[4], vb[4];
+    for (int r = 0; r < 4; ++r) va[r] = _mm512_loadu_ps(a + r * ld + t), vb[r] = _mm512_loadu_ps(b + r * ld + t);
+    for (int r = 0; r < 4; ++r)
+      for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_fmadd_ps(va[r], vb[c], acc[r][c]);
+  }
+  alignas(64) float lanes[16];
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 4; ++c) {
+      _mm512_store_ps(lanes, acc[r][c]);
+      float sum = 0;
+      for (int l = 0; l < 16; ++l) sum += lanes[l];
+      out[r][c] = sum;
+    }
+}
+__attribute__((target("avx2,fma"))) void tile_dots_avx2(const float* a, const float* b, int64_t ld, int64_t Tp, float (&out)[4][4]) {
+  for (int c0 = 0; c0 < 4; c0 += 2) {
+    __m256 acc[4][2];
+    for (int r = 0; r < 4; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t t = 0; t < Tp; t += 8) {
+      const __m256 b0 = _mm256_loadu_ps(b + c0 * ld + t), b1 = _mm256_loadu_ps(b + (c0 + 1) * ld + t);
+      for (int r = 0; r < 4; ++r) {
+        const __m256 va = _mm256_loadu_ps(a + r * ld + t);
+        acc[r][0] = _mm256_fmadd_ps(va, b0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(va, b1, acc[r][1]);
+      }
+    }
+    for (int r = 0; r < 4; ++r)
+      for (int c = 0; c < 2; ++c) {
+        const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[r][c]), _mm256_extractf128_ps(acc[r][c], 1));
+        const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        out[r][c0 + c] = _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
+      }
+  }
+}
+
+using TileDots = void (*)(const float*, const float*, int64_t, int64_t, float (&)[4][4]);
+bool cpu_has(const char* isa) {
+  __builtin_cpu_init();
+  if (std::string(isa) == "avx512") return __builtin_cpu_supports("avx512f");
+  if (std::string(isa) == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return std::string(isa) == "plain";
+}
+TileDots tile_dots_for(const std::string& isa) {
+  return isa == "avx512" ? tile_dots_avx512 : isa == "avx2" ? tile_dots_avx2 : tile_dots_plain;
+}
+TileDots g_tile_dots = nullptr;  // set_input_hessian_isa's choice; null: the best this CPU has
+
+}  // namespace
+
+bool set_input_hessian_isa(const std::string& isa) {
+  if (isa.empty()) return g_tile_dots = nullptr, true;
+  if (!cpu_has(isa.c_str())) return false;
+  g_tile_dots = tile_dots_for(isa);
+  return true;
+}
+
 void InputHessian::add(const float* x, int64_t T, ThreadPool* pool) {
   if (T <= 0) return;
-  const int64_t n = n_, nb = (n + kRowBlock - 1) / kRowBlock;
-  // Row blocks b and nb-1-b together, so each chunk of pairs has about the same share of the triangle. A
-  // block's rows of Σ x xᵀ (j >= i) gather in f32 over this call's rows, one contiguous AXPY per (row, i),
-  // then go into the double sum.
-  over(pool, (nb + 1) / 2, 1, [&](int, int64_t p0, int64_t p1) {
-    std::vector<float> g(static_cast<size_t>(kRowBlock * n));
-    for (int64_t p = p0; p < p1; ++p)
-      for (int64_t b : {p, nb - 1 - p}) {
-        const int64_t i0 = b * kRowBlock, i1 = std::min(n, i0 + kRowBlock);
-        std::fill(g.begin(), g.end(), 0.0f);
-        for (int64_t t = 0; t < T; ++t) {
-          const float* xt = x + t * n;
-          for (int64_t i = i0; i < i1; ++i) {
-            const float a = xt[i];
-            float* gi = g.data() + (i - i0) * n;
-            for (int64_t j = i; j < n; ++j) gi[j] += a * xt[j];
-          }
+  const int64_t n = n_;
+  // xᵀ [n rounded up to 4, T rounded up to 16], zero-padded, so each Σ_t x_i x_j is a dot product of two rows. The
+  // upper triangle in work items of 16 rows i x 64 rows j (the i rows stay in L1, the j rows in L2 across the item),
+  // 4 x 4 tiles inside, each summed in f32 over this call's rows, then into the double sum. The items are
+  // independent (each (i, j) is one item's), so they run on the pool in any order.
+  static const TileDots best = tile_dots_for(cpu_has("avx512") ? "avx512" : cpu_has("avx2") ? "avx2" : "plain");
+  const TileDots dots = g_tile_dots ? g_tile_dots : best;
+  const int64_t ld = (T + 15) / 16 * 16, n4 = (n + 3) / 4 * 4;
+  std::vector<float> xt(static_cast<size_t>(n4 * ld), 0.0f);
+  over(pool, n, 64, [&](int, int64_t i0, int64_t i1) {
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = i0; i < i1; ++i) xt[size_t(i * ld + t)] = x[t * n + i];
+  });
+  constexpr int64_t kI = 16, kJ = 64;
+  const int64_t ni = (n4 + kI - 1) / kI, nj = (n4 + kJ - 1) / kJ;
+  over(pool, ni * nj, 1, [&](int, int64_t k0, int64_t k1) {
+    float out[4][4];
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t I0 = k / nj * kI, J0 = k % nj * kJ;
+      if (J0 + kJ <= I0) continue;  // wholly below the diagonal
+      for (int64_t i = I0; i < std::min(I0 + kI, n4); i += 4)
+        for (int64_t j = std::max(J0, i); j < std::min(J0 + kJ, n4); j += 4) {
+          dots(xt.data() + i * ld, xt.data() + j * ld, ld, ld, out);
+          for (int r = 0; r < 4 && i + r < n; ++r)
+            for (int c = 0; c < 4 && j + c < n; ++c)
+              if (j + c >= i + r) sum_[size_t((i + r) * n + j + c)] += double(out[r][c]);
         }
-        for (int64_t i = i0; i < i1; ++i) {
-          const float* gi = g.data() + (i - i0) * n;
-          double* s = sum_.data() + i * n;
-          for (int64_t j = i; j < n; ++j) s[j] += double(gi[j]);
-        }
-        if (b == nb - 1 - b) break;  // the middle block of an odd count: once
-      }
+    }
   });
   rows_ += uint64_t(T);
 }

@@ -33,9 +33,12 @@ class InputHessian {
  private:
   int64_t n_ = 0;
   uint64_t rows_ = 0;
-  static constexpr int64_t kRowBlock = 8;  // rows of Σ a thread gathers at once (8 x n floats in cache)
   std::vector<double> sum_;  // upper triangle (j >= i) accumulated; mean() mirrors it
 };
+
+// Which kernel InputHessian::add's tiles use: "avx512", "avx2", "plain" (the reference loop), or "" for the best this
+// CPU has (the default). False when this CPU lacks it. Tests.
+bool set_input_hessian_isa(const std::string& isa);
 
 struct LdlqOptions {
   // H + damp · mean(diag H) · I before factoring (GPTQ's percdamp): keeps H invertible where the

@@ -52,9 +52,14 @@ std::vector<double> hessian_of(const std::vector<float>& x, int64_t n, ThreadPoo
 
 std::vector<float> decoded(const TrellisEncoded& e) { return trellis_decode_linear(e.geometry, e.words.data(), e.scales.data()); }
 
+// Each tile kernel this CPU runs (AVX-512, AVX2, the plain reference loop), odd sizes and row counts (the tiles' and
+// the 16-row padding's edges), with and without the pool.
 TEST(TrellisLdlq, InputHessianMatchesADirectSum) {
   ThreadPool pool(2);
-  for (int64_t n : {1, 7, 33}) {
+  for (const char* isa : {"avx512", "avx2", "plain"}) {
+  if (!set_input_hessian_isa(isa)) continue;
+  SCOPED_TRACE(isa);
+  for (int64_t n : {1, 7, 33, 70}) {
     for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
       SCOPED_TRACE(n);
       const std::vector<float> x = gaussian(size_t(23 * n), uint32_t(n));
@@ -74,6 +79,8 @@ TEST(TrellisLdlq, InputHessianMatchesADirectSum) {
       EXPECT_EQ(h.n(), 0);
     }
   }
+  }
+  set_input_hessian_isa("");
   EXPECT_NE(error_of([] { InputHessian(4).mean(); }).find("no rows"), std::string::npos);
 }
 
