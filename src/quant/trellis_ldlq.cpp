@@ -24,14 +24,54 @@ void over(ThreadPool* pool, int64_t n, int64_t grain, const std::function<void(i
     fn(0, 0, n);
 }
 
+// Σ a[p]·b[p] over n doubles in a fixed order for a given kernel (so the factor does not depend on the thread
+// count): AVX-512 in 2 x 8 lanes, AVX2 in 2 x 4 lanes (FMA), the plain reference in 4 scalar chains; each ends by adding
+// its lanes and the tail in order.
+double dot_d_plain(const double* a, const double* b, int64_t n) {
+  double s[4] = {0, 0, 0, 0};
+  int64_t p = 0;
+  for (; p + 4 <= n; p += 4)
+    for (int l = 0; l < 4; ++l) s[l] += a[p + l] * b[p + l];
+  double t = (s[0] + s[1]) + (s[2] + s[3]);
+  for (; p < n; ++p) t += a[p] * b[p];
+  return t;
+}
+__attribute__((target("avx512f"))) double dot_d_avx512(const double* a, const double* b, int64_t n) {
+  __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+  int64_t p = 0;
+  for (; p + 16 <= n; p += 16) {
+    s0 = _mm512_fmadd_pd(_mm512_loadu_pd(a + p), _mm512_loadu_pd(b + p), s0);
+    s1 = _mm512_fmadd_pd(_mm512_loadu_pd(a + p + 8), _mm512_loadu_pd(b + p + 8), s1);
+  }
+  alignas(64) double lanes[8];
+  _mm512_store_pd(lanes, _mm512_add_pd(s0, s1));
+  double t = 0;
+  for (int l = 0; l < 8; ++l) t += lanes[l];
+  for (; p < n; ++p) t += a[p] * b[p];
+  return t;
+}
+__attribute__((target("avx2,fma"))) double dot_d_avx2(const double* a, const double* b, int64_t n) {
+  __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+  int64_t p = 0;
+  for (; p + 8 <= n; p += 8) {
+    s0 = _mm256_fmadd_pd(_mm256_loadu_pd(a + p), _mm256_loadu_pd(b + p), s0);
+    s1 = _mm256_fmadd_pd(_mm256_loadu_pd(a + p + 4), _mm256_loadu_pd(b + p + 4), s1);
+  }
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, _mm256_add_pd(s0, s1));
+  double t = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+  for (; p < n; ++p) t += a[p] * b[p];
+  return t;
+}
+
 // In place: the lower Cholesky factor L of the symmetric positive definite a [n, n] (a = L Lᵀ; the
 // upper triangle is zeroed). False when a pivot is not positive. Column by column; a column's rows below the
 // diagonal (each a dot product with the pivot row) on the pool: each element is summed in the same order as on
 // one thread, so the factor is the same bit for bit (an 8B's down projection, n = 14336, is ~1e12 multiply-adds).
-bool cholesky_lower(std::vector<double>& a, int64_t n, ThreadPool* pool) {
+using DotD = double (*)(const double*, const double*, int64_t);
+bool cholesky_lower(std::vector<double>& a, int64_t n, ThreadPool* pool, DotD dot) {
   for (int64_t j = 0; j < n; ++j) {
-    double d = a[size_t(j * n + j)];
-    for (int64_t p = 0; p < j; ++p) d -= a[size_t(j * n + p)] * a[size_t(j * n + p)];
+    const double d = a[size_t(j * n + j)] - dot(a.data() + j * n, a.data() + j * n, j);
     if (!(d > 0)) return false;
     const double ljj = std::sqrt(d);
     a[size_t(j * n + j)] = ljj;
@@ -39,9 +79,7 @@ bool cholesky_lower(std::vector<double>& a, int64_t n, ThreadPool* pool) {
     over(pool, n - j - 1, std::max<int64_t>(1, 32768 / std::max<int64_t>(j, 1)), [&](int, int64_t r0, int64_t r1) {
       for (int64_t i = j + 1 + r0; i < j + 1 + r1; ++i) {
         double* ai = a.data() + i * n;
-        double s = ai[j];
-        for (int64_t p = 0; p < j; ++p) s -= ai[p] * aj[p];
-        ai[j] = s / ljj;
+        ai[j] = (ai[j] - dot(ai, aj, j)) / ljj;
       }
     });
     for (int64_t i = 0; i < j; ++i) a[size_t(i * n + j)] = 0;
@@ -51,11 +89,11 @@ bool cholesky_lower(std::vector<double>& a, int64_t n, ThreadPool* pool) {
 
 // The upper triangular R with H⁻¹ = Rᵀ R (positive diagonal), without forming H⁻¹: with J the reversal,
 // J H J = L Lᵀ gives H = U Uᵀ for U = J L J (upper), so H⁻¹ = U⁻ᵀ U⁻¹ and R = U⁻¹.
-bool inverse_cholesky_upper(const std::vector<double>& h, int64_t n, std::vector<double>& r, ThreadPool* pool) {
+bool inverse_cholesky_upper(const std::vector<double>& h, int64_t n, std::vector<double>& r, ThreadPool* pool, DotD dot) {
   std::vector<double> a(static_cast<size_t>(n * n));
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j < n; ++j) a[size_t(i * n + j)] = h[size_t((n - 1 - i) * n + (n - 1 - j))];
-  if (!cholesky_lower(a, n, pool)) return false;
+  if (!cholesky_lower(a, n, pool, dot)) return false;
   std::vector<double> u(static_cast<size_t>(n * n));  // U[i][j] = L[n-1-i][n-1-j], upper
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j < n; ++j) u[size_t(i * n + j)] = a[size_t((n - 1 - i) * n + (n - 1 - j))];
@@ -70,9 +108,7 @@ bool inverse_cholesky_upper(const std::vector<double>& h, int64_t n, std::vector
       rc[c] = 1.0 / u[size_t(c * n + c)];
       for (int64_t i = c - 1; i >= 0; --i) {
         const double* ui = u.data() + i * n;
-        double s = 0;
-        for (int64_t p = i + 1; p <= c; ++p) s += ui[p] * rc[p];
-        rc[i] = -s / ui[i];
+        rc[i] = -dot(ui + i + 1, rc + i + 1, c - i) / ui[i];
       }
     }
   });
@@ -145,18 +181,31 @@ bool cpu_has(const char* isa) {
   if (std::string(isa) == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return std::string(isa) == "plain";
 }
-TileDots tile_dots_for(const std::string& isa) {
-  return isa == "avx512" ? tile_dots_avx512 : isa == "avx2" ? tile_dots_avx2 : tile_dots_plain;
+struct LdlqKernels {
+  TileDots tiles;
+  DotD dot;
+};
+LdlqKernels kernels_for(const std::string& isa) {
+  if (isa == "avx512") return {tile_dots_avx512, dot_d_avx512};
+  if (isa == "avx2") return {tile_dots_avx2, dot_d_avx2};
+  return {tile_dots_plain, dot_d_plain};
 }
-TileDots g_tile_dots = nullptr;  // set_input_hessian_isa's choice; null: the best this CPU has
+std::string g_isa;  // set_ldlq_isa's choice; empty: the best this CPU has
+LdlqKernels kernels() {
+  static const LdlqKernels best = kernels_for(cpu_has("avx512") ? "avx512" : cpu_has("avx2") ? "avx2" : "plain");
+  return g_isa.empty() ? best : kernels_for(g_isa);
+}
 
 }  // namespace
 
-bool set_input_hessian_isa(const std::string& isa) {
-  if (isa.empty()) return g_tile_dots = nullptr, true;
-  if (!cpu_has(isa.c_str())) return false;
-  g_tile_dots = tile_dots_for(isa);
+bool set_ldlq_isa(const std::string& isa) {
+  if (!isa.empty() && !cpu_has(isa.c_str())) return false;
+  g_isa = isa;
   return true;
+}
+
+bool ldlq_inverse_factor(const std::vector<double>& h, int64_t n, std::vector<double>& r, ThreadPool* pool) {
+  return inverse_cholesky_upper(h, n, r, pool, kernels().dot);
 }
 
 void InputHessian::add(const float* x, int64_t T, ThreadPool* pool) {
@@ -166,8 +215,7 @@ void InputHessian::add(const float* x, int64_t T, ThreadPool* pool) {
   // upper triangle in work items of 16 rows i x 64 rows j (the i rows stay in L1, the j rows in L2 across the item),
   // 4 x 4 tiles inside, each summed in f32 over this call's rows, then into the double sum. The items are
   // independent (each (i, j) is one item's), so they run on the pool in any order.
-  static const TileDots best = tile_dots_for(cpu_has("avx512") ? "avx512" : cpu_has("avx2") ? "avx2" : "plain");
-  const TileDots dots = g_tile_dots ? g_tile_dots : best;
+  const TileDots dots = kernels().tiles;
   const int64_t ld = (T + 15) / 16 * 16, n4 = (n + 3) / 4 * 4;
   std::vector<float> xt(static_cast<size_t>(n4 * ld), 0.0f);
   over(pool, n, 64, [&](int, int64_t i0, int64_t i1) {
@@ -239,7 +287,7 @@ TrellisEncoded trellis_encode_linear_ldlq(const std::string& name, const float* 
     for (int64_t j = 0; j < in; ++j) hd[size_t(i * in + j)] = h[size_t(order[size_t(i)] * in + order[size_t(j)])];
   for (int64_t i = 0; i < in; ++i) hd[size_t(i * in + i)] += lopt.damp * diag;
   std::vector<double> r;  // of the Hessian in coding order
-  ARBOR_CHECK(inverse_cholesky_upper(hd, in, r, pool), "ldlq: '{}': the input Hessian is not positive definite with damping {} (raise --damp)",
+  ARBOR_CHECK(ldlq_inverse_factor(hd, in, r, pool), "ldlq: '{}': the input Hessian is not positive definite with damping {} (raise --damp)",
               name, lopt.damp);
 
   const double code_rms = trellis_code_rms(p.L);

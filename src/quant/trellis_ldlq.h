@@ -36,9 +36,13 @@ class InputHessian {
   std::vector<double> sum_;  // upper triangle (j >= i) accumulated; mean() mirrors it
 };
 
-// Which kernel InputHessian::add's tiles use: "avx512", "avx2", "plain" (the reference loop), or "" for the best this
-// CPU has (the default). False when this CPU lacks it. Tests.
-bool set_input_hessian_isa(const std::string& isa);
+// Which kernels InputHessian::add's tiles and the factor's dot products use: "avx512", "avx2", "plain" (the reference
+// loops), or "" for the best this CPU has (the default). False when this CPU lacks it. Tests.
+bool set_ldlq_isa(const std::string& isa);
+
+// The upper triangular R with H⁻¹ = Rᵀ R (positive diagonal) of the symmetric positive definite h [n, n], without
+// forming H⁻¹ (LDLQ's factor; its columns on the pool). False when h is not positive definite.
+bool ldlq_inverse_factor(const std::vector<double>& h, int64_t n, std::vector<double>& r, ThreadPool* pool = nullptr);
 
 struct LdlqOptions {
   // H + damp · mean(diag H) · I before factoring (GPTQ's percdamp): keeps H invertible where the

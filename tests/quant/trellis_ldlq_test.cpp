@@ -57,7 +57,7 @@ std::vector<float> decoded(const TrellisEncoded& e) { return trellis_decode_line
 TEST(TrellisLdlq, InputHessianMatchesADirectSum) {
   ThreadPool pool(2);
   for (const char* isa : {"avx512", "avx2", "plain"}) {
-  if (!set_input_hessian_isa(isa)) continue;
+  if (!set_ldlq_isa(isa)) continue;
   SCOPED_TRACE(isa);
   for (int64_t n : {1, 7, 33, 70}) {
     for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
@@ -80,8 +80,48 @@ TEST(TrellisLdlq, InputHessianMatchesADirectSum) {
     }
   }
   }
-  set_input_hessian_isa("");
+  set_ldlq_isa("");
   EXPECT_NE(error_of([] { InputHessian(4).mean(); }).find("no rows"), std::string::npos);
+}
+
+// The factor against its definition, with each dot-product kernel this CPU runs: R upper with a positive diagonal and
+// Rᵀ R H = I, on random positive definite H of odd sizes (the kernels' 8- and 16-lane edges), with and without the
+// pool; a matrix that is not positive definite is refused.
+TEST(TrellisLdlq, InverseFactorMatchesItsDefinition) {
+  ThreadPool pool(2);
+  for (const char* isa : {"avx512", "avx2", "plain"}) {
+    if (!set_ldlq_isa(isa)) continue;
+    SCOPED_TRACE(isa);
+    for (int64_t n : {1, 5, 37, 130}) {
+      SCOPED_TRACE(n);
+      std::vector<double> h = hessian_of(correlated_inputs(2 * n + 9, n, 3, uint32_t(n)), n, &pool);
+      for (int64_t i = 0; i < n; ++i) h[size_t(i * n + i)] += 0.05;
+      for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+        std::vector<double> r;
+        ASSERT_TRUE(ldlq_inverse_factor(h, n, r, p));
+        double worst = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          EXPECT_GT(r[size_t(i * n + i)], 0.0);
+          for (int64_t j = 0; j < i; ++j) EXPECT_EQ(r[size_t(i * n + j)], 0.0);
+        }
+        // (Rᵀ R H)[i][j] = Σ_a R[a][i] (R H)[a][j]
+        std::vector<double> rh(size_t(n * n), 0.0);
+        for (int64_t a = 0; a < n; ++a)
+          for (int64_t b = 0; b < n; ++b)
+            for (int64_t j = 0; j < n; ++j) rh[size_t(a * n + j)] += r[size_t(a * n + b)] * h[size_t(b * n + j)];
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t j = 0; j < n; ++j) {
+            double v = 0;
+            for (int64_t a = 0; a < n; ++a) v += r[size_t(a * n + i)] * rh[size_t(a * n + j)];
+            worst = std::max(worst, std::fabs(v - (i == j ? 1.0 : 0.0)));
+          }
+        EXPECT_LT(worst, 1e-8);
+      }
+    }
+    std::vector<double> bad = {1, 2, 2, 1}, r;  // eigenvalues 3 and -1
+    EXPECT_FALSE(ldlq_inverse_factor(bad, 2, r, &pool));
+  }
+  set_ldlq_isa("");
 }
 
 TEST(TrellisLdlq, DiagonalHessianGivesThePlainCodes) {
