@@ -118,10 +118,6 @@ bool inverse_cholesky_upper(const std::vector<double>& h, int64_t n, std::vector
   return true;
 }
 
-}  // namespace
-
-namespace {
-
 // Σ_t a[r][t]·b[c][t] for a 4 x 4 tile of rows of xᵀ (row stride ld; Tp a multiple of 16 entries, zero-padded),
 // into out[r][c]: 16-lane partial sums (AVX-512: 16 accumulators, 8 row loads per 16 entries of t; AVX2: the tile as
 // two 4 x 2 halves, 8 accumulators each, within its 16 registers), each summed across its lanes at the end. The

@@ -312,18 +312,31 @@ TEST(TrellisModel, QuantizedCheckpointHoldsTheEncodersChoiceAndRuns) {
   expect_same_logits(q + "/out", d);
 }
 
+// The calibration tests' model: a bf16 Llama of `layers` layers (4 heads, 2 KV heads) written to a temp dir, and
+// options for windows of 32 ids, 48 a forward, 2 threads over it; ids i·mul + add (mod 97).
+struct CalibrationCase {
+  json cfg;
+  std::string src;
+  CalibrationOptions co;
+  CalibrationCase(const std::string& name, int layers, int hidden, int ffn) : cfg(small_llama()), src(temp_dir(name)) {
+    cfg["num_hidden_layers"] = layers, cfg["hidden_size"] = hidden, cfg["intermediate_size"] = ffn;
+    cfg["num_attention_heads"] = 4, cfg["num_key_value_heads"] = 2;
+    write_synthetic_checkpoint(cfg, src, DType::BF16);
+    co.model_dir = src, co.ctx = 32, co.step_tokens = 48, co.threads = 2;
+  }
+  static std::vector<int32_t> ids(size_t n, int mul, int add) {
+    std::vector<int32_t> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = int32_t((i * mul + add) % 97);
+    return v;
+  }
+};
+
 // A pass over some layers (arbor quantize --calib-layers: a model whose Hessians do not fit at once) sums exactly those
 // layers' linears, to the same values as the pass over all of them; an empty range is refused.
 TEST(TrellisModel, CalibrationOfALayerRangeIsThatPartOfTheWhole) {
-  const std::string src = temp_dir("calib_range_src");
-  json cfg = small_llama();
-  cfg["num_hidden_layers"] = 3, cfg["hidden_size"] = 128, cfg["intermediate_size"] = 256;
-  cfg["num_attention_heads"] = 4, cfg["num_key_value_heads"] = 2;
-  write_synthetic_checkpoint(cfg, src, DType::BF16);
-  std::vector<int32_t> ids(77);
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 29 + 5) % 97);
-  CalibrationOptions co;
-  co.model_dir = src, co.ctx = 32, co.step_tokens = 48, co.threads = 2;
+  CalibrationCase c("calib_range_src", 3, 128, 256);
+  const std::vector<int32_t> ids = CalibrationCase::ids(77, 29, 5);
+  CalibrationOptions& co = c.co;
   Calibration all = calibrate_input_hessians(ids, co);
   ASSERT_EQ(all.hessians.size(), 21u);
   const auto whole = all.take_means();
@@ -346,16 +359,12 @@ TEST(TrellisModel, CalibrationOfALayerRangeIsThatPartOfTheWhole) {
 }
 
 TEST(TrellisModel, CalibrationSumsEachLinearsInputsAndLdlqCodesRun) {
-  const std::string src = temp_dir("calib_src"), q = temp_dir("calib_q");  // one layer, hidden 256, ffn 512
-  json cfg = small_llama();
-  cfg["num_hidden_layers"] = 1, cfg["hidden_size"] = 256, cfg["intermediate_size"] = 512;
-  cfg["num_attention_heads"] = 4, cfg["num_key_value_heads"] = 2;
-  write_synthetic_checkpoint(cfg, src, DType::BF16);
-  std::vector<int32_t> ids(101);
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 37 + 11) % 97);
-  CalibrationOptions co;
-  co.model_dir = src, co.ctx = 32, co.step_tokens = 48, co.threads = 2;
-  Calibration cal = calibrate_input_hessians(ids, co);
+  CalibrationCase cc("calib_src", 1, 256, 512);  // one layer, hidden 256, ffn 512
+  const std::string& src = cc.src;
+  const json& cfg = cc.cfg;
+  const std::string q = temp_dir("calib_q");
+  const std::vector<int32_t> ids = CalibrationCase::ids(101, 37, 11);
+  Calibration cal = calibrate_input_hessians(ids, cc.co);
   const std::string L = "model.layers.0.";
   ASSERT_EQ(cal.hessians.size(), 7u);
   const auto& h = cal.hessians;

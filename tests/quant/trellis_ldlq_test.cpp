@@ -52,13 +52,23 @@ std::vector<double> hessian_of(const std::vector<float>& x, int64_t n, ThreadPoo
 
 std::vector<float> decoded(const TrellisEncoded& e) { return trellis_decode_linear(e.geometry, e.words.data(), e.scales.data()); }
 
-// Each tile kernel this CPU runs (AVX-512, AVX2, the plain reference loop), odd sizes and row counts (the tiles' and
-// the 16-row padding's edges), with and without the pool.
+// Runs body once with each LDLQ kernel set this CPU has (AVX-512, AVX2, the plain reference loops), then restores
+// the default choice.
+template <class Body>
+void for_each_ldlq_isa(Body&& body) {
+  for (const char* isa : {"avx512", "avx2", "plain"}) {
+    if (!set_ldlq_isa(isa)) continue;
+    SCOPED_TRACE(isa);
+    body();
+  }
+  set_ldlq_isa("");
+}
+
+// Each tile kernel this CPU runs, odd sizes and row counts (the tiles' and the 16-row padding's edges), with and
+// without the pool.
 TEST(TrellisLdlq, InputHessianMatchesADirectSum) {
   ThreadPool pool(2);
-  for (const char* isa : {"avx512", "avx2", "plain"}) {
-  if (!set_ldlq_isa(isa)) continue;
-  SCOPED_TRACE(isa);
+  for_each_ldlq_isa([&] {
   for (int64_t n : {1, 7, 33, 70}) {
     for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
       SCOPED_TRACE(n);
@@ -79,8 +89,7 @@ TEST(TrellisLdlq, InputHessianMatchesADirectSum) {
       EXPECT_EQ(h.n(), 0);
     }
   }
-  }
-  set_ldlq_isa("");
+  });
   EXPECT_NE(error_of([] { InputHessian(4).mean(); }).find("no rows"), std::string::npos);
 }
 
@@ -89,9 +98,7 @@ TEST(TrellisLdlq, InputHessianMatchesADirectSum) {
 // pool; a matrix that is not positive definite is refused.
 TEST(TrellisLdlq, InverseFactorMatchesItsDefinition) {
   ThreadPool pool(2);
-  for (const char* isa : {"avx512", "avx2", "plain"}) {
-    if (!set_ldlq_isa(isa)) continue;
-    SCOPED_TRACE(isa);
+  for_each_ldlq_isa([&] {
     for (int64_t n : {1, 5, 37, 130}) {
       SCOPED_TRACE(n);
       std::vector<double> h = hessian_of(correlated_inputs(2 * n + 9, n, 3, uint32_t(n)), n, &pool);
@@ -120,8 +127,7 @@ TEST(TrellisLdlq, InverseFactorMatchesItsDefinition) {
     }
     std::vector<double> bad = {1, 2, 2, 1}, r;  // eigenvalues 3 and -1
     EXPECT_FALSE(ldlq_inverse_factor(bad, 2, r, &pool));
-  }
-  set_ldlq_isa("");
+  });
 }
 
 TEST(TrellisLdlq, DiagonalHessianGivesThePlainCodes) {
